@@ -1,0 +1,57 @@
+"""asyncloader: stream folders of images from object stores straight into PyTorch batches."""
+
+from ._config import FetchConfig as FetchConfig
+from ._config import RunConfig as RunConfig
+from ._errors import AccessDenied as AccessDenied
+from ._errors import AsyncLoaderError as AsyncLoaderError
+from ._errors import ClosedError as ClosedError
+from ._errors import DecodeError as DecodeError
+from ._errors import FailureBudgetExceeded as FailureBudgetExceeded
+from ._errors import IntegrityError as IntegrityError
+from ._errors import ObjectNotFound as ObjectNotFound
+from ._errors import PipelineDeadError as PipelineDeadError
+from ._errors import StoreError as StoreError
+from ._errors import Throttled as Throttled
+from ._errors import TransientStoreError as TransientStoreError
+from ._loader import ImageLoader as ImageLoader
+from ._stats import Stats as Stats
+from ._stores import LocalStore as LocalStore
+from ._stores import S3Store as S3Store
+from ._stores import open_store as open_store
+from ._transforms import CenterCrop as CenterCrop
+from ._transforms import Plan as Plan
+from ._transforms import RandomResizedCrop as RandomResizedCrop
+from ._transforms import Resize as Resize
+from ._transforms import Transform as Transform
+from ._types import ObjectInfo as ObjectInfo
+from ._types import ObjectStore as ObjectStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccessDenied",
+    "AsyncLoaderError",
+    "CenterCrop",
+    "ClosedError",
+    "DecodeError",
+    "FailureBudgetExceeded",
+    "FetchConfig",
+    "ImageLoader",
+    "IntegrityError",
+    "LocalStore",
+    "ObjectInfo",
+    "ObjectNotFound",
+    "ObjectStore",
+    "PipelineDeadError",
+    "Plan",
+    "RandomResizedCrop",
+    "Resize",
+    "RunConfig",
+    "S3Store",
+    "Stats",
+    "StoreError",
+    "Throttled",
+    "TransientStoreError",
+    "__version__",
+    "open_store",
+]

@@ -1,0 +1,78 @@
+"""Validated run settings shared by the pipeline and the loader (a leaf module)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["FetchConfig", "OnError", "RunConfig"]
+
+OnError = Literal["raise", "skip"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchConfig:
+    """How objects are fetched.
+
+    Attributes:
+        max_inflight: Requests in flight at once (throughput ≈ max_inflight / latency).
+        max_attempts: Tries per request for throttling and transient errors.
+        backoff_base: First retry's mean delay; doubles per attempt, full jitter [seconds].
+        backoff_cap: Longest retry delay [seconds].
+        range_threshold: Objects larger than this are fetched as parallel ranges [bytes].
+        part_size: Size of each range [bytes].
+    """
+
+    max_inflight: int = 128
+    max_attempts: int = 10
+    backoff_base: float = 0.05
+    backoff_cap: float = 5.0
+    range_threshold: int = 16 << 20
+    part_size: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        if self.max_inflight < 1:
+            raise ValueError("max_inflight must be at least 1")
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.part_size < 1 or self.range_threshold < self.part_size:
+            raise ValueError("need 0 < part_size <= range_threshold")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """What goes into each batch, and what happens to samples that fail.
+
+    Attributes:
+        batch_size: Samples per batch.
+        shuffle: A new seeded permutation each epoch (else listing order).
+        seed: Seed of the permutation and of the augmentations.
+        drop_last: Drop the last, short batch of an epoch.
+        rank, world_size: This process's shard of each epoch.
+        on_error: ``"raise"``: the first failed sample stops the run with a clear error;
+            ``"skip"``: failed samples are left out of their batch and counted.
+        max_failures: Under ``"skip"``, the most failures tolerated per epoch: a count
+            (int) or a fraction of the epoch's samples (float < 1).
+    """
+
+    batch_size: int
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    rank: int = 0
+    world_size: int = 1
+    on_error: OnError = "raise"
+    max_failures: int | float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {self.on_error!r}")
+        if self.max_failures < 0:
+            raise ValueError("max_failures must be >= 0")
+
+    def failure_budget(self, epoch_samples: int) -> int:
+        if isinstance(self.max_failures, float) and self.max_failures < 1:
+            return int(self.max_failures * epoch_samples)
+        return int(self.max_failures)

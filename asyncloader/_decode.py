@@ -1,0 +1,431 @@
+"""Decode workers: bytes in, pixels written straight into a batch slot.
+
+Two pools with one async interface (``await pool.decode(...)`` → busy seconds):
+
+* :class:`ThreadDecodePool` — threads.  Pillow releases the GIL while it decodes and
+  resizes, so on few cores threads match or beat processes, with no pipe traffic at all.
+* :class:`ProcessDecodePool` — spawned processes attached to the ring's shared memory.  Only
+  the object bytes and a few numbers travel to a worker, and only the busy time (or a
+  picklable error) comes back; pixels are never pickled.  A worker that dies is seen as EOF
+  on its pipe by the event loop, replaced, and its jobs are retried once.
+
+Workers live as long as the loader, across epochs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import math
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import random
+import signal
+import time
+import traceback
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+
+from ._errors import DecodeError, PipelineDeadError
+from ._transforms import Transform
+from ._types import DecodeFn
+
+__all__ = ["DecodePool", "DecodeSpec", "ProcessDecodePool", "ThreadDecodePool", "decode_into"]
+
+U8Array = npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSpec:
+    """What every decode needs besides the bytes; sent to each worker once.
+
+    Attributes:
+        sample_shape: (C, H, W) of one output sample.
+        transform: Geometry planner, or None with a ``decode_fn``.
+        decode_fn: A hook turning bytes into a uint8 array of ``sample_shape``.
+        max_pixels: Refuse sources with more pixels (decompression bombs).
+    """
+
+    sample_shape: tuple[int, int, int]
+    transform: Transform | None = None
+    decode_fn: DecodeFn | None = None
+    max_pixels: int = 89_478_485
+
+
+def decode_into(data: bytes, out: U8Array, spec: DecodeSpec, seed: int, key: str) -> None:
+    """Decode ``data`` into ``out`` (a CHW uint8 view of a batch slot).
+
+    Raises:
+        DecodeError: corrupt or truncated data, a decompression bomb, a hook that returned
+            the wrong shape; the message names ``key``.
+    """
+    if spec.decode_fn is not None:
+        try:
+            arr = np.asarray(spec.decode_fn(data))
+        except Exception as exc:
+            raise DecodeError(f"decode hook failed on {key}: {exc!r}", key=key) from exc
+        if arr.shape != out.shape or arr.dtype != np.uint8:
+            raise DecodeError(
+                f"decode hook returned {arr.dtype}{list(arr.shape)} for {key}, "
+                f"expected uint8{list(out.shape)}",
+                key=key,
+            )
+        out[...] = arr
+        return
+    assert spec.transform is not None
+    try:
+        img: Image.Image = Image.open(io.BytesIO(data))
+        width, height = img.size
+        if width * height > spec.max_pixels:
+            raise DecodeError(
+                f"{key} is {width}x{height} pixels, over max_pixels={spec.max_pixels} "
+                "(decompression bomb?)",
+                key=key,
+            )
+        plan = spec.transform.plan(width, height, random.Random(seed))
+        left, top, right, bottom = plan.box
+        out_w, out_h = plan.size
+        if img.format == "JPEG":
+            # Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the crop is at least twice
+            # the output: it skips most of the IDCT work.  draft() picks the largest scale
+            # that keeps the crop at least as large as the output.
+            want = (
+                math.ceil(width * out_w / max(right - left, 1)),
+                math.ceil(height * out_h / max(bottom - top, 1)),
+            )
+            if want[0] * 2 <= width and want[1] * 2 <= height:
+                img.draft("RGB", want)
+                sx, sy = img.size[0] / width, img.size[1] / height
+                left, top, right, bottom = left * sx, top * sy, right * sx, bottom * sy
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+        img = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=(left, top, right, bottom))
+        arr = np.asarray(img)
+    except DecodeError:
+        raise
+    except Exception as exc:
+        raise DecodeError(f"cannot decode {key}: {type(exc).__name__}: {exc}", key=key) from exc
+    if plan.flip:
+        arr = arr[:, ::-1]
+    # One strided copy HWC → CHW into shared memory; numpy releases the GIL for it.
+    np.copyto(out, arr.transpose(2, 0, 1))
+
+
+def _timed_decode(data: bytes, out: U8Array, spec: DecodeSpec, seed: int, key: str) -> float:
+    t0 = time.perf_counter()
+    decode_into(data, out, spec, seed, key)
+    return time.perf_counter() - t0
+
+
+class DecodePool(Protocol):
+    """Decodes one sample into ``slot``/``index`` of the ring; returns busy seconds."""
+
+    workers: int
+    restarts: int
+
+    async def decode(self, data: bytes, slot: int, index: int, seed: int, key: str) -> float: ...
+
+    def close(self) -> None: ...
+
+
+class ThreadDecodePool:
+    """Decode in a thread pool, straight into the ring's arrays."""
+
+    def __init__(self, workers: int, spec: DecodeSpec, images: U8Array) -> None:
+        self.workers = workers
+        self.restarts = 0
+        self._spec = spec
+        self._images = images
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="asyncloader-decode")
+        self._running: set[Future[float]] = set()
+
+    async def decode(self, data: bytes, slot: int, index: int, seed: int, key: str) -> float:
+        out = self._images[slot, index]
+        cf = self._executor.submit(_timed_decode, data, out, self._spec, seed, key)
+        self._running.add(cf)
+        cf.add_done_callback(self._running.discard)
+        return await asyncio.wrap_future(cf)
+
+    async def drain(self) -> None:
+        """Wait until no job is running: a cancelled await does not stop a running thread."""
+        running = [asyncio.wrap_future(f) for f in list(self._running) if not f.done()]
+        if running:
+            await asyncio.wait(running)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+# --- process pool ----------------------------------------------------------------------------
+
+
+def _worker_main(
+    conn: mpc.Connection, spec: DecodeSpec, shm_name: str, shape: tuple[int, ...]
+) -> None:
+    """Entry point of a decode process (module scope, so ``spawn`` can import it)."""
+    # Ctrl-C reaches the whole process group; the parent decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    shm = SharedMemory(name=shm_name)
+    images: U8Array = np.ndarray(shape, np.uint8, buffer=shm.buf)
+    conn.send(_READY)
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return  # parent gone
+            if msg is None:
+                return
+            for job_id, slot, index, seed, key, data in msg:
+                try:
+                    busy = _timed_decode(data, images[slot, index], spec, seed, key)
+                    conn.send((job_id, busy, None))
+                except Exception as exc:
+                    err = exc if isinstance(exc, DecodeError) else DecodeError(repr(exc), key=key)
+                    err.add_note("in a decode worker:\n" + traceback.format_exc())
+                    conn.send((job_id, 0.0, err))
+    finally:
+        del images
+        with contextlib.suppress(Exception):
+            shm.close()
+
+
+_READY = "ready"
+_SPAWN_HINT = (
+    "decode worker could not start (exit code {code}). With the 'spawn' start method the "
+    "script that creates the loader must guard its entry point with "
+    "`if __name__ == '__main__':`; or use decode_backend='thread'."
+)
+
+
+@dataclass
+class _Worker:
+    proc: Any
+    conn: mpc.Connection
+    jobs: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    ready: bool = False
+
+
+class ProcessDecodePool:
+    """Decode in spawned processes that write into the ring's shared memory.
+
+    Args:
+        workers: Number of processes.
+        spec: Decode settings (sent once per worker).
+        shm_name: Name of the ring's shared-memory segment.
+        shape: Shape of the ring's image array (slots, batch, C, H, W).
+        depth: Jobs outstanding per worker (keeps a worker busy while results travel).
+        start_method: multiprocessing start method; ``spawn`` is safe with threads around.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        spec: DecodeSpec,
+        shm_name: str,
+        shape: tuple[int, ...],
+        *,
+        depth: int = 4,
+        start_method: str = "spawn",
+    ) -> None:
+        self.workers = workers
+        self.restarts = 0
+        self._spec = spec
+        self._shm_name = shm_name
+        self._shape = shape
+        self._depth = depth
+        self._ctx = mp.get_context(start_method)
+        self._pool: list[_Worker] = []
+        self._pending: deque[tuple[Any, ...]] = deque()
+        self._futures: dict[int, asyncio.Future[float]] = {}
+        self._attempts: dict[int, int] = {}
+        self._next_id = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._broken: PipelineDeadError | None = None
+
+    def _spawn(self) -> _Worker:
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(  # type: ignore[attr-defined]
+            target=_worker_main,
+            args=(child, self._spec, self._shm_name, self._shape),
+            name="asyncloader-decode",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        w = _Worker(proc, parent)
+        if self._loop is not None:
+            self._loop.add_reader(parent.fileno(), self._on_readable, w)
+        return w
+
+    def start(self, loop: asyncio.AbstractEventLoop, timeout: float = 60.0) -> None:
+        """Start the workers and wait until each is ready; results are read on ``loop``.
+
+        Raises:
+            PipelineDeadError: a worker died or stayed silent while starting.
+        """
+        self._pool = [self._spawn() for _ in range(self.workers)]
+        deadline = time.monotonic() + timeout
+        for w in self._pool:
+            try:
+                if not w.conn.poll(max(deadline - time.monotonic(), 0)):
+                    raise PipelineDeadError(f"decode worker did not start within {timeout} s")
+                w.conn.recv()
+                w.ready = True
+            except (EOFError, OSError):
+                w.proc.join(5)
+                self._closed = True
+                self.close_workers()
+                raise PipelineDeadError(_SPAWN_HINT.format(code=w.proc.exitcode)) from None
+        self._loop = loop
+        for w in self._pool:
+            loop.add_reader(w.conn.fileno(), self._on_readable, w)
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._pool]
+
+    async def decode(self, data: bytes, slot: int, index: int, seed: int, key: str) -> float:
+        if self._broken is not None:
+            raise self._broken
+        if self._closed:
+            raise PipelineDeadError("decode pool is closed")
+        assert self._loop is not None
+        job_id = self._next_id
+        self._next_id += 1
+        fut: asyncio.Future[float] = self._loop.create_future()
+        self._futures[job_id] = fut
+        self._pending.append((job_id, slot, index, seed, key, data))
+        self._dispatch()
+        try:
+            return await fut
+        finally:
+            self._futures.pop(job_id, None)
+            self._attempts.pop(job_id, None)
+
+    async def drain(self, limit: float = 30.0) -> None:
+        """Wait until workers have finished every job sent to them (they write into slots).
+
+        Results arrive through ``_on_readable`` on this loop; a short poll is simpler than
+        an event that every result would have to check, and drain only runs on restarts.
+        """
+        deadline = time.monotonic() + limit
+        while any(w.jobs for w in self._pool) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.002)
+
+    def _dispatch(self) -> None:
+        # Fill the least loaded workers up to `depth`, several jobs per message.
+        while self._pending and self._pool:
+            w = min(self._pool, key=lambda w: len(w.jobs))
+            room = self._depth - len(w.jobs)
+            if room <= 0:
+                return
+            chunk: list[tuple[Any, ...]] = []
+            while self._pending and len(chunk) < room:
+                job = self._pending.popleft()
+                fut = self._futures.get(job[0])
+                if fut is None or fut.done():
+                    continue  # cancelled while queued
+                chunk.append(job)
+                w.jobs[job[0]] = job
+            if not chunk:
+                continue
+            try:
+                w.conn.send(chunk)
+            except OSError:
+                self._on_death(w)
+
+    def _on_readable(self, w: _Worker) -> None:
+        try:
+            while w.conn.poll():
+                msg = w.conn.recv()
+                if msg == _READY:
+                    w.ready = True
+                    continue
+                job_id, busy, err = msg
+                w.jobs.pop(job_id, None)
+                fut = self._futures.get(job_id)
+                if fut is not None and not fut.done():
+                    if err is None:
+                        fut.set_result(busy)
+                    else:
+                        fut.set_exception(err)
+        except (EOFError, OSError):
+            self._on_death(w)
+            return
+        self._dispatch()
+
+    def _on_death(self, w: _Worker) -> None:
+        if self._closed or w not in self._pool:
+            return
+        assert self._loop is not None
+        self._loop.remove_reader(w.conn.fileno())
+        w.conn.close()
+        w.proc.join(1)
+        code = w.proc.exitcode
+        if not w.ready:
+            # A replacement that dies before it is ready would die again: stop, don't loop.
+            self._broken = PipelineDeadError(_SPAWN_HINT.format(code=code))
+            self._closed = True
+            for fut in self._futures.values():
+                if not fut.done():
+                    fut.set_exception(self._broken)
+            return
+        self._pool[self._pool.index(w)] = self._spawn()
+        self.restarts += 1
+        # Retry the dead worker's jobs once; a job that kills two workers is the input's fault.
+        for job_id, job in w.jobs.items():
+            pending = self._futures.get(job_id)
+            if pending is None or pending.done():
+                continue
+            tries = self._attempts.get(job_id, 0) + 1
+            self._attempts[job_id] = tries
+            if tries >= 2:
+                pending.set_exception(
+                    DecodeError(
+                        f"decode worker died (exit code {code}) twice decoding {job[4]}",
+                        key=job[4],
+                    )
+                )
+            else:
+                self._pending.appendleft(job)
+        self._dispatch()
+
+    def close(self) -> None:
+        """Stop workers: ask, then terminate, then kill (each step waits up to 2 s)."""
+        self._closed = True
+        self.close_workers()
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.cancel()
+
+    def close_workers(self) -> None:
+        pool, self._pool = self._pool, []
+        for w in pool:
+            if self._loop is not None and not self._loop.is_closed():
+                with contextlib.suppress(Exception):
+                    self._loop.remove_reader(w.conn.fileno())
+            with contextlib.suppress(OSError):
+                w.conn.send(None)
+        deadline = time.monotonic() + 2
+        for w in pool:
+            w.proc.join(max(deadline - time.monotonic(), 0))
+        for w in pool:
+            if w.proc.is_alive():
+                w.proc.terminate()
+                w.proc.join(2)
+            if w.proc.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.proc.pid, signal.SIGKILL)
+                w.proc.join(2)
+            w.conn.close()

@@ -1,0 +1,122 @@
+"""The exception tree of asyncloader.
+
+Every error the library raises on purpose is an :class:`AsyncLoaderError`::
+
+    AsyncLoaderError
+    ├── ClosedError               the loader was closed by its owner ("you closed it")
+    ├── PipelineDeadError         a background part died ("it broke"); the cause is chained
+    ├── StoreError                anything the object store answered or failed to answer
+    │   ├── ObjectNotFound        404 / no such key (per sample)
+    │   ├── AccessDenied          403 / bad credentials (names bucket, never the secret)
+    │   ├── Throttled             503 SlowDown, 429 (retried; raised when retries run out)
+    │   ├── TransientStoreError   5xx, resets, time-outs, truncated bodies (retried likewise)
+    │   └── IntegrityError        length or ETag mismatch: object truncated or changed mid-read
+    ├── DecodeError               corrupt image, decompression bomb, bad decode hook output
+    └── FailureBudgetExceeded     (also an ExceptionGroup) more per-sample failures than allowed
+
+Per-sample errors carry the object's key in their message.  Errors are raised ``from`` the
+SDK or transport exception that caused them, mapped in one place per backend.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccessDenied",
+    "AsyncLoaderError",
+    "ClosedError",
+    "DecodeError",
+    "FailureBudgetExceeded",
+    "IntegrityError",
+    "ObjectNotFound",
+    "PipelineDeadError",
+    "StoreError",
+    "Throttled",
+    "TransientStoreError",
+]
+
+
+class AsyncLoaderError(Exception):
+    """Base class of every error asyncloader raises on purpose."""
+
+
+class ClosedError(AsyncLoaderError):
+    """The loader (or store) was closed by its owner and cannot be used any more."""
+
+
+class PipelineDeadError(AsyncLoaderError):
+    """A background stage (event loop thread, decode worker pool) died unexpectedly."""
+
+
+class StoreError(AsyncLoaderError):
+    """An object store request failed.
+
+    Attributes:
+        key: The object key (or listing prefix) the request was about, if any.
+        status: The HTTP status, if the store answered.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.key = key
+        self.status = status
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keep key/status across pickling (errors travel back from worker processes).
+        return (_rebuild_store_error, (type(self), str(self), self.key, self.status))
+
+
+def _rebuild_store_error(
+    cls: type[StoreError], message: str, key: str | None, status: int | None
+) -> StoreError:
+    return cls(message, key=key, status=status)
+
+
+class ObjectNotFound(StoreError):
+    """The object (or bucket/container) does not exist."""
+
+
+class AccessDenied(StoreError):
+    """The store refused the credentials or the request (403, bad signature, ...)."""
+
+
+class Throttled(StoreError):
+    """The store asked us to slow down (503 SlowDown, 429); raised once retries ran out."""
+
+
+class TransientStoreError(StoreError):
+    """A 5xx answer, reset connection, time-out or truncated body; raised once retries ran out."""
+
+
+class IntegrityError(StoreError):
+    """The bytes received do not match the listed length or ETag (truncated or replaced)."""
+
+
+class DecodeError(AsyncLoaderError):
+    """An object could not be turned into an image: corrupt data, decompression bomb, ...
+
+    Attributes:
+        key: The object key.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self),), {"key": self.key})
+
+
+class FailureBudgetExceeded(AsyncLoaderError, ExceptionGroup):  # type: ignore[misc]
+    """More per-sample failures than ``max_failures`` allowed; every failure is attached.
+
+    It is an :class:`ExceptionGroup` of the individual failures (each with a note naming its
+    stage and key), so ``except* ObjectNotFound`` works on it.
+    """
+
+    def __new__(
+        cls, message: str, exceptions: list[Exception]
+    ) -> FailureBudgetExceeded:  # pragma: no cover - trivial
+        return super().__new__(cls, message, exceptions)
+
+    def derive(self, excs: list[Exception]) -> FailureBudgetExceeded:  # type: ignore[override]
+        return FailureBudgetExceeded(self.message, excs)

@@ -1,0 +1,481 @@
+"""The loader: owns the event-loop thread and turns the pipeline into a plain iterator.
+
+Threads: the consumer (the user's), one non-daemon event-loop thread, and the decode pool's
+workers.  The consumer waits for batches in short slices and checks liveness each time, so
+end of epoch, a dead pipeline, a closed loader and a time-out are four different outcomes.
+
+Lifetime: ``close()`` (or ``with``, or garbage collection, or interpreter exit) stops the
+pipeline, the decode workers and the loop thread, and unlinks the shared memory — in that
+order, the memory last, because workers write into it until they stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from ._config import FetchConfig, OnError, RunConfig
+from ._decode import DecodePool, DecodeSpec, ProcessDecodePool, ThreadDecodePool
+from ._errors import (
+    AsyncLoaderError,
+    ClosedError,
+    PipelineDeadError,
+)
+from ._labels import IMAGE_EXTENSIONS, Dataset, LabelSpec, build_dataset, parse_manifest
+from ._pipeline import BATCH, END, ERROR, Fetcher, Pipeline
+from ._ring import BatchRing
+from ._sampler import num_batches
+from ._stats import Counters, Stats
+from ._stores import open_store
+from ._transforms import RandomResizedCrop, Transform
+from ._types import DecodeFn, ObjectStore
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ImageLoader"]
+
+T = TypeVar("T")
+DecodeBackend = Literal["thread", "process"]
+_SLICE = 0.1  # how often a waiting consumer checks liveness [seconds]
+
+
+def _default_workers() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+class _Runtime:
+    """The event-loop thread and everything that must be torn down with it.
+
+    Kept apart from :class:`ImageLoader` so that a ``weakref.finalize`` and the exit hook can
+    close it without keeping the loader alive.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._main, name="asyncloader-loop", daemon=False)
+        self.closed = False
+        self.pipeline: Pipeline | None = None
+        self.pool: DecodePool | None = None
+        self.store: ObjectStore | None = None
+        self.ring: BatchRing | None = None
+        self._lock = threading.Lock()
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            with contextlib.suppress(Exception):
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for it (interruptible by Ctrl-C)."""
+        if not self.thread.is_alive():
+            coro.close()
+            raise PipelineDeadError("the event-loop thread is not running")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
+        if not self.loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(fn, *args)
+
+    async def _shutdown(self) -> None:
+        # Order matters: stop producing (and wait for in-flight decodes), then the pool,
+        # then connections.  Each step is bounded, so shutdown cannot hang.
+        if self.pipeline is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.pipeline.stop(), 10)
+        if self.pool is not None:
+            with contextlib.suppress(Exception):
+                self.pool.close()
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.store.close(), 5)
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+
+    def close(self) -> None:
+        """Stop everything; idempotent and safe from any thread but the loop's."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        try:
+            if self.thread.is_alive():
+                fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
+                with contextlib.suppress(Exception):
+                    fut.result(30)
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self.thread.join(10)
+            if not self.thread.is_alive() and not self.loop.is_closed():
+                self.loop.close()
+        finally:
+            if self.ring is not None:
+                self.ring.close()  # last: workers may write into it until they are gone
+
+
+_live_runtimes: weakref.WeakSet[_Runtime] = weakref.WeakSet()
+
+
+def _close_all_at_exit() -> None:
+    for rt in list(_live_runtimes):
+        rt.close()
+
+
+# Runs before the interpreter joins non-daemon threads (plain atexit runs after, too late:
+# exit would hang on the loop thread of a loader nobody closed).
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_close_all_at_exit)
+else:  # pragma: no cover
+    import atexit
+
+    atexit.register(_close_all_at_exit)
+
+
+class ImageLoader:
+    """Stream a folder of images from a store into uint8 batches ``[B, C, H, W]``.
+
+    ::
+
+        with ImageLoader("s3://bucket/train/", batch_size=256,
+                         transform=RandomResizedCrop(224)) as loader:
+            for epoch in range(3):
+                loader.set_epoch(epoch)
+                for images, labels in loader:   # uint8 [B,3,224,224], int64 [B]
+                    ...
+
+    The tensors of a batch are views of a ring slot: they stay valid until the next batch is
+    requested (clone them to keep them longer).
+
+    Args:
+        url: ``s3://bucket/prefix/``, ``file:///path/`` or a path.  Ignored when ``store``
+            is given.
+        batch_size: Samples per batch.
+        transform: Geometry (default ``RandomResizedCrop(224)``); with ``decode=`` None.
+        shuffle: A new seeded permutation each epoch.
+        seed: Seed of the order and the augmentations.
+        decode_workers: Decode threads/processes (default: usable CPUs).
+        decode_backend: ``"thread"`` (default; Pillow releases the GIL, and on 2 cores two
+            threads measured faster than two processes) or ``"process"``.
+        labels: ``"folder"`` (ImageFolder), a manifest path or key (``.jsonl``/``.csv``), a
+            callable ``key -> int`` or None.
+        extensions: Keys to keep (ignored with a manifest); None keeps every object.
+        decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
+        sample_shape: (C, H, W) of a sample; needed with ``decode=``.
+        max_pixels: Sources with more pixels are refused (decompression bombs).
+        prefetch_batches: Ring slots: batches filling or waiting (default from the in-flight
+            bound, at least 4).  Memory is ``prefetch_batches × batch bytes``.
+        max_inflight: Requests in flight (default 64 per decode worker, at least 64: hides
+            50 ms of storage latency at the decode rate).
+        on_error: ``"raise"`` or ``"skip"`` (counted in ``stats().skipped``).
+        max_failures: Skips tolerated per epoch: a count, or a fraction if < 1.
+        drop_last: Drop the short last batch of each epoch.
+        rank, world_size: This process's shard (default: the whole dataset).
+        store: An :class:`~asyncloader.ObjectStore` to use instead of ``url``.
+        store_options: Keyword options for the store (``endpoint_url``, ``anonymous``, ...).
+        fetch: Retry, range and concurrency settings (``max_inflight`` overrides its field).
+        timeout: Give up when no batch arrives for this long (None: wait) [seconds].
+    """
+
+    def __init__(
+        self,
+        url: str = "",
+        *,
+        batch_size: int = 256,
+        transform: Transform | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        decode_workers: int | None = None,
+        decode_backend: DecodeBackend = "thread",
+        labels: LabelSpec = "folder",
+        extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
+        decode: DecodeFn | None = None,
+        sample_shape: tuple[int, int, int] | None = None,
+        max_pixels: int = 89_478_485,
+        prefetch_batches: int | None = None,
+        max_inflight: int | None = None,
+        on_error: OnError = "raise",
+        max_failures: int | float = 0.01,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        store: ObjectStore | None = None,
+        store_options: dict[str, Any] | None = None,
+        fetch: FetchConfig | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        workers = decode_workers or _default_workers()
+        if decode is None:
+            transform = transform or RandomResizedCrop(224)
+            h, w = transform.output_size
+            shape = (3, h, w)
+        else:
+            if sample_shape is None:
+                raise ValueError("decode= needs sample_shape=(C, H, W)")
+            shape = sample_shape
+        if decode_backend not in ("thread", "process"):
+            raise ValueError(
+                f"decode_backend must be 'thread' or 'process', not {decode_backend!r}"
+            )
+        inflight = max_inflight or (fetch.max_inflight if fetch else max(64, 64 * workers))
+        base = fetch or FetchConfig()
+        self._fetch_config = FetchConfig(
+            max_inflight=inflight,
+            max_attempts=base.max_attempts,
+            backoff_base=base.backoff_base,
+            backoff_cap=base.backoff_cap,
+            range_threshold=base.range_threshold,
+            part_size=base.part_size,
+        )
+        self._run_config = RunConfig(
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+            on_error=on_error,
+            max_failures=max_failures,
+        )
+        self._spec = DecodeSpec(shape, transform, decode, max_pixels)
+        self._slots = prefetch_batches or max(4, -(-inflight // batch_size) + 3)
+        self._workers = workers
+        self._backend: DecodeBackend = decode_backend
+        self._timeout = timeout
+        self._counters = Counters()
+        self._output: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._epoch_requested: int | None = None
+        self._last_epoch = -1
+        self._position: tuple[int, int] | None = None  # (epoch, batch) the queue holds next
+        self._held: int | None = None
+        self.url = store.url if store is not None else url
+        self._rt = _Runtime()
+        _live_runtimes.add(self._rt)
+        self._finalizer = weakref.finalize(self, self._rt.close)
+        try:
+            the_store = store if store is not None else open_store(url, **(store_options or {}))
+            self._rt.store = the_store
+            self.dataset: Dataset = self._rt.call(self._setup(the_store, labels, extensions))
+        except BaseException:
+            self.close()
+            raise
+
+    async def _setup(
+        self, store: ObjectStore, labels: LabelSpec, extensions: Sequence[str] | None
+    ) -> Dataset:
+        c = self._counters
+        t0 = time.perf_counter()
+        objects = [o async for o in store.list()]
+        c.objects_listed = len(objects)
+        manifest = None
+        if isinstance(labels, str) and labels.endswith((".jsonl", ".csv")):
+            if await asyncio.to_thread(os.path.exists, labels):
+                data = await asyncio.to_thread(_read_file, labels)
+            else:
+                data = await store.get(labels)  # a manifest stored beside the images
+            manifest = parse_manifest(data, labels)
+        dataset = build_dataset(objects, labels, extensions=extensions, manifest=manifest)
+        c.listing_seconds = time.perf_counter() - t0
+        if not dataset.samples:
+            raise AsyncLoaderError(
+                f"no samples under {store.url} "
+                f"({len(objects)} objects listed; extensions={extensions})"
+            )
+        ring = BatchRing(
+            self._slots,
+            self._run_config.batch_size,
+            self._spec.sample_shape,
+            shared=self._backend == "process",
+        )
+        self._rt.ring = ring
+        c.ring_slots = ring.slots
+        pool: DecodePool
+        if self._backend == "process":
+            assert ring.shm_name is not None
+            ppool = ProcessDecodePool(self._workers, self._spec, ring.shm_name, ring.images.shape)
+            ppool.start(asyncio.get_running_loop())
+            pool = ppool
+        else:
+            pool = ThreadDecodePool(self._workers, self._spec, ring.images)
+        self._rt.pool = pool
+        fetcher = Fetcher(store, c, self._fetch_config)
+        self._rt.pipeline = Pipeline(
+            dataset,
+            fetcher,
+            pool,
+            ring,
+            self._run_config,
+            c,
+            self._output,
+            decode_window=self._fetch_config.max_inflight + 4 * self._workers,
+        )
+        # Start on epoch 0 right away: the first batches are ready when iteration begins.
+        await self._rt.pipeline.start(0)
+        self._position = (0, 0)
+        return dataset
+
+    # --- public surface -----------------------------------------------------------------
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """Class names, index = label (ImageFolder or a manifest with text labels)."""
+        return self.dataset.classes
+
+    @property
+    def num_samples(self) -> int:
+        """Samples this rank sees per epoch."""
+        assert self._rt.pipeline is not None
+        return self._rt.pipeline.epoch_samples(0)
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        r = self._run_config
+        return num_batches(self.num_samples, r.batch_size, r.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch the next iteration runs (its order and augmentations).
+
+        Without it, each iteration runs the epoch after the last one (starting at 0), and
+        that next epoch is already being prefetched.
+        """
+        if epoch < 0:
+            raise ValueError("epoch must be >= 0")
+        self._epoch_requested = epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration will run."""
+        return self._epoch_requested if self._epoch_requested is not None else self._last_epoch + 1
+
+    def stats(self) -> Stats:
+        """A snapshot of every counter, and which stage bounds the run."""
+        pool = self._rt.pool
+        if pool is not None:
+            self._counters.worker_restarts = pool.restarts
+        return self._counters.snapshot(
+            decode_workers=self._workers, max_inflight=self._fetch_config.max_inflight
+        )
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._check_open()
+        epoch = self.epoch
+        self._epoch_requested = None
+        return self._iterate(epoch)
+
+    def _iterate(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        import torch
+
+        rt = self._rt
+        assert rt.pipeline is not None
+        assert rt.ring is not None
+        if self._position != (epoch, 0):
+            self._release_held()
+            pipeline = rt.pipeline
+            rt.call(pipeline.start(epoch))
+            self._position = (epoch, 0)
+        ring = rt.ring
+        c = self._counters
+        try:
+            while True:
+                item = self._next_item()
+                kind = item[0]
+                if kind == END:
+                    self._position = (epoch + 1, 0)
+                    self._last_epoch = epoch
+                    return
+                if kind == ERROR:
+                    self._position = None
+                    exc = item[1]
+                    if isinstance(exc, AsyncLoaderError):
+                        raise exc
+                    raise PipelineDeadError(f"the pipeline failed: {exc!r}") from exc
+                assert kind == BATCH
+                _, _, index, slot, n = item
+                self._held = slot
+                self._position = (epoch, index + 1)
+                c.consumer_batches += 1
+                c.consumer_samples += n
+                if c.consumer_first_batch_seconds is None:
+                    c.consumer_first_batch_seconds = time.perf_counter() - c.started
+                yield (
+                    torch.from_numpy(ring.images[slot, :n]),
+                    torch.from_numpy(ring.labels[slot, :n]),
+                )
+                self._release_held()
+        finally:
+            self._release_held()
+
+    def _release_held(self) -> None:
+        slot, self._held = self._held, None
+        if slot is not None and self._rt.pipeline is not None:
+            self._rt.call_soon(self._rt.pipeline.release, slot)
+
+    def _next_item(self) -> tuple[Any, ...]:
+        c = self._counters
+        t0 = time.perf_counter()
+        try:
+            while True:
+                try:
+                    return self._output.get(timeout=_SLICE)
+                except queue.Empty:
+                    self._check_open()
+                    if not self._rt.thread.is_alive():
+                        raise PipelineDeadError("the event-loop thread died") from None
+                    if self._timeout is not None and time.perf_counter() - t0 > self._timeout:
+                        raise AsyncLoaderError(
+                            f"no batch from {self.url} within {self._timeout} s\n"
+                            + self.stats().summary()
+                        ) from None
+        finally:
+            c.consumer_wait_seconds += time.perf_counter() - t0
+
+    def _check_open(self) -> None:
+        if self._rt.closed:
+            raise ClosedError("the loader is closed")
+
+    def close(self) -> None:
+        """Stop the pipeline, decode workers and loop thread; unlink shared memory.
+
+        Idempotent.  Batches already handed out must not be used afterwards.
+        """
+        self._held = None
+        self._rt.close()
+
+    def __enter__(self) -> ImageLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._rt.closed else "open"
+        return (
+            f"ImageLoader({self.url!r}, batch_size={self._run_config.batch_size}, "
+            f"decode_workers={self._workers}, backend={self._backend!r}, {state})"
+        )
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

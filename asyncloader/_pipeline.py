@@ -1,0 +1,313 @@
+"""The asyncio flow: sampler → fetcher → decode pool → batch ring → output queue.
+
+Everything here runs on the loader's one event loop; there are no threads of our own and no
+torch.  Bounds: ``max_inflight`` requests, a window of fetched-but-undecoded objects, and the
+ring's slots (a batch is only started once a slot is free, so when the consumer stops taking
+batches, decode, fetch and listing all wait).
+
+Batches are published in order; each is the samples ``indices[b*B:(b+1)*B]`` of the epoch,
+so the same seed and epoch give the same batches however the work interleaves.  After the
+last batch of an epoch the next epoch starts at once (its first batches are in flight before
+the consumer has finished the current one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import random
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from ._config import FetchConfig, RunConfig
+from ._decode import DecodePool
+from ._errors import (
+    AsyncLoaderError,
+    FailureBudgetExceeded,
+    IntegrityError,
+    StoreError,
+    Throttled,
+    TransientStoreError,
+)
+from ._labels import Dataset
+from ._ring import BatchRing
+from ._sampler import epoch_indices, mix_seed, num_batches
+from ._stats import Counters
+from ._types import ObjectInfo, ObjectStore, Sample
+
+__all__ = ["BATCH", "END", "ERROR", "Fetcher", "Pipeline"]
+
+# Output queue items: (BATCH, epoch, index, slot, n) | (END, epoch) | (ERROR, exception).
+BATCH, END, ERROR = "batch", "end", "error"
+
+
+class Fetcher:
+    """Fetches whole objects with bounded concurrency, retries, ranges and checks."""
+
+    def __init__(self, store: ObjectStore, counters: Counters, config: FetchConfig) -> None:
+        self.store = store
+        self.config = config
+        self._c = counters
+        self._sem = asyncio.Semaphore(config.max_inflight)
+        self._rng = random.Random()
+
+    async def fetch(self, obj: ObjectInfo) -> bytes:
+        """Return the object's bytes, verified against its listed size and ETag.
+
+        Raises:
+            StoreError: after retries ran out, or at once for non-transient errors.
+        """
+        c = self._c
+        t0 = asyncio.get_running_loop().time()
+        size = obj.size
+        if size > self.config.range_threshold:
+            data = await self._fetch_ranges(obj)
+        else:
+            data = await self._request(obj.key, 0, None, obj.etag)
+            if size >= 0 and len(data) != size:
+                raise IntegrityError(
+                    f"{obj.key}: received {len(data)} bytes, listed size is {size}", key=obj.key
+                )
+        c.objects_fetched += 1
+        c.fetch_seconds += asyncio.get_running_loop().time() - t0
+        return data
+
+    async def _fetch_ranges(self, obj: ObjectInfo) -> bytes:
+        part = self.config.part_size
+        buf = bytearray(obj.size)
+
+        async def one(start: int) -> None:
+            end = min(start + part, obj.size)
+            buf[start:end] = await self._request(obj.key, start, end, obj.etag)
+
+        # A TaskGroup cancels the other parts as soon as one fails for good.
+        async with asyncio.TaskGroup() as tg:
+            for start in range(0, obj.size, part):
+                tg.create_task(one(start))
+        return bytes(buf)
+
+    async def _request(self, key: str, start: int, end: int | None, etag: str) -> bytes:
+        c = self._c
+        cfg = self.config
+        attempt = 0
+        while True:
+            async with self._sem:
+                c.requests += 1
+                c.inflight += 1
+                c.inflight_peak = max(c.inflight_peak, c.inflight)
+                try:
+                    data = await self.store.get(key, start=start, end=end, etag=etag)
+                except (Throttled, TransientStoreError) as exc:
+                    err: StoreError = exc
+                else:
+                    c.bytes_fetched += len(data)
+                    return data
+                finally:
+                    c.inflight -= 1
+            attempt += 1
+            if attempt >= cfg.max_attempts:
+                err.add_note(f"gave up after {attempt} attempts")
+                raise err
+            c.retries["throttled" if isinstance(err, Throttled) else "transient"] += 1
+            # Exponential backoff with full jitter, outside the in-flight semaphore.
+            delay = min(cfg.backoff_cap, cfg.backoff_base * 2 ** (attempt - 1))
+            await asyncio.sleep(delay * self._rng.random())
+
+
+class _Failure(Exception):
+    """A per-sample failure already counted; carries the original exception."""
+
+
+class Pipeline:
+    """Produces batches into the ring and announces them on ``output`` (a thread-safe queue).
+
+    Args:
+        dataset: The samples.
+        fetcher: Fetches object bytes.
+        pool: Decodes into ring slots.
+        ring: The batch buffers.
+        run: Batch composition and error policy.
+        counters: Stats, written from the loop.
+        output: Where finished batches are announced to the consumer thread.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        fetcher: Fetcher,
+        pool: DecodePool,
+        ring: BatchRing,
+        run: RunConfig,
+        counters: Counters,
+        output: queue.Queue[tuple[Any, ...]],
+        *,
+        decode_window: int,
+    ) -> None:
+        self.dataset = dataset
+        self.fetcher = fetcher
+        self.pool = pool
+        self.ring = ring
+        self.run = run
+        self.counters = counters
+        self.output = output
+        self._decode_window = decode_window
+        self._free: asyncio.Queue[int] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._window = asyncio.Semaphore(decode_window)
+        self._failures: list[Exception] = []
+
+    def epoch_samples(self, epoch: int) -> int:
+        r = self.run
+        return len(
+            epoch_indices(
+                len(self.dataset.samples),
+                seed=r.seed,
+                epoch=epoch,
+                shuffle=False,
+                rank=r.rank,
+                world_size=r.world_size,
+            )
+        )
+
+    # --- control (called on the loop) ---------------------------------------------------
+
+    async def start(self, epoch: int) -> None:
+        """(Re)start producing at the first batch of ``epoch``, dropping anything produced."""
+        await self.stop()
+        # Nothing is filling any slot now, and the consumer holds none (it asked us).
+        while True:
+            try:
+                item = self.output.get_nowait()
+            except queue.Empty:
+                break
+            del item
+        self._free = asyncio.Queue()
+        for s in range(self.ring.slots):
+            self._free.put_nowait(s)
+        self.counters.ring_full = 0
+        self._window = asyncio.Semaphore(self._decode_window)
+        self._task = asyncio.create_task(self._run(epoch), name=f"asyncloader-epoch-{epoch}")
+
+    async def stop(self) -> None:
+        """Cancel production and wait until no decode job can still write into a slot."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        drain = getattr(self.pool, "drain", None)
+        if drain is not None:
+            await drain()
+
+    def release(self, slot: int) -> None:
+        """The consumer is done with ``slot`` (called on the loop)."""
+        self.counters.ring_full -= 1
+        self._free.put_nowait(slot)
+
+    # --- production ---------------------------------------------------------------------
+
+    async def _run(self, epoch: int) -> None:
+        try:
+            while True:
+                await self._epoch(epoch)
+                self.output.put((END, epoch))
+                epoch += 1
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.output.put((ERROR, exc))
+
+    async def _epoch(self, epoch: int) -> None:
+        r = self.run
+        indices = epoch_indices(
+            len(self.dataset.samples),
+            seed=r.seed,
+            epoch=epoch,
+            shuffle=r.shuffle,
+            rank=r.rank,
+            world_size=r.world_size,
+        )
+        budget = r.failure_budget(len(indices))
+        self._failures = []
+        nb = num_batches(len(indices), r.batch_size, r.drop_last)
+        inflight: deque[tuple[int, int, asyncio.Task[int]]] = deque()
+        try:
+            for b in range(nb + 1):
+                # Publish finished batches in order: the head when it is done, all of them at
+                # the end, and the head (waiting for it) when no slot is free to start more.
+                while inflight and (inflight[0][2].done() or b == nb or self._free.empty()):
+                    index, slot, task = inflight.popleft()
+                    n = await task
+                    self.counters.batches_produced += 1
+                    self.counters.ring_full += 1
+                    self.output.put((BATCH, epoch, index, slot, n))
+                    if len(self._failures) > budget:
+                        raise FailureBudgetExceeded(
+                            f"{len(self._failures)} samples failed in epoch {epoch}, "
+                            f"more than max_failures={r.max_failures}",
+                            list(self._failures),
+                        )
+                if b == nb:
+                    break
+                slot = await self._free.get()
+                sel = indices[b * r.batch_size : (b + 1) * r.batch_size]
+                inflight.append((b, slot, asyncio.create_task(self._fill(slot, epoch, sel))))
+        finally:
+            for _, _, t in inflight:
+                t.cancel()
+            for _, _, t in inflight:
+                with contextlib.suppress(BaseException):
+                    await t
+
+    async def _fill(self, slot: int, epoch: int, sel: np.ndarray[Any, Any]) -> int:
+        """Fill ``slot`` with the samples ``sel``; returns how many made it."""
+        samples = self.dataset.samples
+        seed = self.run.seed
+        results = await asyncio.gather(
+            *(
+                self._sample(slot, j, mix_seed(seed, epoch, int(i)), samples[i])
+                for j, i in enumerate(sel)
+            ),
+            return_exceptions=True,
+        )
+        failed = [j for j, res in enumerate(results) if res is not None]
+        for res in results:
+            if res is not None and not isinstance(res, _Failure):
+                raise res  # "raise" policy, or a bug: the run stops with it
+        if failed:
+            gone = set(failed)
+            keep = [j for j in range(len(sel)) if j not in gone]
+            n = len(keep)
+            if n:
+                # Compact the survivors to the front, in order (a short, deterministic batch).
+                self.ring.images[slot, :n] = self.ring.images[slot, keep]
+                self.ring.labels[slot, :n] = self.ring.labels[slot, keep]
+            return n
+        return len(sel)
+
+    async def _sample(self, slot: int, j: int, seed: int, sample: Sample) -> None:
+        c = self.counters
+        key = sample.obj.key
+        stage = "fetch"
+        try:
+            async with self._window:
+                data = await self.fetcher.fetch(sample.obj)
+                stage = "decode"
+                c.decode_queue += 1
+                try:
+                    busy = await self.pool.decode(data, slot, j, seed, key)
+                finally:
+                    c.decode_queue -= 1
+                c.decoded += 1
+                c.decode_seconds += busy
+            self.ring.labels[slot, j] = sample.label
+        except AsyncLoaderError as exc:
+            exc.add_note(f"asyncloader: stage={stage} key={key}")
+            if self.run.on_error == "raise":
+                raise
+            c.skipped[type(exc).__name__] += 1
+            self._failures.append(exc)
+            raise _Failure() from exc

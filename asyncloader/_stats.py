@@ -1,0 +1,165 @@
+"""Counters of the data path and the frozen snapshot ``loader.stats()`` returns.
+
+Writers: the event-loop thread owns every counter in :class:`Counters` except the
+``consumer_*`` ones, which only the consumer thread writes.  Each field therefore has a
+single writer and readers only ever see a slightly stale value, which is fine for stats.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["Counters", "Stats"]
+
+Bound = Literal["fetch", "decode", "consumer", "unknown"]
+
+
+@dataclass(slots=True)
+class Counters:
+    """Mutable counters; see the module docstring for who writes what."""
+
+    started: float = field(default_factory=time.perf_counter)
+    requests: int = 0
+    bytes_fetched: int = 0
+    retries: Counter[str] = field(default_factory=Counter)
+    objects_fetched: int = 0
+    fetch_seconds: float = 0.0  # summed wall time of object fetches [seconds]
+    inflight: int = 0
+    inflight_peak: int = 0
+    decoded: int = 0
+    decode_seconds: float = 0.0  # summed busy time of decode workers [seconds]
+    decode_queue: int = 0  # jobs handed to the pool and not yet finished
+    worker_restarts: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    batches_produced: int = 0
+    ring_full: int = 0  # slots holding a finished batch, waiting for the consumer
+    ring_slots: int = 0
+    listing_seconds: float = 0.0
+    objects_listed: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    # Written by the consumer thread only.
+    consumer_batches: int = 0
+    consumer_samples: int = 0
+    consumer_wait_seconds: float = 0.0
+    consumer_first_batch_seconds: float | None = None
+
+    def snapshot(self, *, decode_workers: int, max_inflight: int) -> Stats:
+        wall = max(time.perf_counter() - self.started, 1e-9)
+        decode_util = self.decode_seconds / (wall * max(decode_workers, 1))
+        wait_frac = self.consumer_wait_seconds / wall
+        bound: Bound
+        if self.consumer_batches == 0:
+            bound = "unknown"
+        elif wait_frac < 0.10:
+            # The consumer hardly ever waited: the loader is ahead of it.
+            bound = "consumer"
+        elif decode_util >= 0.80:
+            bound = "decode"
+        else:
+            bound = "fetch"
+        return Stats(
+            wall_seconds=wall,
+            requests=self.requests,
+            bytes_fetched=self.bytes_fetched,
+            retries=dict(self.retries),
+            objects_fetched=self.objects_fetched,
+            mean_fetch_seconds=self.fetch_seconds / max(self.objects_fetched, 1),
+            inflight=self.inflight,
+            inflight_peak=self.inflight_peak,
+            max_inflight=max_inflight,
+            decoded=self.decoded,
+            decode_utilization=decode_util,
+            decode_queue=self.decode_queue,
+            worker_restarts=self.worker_restarts,
+            skipped=dict(self.skipped),
+            batches_produced=self.batches_produced,
+            ring_full=self.ring_full,
+            ring_slots=self.ring_slots,
+            objects_listed=self.objects_listed,
+            listing_seconds=self.listing_seconds,
+            cache_hits=self.cache_hits,
+            cache_misses=self.cache_misses,
+            batches=self.consumer_batches,
+            samples=self.consumer_samples,
+            consumer_wait_seconds=self.consumer_wait_seconds,
+            first_batch_seconds=self.consumer_first_batch_seconds,
+            bound=bound,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A point-in-time view of the loader; every skip, retry and request is counted.
+
+    Attributes:
+        wall_seconds: Time since the loader started [seconds].
+        requests: HTTP requests sent (retries included).
+        bytes_fetched: Body bytes received from the store [bytes].
+        retries: Retries by reason (``"throttled"``, ``"transient"``, ...).
+        objects_fetched: Objects fully fetched and verified.
+        mean_fetch_seconds: Mean wall time of one object fetch, retries included [seconds].
+        inflight: Requests in flight right now; ``inflight_peak`` the most seen at once.
+        decoded: Samples decoded into batch slots.
+        decode_utilization: Busy fraction of the decode workers since start (0..1).
+        decode_queue: Decode jobs handed to the pool and not finished.
+        worker_restarts: Decode workers that died and were replaced.
+        skipped: Samples skipped under ``on_error="skip"``, by error type.
+        ring_full: Batch slots filled and waiting for the consumer (of ``ring_slots``).
+        batches, samples: Delivered to the consumer.
+        consumer_wait_seconds: Time the consumer spent waiting for a batch [seconds].
+        first_batch_seconds: From start to the first batch delivered [seconds].
+        bound: Which stage limits throughput: ``"consumer"`` (the loader keeps ahead: the
+            training loop is the bound), ``"decode"`` (decode workers busy ≥ 80 %) or
+            ``"fetch"`` (the consumer waits while decode workers idle: storage-bound).
+    """
+
+    wall_seconds: float
+    requests: int
+    bytes_fetched: int
+    retries: dict[str, int]
+    objects_fetched: int
+    mean_fetch_seconds: float
+    inflight: int
+    inflight_peak: int
+    max_inflight: int
+    decoded: int
+    decode_utilization: float
+    decode_queue: int
+    worker_restarts: int
+    skipped: dict[str, int]
+    batches_produced: int
+    ring_full: int
+    ring_slots: int
+    objects_listed: int
+    listing_seconds: float
+    cache_hits: int
+    cache_misses: int
+    batches: int
+    samples: int
+    consumer_wait_seconds: float
+    first_batch_seconds: float | None
+    bound: Bound
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.wall_seconds
+
+    def summary(self) -> str:
+        """A few human lines: throughput, the bounding stage, retries and skips."""
+        mb = self.bytes_fetched / 1e6
+        lines = [
+            f"{self.samples} samples in {self.batches} batches, {self.wall_seconds:.1f} s "
+            f"({self.samples_per_second:.0f} samples/s, {mb / self.wall_seconds:.1f} MB/s)",
+            f"bound by: {self.bound}  (consumer waited {self.consumer_wait_seconds:.1f} s, "
+            f"decode busy {self.decode_utilization:.0%}, peak in flight "
+            f"{self.inflight_peak}/{self.max_inflight}, mean fetch "
+            f"{self.mean_fetch_seconds * 1e3:.1f} ms)",
+            f"requests {self.requests}, retries {sum(self.retries.values())} "
+            f"{dict(self.retries) or ''}, skipped {sum(self.skipped.values())} "
+            f"{dict(self.skipped) or ''}, worker restarts {self.worker_restarts}",
+        ]
+        return "\n".join(line.rstrip() for line in lines)

@@ -1,0 +1,116 @@
+"""The one aiohttp GET every HTTP backend shares, and its mapping to our error tree.
+
+Backends build the URL and headers (signature, range, precondition); this module sends the
+request on a shared session, reads the body, checks its length, and maps every HTTP status
+and transport exception to :mod:`asyncloader._errors` in one place.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+import aiohttp
+from yarl import URL
+
+from .._errors import (
+    AccessDenied,
+    IntegrityError,
+    ObjectNotFound,
+    StoreError,
+    Throttled,
+    TransientStoreError,
+)
+
+__all__ = ["error_for_status", "get_bytes", "make_session", "range_header"]
+
+_CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
+
+
+def make_session(max_connections: int, *, read_timeout: float = 60.0) -> aiohttp.ClientSession:
+    """A session tuned for many small GETs to few hosts: keep-alive, no decompression."""
+    connector = aiohttp.TCPConnector(
+        limit=max_connections, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60
+    )
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False, raise_for_status=False
+    )
+
+
+def range_header(start: int, end: int | None) -> str | None:
+    """``Range`` value for bytes ``[start, end)``; ``None`` when the whole object is wanted."""
+    if start == 0 and end is None:
+        return None
+    return f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
+
+
+def error_for_status(status: int, body: bytes, *, what: str, key: str | None) -> StoreError:
+    """Map an HTTP error answer to our error tree; ``what`` names the object for humans."""
+    m = _CODE.search(body[:2048])
+    code = m.group(1).decode(errors="replace") if m else ""
+    detail = f"{status} {code}".strip()
+    if status == 404:
+        return ObjectNotFound(f"not found: {what} ({detail})", key=key, status=status)
+    if status in (401, 403):
+        return AccessDenied(
+            f"access denied to {what} ({detail}): check the credentials and permissions",
+            key=key,
+            status=status,
+        )
+    if status == 412:
+        return IntegrityError(
+            f"{what} changed since it was listed (ETag no longer matches)", key=key, status=status
+        )
+    if status == 416:
+        return IntegrityError(
+            f"{what} is shorter than listed (range not satisfiable)", key=key, status=status
+        )
+    if status in (429, 503) or code in ("SlowDown", "ServerBusy", "TooManyRequests"):
+        return Throttled(f"throttled on {what} ({detail})", key=key, status=status)
+    if status >= 500 or status == 408:
+        return TransientStoreError(f"server error on {what} ({detail})", key=key, status=status)
+    return StoreError(f"unexpected answer for {what} ({detail})", key=key, status=status)
+
+
+async def get_bytes(
+    session: aiohttp.ClientSession,
+    url: URL,
+    headers: Mapping[str, str],
+    *,
+    what: str,
+    key: str,
+    expected_len: int | None,
+    on_response: Callable[[aiohttp.ClientResponse], None] | None = None,
+) -> bytes:
+    """GET ``url`` and return the body, verified to be ``expected_len`` bytes long.
+
+    Raises:
+        ObjectNotFound, AccessDenied, IntegrityError, Throttled, TransientStoreError,
+        StoreError: as mapped by :func:`error_for_status`; transport failures (reset,
+        time-out, truncated body) become TransientStoreError.
+    """
+    try:
+        async with session.get(url, headers=headers) as resp:
+            if resp.status >= 300:
+                raise error_for_status(resp.status, await resp.read(), what=what, key=key)
+            if on_response is not None:
+                on_response(resp)
+            data = await resp.read()
+    except StoreError:
+        raise
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
+        raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
+    except TimeoutError as exc:  # before OSError, of which it is a subclass
+        raise TransientStoreError(f"request for {what} timed out", key=key) from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise TransientStoreError(
+            f"request for {what} failed: {type(exc).__name__}", key=key
+        ) from exc
+    if expected_len is not None and len(data) != expected_len:
+        # A body shorter than its Content-Length is caught by aiohttp above; this is a
+        # complete answer of the wrong size: the object is not the one that was listed.
+        raise IntegrityError(
+            f"{what}: received {len(data)} bytes, expected {expected_len}", key=key
+        )
+    return data

@@ -1,0 +1,77 @@
+"""Small value types and the plug-point protocols shared by every layer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["DecodeFn", "ObjectInfo", "ObjectStore", "Sample"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object as listed by a store.
+
+    Attributes:
+        key: Key relative to the bucket/container (no leading slash).
+        size: Length [bytes].
+        etag: The store's entity tag, without quotes; ``""`` when the store has none.
+    """
+
+    key: str
+    size: int
+    etag: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One entry of a dataset: the object and its integer label (``-1`` for none)."""
+
+    obj: ObjectInfo
+    label: int
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """The one small async protocol every backend implements.
+
+    All methods are coroutines run on the loader's event loop.  Errors are mapped to the
+    :mod:`asyncloader._errors` tree at the backend boundary.  Retries are *not* the store's
+    job: the fetcher retries :class:`Throttled` and :class:`TransientStoreError`.
+    """
+
+    @property
+    def url(self) -> str:
+        """The store's root URL (``s3://bucket/prefix/``), without any secret."""
+        ...
+
+    def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        """Yield every object under ``prefix`` (relative to the store's root), any order."""
+        ...
+
+    async def stat(self, key: str) -> ObjectInfo:
+        """Return the object's size and ETag.  Raises ObjectNotFound."""
+        ...
+
+    async def get(
+        self, key: str, *, start: int = 0, end: int | None = None, etag: str = ""
+    ) -> bytes:
+        """Return bytes ``[start, end)`` of the object (``end=None``: to its end).
+
+        When ``etag`` is given the store must refuse (IntegrityError) an object whose ETag
+        differs, so a replaced object is never mixed with the old one.  The backend checks
+        that the body has the announced length (IntegrityError / TransientStoreError).
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release connections.  Idempotent."""
+        ...
+
+
+DecodeFn = Callable[[bytes], npt.NDArray[np.uint8]]
+"""A ``decode=`` hook: object bytes → uint8 array of the loader's sample shape."""

@@ -1,0 +1,215 @@
+"""Test equipment users can run against their own code: local S3 servers on 127.0.0.1.
+
+* :class:`S3TestServer` — our light in-memory S3-compatible server with injected latency and
+  faults (503 storms, resets, truncated bodies, stalls); cheap enough to benchmark against.
+* :class:`MotoServer` — ``moto_server`` (the reference S3 emulator) as a subprocess.
+
+Both are context managers that start a subprocess bound to 127.0.0.1 and stop it on exit
+(and the subprocess stops by itself when its parent dies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote
+
+__all__ = ["FAULT_KINDS", "MotoServer", "S3TestServer", "free_port"]
+
+from ._s3server import FAULT_KINDS
+
+# Credentials that local emulators accept; never real ones.
+TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _http(method: str, url: str, body: bytes | None = None, timeout: float = 30.0) -> bytes:
+    req = urllib.request.Request(url, data=body, method=method)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        data: bytes = resp.read()
+        return data
+
+
+class _Subprocess:
+    endpoint: str
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop the server: terminate, then kill if it does not go within 5 s."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if proc.stdin:
+                proc.stdin.close()
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    # A few S3 calls over plain HTTP (path style, unsigned): enough to set up test data on
+    # either server without pulling an SDK into the fixture.
+    def create_bucket(self, bucket: str) -> None:
+        _http("PUT", f"{self.endpoint}/{bucket}", b"")
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        _http("PUT", f"{self.endpoint}/{bucket}/{quote(key)}", data)
+
+    def delete(self, bucket: str, key: str) -> None:
+        _http("DELETE", f"{self.endpoint}/{bucket}/{quote(key)}")
+
+
+class S3TestServer(_Subprocess):
+    """Our light S3-compatible server (see :mod:`asyncloader.testing._s3server`).
+
+    Args:
+        latency: Time to first byte of every response [seconds].
+        load: A folder loaded into ``bucket`` at start (fast: no HTTP).
+        bucket: Bucket created at start.
+        prefix: Key prefix for the loaded folder.
+    """
+
+    def __init__(
+        self,
+        *,
+        latency: float = 0.0,
+        load: str | os.PathLike[str] | None = None,
+        bucket: str = "",
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.latency = latency
+        self.load = load
+        self.bucket = bucket
+        self.prefix = prefix
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "asyncloader.testing._s3server",
+            "--latency",
+            str(self.latency),
+        ]
+        if self.bucket:
+            cmd += ["--bucket", self.bucket, "--prefix", self.prefix]
+        if self.load:
+            cmd += ["--load", str(self.load)]
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        self._proc = proc
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        if not line.startswith("READY "):
+            self.stop()
+            raise RuntimeError(f"test S3 server did not start: {line!r}")
+        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def set_faults(
+        self,
+        rates: dict[str, float] | None = None,
+        *,
+        max_faults_per_key: int = 3,
+        seed: int = 0,
+        stall_seconds: float = 30.0,
+        latency: float | None = None,
+    ) -> None:
+        """Inject faults: ``rates`` maps a kind of FAULT_KINDS to its probability per GET."""
+        cfg: dict[str, Any] = {
+            "rates": rates or {},
+            "max_faults_per_key": max_faults_per_key,
+            "seed": seed,
+            "stall_seconds": stall_seconds,
+        }
+        if latency is not None:
+            cfg["latency"] = latency
+        _http("POST", f"{self.endpoint}/_control/faults", json.dumps(cfg).encode())
+
+    def stats(self) -> dict[str, Any]:
+        """Request counters: ``counters`` (get, head, list, fault_*) and ``gets_by_key``."""
+        out: dict[str, Any] = json.loads(_http("GET", f"{self.endpoint}/_control/stats"))
+        return out
+
+    def reset_stats(self) -> None:
+        _http("POST", f"{self.endpoint}/_control/reset-stats", b"")
+
+
+class MotoServer(_Subprocess):
+    """``moto_server`` on 127.0.0.1 as a subprocess (needs ``pip install 'moto[server]'``)."""
+
+    def start(self) -> None:
+        exe = shutil.which("moto_server")
+        cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+        port = free_port()
+        env = {**os.environ, **TEST_ENV}
+        proc = subprocess.Popen(
+            [*cmd, "-H", "127.0.0.1", "-p", str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        self._proc = proc
+        self.endpoint = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                _http("GET", f"{self.endpoint}/moto-api/", timeout=2)
+                return
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("moto_server did not start") from None
+                time.sleep(0.1)
+
+
+def write_folder(root: Path, files: dict[str, bytes]) -> None:
+    """Write ``{relative path: bytes}`` under ``root`` (a small helper for tests)."""
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)

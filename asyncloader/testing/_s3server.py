@@ -1,0 +1,374 @@
+"""A light, in-memory, S3-compatible HTTP server: test equipment, not product.
+
+moto costs ~2.5 ms of CPU per GET, too much to measure a loader with.  This server speaks the
+small part of the S3 REST API a loader needs (path-style ListObjectsV2 with pagination and
+delimiter, HEAD/GET with ``Range`` and ``If-Match``, PUT, bucket create) over a raw asyncio
+protocol, at a few tens of microseconds of CPU per GET.  It does not check signatures.
+
+It injects, per request to an object:
+
+* time-to-first-byte latency (``latency`` seconds, every response),
+* faults with a seeded probability, each key failing at most ``max_faults_per_key`` times so
+  a retrying client always gets through: ``slowdown`` (503 SlowDown), ``throttle`` (429),
+  ``error`` (500), ``reset`` (connection aborted without an answer), ``truncate`` (headers
+  announce the full length, half the body is sent, then the connection is closed) and
+  ``stall`` (the answer is held back ``stall_seconds``).
+
+Control endpoints (plain JSON): ``POST /_control/faults`` sets the fault rates,
+``GET /_control/stats`` returns request counters, ``POST /_control/reset-stats``.
+
+Run: ``python -m asyncloader.testing._s3server --port 0 [--latency 0.02] [--load DIR
+--bucket NAME]``; it prints ``READY <port>`` once listening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import signal
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from pathlib import Path
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from xml.sax.saxutils import escape
+
+FAULT_KINDS = ("slowdown", "throttle", "error", "reset", "truncate", "stall")
+_DATE = "2026-01-01T00:00:00.000Z"
+
+
+@dataclass
+class _Object:
+    data: bytes
+    etag: str
+
+
+@dataclass
+class _State:
+    buckets: dict[str, dict[str, _Object]] = field(default_factory=dict)
+    latency: float = 0.0
+    fault_rates: dict[str, float] = field(default_factory=dict)
+    max_faults_per_key: int = 3
+    stall_seconds: float = 30.0
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    faults_by_key: Counter[str] = field(default_factory=Counter)
+    counters: Counter[str] = field(default_factory=Counter)
+    gets_by_key: Counter[str] = field(default_factory=Counter)
+
+    def put(self, bucket: str, key: str, data: bytes) -> str:
+        etag = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        self.buckets.setdefault(bucket, {})[key] = _Object(data, etag)
+        return etag
+
+    def pick_fault(self, key: str) -> str | None:
+        if not self.fault_rates or self.faults_by_key[key] >= self.max_faults_per_key:
+            return None
+        roll = self.rng.random()
+        for kind, rate in self.fault_rates.items():
+            if roll < rate:
+                self.faults_by_key[key] += 1
+                self.counters[f"fault_{kind}"] += 1
+                return kind
+            roll -= rate
+        return None
+
+
+_REASONS = {
+    200: "OK",
+    204: "No Content",
+    206: "Partial Content",
+    304: "Not Modified",
+    404: "Not Found",
+    412: "Precondition Failed",
+    416: "Range Not Satisfiable",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+def _error_xml(code: str, message: str) -> bytes:
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+        f"<Message>{escape(message)}</Message></Error>"
+    ).encode()
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+        self.busy = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._maybe_handle()
+
+    def _maybe_handle(self) -> None:
+        if self.busy or self.transport is None:
+            return
+        head_end = self.buf.find(b"\r\n\r\n")
+        if head_end < 0:
+            return
+        head = self.buf[:head_end].decode("latin-1").split("\r\n")
+        method, target, _ = head[0].split(" ", 2)
+        headers = {}
+        for line in head[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        if len(self.buf) < head_end + 4 + length:
+            return
+        body = self.buf[head_end + 4 : head_end + 4 + length]
+        self.buf = self.buf[head_end + 4 + length :]
+        self.busy = True
+        self._handle(method, target, headers, body)
+
+    def _respond(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        *,
+        head: bool = False,
+        fault: str | None = None,
+    ) -> None:
+        def send() -> None:
+            t = self.transport
+            if t is None or t.is_closing():
+                return
+            if fault == "reset":
+                t.abort()
+                return
+            hdrs = {"Content-Length": str(len(body)), "Date": formatdate(usegmt=True)}
+            hdrs.update(headers or {})
+            lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'X')}"]
+            lines += [f"{k}: {v}" for k, v in hdrs.items()]
+            out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            if fault == "truncate":
+                t.write(out + body[: len(body) // 2])
+                t.close()
+                return
+            t.write(out if head else out + body)
+            self.busy = False
+            self._maybe_handle()
+
+        delay = self.state.latency + (self.state.stall_seconds if fault == "stall" else 0.0)
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, send)
+        else:
+            send()
+
+    def _handle(self, method: str, target: str, headers: dict[str, str], body: bytes) -> None:
+        st = self.state
+        st.counters["requests"] += 1
+        parts = urlsplit(target)
+        path = unquote(parts.path)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        if path.startswith("/_control/"):
+            self._control(method, path, body)
+            return
+        bucket, _, key = path.lstrip("/").partition("/")
+        objects = st.buckets.get(bucket)
+        if not key:
+            if method == "PUT":
+                st.buckets.setdefault(bucket, {})
+                self._respond(200)
+            elif objects is None:
+                self._respond(404, _error_xml("NoSuchBucket", bucket))
+            elif method == "HEAD":
+                self._respond(200, headers={"x-amz-bucket-region": "us-east-1"}, head=True)
+            else:
+                st.counters["list"] += 1
+                self._respond(200, self._list(bucket, objects, query))
+            return
+        if objects is None:
+            self._respond(404, _error_xml("NoSuchBucket", bucket))
+            return
+        if method == "PUT":
+            etag = st.put(bucket, key, body)
+            self._respond(200, headers={"ETag": f'"{etag}"'})
+            return
+        if method == "DELETE":
+            objects.pop(key, None)
+            self._respond(204)
+            return
+        st.counters["get" if method == "GET" else "head"] += 1
+        if method == "GET":
+            st.gets_by_key[key] += 1
+        fault = st.pick_fault(key)
+        if fault in ("slowdown", "throttle", "error"):
+            status, code = {
+                "slowdown": (503, "SlowDown"),
+                "throttle": (429, "TooManyRequests"),
+                "error": (500, "InternalError"),
+            }[fault]
+            self._respond(status, _error_xml(code, "injected"), head=method == "HEAD")
+            return
+        obj = objects.get(key)
+        if obj is None:
+            self._respond(404, _error_xml("NoSuchKey", key), head=method == "HEAD")
+            return
+        if_match = headers.get("if-match", "").strip('"')
+        if if_match and if_match != obj.etag:
+            self._respond(412, _error_xml("PreconditionFailed", key), head=method == "HEAD")
+            return
+        data = obj.data
+        status = 200
+        extra = {"ETag": f'"{obj.etag}"', "Last-Modified": formatdate(0, usegmt=True)}
+        rng = headers.get("range")
+        if rng and rng.startswith("bytes="):
+            first_s, _, last_s = rng[6:].partition("-")
+            first = int(first_s)
+            last = min(int(last_s), len(data) - 1) if last_s else len(data) - 1
+            if first >= len(data):
+                self._respond(416, _error_xml("InvalidRange", key))
+                return
+            extra["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
+            data = data[first : last + 1]
+            status = 206
+        if method == "HEAD":
+            self._respond(status, data, extra, head=True)
+            return
+        self._respond(status, data, extra, fault=fault)
+
+    def _list(self, bucket: str, objects: dict[str, _Object], query: dict[str, str]) -> bytes:
+        prefix = query.get("prefix", "")
+        delimiter = query.get("delimiter", "")
+        max_keys = int(query.get("max-keys", "1000"))
+        after = query.get("continuation-token", "") or query.get("start-after", "")
+        keys = sorted(k for k in objects if k.startswith(prefix) and k > after)
+        contents: list[str] = []
+        prefixes: list[str] = []
+        last = ""
+        truncated = False
+        for k in keys:
+            if delimiter:
+                cut = k.find(delimiter, len(prefix))
+                if cut >= 0:
+                    cp = k[: cut + len(delimiter)]
+                    if prefixes and prefixes[-1] == cp:
+                        last = k
+                        continue
+                    if len(contents) + len(prefixes) >= max_keys:
+                        truncated = True
+                        break
+                    prefixes.append(cp)
+                    last = k
+                    continue
+            if len(contents) + len(prefixes) >= max_keys:
+                truncated = True
+                break
+            o = objects[k]
+            contents.append(
+                f"<Contents><Key>{escape(k)}</Key><LastModified>{_DATE}</LastModified>"
+                f"<ETag>&quot;{o.etag}&quot;</ETag><Size>{len(o.data)}</Size>"
+                "<StorageClass>STANDARD</StorageClass></Contents>"
+            )
+            last = k
+        if truncated and delimiter and prefixes and last.startswith(prefixes[-1]):
+            # Continue after every key of the last common prefix.
+            last = prefixes[-1] + "\U0010ffff"
+        xml = [
+            '<?xml version="1.0" encoding="UTF-8"?>',
+            '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">',
+            f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix>",
+            f"<KeyCount>{len(contents) + len(prefixes)}</KeyCount><MaxKeys>{max_keys}</MaxKeys>",
+            f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>",
+        ]
+        if delimiter:
+            xml.append(f"<Delimiter>{escape(delimiter)}</Delimiter>")
+        if truncated:
+            xml.append(f"<NextContinuationToken>{escape(last)}</NextContinuationToken>")
+        xml += contents
+        xml += [f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>" for p in prefixes]
+        xml.append("</ListBucketResult>")
+        return "".join(xml).encode()
+
+    def _control(self, method: str, path: str, body: bytes) -> None:
+        st = self.state
+        if path == "/_control/faults" and method == "POST":
+            cfg = json.loads(body or b"{}")
+            rates = {k: float(v) for k, v in cfg.get("rates", {}).items()}
+            unknown = set(rates) - set(FAULT_KINDS)
+            if unknown:
+                self._respond(400, json.dumps({"unknown": sorted(unknown)}).encode())
+                return
+            st.fault_rates = rates
+            st.max_faults_per_key = int(cfg.get("max_faults_per_key", 3))
+            st.stall_seconds = float(cfg.get("stall_seconds", st.stall_seconds))
+            st.latency = float(cfg.get("latency", st.latency))
+            st.rng = random.Random(int(cfg.get("seed", 0)))
+            st.faults_by_key.clear()
+            self._respond(200, b"{}")
+        elif path == "/_control/stats":
+            out = {"counters": dict(st.counters), "gets_by_key": dict(st.gets_by_key)}
+            self._respond(200, json.dumps(out).encode(), {"Content-Type": "application/json"})
+        elif path == "/_control/reset-stats" and method == "POST":
+            st.counters.clear()
+            st.gets_by_key.clear()
+            self._respond(200, b"{}")
+        else:
+            self._respond(404, b"{}")
+
+
+def load_folder(state: _State, bucket: str, folder: Path, prefix: str = "") -> int:
+    """Load every file under ``folder`` into ``bucket`` as ``prefix + relative path``."""
+    n = 0
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            key = prefix + path.relative_to(folder).as_posix()
+            state.put(bucket, key, path.read_bytes())
+            n += 1
+    return n
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    state = _State(latency=args.latency)
+    if args.bucket:
+        state.buckets.setdefault(args.bucket, {})
+    if args.load:
+        load_folder(state, args.bucket, Path(args.load), args.prefix)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _Protocol(state), args.host, args.port, backlog=1024)
+    port = server.sockets[0].getsockname()[1]
+    print(f"READY {port}", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # Stop too when the parent goes away (our stdin is its pipe), so no server outlives a test.
+    loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not os.read(0, 4096) else None)
+    async with server:
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--latency", type=float, default=0.0, help="time to first byte [s]")
+    p.add_argument("--bucket", default="")
+    p.add_argument("--prefix", default="")
+    p.add_argument("--load", default="", help="folder to load into --bucket")
+    args = p.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args))
+
+
+def object_url(endpoint: str, bucket: str, key: str) -> str:
+    return f"{endpoint}/{bucket}/{quote(key)}"
+
+
+if __name__ == "__main__":
+    main()
