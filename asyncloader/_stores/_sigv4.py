@@ -80,7 +80,13 @@ class SigV4Signer:
         return key
 
     def sign(
-        self, method: str, host: str, encoded_path: str, query: str = "", now: float | None = None
+        self,
+        method: str,
+        host: str,
+        encoded_path: str,
+        query: str = "",
+        now: float | None = None,
+        payload_hash: str = _UNSIGNED,
     ) -> dict[str, str]:
         """Return the headers that authenticate the request.
 
@@ -90,22 +96,25 @@ class SigV4Signer:
             encoded_path: The already percent-encoded path, as sent on the wire.
             query: The canonical (sorted, encoded) query string; ``""`` for none.
             now: Unix time to sign at (tests); default now [seconds].
+            payload_hash: Hex SHA-256 of the body, or ``UNSIGNED-PAYLOAD`` (GETs have none).
         """
         amz_date = self._amz_date(now)
         day = amz_date[:8]
         token = self._creds.token
         if token:
             canonical_headers = (
-                f"host:{host}\nx-amz-content-sha256:{_UNSIGNED}\n"
+                f"host:{host}\nx-amz-content-sha256:{payload_hash}\n"
                 f"x-amz-date:{amz_date}\nx-amz-security-token:{token}\n"
             )
             signed = "host;x-amz-content-sha256;x-amz-date;x-amz-security-token"
         else:
             canonical_headers = (
-                f"host:{host}\nx-amz-content-sha256:{_UNSIGNED}\nx-amz-date:{amz_date}\n"
+                f"host:{host}\nx-amz-content-sha256:{payload_hash}\nx-amz-date:{amz_date}\n"
             )
             signed = "host;x-amz-content-sha256;x-amz-date"
-        canonical = f"{method}\n{encoded_path}\n{query}\n{canonical_headers}\n{signed}\n{_UNSIGNED}"
+        canonical = (
+            f"{method}\n{encoded_path}\n{query}\n{canonical_headers}\n{signed}\n{payload_hash}"
+        )
         scope = f"{day}/{self.region}/{self.service}/aws4_request"
         to_sign = (
             f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n"
@@ -114,7 +123,7 @@ class SigV4Signer:
         signature = hmac.new(self._signing_key(day), to_sign.encode(), hashlib.sha256).hexdigest()
         headers = {
             "x-amz-date": amz_date,
-            "x-amz-content-sha256": _UNSIGNED,
+            "x-amz-content-sha256": payload_hash,
             "Authorization": (
                 f"AWS4-HMAC-SHA256 Credential={self._creds.access_key}/{scope}, "
                 f"SignedHeaders={signed}, Signature={signature}"

@@ -19,12 +19,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import quote
 
-__all__ = ["FAULT_KINDS", "MotoServer", "S3TestServer", "free_port"]
+__all__ = ["FAULT_KINDS", "TEST_ENV", "MotoServer", "S3TestServer", "free_port", "write_folder"]
 
 from ._s3server import FAULT_KINDS
 
@@ -55,6 +55,7 @@ class _Subprocess:
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
+        self._client: Any = None
 
     def __enter__(self) -> Self:
         self.start()
@@ -71,6 +72,9 @@ class _Subprocess:
     def stop(self) -> None:
         """Stop the server: terminate, then kill if it does not go within 5 s."""
         proc, self._proc = self._proc, None
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
         if proc is None:
             return
         with contextlib.suppress(OSError):
@@ -90,16 +94,54 @@ class _Subprocess:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    # A few S3 calls over plain HTTP (path style, unsigned): enough to set up test data on
-    # either server without pulling an SDK into the fixture.
+    def client(self) -> Any:
+        """A plain (sync) botocore S3 client for this server, with the test credentials.
+
+        botocore clients are thread-safe, so one client can upload from a thread pool.
+        """
+        if self._client is None:
+            import botocore.session
+            from botocore.config import Config
+
+            self._client = botocore.session.get_session().create_client(
+                "s3",
+                endpoint_url=self.endpoint,
+                region_name=TEST_ENV["AWS_DEFAULT_REGION"],
+                aws_access_key_id=TEST_ENV["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=TEST_ENV["AWS_SECRET_ACCESS_KEY"],
+                config=Config(
+                    max_pool_connections=16,
+                    s3={"addressing_style": "path"},
+                    retries={"max_attempts": 10},
+                ),
+            )
+        return self._client
+
     def create_bucket(self, bucket: str) -> None:
-        _http("PUT", f"{self.endpoint}/{bucket}", b"")
+        self.client().create_bucket(Bucket=bucket)
 
     def put(self, bucket: str, key: str, data: bytes) -> None:
-        _http("PUT", f"{self.endpoint}/{bucket}/{quote(key)}", data)
+        self.client().put_object(Bucket=bucket, Key=key, Body=data)
 
     def delete(self, bucket: str, key: str) -> None:
-        _http("DELETE", f"{self.endpoint}/{bucket}/{quote(key)}")
+        self.client().delete_object(Bucket=bucket, Key=key)
+
+    def upload_folder(
+        self, bucket: str, folder: str | os.PathLike[str], prefix: str = "", threads: int = 8
+    ) -> int:
+        """Upload every file below ``folder`` as ``prefix + relative path``; returns count."""
+        root = Path(folder)
+        files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+        with ThreadPoolExecutor(threads) as ex:
+            list(
+                ex.map(
+                    lambda p: self.put(
+                        bucket, prefix + p.relative_to(root).as_posix(), p.read_bytes()
+                    ),
+                    files,
+                )
+            )
+        return len(files)
 
 
 class S3TestServer(_Subprocess):
