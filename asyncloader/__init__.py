@@ -51,6 +51,7 @@ __all__ = [
     "Stats",
     "StoreError",
     "Throttled",
+    "Transform",
     "TransientStoreError",
     "__version__",
     "open_store",

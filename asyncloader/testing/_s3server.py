@@ -313,7 +313,11 @@ class _Protocol(asyncio.Protocol):
             st.faults_by_key.clear()
             self._respond(200, b"{}")
         elif path == "/_control/stats":
-            out = {"counters": dict(st.counters), "gets_by_key": dict(st.gets_by_key)}
+            out = {
+                "counters": dict(st.counters),
+                "gets_by_key": dict(st.gets_by_key),
+                "keys": sorted(k for objs in st.buckets.values() for k in objs),
+            }
             self._respond(200, json.dumps(out).encode(), {"Content-Type": "application/json"})
         elif path == "/_control/reset-stats" and method == "POST":
             st.counters.clear()
@@ -324,10 +328,10 @@ class _Protocol(asyncio.Protocol):
 
 
 def load_folder(state: _State, bucket: str, folder: Path, prefix: str = "") -> int:
-    """Load every file under ``folder`` into ``bucket`` as ``prefix + relative path``."""
+    """Load every file under ``folder`` (but dotfiles) into ``bucket`` as prefix + path."""
     n = 0
     for path in sorted(folder.rglob("*")):
-        if path.is_file():
+        if path.is_file() and not path.name.startswith("."):
             key = prefix + path.relative_to(folder).as_posix()
             state.put(bucket, key, path.read_bytes())
             n += 1

@@ -1,0 +1,65 @@
+"""Shared fixtures: real servers on 127.0.0.1 (moto_server, our light S3 server) and data."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from asyncloader._demo import make_jpeg_folder
+from asyncloader.testing import TEST_ENV, MotoServer, S3TestServer
+
+N_IMAGES = 96
+N_CLASSES = 4
+
+
+@pytest.fixture(autouse=True)
+def _aws_test_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Never pick up real credentials or config from the machine running the tests.
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    for k, v in TEST_ENV.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.fixture(scope="session")
+def jpeg_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small ImageFolder of real-photo JPEGs: N_IMAGES files in N_CLASSES classes."""
+    return make_jpeg_folder(
+        tmp_path_factory.mktemp("jpegs"), images=N_IMAGES, classes=N_CLASSES, seed=1
+    )
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[MotoServer]:
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def moto_dataset(moto: MotoServer, jpeg_folder: Path) -> str:
+    """The JPEG folder uploaded to moto; returns its s3:// URL."""
+    moto.create_bucket("data")
+    moto.upload_folder("data", jpeg_folder, "train/")
+    return "s3://data/train/"
+
+
+@pytest.fixture
+def light_server(jpeg_folder: Path) -> Iterator[S3TestServer]:
+    """Our light S3 server with the JPEG folder in bucket 'b' under 'train/'."""
+    with S3TestServer(load=jpeg_folder, bucket="b", prefix="train/") as server:
+        yield server
+
+
+def jpeg_bytes(
+    size: tuple[int, int] = (64, 48), color: tuple[int, int, int] = (200, 30, 30)
+) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, "JPEG", quality=90)
+    return buf.getvalue()

@@ -1,0 +1,152 @@
+"""The whole loader on moto_server: coverage, determinism, labels, bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import asyncloader as al
+from asyncloader.testing import MotoServer
+
+from .conftest import N_CLASSES, N_IMAGES, jpeg_bytes
+
+
+def _key_index(moto_dataset: str, moto: MotoServer) -> dict[str, int]:
+    keys = sorted(
+        o["Key"][len("train/") :]
+        for o in moto.client().list_objects_v2(Bucket="data", Prefix="train/")["Contents"]
+        if o["Key"].endswith(".jpg")
+    )
+    return {k: i for i, k in enumerate(keys)}
+
+
+def _loader(url: str, moto: MotoServer, **kw: object) -> al.ImageLoader:
+    kw.setdefault("batch_size", 16)
+    kw.setdefault("decode_workers", 2)
+    return al.ImageLoader(url, store_options={"endpoint_url": moto.endpoint}, **kw)  # type: ignore[arg-type]
+
+
+def test_every_sample_once_per_epoch_and_deterministic(moto: MotoServer, moto_dataset: str) -> None:
+    index = _key_index(moto_dataset, moto)
+    orders = {}
+    with _loader(moto_dataset, moto, labels=index.__getitem__, seed=7) as loader:
+        assert len(loader) == -(-N_IMAGES // 16)
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            seen = []
+            for images, labels in loader:
+                assert images.dtype.is_floating_point is False
+                assert tuple(images.shape[1:]) == (3, 224, 224)
+                assert len(images) == len(labels) <= 16
+                seen += labels.tolist()
+            assert sorted(seen) == list(range(N_IMAGES)), f"epoch {epoch} not exactly once"
+            orders[epoch] = seen
+        first = next(iter(loader))  # epoch 2, prefetched
+        pixels = first[0].clone()
+        stats = loader.stats()
+    assert orders[0] != orders[1]
+    assert stats.skipped == {} and stats.samples >= 2 * N_IMAGES
+    # Same seed and epoch → the same batches, pixel for pixel (augmentation included).
+    with _loader(
+        moto_dataset, moto, labels=index.__getitem__, seed=7, decode_backend="process"
+    ) as again:
+        again.set_epoch(1)
+        assert [int(x) for _, lab in again for x in lab] == orders[1]
+        again.set_epoch(2)
+        images, _ = next(iter(again))
+        assert np.array_equal(images.numpy(), pixels.numpy())
+
+
+def test_imagefolder_labels_and_classes(moto: MotoServer, moto_dataset: str) -> None:
+    with _loader(moto_dataset, moto, shuffle=False, batch_size=N_IMAGES) as loader:
+        assert loader.classes == tuple(f"class_{i:02d}" for i in range(N_CLASSES))
+        _, labels = next(iter(loader))
+    assert Counter(labels.tolist()) == {c: N_IMAGES // N_CLASSES for c in range(N_CLASSES)}
+
+
+def test_manifest_labels_and_missing_object(moto: MotoServer, tmp_path: Path) -> None:
+    moto.create_bucket("man")
+    for i in range(6):
+        moto.put("man", f"imgs/{i}.jpg", jpeg_bytes(color=(i * 40, 0, 0)))
+    rows = [{"key": f"{i}.jpg", "label": "cat" if i % 2 else "dog"} for i in range(6)]
+    rows.append({"key": "missing.jpg", "label": "cat"})
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(json.dumps(r) for r in rows))
+    common = dict(batch_size=4, shuffle=False, labels=str(manifest))
+    with _loader("s3://man/imgs/", moto, **common) as loader:
+        assert loader.classes == ("cat", "dog")
+        with pytest.raises(al.ObjectNotFound, match=r"missing\.jpg") as info:
+            for _ in loader:
+                pass
+        assert any("stage=fetch" in n for n in getattr(info.value, "__notes__", []))
+    with _loader("s3://man/imgs/", moto, on_error="skip", max_failures=1, **common) as loader:
+        got = [lab.tolist() for _, lab in loader]
+        assert got == [[1, 0, 1, 0], [1, 0]]  # dog=1, cat=0; the missing one skipped
+        assert loader.stats().skipped == {"ObjectNotFound": 1}
+
+
+def test_corrupt_truncated_and_bomb_images(moto: MotoServer) -> None:
+    moto.create_bucket("bad")
+    good = jpeg_bytes()
+    moto.put("bad", "c/ok1.jpg", good)
+    moto.put("bad", "c/ok2.jpg", good)
+    moto.put("bad", "c/corrupt.jpg", b"\xff\xd8\xff\xe0 this is not a jpeg at all")
+    moto.put("bad", "c/truncated.jpg", good[: len(good) // 2])
+    buf = io.BytesIO()
+    Image.new("RGB", (4000, 3000)).save(buf, "JPEG")  # 12 Mpx, tiny file
+    moto.put("bad", "c/bomb.jpg", buf.getvalue())
+    with _loader("s3://bad/", moto, shuffle=False, max_pixels=1_000_000) as loader:
+        with pytest.raises(al.DecodeError, match=r"c/bomb\.jpg.*decompression bomb"):
+            list(loader)
+    with _loader(
+        "s3://bad/", moto, shuffle=False, max_pixels=1_000_000, on_error="skip", max_failures=3
+    ) as loader:
+        batches = [len(images) for images, _ in loader]
+        assert batches == [2]
+        assert loader.stats().skipped == {"DecodeError": 3}
+    with _loader(
+        "s3://bad/", moto, shuffle=False, max_pixels=1_000_000, on_error="skip", max_failures=2
+    ) as loader:
+        with pytest.raises(al.FailureBudgetExceeded) as info:
+            list(loader)
+        assert len(info.value.exceptions) == 3
+        assert {e.key for e in info.value.exceptions} == {  # type: ignore[attr-defined]
+            "c/corrupt.jpg",
+            "c/truncated.jpg",
+            "c/bomb.jpg",
+        }
+
+
+def test_decode_hook_for_other_blobs(moto: MotoServer) -> None:
+    moto.create_bucket("raw")
+    for i in range(5):
+        moto.put("raw", f"{i}.bin", bytes([i]) * 12)
+
+    def decode(data: bytes) -> np.ndarray:
+        return np.frombuffer(data, np.uint8).reshape(1, 3, 4)
+
+    with _loader(
+        "s3://raw/",
+        moto,
+        decode=decode,
+        sample_shape=(1, 3, 4),
+        extensions=None,
+        shuffle=False,
+        labels=None,
+        batch_size=5,
+    ) as loader:
+        images, labels = next(iter(loader))
+    assert images[:, 0, 0, 0].tolist() == [0, 1, 2, 3, 4]
+    assert labels.tolist() == [-1] * 5
+
+
+def test_empty_prefix_is_a_clear_error(moto: MotoServer) -> None:
+    moto.create_bucket("empty")
+    with pytest.raises(al.AsyncLoaderError, match="no samples under s3://empty/"):
+        _loader("s3://empty/", moto)

@@ -1,0 +1,68 @@
+"""Property tests of the pure sampler."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncloader._sampler import epoch_indices, mix_seed, num_batches
+
+sizes = st.integers(min_value=0, max_value=3000)
+seeds = st.integers(min_value=0, max_value=2**63)
+epochs = st.integers(min_value=0, max_value=10_000)
+
+
+@given(n=sizes, seed=seeds, epoch=epochs, shuffle=st.booleans())
+def test_one_rank_is_a_permutation(n: int, seed: int, epoch: int, shuffle: bool) -> None:
+    order = epoch_indices(n, seed=seed, epoch=epoch, shuffle=shuffle)
+    assert sorted(order.tolist()) == list(range(n))
+    assert np.array_equal(order, epoch_indices(n, seed=seed, epoch=epoch, shuffle=shuffle))
+
+
+@given(n=st.integers(min_value=50, max_value=3000), seed=seeds)
+def test_epochs_differ(n: int, seed: int) -> None:
+    a = epoch_indices(n, seed=seed, epoch=0, shuffle=True)
+    b = epoch_indices(n, seed=seed, epoch=1, shuffle=True)
+    assert not np.array_equal(a, b)
+
+
+@settings(max_examples=200)
+@given(
+    n=sizes,
+    world=st.integers(min_value=1, max_value=16),
+    seed=seeds,
+    epoch=epochs,
+    even=st.sampled_from(["pad", "drop"]),
+)
+def test_ranks_cover_disjointly_with_equal_counts(
+    n: int, world: int, seed: int, epoch: int, even: str
+) -> None:
+    shards = [
+        epoch_indices(n, seed=seed, epoch=epoch, shuffle=True, rank=r, world_size=world, even=even)  # type: ignore[arg-type]
+        for r in range(world)
+    ]
+    counts = {len(s) for s in shards}
+    assert len(counts) == 1  # equal per rank: no DDP hang
+    seen = np.concatenate(shards) if shards else np.array([])
+    if even == "drop":
+        assert len(seen) == len(set(seen.tolist())) == n - n % world
+    else:
+        assert set(seen.tolist()) == set(range(n))
+        assert len(seen) == n + (-n % world if n else 0)
+
+
+@given(n=st.integers(min_value=0, max_value=10_000), b=st.integers(min_value=1, max_value=512))
+def test_num_batches(n: int, b: int) -> None:
+    assert num_batches(n, b, True) * b <= n
+    assert num_batches(n, b, False) * b >= n
+    assert (num_batches(n, b, False) - 1) * b < n or n == 0
+
+
+@given(
+    a=st.integers(min_value=0, max_value=2**64 - 1), b=st.integers(min_value=0, max_value=2**64 - 1)
+)
+def test_mix_seed_is_order_sensitive(a: int, b: int) -> None:
+    if a != b:
+        assert mix_seed(a, b) != mix_seed(b, a)
+    assert 0 <= mix_seed(a, b) < 2**64

@@ -1,0 +1,151 @@
+"""Clean shutdown: no threads, processes or shared memory left behind, whatever happens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import asyncloader as al
+from asyncloader._ring import SHM_PREFIX
+from asyncloader.testing import S3TestServer
+
+
+def _shm() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)}
+
+
+def _children() -> list[str]:
+    """Our child processes, but multiprocessing's one resource tracker per interpreter."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(os.getpid())], capture_output=True, text=True
+    ).stdout
+    kids = []
+    for pid in out.split():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # the ps itself, gone
+        if b"resource_tracker" not in cmd and cmd.split(b"\0")[0] not in (b"ps",):
+            kids.append(cmd.decode(errors="replace"))
+    return kids
+
+
+def _loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("asyncloader")]
+
+
+def _loader(server: S3TestServer, backend: str) -> al.ImageLoader:
+    return al.ImageLoader(
+        "s3://b/train/",
+        batch_size=8,
+        decode_workers=2,
+        decode_backend=backend,  # type: ignore[arg-type]
+        store_options={"endpoint_url": server.endpoint},
+    )
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("how", ["close", "break", "exception", "gc"])
+def test_nothing_left_behind(light_server: S3TestServer, backend: str, how: str) -> None:
+    shm_before, children_before = _shm(), len(_children())
+    t0 = time.monotonic()
+    if how == "close":
+        loader = _loader(light_server, backend)
+        next(iter(loader))
+        loader.close()
+        loader.close()  # idempotent
+        with pytest.raises(al.ClosedError):
+            iter(loader)
+    elif how == "break":
+        with _loader(light_server, backend) as loader:
+            for _ in loader:
+                break
+    elif how == "exception":
+        with pytest.raises(ZeroDivisionError), _loader(light_server, backend) as loader:
+            for _ in loader:
+                1 / 0  # noqa: B018
+    else:
+        loader = _loader(light_server, backend)
+        next(iter(loader))
+        del loader
+        import gc
+
+        gc.collect()
+    assert time.monotonic() - t0 < 20
+    assert _loop_threads() == []
+    assert _shm() == shm_before
+    assert len(_children()) == children_before
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time, asyncloader as al
+    def main():
+        loader = al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2,
+                                decode_backend=sys.argv[2], shuffle=False, prefetch_batches=2,
+                                store_options={"endpoint_url": sys.argv[1]})
+        for i, _ in enumerate(loader):
+            if i == 1:
+                print("STREAMING", flush=True)
+            time.sleep(0.05)  # a slow training step: the epoch lasts over a second
+        print("EPOCH DONE", loader.stats().worker_restarts, flush=True)
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def _start(tmp_path: Path, server: S3TestServer, backend: str) -> subprocess.Popen[str]:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), server.endpoint, backend],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "STREAMING"
+    return proc
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: str) -> None:
+    light_server.set_faults({}, latency=0.05)  # keep the epoch going long enough
+    shm_before = _shm()
+    proc = _start(tmp_path, light_server, backend)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in err
+    assert proc.returncode != 0
+    assert _shm() == shm_before
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""
+
+
+def test_killed_decode_worker_is_replaced(light_server: S3TestServer, tmp_path: Path) -> None:
+    light_server.set_faults({}, latency=0.02)
+    proc = _start(tmp_path, light_server, "process")
+    workers = subprocess.run(
+        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+    ).stdout.split()
+    assert workers
+    for pid in workers:  # the resource tracker ignores SIGKILL of others; decode workers die
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"spawn_main" in cmd:
+            os.kill(int(pid), signal.SIGKILL)
+            break
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "EPOCH DONE 1" in out

@@ -1,0 +1,66 @@
+"""The public surface and the direction of imports (see shared DESIGN.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import asyncloader
+
+PKG = Path(asyncloader.__file__).parent
+
+LEAVES = {"_errors", "_types", "_config", "_stats", "_sampler", "_transforms"}
+RESOURCES = {"_stores", "_decode", "_ring", "_labels"}
+ALLOWED = {
+    # module: modules of the package it may import
+    **{m: LEAVES for m in LEAVES},
+    **{m: LEAVES for m in RESOURCES},
+    "_pipeline": LEAVES | RESOURCES,
+    "_loader": LEAVES | RESOURCES | {"_pipeline"},
+}
+
+
+def _internal_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module:
+            out.add(node.module.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.level >= 1:
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_exports() -> None:
+    assert sorted(asyncloader.__all__) == sorted(set(asyncloader.__all__))
+    for name in asyncloader.__all__:
+        assert hasattr(asyncloader, name), name
+    public = {n for n in dir(asyncloader) if not n.startswith("_")}
+    submodules = {"testing"}
+    assert public - set(asyncloader.__all__) - submodules == set()
+
+
+def test_imports_flow_down() -> None:
+    for module, allowed in ALLOWED.items():
+        path = PKG / f"{module}.py"
+        if not path.exists():
+            path = PKG / module / "__init__.py"
+            files = list((PKG / module).glob("*.py"))
+        else:
+            files = [path]
+        for f in files:
+            imported = _internal_imports(f) - {""}
+            if f.parent.name == module:  # inside a package: its siblings are fine
+                imported -= {p.stem for p in files}
+            bad = {m for m in imported if m.startswith("_") and m not in allowed}
+            assert not bad, f"{f.relative_to(PKG)} imports {bad}"
+
+
+def test_torch_not_imported_by_the_package() -> None:
+    # Decode workers import the package; torch would cost them seconds and memory.
+    import subprocess
+    import sys
+
+    code = "import sys, asyncloader, asyncloader._decode; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
