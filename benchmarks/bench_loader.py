@@ -1,0 +1,211 @@
+"""asyncloader against the decode ceiling and a plain DataLoader + boto3, in one run.
+
+Cases (each in its own subprocess, so CPU time and peak RSS are its own):
+
+* ``ceiling-thread`` / ``ceiling-process`` — the same decode + RandomResizedCrop(224) from
+  bytes already in RAM, in a thread pool / process pool of ``--workers``; the better one is
+  the decode ceiling.
+* ``dataloader`` — ``torch.utils.data.DataLoader(num_workers=4)`` over a map-style dataset
+  that calls boto3 ``get_object`` per item and decodes it the same way.
+* ``asyncloader`` — ``ImageLoader`` (thread backend) over ``s3://``; the steady state of the
+  second epoch is measured.
+
+Storage is our light S3-compatible server (a subprocess; a fraction of a millisecond of CPU per
+GET) with 0, 20 and 50 ms time to first byte.  Run: ``python benchmarks/bench_loader.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _cpu() -> float:
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _peak_rss_mb() -> float:
+    s = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    c = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return (s + c) / 1024  # children: the largest one, which is what one worker costs
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.jpg"))
+
+
+def _decode_one(args: tuple[bytes, int]) -> int:
+    from asyncloader import RandomResizedCrop
+    from asyncloader._decode import DecodeSpec, decode_into
+
+    data, i = args
+    out = np.empty((3, 224, 224), np.uint8)
+    decode_into(data, out, DecodeSpec((3, 224, 224), RandomResizedCrop(224)), i, "k")
+    return i
+
+
+def case_ceiling(folder: Path, workers: int, kind: str) -> dict[str, float]:
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    datas = [p.read_bytes() for p in _files(folder)]
+    jobs = [(d, i) for i, d in enumerate(datas)]
+    pool_cls = ThreadPoolExecutor if kind == "thread" else ProcessPoolExecutor
+    with pool_cls(workers) as ex:
+        list(ex.map(_decode_one, jobs[: workers * 4]))  # warm up (and start processes)
+        t0, c0 = time.perf_counter(), _cpu()
+        list(ex.map(_decode_one, jobs, chunksize=1 if kind == "thread" else 16))
+        wall = time.perf_counter() - t0
+    cpu = _cpu() - c0  # process workers were joined above, so their CPU is counted
+    return {"images": len(jobs), "wall": wall, "cpu": cpu}
+
+
+def case_dataloader(folder: Path, endpoint: str, batch: int) -> dict[str, float]:
+    import boto3
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    keys = [p.relative_to(folder).as_posix() for p in _files(folder)]
+
+    class Boto3Images(Dataset[tuple[torch.Tensor, int]]):
+        def __init__(self) -> None:
+            self.client = None
+
+        def __len__(self) -> int:
+            return len(keys)
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            if self.client is None:  # one client per worker process
+                self.client = boto3.client("s3", endpoint_url=endpoint)
+            body = self.client.get_object(Bucket="b", Key="train/" + keys[i])["Body"].read()
+            from asyncloader import RandomResizedCrop
+            from asyncloader._decode import DecodeSpec, decode_into
+
+            out = np.empty((3, 224, 224), np.uint8)
+            decode_into(body, out, DecodeSpec((3, 224, 224), RandomResizedCrop(224)), i, keys[i])
+            return torch.from_numpy(out), 0
+
+    loader = DataLoader(Boto3Images(), batch_size=batch, shuffle=True, num_workers=4)
+    t0, c0 = time.perf_counter(), _cpu()
+    n = sum(len(x) for x, _ in loader)
+    wall = time.perf_counter() - t0
+    return {"images": n, "wall": wall, "cpu": _cpu() - c0}
+
+
+def case_asyncloader(endpoint: str, batch: int, workers: int) -> dict[str, float]:
+    import asyncloader as al
+
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=batch,
+        decode_workers=workers,
+        transform=al.RandomResizedCrop(224),
+        store_options={"endpoint_url": endpoint},
+    ) as loader:
+        for _ in loader:  # epoch 0: start-up, connections
+            pass
+        t0, c0 = time.perf_counter(), _cpu()
+        n = sum(len(x) for x, _ in loader)
+        wall = time.perf_counter() - t0
+        bound = loader.stats().bound
+    return {"images": n, "wall": wall, "cpu": _cpu() - c0, "bound": bound}  # type: ignore[dict-item]
+
+
+def run_case(argv: list[str]) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--case", *argv], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-4000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=1500)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--latencies", default="0,0.02,0.05", help="seconds, comma-separated")
+    p.add_argument("--data-dir", default=str(ROOT / "cache" / "bench-jpegs"))
+    p.add_argument("--skip-dataloader", action="store_true")
+    p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    folder = Path(args.data_dir)
+    if args.case:
+        kind, *rest = args.case
+        if kind == "ceiling":
+            res = case_ceiling(folder, args.workers, rest[0])
+        elif kind == "dataloader":
+            res = case_dataloader(folder, rest[0], args.batch_size)
+        else:
+            res = case_asyncloader(rest[0], args.batch_size, args.workers)
+        res["rss_mb"] = _peak_rss_mb()
+        print(json.dumps(res))
+        return
+
+    from asyncloader._demo import make_jpeg_folder
+    from asyncloader.testing import TEST_ENV, S3TestServer
+
+    os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
+    make_jpeg_folder(folder, images=args.images, classes=10, seed=0)
+    common = ["--data-dir", str(folder), "--workers", str(args.workers)]
+    common += ["--batch-size", str(args.batch_size)]
+    rows: list[tuple[str, dict[str, float]]] = []
+    for kind in ("thread", "process"):
+        rows.append((f"ceiling ({kind} pool, RAM)", run_case(["ceiling", kind, *common])))
+    ceiling = max((r for r in rows), key=lambda r: r[1]["images"] / r[1]["wall"])[1]
+    for lat in (float(x) for x in args.latencies.split(",")):
+        with S3TestServer(latency=lat, load=folder, bucket="b", prefix="train/") as srv:
+            if not args.skip_dataloader:
+                rows.append(
+                    (
+                        f"DataLoader+boto3 @{lat * 1e3:.0f} ms",
+                        run_case(["dataloader", srv.endpoint, *common]),
+                    )
+                )
+            rows.append(
+                (
+                    f"asyncloader @{lat * 1e3:.0f} ms",
+                    run_case(["asyncloader", srv.endpoint, *common]),
+                )
+            )
+    c_ips = ceiling["images"] / ceiling["wall"]
+    c_cpu = ceiling["cpu"] / ceiling["images"]
+    kb = np.mean([f.stat().st_size for f in _files(folder)]) / 1e3
+    print(
+        f"\n{args.images} JPEGs (~{kb:.0f} KB), {args.workers} workers, "
+        f"batch {args.batch_size}, {os.cpu_count()} cores\n"
+    )
+    print(
+        f"{'case':34s} {'img/s':>7s} {'x ceil':>7s} {'CPU ms/img':>10s} {'x ceil':>7s} "
+        f"{'peak RSS MB':>11s}  bound"
+    )
+    for name, r in rows:
+        ips = r["images"] / r["wall"]
+        cpu = r["cpu"] / r["images"]
+        print(
+            f"{name:34s} {ips:7.0f} {ips / c_ips:7.2f} {cpu * 1e3:10.2f} {cpu / c_cpu:7.2f} "
+            f"{r['rss_mb']:11.0f}  {r.get('bound', '')}"
+        )
+    for lat in (float(x) for x in args.latencies.split(",")):
+        a = dict(rows).get(f"asyncloader @{lat * 1e3:.0f} ms")
+        d = dict(rows).get(f"DataLoader+boto3 @{lat * 1e3:.0f} ms")
+        if a and d:
+            ratio = (a["images"] / a["wall"]) / (d["images"] / d["wall"])
+            print(f"asyncloader / DataLoader+boto3 @{lat * 1e3:.0f} ms: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
