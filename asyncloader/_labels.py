@@ -35,7 +35,7 @@ class Dataset:
     classes: tuple[str, ...]
 
 
-def parse_manifest(data: bytes, name: str) -> list[tuple[str, str]]:
+def parse_manifest(data: bytes | bytearray, name: str) -> list[tuple[str, str]]:
     """Parse a JSONL or CSV manifest into ``(key, label)`` pairs (label as text).
 
     Raises:

@@ -35,7 +35,7 @@ from ._sampler import num_batches
 from ._stats import Counters, Stats
 from ._stores import open_store
 from ._transforms import RandomResizedCrop, Transform
-from ._types import DecodeFn, ObjectStore
+from ._types import Blob, DecodeFn, ObjectStore
 
 if TYPE_CHECKING:
     import torch
@@ -290,6 +290,7 @@ class ImageLoader:
         c.objects_listed = len(objects)
         manifest = None
         if isinstance(labels, str) and labels.endswith((".jsonl", ".csv")):
+            data: Blob
             if await asyncio.to_thread(os.path.exists, labels):
                 data = await asyncio.to_thread(_read_file, labels)
             else:

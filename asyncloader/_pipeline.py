@@ -36,7 +36,7 @@ from ._labels import Dataset
 from ._ring import BatchRing
 from ._sampler import epoch_indices, mix_seed, num_batches
 from ._stats import Counters
-from ._types import ObjectInfo, ObjectStore, Sample
+from ._types import Blob, ObjectInfo, ObjectStore, Sample
 
 __all__ = ["BATCH", "END", "ERROR", "Fetcher", "Pipeline"]
 
@@ -54,7 +54,7 @@ class Fetcher:
         self._sem = asyncio.Semaphore(config.max_inflight)
         self._rng = random.Random()
 
-    async def fetch(self, obj: ObjectInfo) -> bytes:
+    async def fetch(self, obj: ObjectInfo) -> Blob:
         """Return the object's bytes, verified against its listed size and ETag.
 
         Raises:
@@ -75,7 +75,7 @@ class Fetcher:
         c.fetch_seconds += asyncio.get_running_loop().time() - t0
         return data
 
-    async def _fetch_ranges(self, obj: ObjectInfo) -> bytes:
+    async def _fetch_ranges(self, obj: ObjectInfo) -> Blob:
         part = self.config.part_size
         buf = bytearray(obj.size)
 
@@ -87,9 +87,9 @@ class Fetcher:
         async with asyncio.TaskGroup() as tg:
             for start in range(0, obj.size, part):
                 tg.create_task(one(start))
-        return bytes(buf)
+        return buf
 
-    async def _request(self, key: str, start: int, end: int | None, etag: str) -> bytes:
+    async def _request(self, key: str, start: int, end: int | None, etag: str) -> Blob:
         c = self._c
         cfg = self.config
         attempt = 0

@@ -9,7 +9,10 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DecodeFn", "ObjectInfo", "ObjectStore", "Sample"]
+__all__ = ["Blob", "DecodeFn", "ObjectInfo", "ObjectStore", "Sample"]
+
+Blob = bytes | bytearray
+"""Object contents as the stores return them (a bytearray avoids a copy on receive)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +62,7 @@ class ObjectStore(Protocol):
 
     async def get(
         self, key: str, *, start: int = 0, end: int | None = None, etag: str = ""
-    ) -> bytes:
+    ) -> Blob:
         """Return bytes ``[start, end)`` of the object (``end=None``: to its end).
 
         When ``etag`` is given the store must refuse (IntegrityError) an object whose ETag
@@ -73,5 +76,5 @@ class ObjectStore(Protocol):
         ...
 
 
-DecodeFn = Callable[[bytes], npt.NDArray[np.uint8]]
+DecodeFn = Callable[[Blob], npt.NDArray[np.uint8]]
 """A ``decode=`` hook: object bytes → uint8 array of the loader's sample shape."""

@@ -7,6 +7,7 @@ and transport exception to :mod:`asyncloader._errors` in one place.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 
@@ -21,8 +22,17 @@ from .._errors import (
     Throttled,
     TransientStoreError,
 )
+from .._types import Blob
+from ._lean_http import LeanHTTPClient, ProtocolError
 
-__all__ = ["error_for_status", "get_bytes", "make_session", "range_header"]
+__all__ = [
+    "error_for_status",
+    "get_bytes",
+    "lean_get_bytes",
+    "make_session",
+    "proxy_configured",
+    "range_header",
+]
 
 _CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
 
@@ -114,3 +124,34 @@ async def get_bytes(
             f"{what}: received {len(data)} bytes, expected {expected_len}", key=key
         )
     return data
+
+
+def proxy_configured() -> bool:
+    """Whether the environment asks for an HTTP(S) proxy (only aiohttp speaks to proxies)."""
+    names = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
+    return any(os.environ.get(n) or os.environ.get(n.lower()) for n in names)
+
+
+async def lean_get_bytes(
+    client: LeanHTTPClient,
+    target: str,
+    headers: dict[str, str],
+    *,
+    what: str,
+    key: str,
+    expected_len: int | None,
+) -> Blob:
+    """Like :func:`get_bytes`, on the lean client; the same mapping to our error tree."""
+    try:
+        resp = await client.get(target, headers)
+    except TimeoutError as exc:
+        raise TransientStoreError(f"request for {what} timed out", key=key) from exc
+    except (ProtocolError, OSError) as exc:
+        raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
+    if resp.status >= 300:
+        raise error_for_status(resp.status, bytes(resp.body), what=what, key=key)
+    if expected_len is not None and len(resp.body) != expected_len:
+        raise IntegrityError(
+            f"{what}: received {len(resp.body)} bytes, expected {expected_len}", key=key
+        )
+    return resp.body
