@@ -331,6 +331,12 @@ class ImageLoader:
             self._output,
             decode_window=self._fetch_config.max_inflight + 4 * self._workers,
         )
+        r = self._run_config
+        if num_batches(self._rt.pipeline.epoch_samples(0), r.batch_size, r.drop_last) == 0:
+            raise ValueError(
+                f"no batch per epoch: {self._rt.pipeline.epoch_samples(0)} samples for this "
+                f"rank, batch_size={r.batch_size}, drop_last=True"
+            )
         # Start on epoch 0 right away: the first batches are ready when iteration begins.
         await self._rt.pipeline.start(0)
         self._position = (0, 0)
@@ -412,7 +418,9 @@ class ImageLoader:
                         raise exc
                     raise PipelineDeadError(f"the pipeline failed: {exc!r}") from exc
                 assert kind == BATCH
-                _, _, index, slot, n = item
+                _, _, index, slot, n, skipped = item
+                if skipped:
+                    c.skipped.update(skipped)
                 self._held = slot
                 self._position = (epoch, index + 1)
                 c.consumer_batches += 1

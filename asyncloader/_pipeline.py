@@ -17,10 +17,12 @@ import asyncio
 import contextlib
 import queue
 import random
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ._config import FetchConfig, RunConfig
 from ._decode import DecodePool
@@ -40,7 +42,8 @@ from ._types import Blob, ObjectInfo, ObjectStore, Sample
 
 __all__ = ["BATCH", "END", "ERROR", "Fetcher", "Pipeline"]
 
-# Output queue items: (BATCH, epoch, index, slot, n) | (END, epoch) | (ERROR, exception).
+# Output queue items: (BATCH, epoch, index, slot, n, skipped) | (END, epoch) | (ERROR, exc),
+# where skipped maps error type → samples of that batch left out (counted when delivered).
 BATCH, END, ERROR = "batch", "end", "error"
 
 
@@ -157,20 +160,21 @@ class Pipeline:
         self._free: asyncio.Queue[int] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._window = asyncio.Semaphore(decode_window)
-        self._failures: list[Exception] = []
-
-    def epoch_samples(self, epoch: int) -> int:
-        r = self.run
-        return len(
+        self._failures: dict[int, list[Exception]] = {}
+        self._epoch_samples = len(
             epoch_indices(
-                len(self.dataset.samples),
-                seed=r.seed,
-                epoch=epoch,
+                len(dataset.samples),
+                seed=run.seed,
+                epoch=0,
                 shuffle=False,
-                rank=r.rank,
-                world_size=r.world_size,
+                rank=run.rank,
+                world_size=run.world_size,
             )
         )
+
+    def epoch_samples(self, epoch: int) -> int:
+        """Samples this rank sees in ``epoch`` (the same for every epoch)."""
+        return self._epoch_samples
 
     # --- control (called on the loop) ---------------------------------------------------
 
@@ -209,66 +213,83 @@ class Pipeline:
 
     # --- production ---------------------------------------------------------------------
 
+    def _batches(self, epoch: int) -> Iterator[tuple[int, int, npt.NDArray[np.int64], bool]]:
+        """(epoch, index, sample indices, last of its epoch) from ``epoch`` on, endlessly."""
+        r = self.run
+        while True:
+            indices = epoch_indices(
+                len(self.dataset.samples),
+                seed=r.seed,
+                epoch=epoch,
+                shuffle=r.shuffle,
+                rank=r.rank,
+                world_size=r.world_size,
+            )
+            nb = num_batches(len(indices), r.batch_size, r.drop_last)
+            for b in range(nb):
+                yield epoch, b, indices[b * r.batch_size : (b + 1) * r.batch_size], b == nb - 1
+            epoch += 1
+
     async def _run(self, epoch: int) -> None:
+        # One stream of batches across epochs: the next epoch's first batches start while
+        # the current epoch's last ones are still in flight (no bubble at the boundary).
+        inflight: deque[tuple[int, int, bool, int, asyncio.Task[tuple[int, Counter[str]]]]] = (
+            deque()
+        )
+        self._failures = {}
         try:
-            while True:
-                await self._epoch(epoch)
-                self.output.put((END, epoch))
-                epoch += 1
+            for ep, b, sel, last in self._batches(epoch):
+                # Publish finished batches in order: the head when it is done, and the head
+                # (waiting for it) when no slot is free to start another batch.
+                while inflight and (inflight[0][4].done() or self._free.empty()):
+                    await self._publish(*inflight.popleft())
+                slot = await self._free.get()
+                task = asyncio.create_task(self._fill(slot, ep, sel))
+                inflight.append((ep, b, last, slot, task))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             self.output.put((ERROR, exc))
-
-    async def _epoch(self, epoch: int) -> None:
-        r = self.run
-        indices = epoch_indices(
-            len(self.dataset.samples),
-            seed=r.seed,
-            epoch=epoch,
-            shuffle=r.shuffle,
-            rank=r.rank,
-            world_size=r.world_size,
-        )
-        budget = r.failure_budget(len(indices))
-        self._failures = []
-        nb = num_batches(len(indices), r.batch_size, r.drop_last)
-        inflight: deque[tuple[int, int, asyncio.Task[int]]] = deque()
-        try:
-            for b in range(nb + 1):
-                # Publish finished batches in order: the head when it is done, all of them at
-                # the end, and the head (waiting for it) when no slot is free to start more.
-                while inflight and (inflight[0][2].done() or b == nb or self._free.empty()):
-                    index, slot, task = inflight.popleft()
-                    n = await task
-                    self.counters.batches_produced += 1
-                    self.counters.ring_full += 1
-                    self.output.put((BATCH, epoch, index, slot, n))
-                    if len(self._failures) > budget:
-                        raise FailureBudgetExceeded(
-                            f"{len(self._failures)} samples failed in epoch {epoch}, "
-                            f"more than max_failures={r.max_failures}",
-                            list(self._failures),
-                        )
-                if b == nb:
-                    break
-                slot = await self._free.get()
-                sel = indices[b * r.batch_size : (b + 1) * r.batch_size]
-                inflight.append((b, slot, asyncio.create_task(self._fill(slot, epoch, sel))))
         finally:
-            for _, _, t in inflight:
+            for *_, t in inflight:
                 t.cancel()
-            for _, _, t in inflight:
+            for *_, t in inflight:
                 with contextlib.suppress(BaseException):
                     await t
 
-    async def _fill(self, slot: int, epoch: int, sel: np.ndarray[Any, Any]) -> int:
-        """Fill ``slot`` with the samples ``sel``; returns how many made it."""
+    async def _publish(
+        self,
+        epoch: int,
+        index: int,
+        last: bool,
+        slot: int,
+        task: asyncio.Task[tuple[int, Counter[str]]],
+    ) -> None:
+        n, skipped = await task
+        self.counters.batches_produced += 1
+        self.counters.ring_full += 1
+        self.output.put((BATCH, epoch, index, slot, n, skipped))
+        failures = self._failures.get(epoch, [])
+        budget = self.run.failure_budget(self.epoch_samples(epoch))
+        if len(failures) > budget:
+            raise FailureBudgetExceeded(
+                f"{len(failures)} samples failed in epoch {epoch}, "
+                f"more than max_failures={self.run.max_failures}",
+                list(failures),
+            )
+        if last:
+            self._failures.pop(epoch, None)
+            self.output.put((END, epoch))
+
+    async def _fill(
+        self, slot: int, epoch: int, sel: np.ndarray[Any, Any]
+    ) -> tuple[int, Counter[str]]:
+        """Fill ``slot`` with the samples ``sel``; returns how many made it, and why not."""
         samples = self.dataset.samples
         seed = self.run.seed
         results = await asyncio.gather(
             *(
-                self._sample(slot, j, mix_seed(seed, epoch, int(i)), samples[i])
+                self._sample(slot, j, epoch, mix_seed(seed, epoch, int(i)), samples[i])
                 for j, i in enumerate(sel)
             ),
             return_exceptions=True,
@@ -285,10 +306,11 @@ class Pipeline:
                 # Compact the survivors to the front, in order (a short, deterministic batch).
                 self.ring.images[slot, :n] = self.ring.images[slot, keep]
                 self.ring.labels[slot, :n] = self.ring.labels[slot, keep]
-            return n
-        return len(sel)
+            skipped = Counter(type(res.__cause__).__name__ for res in results if res is not None)
+            return n, skipped
+        return len(sel), Counter()
 
-    async def _sample(self, slot: int, j: int, seed: int, sample: Sample) -> None:
+    async def _sample(self, slot: int, j: int, epoch: int, seed: int, sample: Sample) -> None:
         c = self.counters
         key = sample.obj.key
         stage = "fetch"
@@ -308,6 +330,5 @@ class Pipeline:
             exc.add_note(f"asyncloader: stage={stage} key={key}")
             if self.run.on_error == "raise":
                 raise
-            c.skipped[type(exc).__name__] += 1
-            self._failures.append(exc)
+            self._failures.setdefault(epoch, []).append(exc)
             raise _Failure() from exc

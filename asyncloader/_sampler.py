@@ -45,8 +45,8 @@ def epoch_indices(
 
     The epoch's global order is a seeded permutation of ``range(n)`` (or ``range(n)`` without
     shuffle); rank ``r`` takes positions ``r, r + world_size, ...``.  So that every rank gets
-    the same count (an uneven count hangs DDP), ``even="pad"`` repeats the first samples of
-    the order to fill the last round, ``even="drop"`` drops the incomplete last round.
+    the same count (an uneven count hangs DDP), ``even="pad"`` repeats samples from the start
+    of the order to fill the last round, ``even="drop"`` drops the incomplete last round.
 
     Raises:
         ValueError: on an impossible rank/world size.
@@ -61,7 +61,9 @@ def epoch_indices(
     if world_size > 1:
         rem = n % world_size
         if rem and even == "pad" and n:
-            order = np.concatenate([order, order[: world_size - rem]])
+            # Repeat the order cyclically (a dataset smaller than the world repeats more
+            # than once) up to the next multiple of the world size.
+            order = np.resize(order, n + world_size - rem)
         elif rem:
             order = order[: n - rem]
         order = order[rank::world_size]

@@ -33,7 +33,6 @@ class Counters:
     decode_seconds: float = 0.0  # summed busy time of decode workers [seconds]
     decode_queue: int = 0  # jobs handed to the pool and not yet finished
     worker_restarts: int = 0
-    skipped: Counter[str] = field(default_factory=Counter)
     batches_produced: int = 0
     ring_full: int = 0  # slots holding a finished batch, waiting for the consumer
     ring_slots: int = 0
@@ -46,6 +45,7 @@ class Counters:
     consumer_samples: int = 0
     consumer_wait_seconds: float = 0.0
     consumer_first_batch_seconds: float | None = None
+    skipped: Counter[str] = field(default_factory=Counter)  # in batches delivered
 
     def snapshot(self, *, decode_workers: int, max_inflight: int) -> Stats:
         wall = max(time.perf_counter() - self.started, 1e-9)
@@ -107,7 +107,8 @@ class Stats:
         decode_utilization: Busy fraction of the decode workers since start (0..1).
         decode_queue: Decode jobs handed to the pool and not finished.
         worker_restarts: Decode workers that died and were replaced.
-        skipped: Samples skipped under ``on_error="skip"``, by error type.
+        skipped: Samples left out of delivered batches under ``on_error="skip"``, by error
+            type.
         ring_full: Batch slots filled and waiting for the consumer (of ``ring_slots``).
         batches, samples: Delivered to the consumer.
         consumer_wait_seconds: Time the consumer spent waiting for a batch [seconds].

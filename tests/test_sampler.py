@@ -50,6 +50,10 @@ def test_ranks_cover_disjointly_with_equal_counts(
     else:
         assert set(seen.tolist()) == set(range(n))
         assert len(seen) == n + (-n % world if n else 0)
+        # Padding repeats the order from its start, cyclically.
+        order = epoch_indices(n, seed=seed, epoch=epoch, shuffle=True)
+        if n:
+            assert sorted(seen.tolist()) == sorted(np.resize(order, len(seen)).tolist())
 
 
 @given(n=st.integers(min_value=0, max_value=10_000), b=st.integers(min_value=1, max_value=512))
