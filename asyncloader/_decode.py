@@ -38,9 +38,22 @@ from PIL import Image
 
 from ._errors import DecodeError, PipelineDeadError
 from ._transforms import Transform
-from ._types import Blob, DecodeFn
+from ._types import Blob, BlobCache, DecodeFn
 
-__all__ = ["DecodePool", "DecodeSpec", "ProcessDecodePool", "ThreadDecodePool", "decode_into"]
+__all__ = [
+    "DAMAGED",
+    "HIT",
+    "MISS",
+    "STORED",
+    "STORE_FAILED",
+    "DecodePool",
+    "DecodeSpec",
+    "Outcome",
+    "ProcessDecodePool",
+    "ThreadDecodePool",
+    "decode_into",
+    "run_job",
+]
 
 U8Array = npt.NDArray[np.uint8]
 
@@ -54,12 +67,14 @@ class DecodeSpec:
         transform: Geometry planner, or None with a ``decode_fn``.
         decode_fn: A hook turning bytes into a uint8 array of ``sample_shape``.
         max_pixels: Refuse sources with more pixels (decompression bombs).
+        cache: The SSD cache workers read hits from and store fetched bytes into.
     """
 
     sample_shape: tuple[int, int, int]
     transform: Transform | None = None
     decode_fn: DecodeFn | None = None
     max_pixels: int = 89_478_485
+    cache: BlobCache | None = None
 
 
 def decode_into(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str) -> None:
@@ -121,19 +136,69 @@ def decode_into(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str)
     np.copyto(out, arr.transpose(2, 0, 1))
 
 
-def _timed_decode(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str) -> float:
+# Flags of a job's outcome, besides its busy time.
+HIT = 1  # the bytes came from the cache
+MISS = 2  # not in the cache (or damaged): nothing decoded, the loop must fetch
+STORED = 4  # fetched bytes were written to the cache
+STORE_FAILED = 8  # writing to the cache failed (disk full, ...): counted, not fatal
+DAMAGED = 16  # a damaged cache entry was found and dropped
+
+Outcome = tuple[float, int]  # (busy seconds, flags)
+
+
+def run_job(
+    data: Blob | None,
+    out: U8Array,
+    spec: DecodeSpec,
+    seed: int,
+    key: str,
+    cache_key: str,
+    size: int,
+) -> Outcome:
+    """One decode job as workers run it: cache read or write-back, then decode into ``out``.
+
+    ``data=None`` means "look in the cache": a miss returns ``MISS`` without decoding.
+    Fetched bytes (``data`` given) are stored under ``cache_key`` before decoding: they were
+    verified against the listed length and ETag, and a corrupt image then fails the same
+    way from the cache, without another download.
+    """
     t0 = time.perf_counter()
+    flags = 0
+    cache = spec.cache if cache_key else None
+    if data is None:
+        assert cache is not None
+        data = cache.get(cache_key, size)
+        if cache.take_damaged():
+            flags |= DAMAGED
+        if data is None:
+            return time.perf_counter() - t0, flags | MISS
+        flags |= HIT
+    elif cache is not None:
+        try:
+            cache.put(cache_key, data)
+            flags |= STORED
+        except Exception:  # a full or broken disk must not stop training
+            flags |= STORE_FAILED
     decode_into(data, out, spec, seed, key)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, flags
 
 
 class DecodePool(Protocol):
-    """Decodes one sample into ``slot``/``index`` of the ring; returns busy seconds."""
+    """Runs :func:`run_job` for one sample into ``slot``/``index`` of the ring."""
 
     workers: int
     restarts: int
 
-    async def decode(self, data: Blob, slot: int, index: int, seed: int, key: str) -> float: ...
+    async def decode(
+        self,
+        data: Blob | None,
+        slot: int,
+        index: int,
+        seed: int,
+        key: str,
+        cache_key: str = "",
+        size: int = -1,
+    ) -> Outcome: ...
 
     def close(self) -> None: ...
 
@@ -153,7 +218,7 @@ class ThreadDecodePool:
         self._spec = spec
         self._images = images
         self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._done: deque[tuple[asyncio.Future[float], float, BaseException | None]] = deque()
+        self._done: deque[tuple[asyncio.Future[Outcome], Outcome, BaseException | None]] = deque()
         self._lock = threading.Lock()
         self._wake_pending = False
         self._active = 0  # jobs queued or running; decode threads may write into slots
@@ -167,14 +232,23 @@ class ThreadDecodePool:
         for t in self._threads:
             t.start()
 
-    async def decode(self, data: Blob, slot: int, index: int, seed: int, key: str) -> float:
+    async def decode(
+        self,
+        data: Blob | None,
+        slot: int,
+        index: int,
+        seed: int,
+        key: str,
+        cache_key: str = "",
+        size: int = -1,
+    ) -> Outcome:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        fut: asyncio.Future[float] = self._loop.create_future()
+        fut: asyncio.Future[Outcome] = self._loop.create_future()
         with self._lock:
             self._active += 1
             self._idle.clear()
-        self._jobs.put((fut, data, slot, index, seed, key))
+        self._jobs.put((fut, data, slot, index, seed, key, cache_key, size))
         return await fut
 
     def _work(self) -> None:
@@ -183,15 +257,16 @@ class ThreadDecodePool:
             job = self._jobs.get()
             if job is None:
                 return
-            fut, data, slot, index, seed, key = job
-            busy, err = 0.0, None
+            fut, data, slot, index, seed, key, cache_key, size = job
+            outcome: Outcome = (0.0, 0)
+            err = None
             if not fut.cancelled():  # racy but harmless: a late cancel just wastes one decode
                 try:
-                    busy = _timed_decode(data, images[slot, index], spec, seed, key)
+                    outcome = run_job(data, images[slot, index], spec, seed, key, cache_key, size)
                 except BaseException as exc:  # handed to the awaiting task
                     err = exc
             del job, data
-            self._done.append((fut, busy, err))
+            self._done.append((fut, outcome, err))
             with self._lock:
                 self._active -= 1
                 if self._active == 0:
@@ -207,11 +282,11 @@ class ThreadDecodePool:
             self._wake_pending = False
         done = self._done
         while done:
-            fut, busy, err = done.popleft()
+            fut, outcome, err = done.popleft()
             if fut.done():
                 continue
             if err is None:
-                fut.set_result(busy)
+                fut.set_result(outcome)
             else:
                 fut.set_exception(err)
 
@@ -247,14 +322,14 @@ def _worker_main(
                 return  # parent gone
             if msg is None:
                 return
-            for job_id, slot, index, seed, key, data in msg:
+            for job_id, slot, index, seed, key, data, cache_key, size in msg:
                 try:
-                    busy = _timed_decode(data, images[slot, index], spec, seed, key)
-                    conn.send((job_id, busy, None))
+                    outcome = run_job(data, images[slot, index], spec, seed, key, cache_key, size)
+                    conn.send((job_id, outcome, None))
                 except Exception as exc:
                     err = exc if isinstance(exc, DecodeError) else DecodeError(repr(exc), key=key)
                     err.add_note("in a decode worker:\n" + traceback.format_exc())
-                    conn.send((job_id, 0.0, err))
+                    conn.send((job_id, (0.0, 0), err))
     finally:
         del images
         with contextlib.suppress(Exception):
@@ -308,7 +383,7 @@ class ProcessDecodePool:
         self._ctx = mp.get_context(start_method)
         self._pool: list[_Worker] = []
         self._pending: deque[tuple[Any, ...]] = deque()
-        self._futures: dict[int, asyncio.Future[float]] = {}
+        self._futures: dict[int, asyncio.Future[Outcome]] = {}
         self._attempts: dict[int, int] = {}
         self._next_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -357,7 +432,16 @@ class ProcessDecodePool:
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._pool]
 
-    async def decode(self, data: Blob, slot: int, index: int, seed: int, key: str) -> float:
+    async def decode(
+        self,
+        data: Blob | None,
+        slot: int,
+        index: int,
+        seed: int,
+        key: str,
+        cache_key: str = "",
+        size: int = -1,
+    ) -> Outcome:
         if self._broken is not None:
             raise self._broken
         if self._closed:
@@ -365,9 +449,9 @@ class ProcessDecodePool:
         assert self._loop is not None
         job_id = self._next_id
         self._next_id += 1
-        fut: asyncio.Future[float] = self._loop.create_future()
+        fut: asyncio.Future[Outcome] = self._loop.create_future()
         self._futures[job_id] = fut
-        self._pending.append((job_id, slot, index, seed, key, data))
+        self._pending.append((job_id, slot, index, seed, key, data, cache_key, size))
         self._dispatch()
         try:
             return await fut
@@ -414,12 +498,12 @@ class ProcessDecodePool:
                 if msg == _READY:
                     w.ready = True
                     continue
-                job_id, busy, err = msg
+                job_id, outcome, err = msg
                 w.jobs.pop(job_id, None)
                 fut = self._futures.get(job_id)
                 if fut is not None and not fut.done():
                     if err is None:
-                        fut.set_result(busy)
+                        fut.set_result(outcome)
                     else:
                         fut.set_exception(err)
         except (EOFError, OSError):

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from ._cache import ObjectCache
 from ._config import FetchConfig, OnError, RunConfig
 from ._decode import DecodePool, DecodeSpec, ProcessDecodePool, ThreadDecodePool
 from ._errors import (
@@ -196,6 +197,10 @@ class ImageLoader:
         store_options: Keyword options for the store (``endpoint_url``, ``anonymous``, ...).
         fetch: Retry, range and concurrency settings (``max_inflight`` overrides its field).
         timeout: Give up when no batch arrives for this long (None: wait) [seconds].
+        cache_dir: A local (NVMe) folder caching object bytes across epochs and runs; shared
+            safely by every process on the node (see ``asyncloader warm``).
+        cache_size: Most bytes the cache keeps (``"500GB"``, ``"64GiB"``, an int); the least
+            recently stored entries are evicted.
     """
 
     def __init__(
@@ -224,6 +229,8 @@ class ImageLoader:
         store_options: dict[str, Any] | None = None,
         fetch: FetchConfig | None = None,
         timeout: float | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_size: int | str = "100GB",
     ) -> None:
         workers = decode_workers or _default_workers()
         if decode is None:
@@ -258,7 +265,8 @@ class ImageLoader:
             on_error=on_error,
             max_failures=max_failures,
         )
-        self._spec = DecodeSpec(shape, transform, decode, max_pixels)
+        self.cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
+        self._spec = DecodeSpec(shape, transform, decode, max_pixels, self.cache)
         self._slots = prefetch_batches or max(4, -(-inflight // batch_size) + 3)
         self._workers = workers
         self._backend: DecodeBackend = decode_backend
@@ -330,6 +338,7 @@ class ImageLoader:
             c,
             self._output,
             decode_window=self._fetch_config.max_inflight + 4 * self._workers,
+            cache=self.cache,
         )
         r = self._run_config
         if num_batches(self._rt.pipeline.epoch_samples(0), r.batch_size, r.drop_last) == 0:

@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._cache import ObjectCache
 from ._config import FetchConfig, RunConfig
-from ._decode import DecodePool
+from ._decode import DAMAGED, HIT, MISS, STORE_FAILED, STORED, DecodePool, Outcome
 from ._errors import (
     AsyncLoaderError,
     FailureBudgetExceeded,
@@ -135,6 +136,9 @@ class Pipeline:
         run: Batch composition and error policy.
         counters: Stats, written from the loop.
         output: Where finished batches are announced to the consumer thread.
+        decode_window: Most samples between the start of their fetch and the end of their
+            decode (bounds the bytes held in memory).
+        cache: The SSD cache: hits are read by decode workers, fetched bytes written back.
     """
 
     def __init__(
@@ -148,6 +152,7 @@ class Pipeline:
         output: queue.Queue[tuple[Any, ...]],
         *,
         decode_window: int,
+        cache: ObjectCache | None = None,
     ) -> None:
         self.dataset = dataset
         self.fetcher = fetcher
@@ -157,6 +162,7 @@ class Pipeline:
         self.counters = counters
         self.output = output
         self._decode_window = decode_window
+        self.cache = cache
         self._free: asyncio.Queue[int] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._window = asyncio.Semaphore(decode_window)
@@ -210,6 +216,26 @@ class Pipeline:
         """The consumer is done with ``slot`` (called on the loop)."""
         self.counters.ring_full -= 1
         self._free.put_nowait(slot)
+
+    def _account(self, outcome: Outcome, size: int = 0) -> None:
+        c = self.counters
+        busy, flags = outcome
+        c.decode_seconds += busy
+        if flags & MISS:
+            c.cache_misses += 1
+        else:
+            c.decoded += 1
+            if flags & HIT:
+                c.cache_hits += 1
+                c.bytes_from_cache += max(size, 0)
+            elif self.cache is not None:
+                c.cache_misses += 1
+        if flags & STORED:
+            c.cache_stored += 1
+        if flags & STORE_FAILED:
+            c.cache_store_failed += 1
+        if flags & DAMAGED:
+            c.cache_damaged += 1
 
     # --- production ---------------------------------------------------------------------
 
@@ -287,9 +313,20 @@ class Pipeline:
         """Fill ``slot`` with the samples ``sel``; returns how many made it, and why not."""
         samples = self.dataset.samples
         seed = self.run.seed
+        cached: set[str] = set()
+        keys = [""] * len(sel)
+        if self.cache is not None:
+            url = self.fetcher.store.url
+            keys = [
+                ObjectCache.entry_key(url, samples[i].obj.key, samples[i].obj.etag) for i in sel
+            ]
+            # One index query per batch, off the loop; the bytes are read by decode workers.
+            cached = await asyncio.to_thread(self.cache.contains, keys)
         results = await asyncio.gather(
             *(
-                self._sample(slot, j, epoch, mix_seed(seed, epoch, int(i)), samples[i])
+                self._sample(
+                    slot, j, epoch, mix_seed(seed, epoch, int(i)), samples[i], keys[j], cached
+                )
                 for j, i in enumerate(sel)
             ),
             return_exceptions=True,
@@ -310,21 +347,48 @@ class Pipeline:
             return n, skipped
         return len(sel), Counter()
 
-    async def _sample(self, slot: int, j: int, epoch: int, seed: int, sample: Sample) -> None:
+    async def _sample(
+        self,
+        slot: int,
+        j: int,
+        epoch: int,
+        seed: int,
+        sample: Sample,
+        cache_key: str,
+        cached: set[str],
+    ) -> None:
         c = self.counters
-        key = sample.obj.key
+        obj = sample.obj
+        key = obj.key
         stage = "fetch"
         try:
             async with self._window:
-                data = await self.fetcher.fetch(sample.obj)
-                stage = "decode"
-                c.decode_queue += 1
-                try:
-                    busy = await self.pool.decode(data, slot, j, seed, key)
-                finally:
-                    c.decode_queue -= 1
-                c.decoded += 1
-                c.decode_seconds += busy
+                outcome: Outcome | None = None
+                if cache_key in cached:
+                    stage = "cache"
+                    c.decode_queue += 1
+                    try:
+                        outcome = await self.pool.decode(
+                            None, slot, j, seed, key, cache_key, obj.size
+                        )
+                    finally:
+                        c.decode_queue -= 1
+                    if outcome[1] & MISS:  # evicted or damaged since the index check
+                        self._account(outcome)
+                        outcome = None
+                if outcome is None:
+                    stage = "fetch"
+                    data = await self.fetcher.fetch(obj)
+                    stage = "decode"
+                    c.decode_queue += 1
+                    try:
+                        outcome = await self.pool.decode(
+                            data, slot, j, seed, key, cache_key, obj.size
+                        )
+                    finally:
+                        c.decode_queue -= 1
+                    del data
+                self._account(outcome, obj.size)
             self.ring.labels[slot, j] = sample.label
         except AsyncLoaderError as exc:
             exc.add_note(f"asyncloader: stage={stage} key={key}")

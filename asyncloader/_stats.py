@@ -40,6 +40,10 @@ class Counters:
     objects_listed: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
+    bytes_from_cache: int = 0
+    cache_stored: int = 0
+    cache_store_failed: int = 0
+    cache_damaged: int = 0
     # Written by the consumer thread only.
     consumer_batches: int = 0
     consumer_samples: int = 0
@@ -83,6 +87,10 @@ class Counters:
             listing_seconds=self.listing_seconds,
             cache_hits=self.cache_hits,
             cache_misses=self.cache_misses,
+            bytes_from_cache=self.bytes_from_cache,
+            cache_stored=self.cache_stored,
+            cache_store_failed=self.cache_store_failed,
+            cache_damaged=self.cache_damaged,
             batches=self.consumer_batches,
             samples=self.consumer_samples,
             consumer_wait_seconds=self.consumer_wait_seconds,
@@ -110,6 +118,11 @@ class Stats:
         skipped: Samples left out of delivered batches under ``on_error="skip"``, by error
             type.
         ring_full: Batch slots filled and waiting for the consumer (of ``ring_slots``).
+        cache_hits, cache_misses: Samples read from the SSD cache / not found there.
+        bytes_from_cache: Bytes read from the SSD cache (``bytes_fetched``: from the network).
+        cache_stored, cache_store_failed: Fetched objects written to the cache / not written
+            (disk full, ...; not fatal).
+        cache_damaged: Cache entries that failed their length/CRC check, dropped and fetched.
         batches, samples: Delivered to the consumer.
         consumer_wait_seconds: Time the consumer spent waiting for a batch [seconds].
         first_batch_seconds: From start to the first batch delivered [seconds].
@@ -139,6 +152,10 @@ class Stats:
     listing_seconds: float
     cache_hits: int
     cache_misses: int
+    bytes_from_cache: int
+    cache_stored: int
+    cache_store_failed: int
+    cache_damaged: int
     batches: int
     samples: int
     consumer_wait_seconds: float
@@ -159,6 +176,11 @@ class Stats:
             f"decode busy {self.decode_utilization:.0%}, peak in flight "
             f"{self.inflight_peak}/{self.max_inflight}, mean fetch "
             f"{self.mean_fetch_seconds * 1e3:.1f} ms)",
+            f"cache: {self.cache_hits} hits ({self.bytes_from_cache / 1e6:.0f} MB from disk), "
+            f"{self.cache_misses} misses, {self.cache_stored} stored, "
+            f"{self.cache_damaged} damaged, {self.cache_store_failed} store failures"
+            if self.cache_hits or self.cache_misses
+            else "cache: off",
             f"requests {self.requests}, retries {sum(self.retries.values())} "
             f"{dict(self.retries) or ''}, skipped {sum(self.skipped.values())} "
             f"{dict(self.skipped) or ''}, worker restarts {self.worker_restarts}",

@@ -9,7 +9,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Blob", "DecodeFn", "ObjectInfo", "ObjectStore", "Sample"]
+__all__ = ["Blob", "BlobCache", "DecodeFn", "ObjectInfo", "ObjectStore", "Sample"]
 
 Blob = bytes | bytearray
 """Object contents as the stores return them (a bytearray avoids a copy on receive)."""
@@ -73,6 +73,22 @@ class ObjectStore(Protocol):
 
     async def close(self) -> None:
         """Release connections.  Idempotent."""
+        ...
+
+
+class BlobCache(Protocol):
+    """Where decode workers read and store object bytes (the SSD cache); picklable."""
+
+    def get(self, key: str, size: int) -> bytes | None:
+        """Verified bytes, or None on a miss or a damaged entry (which is dropped)."""
+        ...
+
+    def put(self, key: str, data: Blob) -> None:
+        """Store bytes; visible to readers only once complete."""
+        ...
+
+    def take_damaged(self) -> int:
+        """Damaged entries this thread dropped since the last call."""
         ...
 
 

@@ -102,9 +102,11 @@ class SigV4Signer:
         day = amz_date[:8]
         token = self._creds.token
         if token:
+            # Canonical header values are trimmed, inner runs of spaces collapsed (SigV4).
+            canonical_token = " ".join(token.split())
             canonical_headers = (
                 f"host:{host}\nx-amz-content-sha256:{payload_hash}\n"
-                f"x-amz-date:{amz_date}\nx-amz-security-token:{token}\n"
+                f"x-amz-date:{amz_date}\nx-amz-security-token:{canonical_token}\n"
             )
             signed = "host;x-amz-content-sha256;x-amz-date;x-amz-security-token"
         else:

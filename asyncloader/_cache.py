@@ -1,0 +1,193 @@
+"""The local SSD cache of object bytes, on diskcache.
+
+* Keys are ``store URL + key + ETag``: a replaced object is a different entry, never a stale hit.
+* Values are stored as files once they reach ``min_file_size`` (JPEGs always are), indexed in
+  SQLite; diskcache writes the file completely before the index row commits, so a process
+  killed mid-write leaves no visible entry (at worst an orphan file that ``verify`` removes).
+* Every value carries its CRC-32 as the entry's tag; every read checks length and CRC, and a
+  damaged entry is deleted and reported as a miss, so it is fetched again, never decoded.
+* Eviction keeps the directory under ``size_limit`` with diskcache's least-recently-*stored*
+  policy: with least-recently-used every hit would be a SQLite write.
+* Several processes (loaders, DDP ranks, ``asyncloader warm``) share one directory safely.
+
+:class:`ObjectCache` is a small picklable handle: each process (and thread) opens its own
+connection lazily, so it travels to decode worker processes as a few strings and numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CacheStats", "ObjectCache", "parse_size"]
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+
+def parse_size(size: int | str) -> int:
+    """``"500GB"`` → 500·10⁹ bytes; ``"2GiB"`` → 2·2³⁰; an int is bytes already.
+
+    Raises:
+        ValueError: not a size.
+    """
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", size)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ValueError(f"not a size: {size!r} (examples: 500GB, 64GiB, 1000000)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """What is in a cache directory: entries, bytes [bytes] and the size limit [bytes]."""
+
+    directory: str
+    entries: int
+    volume: int
+    size_limit: int
+
+
+class ObjectCache:
+    """Object bytes on local disk, shared by every process on the node.
+
+    Args:
+        directory: The cache folder (created if missing).
+        size_limit: Most bytes kept (``"500GB"``, ``"64GiB"`` or an int).
+        min_file_size: Values of at least this many bytes are stored as files, smaller ones
+            inside SQLite [bytes].
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        size_limit: int | str = "100GB",
+        min_file_size: int = 32 * 1024,
+    ) -> None:
+        self.directory = str(Path(directory).expanduser().resolve())
+        self.size_limit = parse_size(size_limit)
+        self.min_file_size = min_file_size
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"ObjectCache({self.directory!r}, size_limit={self.size_limit})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "directory": self.directory,
+            "size_limit": self.size_limit,
+            "min_file_size": self.min_file_size,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.directory = state["directory"]
+        self.size_limit = state["size_limit"]
+        self.min_file_size = state["min_file_size"]
+        self._local = threading.local()
+
+    def _db(self) -> Any:
+        # One connection per thread and process: SQLite handles must not cross either.
+        db = getattr(self._local, "db", None)
+        if db is None or getattr(self._local, "pid", None) != os.getpid():
+            import diskcache
+
+            db = diskcache.Cache(
+                self.directory,
+                size_limit=self.size_limit,
+                eviction_policy="least-recently-stored",
+                disk_min_file_size=self.min_file_size,
+                statistics=False,
+                timeout=60,
+            )
+            self._local.db = db
+            self._local.pid = os.getpid()
+        return db
+
+    @staticmethod
+    def entry_key(store_url: str, key: str, etag: str) -> str:
+        """The cache key of one object version."""
+        return f"{store_url}\x00{key}\x00{etag}"
+
+    def get(self, key: str, size: int) -> bytes | None:
+        """The verified bytes of ``key``, or None on a miss or a damaged entry (dropped).
+
+        ``size`` is the listed length (``-1``: unknown, only the CRC is checked).
+        """
+        db = self._db()
+        found = db.get(key, default=None, tag=True, retry=True)
+        value, tag = found if found is not None else (None, None)
+        if value is None:
+            return None
+        if (size >= 0 and len(value) != size) or zlib.crc32(value) != tag:
+            db.delete(key, retry=True)
+            self._local.damaged = getattr(self._local, "damaged", 0) + 1
+            return None
+        data: bytes = value
+        return data
+
+    def put(self, key: str, data: bytes | bytearray) -> None:
+        """Store ``data`` under ``key`` (atomically visible once complete)."""
+        blob = bytes(data)
+        self._db().set(key, blob, tag=zlib.crc32(blob), retry=True)
+
+    def contains(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` are present (a quick index check, no read)."""
+        db = self._db()
+        return {k for k in keys if k in db}
+
+    def take_damaged(self) -> int:
+        """Damaged entries dropped by this thread since the last call."""
+        n = getattr(self._local, "damaged", 0)
+        self._local.damaged = 0
+        return int(n)
+
+    def stats(self) -> CacheStats:
+        db = self._db()
+        return CacheStats(self.directory, len(db), int(db.volume()), self.size_limit)
+
+    def verify(self) -> tuple[int, int]:
+        """Read every entry, drop the damaged ones and orphan files; (checked, dropped)."""
+        db = self._db()
+        checked = dropped = 0
+        for key in list(self._keys()):
+            checked += 1
+            found = db.get(key, default=None, tag=True, retry=True)
+            if found is None:
+                continue
+            value, tag = found
+            if not isinstance(value, bytes) or zlib.crc32(value) != tag:
+                db.delete(key, retry=True)
+                dropped += 1
+        db.check(fix=True, retry=True)  # orphan files from killed writers, index consistency
+        return checked, dropped
+
+    def _keys(self) -> Iterator[str]:
+        yield from self._db().iterkeys()
+
+    def clear(self) -> int:
+        """Remove every entry; returns how many."""
+        return int(self._db().clear(retry=True))
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
