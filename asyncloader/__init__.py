@@ -1,5 +1,7 @@
 """asyncloader: stream folders of images from object stores straight into PyTorch batches."""
 
+from ._cache import CacheStats as CacheStats
+from ._cache import ObjectCache as ObjectCache
 from ._config import FetchConfig as FetchConfig
 from ._config import RunConfig as RunConfig
 from ._errors import AccessDenied as AccessDenied
@@ -25,12 +27,15 @@ from ._transforms import Resize as Resize
 from ._transforms import Transform as Transform
 from ._types import ObjectInfo as ObjectInfo
 from ._types import ObjectStore as ObjectStore
+from ._warm import WarmReport as WarmReport
+from ._warm import warm as warm
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AccessDenied",
     "AsyncLoaderError",
+    "CacheStats",
     "CenterCrop",
     "ClosedError",
     "DecodeError",
@@ -40,6 +45,7 @@ __all__ = [
     "IntegrityError",
     "LocalStore",
     "ObjectInfo",
+    "ObjectCache",
     "ObjectNotFound",
     "ObjectStore",
     "PipelineDeadError",
@@ -53,6 +59,8 @@ __all__ = [
     "Throttled",
     "Transform",
     "TransientStoreError",
+    "WarmReport",
     "__version__",
     "open_store",
+    "warm",
 ]

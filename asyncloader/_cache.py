@@ -9,6 +9,8 @@
 * Eviction keeps the directory under ``size_limit`` with diskcache's least-recently-*stored*
   policy: with least-recently-used every hit would be a SQLite write.
 * Several processes (loaders, DDP ranks, ``asyncloader warm``) share one directory safely.
+* The object list of a prefix is kept beside it (``listings/``), so a million objects are not
+  listed again on every start.
 
 :class:`ObjectCache` is a small picklable handle: each process (and thread) opens its own
 connection lazily, so it travels to decode worker processes as a few strings and numbers.
@@ -16,14 +18,20 @@ connection lazily, so it travels to decode worker processes as a few strings and
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import json
 import os
 import re
 import threading
+import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ._types import ObjectInfo
 
 __all__ = ["CacheStats", "ObjectCache", "parse_size"]
 
@@ -148,6 +156,18 @@ class ObjectCache:
         blob = bytes(data)
         self._db().set(key, blob, tag=zlib.crc32(blob), retry=True)
 
+    def put_many(self, items: Sequence[tuple[str, bytes | bytearray]]) -> None:
+        """Store several entries in one index transaction (cheaper per entry than ``put``).
+
+        Each value file is complete before the transaction commits, so a crash leaves either
+        the whole batch or none of it visible (and at worst orphan files ``verify`` removes).
+        """
+        db = self._db()
+        with db.transact(retry=True):
+            for key, data in items:
+                blob = bytes(data)
+                db.set(key, blob, tag=zlib.crc32(blob), retry=True)
+
     def contains(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` are present (a quick index check, no read)."""
         db = self._db()
@@ -167,7 +187,7 @@ class ObjectCache:
         """Read every entry, drop the damaged ones and orphan files; (checked, dropped)."""
         db = self._db()
         checked = dropped = 0
-        for key in list(self._keys()):
+        for key in list(self.entry_keys()):
             checked += 1
             found = db.get(key, default=None, tag=True, retry=True)
             if found is None:
@@ -179,12 +199,45 @@ class ObjectCache:
         db.check(fix=True, retry=True)  # orphan files from killed writers, index consistency
         return checked, dropped
 
-    def _keys(self) -> Iterator[str]:
+    def entry_keys(self) -> Iterator[str]:
+        """Every entry key (``store URL, key, ETag`` joined by NUL)."""
         yield from self._db().iterkeys()
 
     def clear(self) -> int:
         """Remove every entry; returns how many."""
         return int(self._db().clear(retry=True))
+
+    # --- listings -----------------------------------------------------------------------
+
+    def _listing_path(self, url: str) -> Path:
+        digest = hashlib.sha256(url.encode()).hexdigest()[:32]
+        return Path(self.directory) / "listings" / f"{digest}.json.gz"
+
+    def save_listing(self, url: str, objects: Sequence[ObjectInfo]) -> None:
+        """Keep the object list of ``url`` next to the cache (written atomically)."""
+        path = self._listing_path(url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "url": url,
+            "time": time.time(),
+            "objects": [[o.key, o.size, o.etag] for o in objects],
+        }
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        with gzip.open(tmp, "wt", compresslevel=1) as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+
+    def load_listing(self, url: str, max_age: float) -> list[ObjectInfo] | None:
+        """The saved object list of ``url`` if younger than ``max_age`` [seconds], else None."""
+        path = self._listing_path(url)
+        try:
+            with gzip.open(path, "rt") as f:
+                doc = json.load(f)
+        except (OSError, ValueError, EOFError):
+            return None
+        if doc.get("url") != url or time.time() - float(doc.get("time", 0)) > max_age:
+            return None
+        return [ObjectInfo(k, int(n), e) for k, n, e in doc["objects"]]
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)

@@ -97,6 +97,89 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard wants i/n (like 0/4), not {text!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"shard {text} does not exist: 0 <= i < n")
+    return i, n
+
+
+def _warm(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    import asyncloader as al
+
+    options: dict[str, object] = {}
+    extra: dict[str, object] = {"extensions": None} if args.all_objects else {}
+    if args.endpoint_url:
+        options["endpoint_url"] = args.endpoint_url
+    print(f"listing {args.url} ...", file=sys.stderr)
+    state: dict[str, object] = {}
+    bar = tqdm(total=0, unit="obj", desc="warm", smoothing=0.05, dynamic_ncols=True)
+    t0 = time.perf_counter()
+    received = [0, t0]
+
+    def listed(todo: int, cached: int) -> None:
+        state["cached"] = cached
+        bar.reset(total=todo)
+        bar.set_postfix_str(f"{cached} already cached")
+
+    def one(nbytes: int) -> None:
+        received[0] += nbytes
+        bar.update()
+        now = time.perf_counter()
+        if now - received[1] > 0.5:
+            received[1] = now
+            bar.set_postfix_str(f"{received[0] / (now - t0) / 1e6:.1f} MB/s")
+
+    try:
+        report = al.warm(
+            args.url,
+            args.cache_dir,
+            cache_size=args.cache_size,
+            concurrency=args.concurrency,
+            shard=args.shard,
+            refresh_listing=args.refresh_listing,
+            store_options=options,
+            on_listed=listed,
+            on_object=one,
+            **extra,  # type: ignore[arg-type]
+        )
+    finally:
+        bar.close()
+    print(report.summary())
+    if report.failed:
+        print(f"{len(report.failed)} objects failed:", file=sys.stderr)
+        for key, err in report.failed[:20]:
+            print(f"  {key}: {err}", file=sys.stderr)
+        if len(report.failed) > 20:
+            print(f"  ... and {len(report.failed) - 20} more", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cache_cmd(args: argparse.Namespace) -> int:
+    from asyncloader import ObjectCache
+
+    if not Path(args.dir).is_dir():
+        print(f"no cache at {args.dir}", file=sys.stderr)
+        return 2
+    cache = ObjectCache(args.dir)
+    if args.action == "stats":
+        st = cache.stats()
+        print(f"{st.directory}: {st.entries} objects, {st.volume / 1e9:.2f} GB")
+    elif args.action == "verify":
+        checked, dropped = cache.verify()
+        print(f"{checked} objects checked, {dropped} damaged and removed")
+    else:
+        print(f"{cache.clear()} objects removed")
+    cache.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="asyncloader", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,10 +194,30 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--data-dir", default=os.path.join("cache", "demo-jpegs"), help="where JPEGs are made"
     )
+    warm = sub.add_parser(
+        "warm", help="fill the local cache with the objects under a URL, resumably"
+    )
+    warm.add_argument("url", help="s3://bucket/prefix/, a path, ...")
+    warm.add_argument("--cache-dir", required=True, help="the cache folder (local NVMe)")
+    warm.add_argument("--cache-size", default="100GB", help="most bytes to keep (100GB)")
+    warm.add_argument("--concurrency", type=int, default=256, help="requests in flight (256)")
+    warm.add_argument(
+        "--shard", type=_parse_shard, default=None, help="i/n: this node's part (torchrun env)"
+    )
+    warm.add_argument("--endpoint-url", default=None, help="an S3-compatible endpoint")
+    warm.add_argument("--refresh-listing", action="store_true", help="list the store again")
+    warm.add_argument("--all-objects", action="store_true", help="not only image files")
+    cache = sub.add_parser("cache", help="inspect, check or empty a cache folder")
+    cache.add_argument("action", choices=("stats", "verify", "clear"))
+    cache.add_argument("dir", help="the cache folder")
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "warm":
+            return _warm(args)
+        if args.command == "cache":
+            return _cache_cmd(args)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

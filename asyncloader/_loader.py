@@ -30,7 +30,7 @@ from ._errors import (
     PipelineDeadError,
 )
 from ._labels import IMAGE_EXTENSIONS, Dataset, LabelSpec, build_dataset, parse_manifest
-from ._pipeline import BATCH, END, ERROR, Fetcher, Pipeline
+from ._pipeline import BATCH, END, ERROR, Fetcher, Pipeline, list_objects
 from ._ring import BatchRing
 from ._sampler import num_batches
 from ._stats import Counters, Stats
@@ -201,6 +201,9 @@ class ImageLoader:
             safely by every process on the node (see ``asyncloader warm``).
         cache_size: Most bytes the cache keeps (``"500GB"``, ``"64GiB"``, an int); the least
             recently stored entries are evicted.
+        listing_max_age: With a cache, reuse the saved object list of the URL if younger
+            than this [seconds]; objects replaced since then fail their ETag check clearly.
+        refresh_listing: List the store again even if a saved list is young enough.
     """
 
     def __init__(
@@ -231,6 +234,8 @@ class ImageLoader:
         timeout: float | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_size: int | str = "100GB",
+        listing_max_age: float = 3600.0,
+        refresh_listing: bool = False,
     ) -> None:
         workers = decode_workers or _default_workers()
         if decode is None:
@@ -266,6 +271,7 @@ class ImageLoader:
             max_failures=max_failures,
         )
         self.cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
+        self._listing_max_age = 0.0 if refresh_listing else listing_max_age
         self._spec = DecodeSpec(shape, transform, decode, max_pixels, self.cache)
         self._slots = prefetch_batches or max(4, -(-inflight // batch_size) + 3)
         self._workers = workers
@@ -294,7 +300,7 @@ class ImageLoader:
     ) -> Dataset:
         c = self._counters
         t0 = time.perf_counter()
-        objects = [o async for o in store.list()]
+        objects = await list_objects(store, self.cache, self._listing_max_age)
         c.objects_listed = len(objects)
         manifest = None
         if isinstance(labels, str) and labels.endswith((".jsonl", ".csv")):

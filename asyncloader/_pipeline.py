@@ -41,7 +41,7 @@ from ._sampler import epoch_indices, mix_seed, num_batches
 from ._stats import Counters
 from ._types import Blob, ObjectInfo, ObjectStore, Sample
 
-__all__ = ["BATCH", "END", "ERROR", "Fetcher", "Pipeline"]
+__all__ = ["BATCH", "END", "ERROR", "Fetcher", "Pipeline", "list_objects"]
 
 # Output queue items: (BATCH, epoch, index, slot, n, skipped) | (END, epoch) | (ERROR, exc),
 # where skipped maps error type → samples of that batch left out (counted when delivered).
@@ -119,6 +119,21 @@ class Fetcher:
             # Exponential backoff with full jitter, outside the in-flight semaphore.
             delay = min(cfg.backoff_cap, cfg.backoff_base * 2 ** (attempt - 1))
             await asyncio.sleep(delay * self._rng.random())
+
+
+async def list_objects(
+    store: ObjectStore, cache: ObjectCache | None, max_age: float
+) -> list[ObjectInfo]:
+    """The store's object list: from the cache's saved listing if young enough, else listed
+    (in parallel where the store can) and saved for the next run."""
+    if cache is not None and max_age > 0:
+        saved = await asyncio.to_thread(cache.load_listing, store.url, max_age)
+        if saved is not None:
+            return saved
+    objects = [o async for o in store.list()]
+    if cache is not None:
+        await asyncio.to_thread(cache.save_listing, store.url, objects)
+    return objects
 
 
 class _Failure(Exception):

@@ -16,6 +16,7 @@ ALLOWED = {
     **{m: LEAVES for m in LEAVES},
     **{m: LEAVES for m in RESOURCES},
     "_pipeline": LEAVES | RESOURCES,
+    "_warm": LEAVES | RESOURCES | {"_pipeline"},
     "_loader": LEAVES | RESOURCES | {"_pipeline"},
 }
 

@@ -10,9 +10,10 @@ HTTP itself.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableSequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -91,6 +92,7 @@ class S3Store:
             read (aiohttp) [seconds].
         http_client: ``"lean"`` (default: our keep-alive HTTP/1.1 client, about half the
             CPU of aiohttp per GET) or ``"aiohttp"`` (used anyway when a proxy is set).
+        list_concurrency: Sub-folders listed at once.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class S3Store:
         max_connections: int = 256,
         read_timeout: float = 60.0,
         http_client: str = "lean",
+        list_concurrency: int = 32,
     ) -> None:
         if http_client not in ("lean", "aiohttp"):
             raise ValueError(f"http_client must be 'lean' or 'aiohttp', not {http_client!r}")
@@ -122,6 +125,7 @@ class S3Store:
         self._client: Any = None
         self._session: aiohttp.ClientSession | None = None
         self._use_lean = http_client == "lean" and not proxy_configured()
+        self._list_concurrency = list_concurrency
         self._lean: LeanHTTPClient | None = None
         self._signer: SigV4Signer | None = None
         self._botocore_creds: Any = None
@@ -206,17 +210,63 @@ class S3Store:
         return FrozenCredentials(f.access_key, f.secret_key, f.token)
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]
+        """Every object under ``prefix``, listed in parallel across its sub-folders.
+
+        One delimited listing of the top level finds the sub-folders (class folders, say);
+        those are then listed concurrently (``list_concurrency`` at once), each paginated.
+        Order is not defined: the loader sorts.
+        """
         await self._ensure()
         full = self.prefix + prefix
+        folders: list[str] = []
+        async for info in self._list_pages(full, folders):
+            yield info
+        if not folders:
+            return
+        out: asyncio.Queue[ObjectInfo | None] = asyncio.Queue(maxsize=10_000)
+        sem = asyncio.Semaphore(self._list_concurrency)
+
+        async def one(folder: str) -> None:
+            async with sem:
+                async for info in self._list_pages(folder, None):
+                    await out.put(info)
+
+        async def run_all() -> None:
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    for folder in folders:
+                        tg.create_task(one(folder))
+            finally:
+                await out.put(None)
+
+        runner = asyncio.create_task(run_all())
+        try:
+            while (item := await out.get()) is not None:
+                yield item
+            await runner  # re-raises a listing error
+        finally:
+            runner.cancel()
+            with contextlib.suppress(BaseException):
+                await runner
+
+    async def _list_pages(
+        self, full: str, folders: MutableSequence[str] | None
+    ) -> AsyncIterator[ObjectInfo]:
+        """One paginated listing; with ``folders``, delimited (sub-folders collected there)."""
         cut = len(self.prefix)
         paginator = self._client.get_paginator("list_objects_v2")
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+        if folders is not None:
+            kwargs["Delimiter"] = "/"
         try:
-            async for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            async for page in paginator.paginate(**kwargs):
                 for item in page.get("Contents", ()):
                     key = item["Key"]
                     if key.endswith("/"):
                         continue  # folder placeholder objects
                     yield ObjectInfo(key[cut:], int(item["Size"]), item["ETag"].strip('"'))
+                if folders is not None:
+                    folders.extend(p["Prefix"] for p in page.get("CommonPrefixes", ()))
         except StoreError:
             raise
         except Exception as exc:

@@ -1,0 +1,141 @@
+"""asyncloader warm and the cache commands, with several processes on one cache folder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import asyncloader as al
+from asyncloader.testing import S3TestServer
+
+from .conftest import N_IMAGES
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "asyncloader", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _object_keys(cache_dir: Path) -> set[str]:
+    cache = al.ObjectCache(cache_dir)
+    try:
+        return {k.split("\x00")[1] for k in cache.entry_keys()}
+    finally:
+        cache.close()
+
+
+def test_shards_cover_the_prefix_exactly_once(light_server: S3TestServer, tmp_path: Path) -> None:
+    opts = {"endpoint_url": light_server.endpoint}
+    a = al.warm("s3://b/train/", tmp_path / "a", shard=(0, 2), store_options=opts)
+    b = al.warm("s3://b/train/", tmp_path / "b", shard=(1, 2), store_options=opts)
+    assert a.warmed + b.warmed == N_IMAGES
+    assert not a.failed and not b.failed
+    keys_a, keys_b = _object_keys(tmp_path / "a"), _object_keys(tmp_path / "b")
+    assert not keys_a & keys_b
+    assert len(keys_a | keys_b) == N_IMAGES
+
+
+def test_killed_warm_resumes_and_verifies_clean(light_server: S3TestServer, tmp_path: Path) -> None:
+    light_server.set_faults({}, latency=0.1)
+    cache_dir = tmp_path / "c"
+    args = ["warm", "s3://b/train/", "--cache-dir", str(cache_dir)]
+    args += ["--endpoint-url", light_server.endpoint]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncloader", *args, "--concurrency", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(cache_dir.rglob("*.val"))) < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = len(_object_keys(cache_dir))
+    assert 0 < partial < N_IMAGES
+    light_server.set_faults({}, latency=0.0)
+    second = _cli(*args)
+    assert second.returncode == 0, second.stderr
+    assert f"{N_IMAGES - partial} objects warmed" in second.stdout
+    assert f"{partial} already cached" in second.stdout
+    verify = _cli("cache", "verify", str(cache_dir))
+    assert verify.returncode == 0
+    assert f"{N_IMAGES} objects checked, 0 damaged" in verify.stdout
+    stats = _cli("cache", "stats", str(cache_dir))
+    assert f"{N_IMAGES} objects" in stats.stdout
+
+
+LOADER = textwrap.dedent(
+    """
+    import sys, asyncloader as al
+    if __name__ == "__main__":
+        index = {}
+        with al.ImageLoader("s3://b/train/", batch_size=8, decode_workers=1, cache_dir=sys.argv[2],
+                            labels=lambda k: index.setdefault(k, len(index)), shuffle=False,
+                            store_options={"endpoint_url": sys.argv[1]}) as loader:
+            for epoch in range(2):
+                n = sum(len(lab) for _, lab in loader)
+                assert n == len(index), (n, len(index))
+            print("OK", loader.stats().cache_hits)
+    """
+)
+
+
+def test_loaders_and_warm_share_one_cache(light_server: S3TestServer, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "c"
+    script = tmp_path / "train.py"
+    script.write_text(LOADER)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), light_server.endpoint, str(cache_dir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+    warm = _cli(
+        "warm",
+        "s3://b/train/",
+        "--cache-dir",
+        str(cache_dir),
+        "--endpoint-url",
+        light_server.endpoint,
+    )
+    assert warm.returncode == 0, warm.stderr
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        assert out.startswith("OK")
+    verify = _cli("cache", "verify", str(cache_dir))
+    assert f"{N_IMAGES} objects checked, 0 damaged" in verify.stdout
+
+
+def test_failed_objects_give_a_nonzero_exit(light_server: S3TestServer, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "c"
+    args = ["warm", "s3://b/train/", "--cache-dir", str(cache_dir)]
+    args += ["--endpoint-url", light_server.endpoint]
+    assert _cli(*args).returncode == 0  # also saves the listing beside the cache
+    assert _cli("cache", "clear", str(cache_dir)).stdout.startswith(f"{N_IMAGES} objects removed")
+    light_server.delete("b", "train/class_01/img_000005.jpg")
+    again = _cli(*args)  # the saved listing still names the deleted object
+    assert again.returncode == 1
+    assert "1 failed" in again.stdout
+    assert "class_01/img_000005.jpg" in again.stderr
+    assert "not found" in again.stderr
+
+
+def test_bad_shard_is_refused() -> None:
+    out = _cli("warm", "s3://b/x/", "--cache-dir", "/tmp/never", "--shard", "2/2")
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr
