@@ -40,6 +40,7 @@ class WarmReport:
         bytes_fetched: Body bytes received [bytes].
         seconds: Wall time of the fetch phase [seconds].
         retries: Retries by reason.
+        write_cpu_seconds: CPU time of the thread writing the cache [seconds].
     """
 
     listed: int = 0
@@ -49,6 +50,7 @@ class WarmReport:
     bytes_fetched: int = 0
     seconds: float = 0.0
     retries: dict[str, int] = field(default_factory=dict)
+    write_cpu_seconds: float = 0.0
 
     def summary(self) -> str:
         secs = max(self.seconds, 1e-9)
@@ -82,6 +84,12 @@ class _Writer:
         self._queue.put((obj_key, cache_key, data))
 
     def _run(self) -> None:
+        try:
+            self._write_all()
+        finally:
+            self._report.write_cpu_seconds = time.thread_time()
+
+    def _write_all(self) -> None:
         done = False
         while not done:
             batch = [self._queue.get()]

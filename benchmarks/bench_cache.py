@@ -1,0 +1,161 @@
+"""The SSD cache: cold epoch vs warm epoch vs the decode ceiling, and ``warm`` throughput.
+
+In one run, against our light S3 server at ``--latency`` (20 ms):
+
+1. the decode ceiling (as in bench_loader.py: the better of a thread and a process pool);
+2. asyncloader, two epochs in each of two runs (subprocesses) on one cache folder: the
+   first run's first epoch is cold (network + write-back, start-up included), everything
+   after it is served from disk;
+3. ``asyncloader warm`` into a fresh cache at several request counts in flight: objects/s,
+   MB/s, and CPU per object split into the event loop (GETs) and the writer thread (files +
+   index).
+
+Run: ``python benchmarks/bench_cache.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_loader as bl
+
+
+def case_loader(endpoint: str, cache_dir: str, batch: int, workers: int) -> dict[str, float]:
+    import asyncloader as al
+
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=batch,
+        decode_workers=workers,
+        cache_dir=cache_dir,
+        store_options={"endpoint_url": endpoint},
+    ) as loader:
+        out: dict[str, float] = {}
+        for epoch in ("first", "second"):
+            requests0 = loader.stats().requests
+            t0, c0 = time.perf_counter(), bl._cpu()
+            n = sum(len(x) for x, _ in loader)
+            out[f"{epoch}_images"] = n
+            out[f"{epoch}_wall"] = time.perf_counter() - t0
+            out[f"{epoch}_cpu"] = bl._cpu() - c0
+            out[f"{epoch}_requests"] = loader.stats().requests - requests0
+    return out
+
+
+def case_warm(endpoint: str, cache_dir: str, concurrency: int) -> dict[str, float]:
+    import asyncloader as al
+
+    c0 = time.process_time()
+    r = al.warm(
+        "s3://b/train/",
+        cache_dir,
+        concurrency=concurrency,
+        store_options={"endpoint_url": endpoint},
+    )
+    cpu = time.process_time() - c0
+    return {
+        "objects": r.warmed,
+        "wall": r.seconds,
+        "bytes": r.bytes_fetched,
+        "cpu": cpu,
+        "write_cpu": r.write_cpu_seconds,
+        "failed": len(r.failed),
+    }
+
+
+def _sub(*args: str) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--case", *args], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-4000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=1500)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--latency", type=float, default=0.02)
+    p.add_argument("--inflight", default="16,64,256")
+    p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs"))
+    p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.case:
+        kind, endpoint, cache_dir, *rest = args.case
+        if kind == "loader":
+            res = case_loader(endpoint, cache_dir, args.batch_size, args.workers)
+        else:
+            res = case_warm(endpoint, cache_dir, int(rest[0]))
+        print(json.dumps(res))
+        return
+
+    from asyncloader._demo import make_jpeg_folder
+    from asyncloader.testing import TEST_ENV, S3TestServer
+
+    os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
+    folder = make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0)
+    common = ["--data-dir", str(folder), "--workers", str(args.workers)]
+    common += ["--batch-size", str(args.batch_size)]
+    ceilings = [bl.run_case(["ceiling", kind, *common]) for kind in ("thread", "process")]
+    ceiling = max(ceilings, key=lambda r: r["images"] / r["wall"])
+    c_ips, c_cpu = ceiling["images"] / ceiling["wall"], ceiling["cpu"] / ceiling["images"]
+    tmp = Path(tempfile.mkdtemp(prefix="asyncloader-bench-"))
+    try:
+        with S3TestServer(latency=args.latency, load=folder, bucket="b", prefix="train/") as srv:
+            ep = srv.endpoint
+            run1 = _sub("loader", ep, str(tmp / "epochs"), *common)
+            run2 = _sub("loader", ep, str(tmp / "epochs"), *common)
+            warms = {
+                n: _sub("warm", ep, str(tmp / f"warm{n}"), str(n), *common)
+                for n in (int(x) for x in args.inflight.split(","))
+            }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    lat = args.latency * 1e3
+    print(f"\n{args.images} JPEGs, {args.workers} workers, {os.cpu_count()} cores, {lat:.0f} ms")
+    print(f"{'epoch':28s} {'img/s':>7s} {'x ceil':>7s} {'CPU ms/img':>10s} {'x ceil':>7s}  GETs")
+
+    def part(r: dict[str, float], epoch: str) -> dict[str, float]:
+        return {k: r[f"{epoch}_{k}"] for k in ("images", "wall", "cpu", "requests")}
+
+    rows = [
+        ("decode ceiling (RAM)", ceiling),
+        ("cold: 1st epoch, 1st run", part(run1, "first")),
+        ("warm: 2nd epoch (disk)", part(run1, "second")),
+        ("later run: 1st epoch (disk)", part(run2, "first")),
+        ("later run: 2nd epoch (disk)", part(run2, "second")),
+    ]
+    for name, r in rows:
+        ips, cpu = r["images"] / r["wall"], r["cpu"] / r["images"]
+        gets = int(r.get("requests", 0))
+        print(
+            f"{name:28s} {ips:7.0f} {ips / c_ips:7.2f} {cpu * 1e3:10.2f} {cpu / c_cpu:7.2f}  {gets}"
+        )
+    print(f"\nasyncloader warm @{lat:.0f} ms (fresh cache each)")
+    print(
+        f"{'in flight':>9s} {'objects/s':>10s} {'MB/s':>7s} {'CPU ms/obj':>11s} "
+        f"{'loop+GET':>9s} {'write':>7s}"
+    )
+    for n, r in warms.items():
+        o = max(r["objects"], 1)
+        print(
+            f"{n:9d} {r['objects'] / r['wall']:10.0f} {r['bytes'] / r['wall'] / 1e6:7.1f} "
+            f"{r['cpu'] / o * 1e3:11.2f} {(r['cpu'] - r['write_cpu']) / o * 1e3:9.2f} "
+            f"{r['write_cpu'] / o * 1e3:7.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
