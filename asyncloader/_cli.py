@@ -65,6 +65,7 @@ def _demo(args: argparse.Namespace) -> int:
             decode_backend=args.backend,
             seed=args.seed,
             store_options={"endpoint_url": moto.endpoint},
+            cache_dir=None if args.no_cache else args.cache_dir,
         ) as loader:
             samples = 0
             for epoch in range(args.epochs):
@@ -194,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--data-dir", default=os.path.join("cache", "demo-jpegs"), help="where JPEGs are made"
     )
+    demo.add_argument(
+        "--cache-dir",
+        default=os.path.join("cache", "objects"),
+        help="the local object cache: epochs after the first (and later runs) read from it",
+    )
+    demo.add_argument("--no-cache", action="store_true", help="stream every epoch from S3")
     warm = sub.add_parser(
         "warm", help="fill the local cache with the objects under a URL, resumably"
     )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 
-def test_demo_runs(tmp_path: Path) -> None:
-    out = subprocess.run(
+def _demo(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -22,12 +23,24 @@ def test_demo_runs(tmp_path: Path) -> None:
             "16",
             "--data-dir",
             str(tmp_path / "jpegs"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
         ],
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_demo_runs(tmp_path: Path) -> None:
+    out = _demo(tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "96 samples in 6 batches" in out.stdout
-    assert "images/s" in out.stdout and "ms of loader CPU per image" in out.stdout
+    assert "images/s" in out.stdout
+    assert "ms of loader CPU per image" in out.stdout
     assert "bound by:" in out.stdout
+    assert re.search(r"cache: 0 hits .* [1-9]\d* stored", out.stdout)
+    # A later run (a fresh emulator with the same objects) reads everything from the cache.
+    again = _demo(tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.search(r"cache: [1-9]\d* hits .* 0 misses", again.stdout), again.stdout
