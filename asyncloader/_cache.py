@@ -9,8 +9,8 @@
 * Eviction keeps the directory under ``size_limit`` with diskcache's least-recently-*stored*
   policy: with least-recently-used every hit would be a SQLite write.
 * Several processes (loaders, DDP ranks, ``asyncloader warm``) share one directory safely.
-* The object list of a prefix is kept beside it (``listings/``), so a million objects are not
-  listed again on every start.
+* The object list of a prefix is kept beside it, so a million objects are not listed again on
+  every start.  Layout: ``DIR/objects/`` (diskcache's own folder) and ``DIR/listings/``.
 
 :class:`ObjectCache` is a small picklable handle: each process (and thread) opens its own
 connection lazily, so it travels to decode worker processes as a few strings and numbers.
@@ -118,7 +118,7 @@ class ObjectCache:
             import diskcache
 
             db = diskcache.Cache(
-                self.directory,
+                os.path.join(self.directory, "objects"),
                 size_limit=self.size_limit,
                 eviction_policy="least-recently-stored",
                 disk_min_file_size=self.min_file_size,
