@@ -232,6 +232,16 @@ class Pipeline:
         self.counters.ring_full -= 1
         self._free.put_nowait(slot)
 
+    async def _decode(
+        self, data: Blob | None, slot: int, j: int, seed: int, obj: ObjectInfo, cache_key: str
+    ) -> Outcome:
+        c = self.counters
+        c.decode_queue += 1
+        try:
+            return await self.pool.decode(data, slot, j, seed, obj.key, cache_key, obj.size)
+        finally:
+            c.decode_queue -= 1
+
     def _account(self, outcome: Outcome, size: int = 0) -> None:
         c = self.counters
         busy, flags = outcome
@@ -372,7 +382,6 @@ class Pipeline:
         cache_key: str,
         cached: set[str],
     ) -> None:
-        c = self.counters
         obj = sample.obj
         key = obj.key
         stage = "fetch"
@@ -381,13 +390,7 @@ class Pipeline:
                 outcome: Outcome | None = None
                 if cache_key in cached:
                     stage = "cache"
-                    c.decode_queue += 1
-                    try:
-                        outcome = await self.pool.decode(
-                            None, slot, j, seed, key, cache_key, obj.size
-                        )
-                    finally:
-                        c.decode_queue -= 1
+                    outcome = await self._decode(None, slot, j, seed, obj, cache_key)
                     if outcome[1] & MISS:  # evicted or damaged since the index check
                         self._account(outcome)
                         outcome = None
@@ -395,13 +398,7 @@ class Pipeline:
                     stage = "fetch"
                     data = await self.fetcher.fetch(obj)
                     stage = "decode"
-                    c.decode_queue += 1
-                    try:
-                        outcome = await self.pool.decode(
-                            data, slot, j, seed, key, cache_key, obj.size
-                        )
-                    finally:
-                        c.decode_queue -= 1
+                    outcome = await self._decode(data, slot, j, seed, obj, cache_key)
                     del data
                 self._account(outcome, obj.size)
             self.ring.labels[slot, j] = sample.label

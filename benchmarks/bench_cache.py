@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -74,12 +73,7 @@ def case_warm(endpoint: str, cache_dir: str, concurrency: int) -> dict[str, floa
 
 
 def _sub(*args: str) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--case", *args], capture_output=True, text=True, check=False
-    )
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-4000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return bl.run_case(list(args), script=__file__)
 
 
 def main() -> None:

@@ -123,9 +123,10 @@ def case_asyncloader(endpoint: str, batch: int, workers: int) -> dict[str, float
     return {"images": n, "wall": wall, "cpu": _cpu() - c0, "bound": bound}  # type: ignore[dict-item]
 
 
-def run_case(argv: list[str]) -> dict[str, float]:
+def run_case(argv: list[str], script: str = __file__) -> dict[str, float]:
+    """Run ``script --case ARGV`` in a fresh process; its last stdout line is JSON."""
     out = subprocess.run(
-        [sys.executable, __file__, "--case", *argv], capture_output=True, text=True, check=False
+        [sys.executable, script, "--case", *argv], capture_output=True, text=True, check=False
     )
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-4000:])
