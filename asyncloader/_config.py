@@ -49,6 +49,9 @@ class RunConfig:
         seed: Seed of the permutation and of the augmentations.
         drop_last: Drop the last, short batch of an epoch.
         rank, world_size: This process's shard of each epoch.
+        worker, num_workers: Within the rank's shard, this worker takes batches ``worker,
+            worker + num_workers, ...`` (DataLoader workers; their round-robin output is
+            then the rank's batch order).
         on_error: ``"raise"``: the first failed sample stops the run with a clear error;
             ``"skip"``: failed samples are left out of their batch and counted.
         max_failures: Under ``"skip"``, the most failures tolerated per epoch: a count
@@ -61,6 +64,8 @@ class RunConfig:
     drop_last: bool = False
     rank: int = 0
     world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
     on_error: OnError = "raise"
     max_failures: int | float = 0.01
 
@@ -71,6 +76,10 @@ class RunConfig:
             raise ValueError(f"on_error must be 'raise' or 'skip', not {self.on_error!r}")
         if self.max_failures < 0:
             raise ValueError("max_failures must be >= 0")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in a world of size {self.world_size}")
+        if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"worker {self.worker} is not one of {self.num_workers}")
 
     def failure_budget(self, epoch_samples: int) -> int:
         if isinstance(self.max_failures, float) and self.max_failures < 1:

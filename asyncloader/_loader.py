@@ -193,6 +193,8 @@ class ImageLoader:
         max_failures: Skips tolerated per epoch: a count, or a fraction if < 1.
         drop_last: Drop the short last batch of each epoch.
         rank, world_size: This process's shard (default: the whole dataset).
+        worker, num_workers: Within the rank's shard, take only batches ``worker, worker +
+            num_workers, ...`` (one loader per DataLoader worker; see asyncloader.torch).
         store: An :class:`~asyncloader.ObjectStore` to use instead of ``url``.
         store_options: Keyword options for the store (``endpoint_url``, ``anonymous``, ...).
         fetch: Retry, range and concurrency settings (``max_inflight`` overrides its field).
@@ -228,6 +230,8 @@ class ImageLoader:
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
         store: ObjectStore | None = None,
         store_options: dict[str, Any] | None = None,
         fetch: FetchConfig | None = None,
@@ -267,6 +271,8 @@ class ImageLoader:
             drop_last=drop_last,
             rank=rank,
             world_size=world_size,
+            worker=worker,
+            num_workers=num_workers,
             on_error=on_error,
             max_failures=max_failures,
         )
@@ -282,6 +288,7 @@ class ImageLoader:
         self._epoch_requested: int | None = None
         self._last_epoch = -1
         self._position: tuple[int, int] | None = None  # (epoch, batch) the queue holds next
+        self._resume: tuple[int, int] | None = None  # from load_state_dict
         self._held: int | None = None
         self.url = store.url if store is not None else url
         self._rt = _Runtime()
@@ -347,10 +354,12 @@ class ImageLoader:
             cache=self.cache,
         )
         r = self._run_config
-        if num_batches(self._rt.pipeline.epoch_samples(0), r.batch_size, r.drop_last) == 0:
+        per_epoch = num_batches(self._rt.pipeline.epoch_samples(0), r.batch_size, r.drop_last)
+        if per_epoch < r.num_workers:
             raise ValueError(
-                f"no batch per epoch: {self._rt.pipeline.epoch_samples(0)} samples for this "
-                f"rank, batch_size={r.batch_size}, drop_last=True"
+                f"{per_epoch} batches per epoch for this rank ({self._rt.pipeline.epoch_samples(0)}"
+                f" samples, batch_size={r.batch_size}, drop_last={r.drop_last}): fewer than "
+                f"the {r.num_workers} worker(s) sharing it"
             )
         # Start on epoch 0 right away: the first batches are ready when iteration begins.
         await self._rt.pipeline.start(0)
@@ -403,19 +412,79 @@ class ImageLoader:
         self._check_open()
         epoch = self.epoch
         self._epoch_requested = None
-        return self._iterate(epoch)
+        first = 0
+        if self._resume is not None and self._resume[0] == epoch:
+            first = self._resume[1]
+        self._resume = None
+        return self._iterate(epoch, first)
 
-    def _iterate(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run stands: resuming from it continues with the next unseen batch.
+
+        Save it after a training step; the batch just yielded counts as consumed.
+        """
+        if self._resume is not None:
+            epoch, next_batch = self._resume
+        elif self._epoch_requested is not None:
+            epoch, next_batch = self._epoch_requested, 0
+        else:
+            epoch, next_batch = self._position or (self.epoch, 0)
+        r = self._run_config
+        return {
+            "version": 1,
+            "epoch": epoch,
+            "next_batch": next_batch,
+            "num_objects": len(self.dataset.samples),
+            "seed": r.seed,
+            "shuffle": r.shuffle,
+            "batch_size": r.batch_size,
+            "drop_last": r.drop_last,
+            "rank": r.rank,
+            "world_size": r.world_size,
+            "worker": r.worker,
+            "num_workers": r.num_workers,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the next iteration starts at its next batch.
+
+        Raises:
+            ValueError: the state belongs to a different setup (world size, workers, batch
+                size, seed, shuffle or dataset): resuming would repeat or skip samples.
+        """
+        mine = self.state_dict()
+        for name in (
+            "num_objects",
+            "seed",
+            "shuffle",
+            "batch_size",
+            "drop_last",
+            "world_size",
+            "num_workers",
+            "rank",
+            "worker",
+        ):
+            if state.get(name) != mine[name]:
+                raise ValueError(
+                    f"cannot resume: the state was saved with {name}={state.get(name)!r}, "
+                    f"this loader has {name}={mine[name]!r} (resuming with a different "
+                    "world size, worker count, batch size, seed or dataset is not supported)"
+                )
+        self._resume = (int(state["epoch"]), int(state["next_batch"]))
+        self._epoch_requested = None
+        self._last_epoch = self._resume[0] - 1
+
+    def _iterate(self, epoch: int, first: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         import torch
 
         rt = self._rt
         assert rt.pipeline is not None
         assert rt.ring is not None
-        if self._position != (epoch, 0):
+        if self._position != (epoch, first):
             self._release_held()
             pipeline = rt.pipeline
-            rt.call(pipeline.start(epoch))
-            self._position = (epoch, 0)
+            rt.call(pipeline.start(epoch, first))
+            self._position = (epoch, first)
         ring = rt.ring
         c = self._counters
         try:

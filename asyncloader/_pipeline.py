@@ -199,8 +199,8 @@ class Pipeline:
 
     # --- control (called on the loop) ---------------------------------------------------
 
-    async def start(self, epoch: int) -> None:
-        """(Re)start producing at the first batch of ``epoch``, dropping anything produced."""
+    async def start(self, epoch: int, first_batch: int = 0) -> None:
+        """(Re)start producing at batch ``first_batch`` of ``epoch``, dropping anything made."""
         await self.stop()
         # Nothing is filling any slot now, and the consumer holds none (it asked us).
         while True:
@@ -214,7 +214,9 @@ class Pipeline:
             self._free.put_nowait(s)
         self.counters.ring_full = 0
         self._window = asyncio.Semaphore(self._decode_window)
-        self._task = asyncio.create_task(self._run(epoch), name=f"asyncloader-epoch-{epoch}")
+        self._task = asyncio.create_task(
+            self._run(epoch, first_batch), name=f"asyncloader-epoch-{epoch}"
+        )
 
     async def stop(self) -> None:
         """Cancel production and wait until no decode job can still write into a slot."""
@@ -264,8 +266,15 @@ class Pipeline:
 
     # --- production ---------------------------------------------------------------------
 
-    def _batches(self, epoch: int) -> Iterator[tuple[int, int, npt.NDArray[np.int64], bool]]:
-        """(epoch, index, sample indices, last of its epoch) from ``epoch`` on, endlessly."""
+    def _batches(
+        self, epoch: int, first_batch: int
+    ) -> Iterator[tuple[int, int, npt.NDArray[np.int64], bool]]:
+        """(epoch, index, sample indices, last of its epoch) from ``epoch`` on, endlessly.
+
+        Only this worker's batches (``index % num_workers == worker``); in the first epoch
+        only from ``first_batch`` on (a resume).  Every epoch ends with an END marker, so
+        the "last" flag goes with this worker's last batch.
+        """
         r = self.run
         while True:
             indices = epoch_indices(
@@ -277,11 +286,16 @@ class Pipeline:
                 world_size=r.world_size,
             )
             nb = num_batches(len(indices), r.batch_size, r.drop_last)
-            for b in range(nb):
-                yield epoch, b, indices[b * r.batch_size : (b + 1) * r.batch_size], b == nb - 1
+            mine = [b for b in range(first_batch, nb) if b % r.num_workers == r.worker]
+            for b in mine:
+                sel = indices[b * r.batch_size : (b + 1) * r.batch_size]
+                yield epoch, b, sel, b == mine[-1]
+            if not mine:
+                yield epoch, -1, indices[:0], True  # nothing for this worker: END only
+            first_batch = 0
             epoch += 1
 
-    async def _run(self, epoch: int) -> None:
+    async def _run(self, epoch: int, first_batch: int) -> None:
         # One stream of batches across epochs: the next epoch's first batches start while
         # the current epoch's last ones are still in flight (no bubble at the boundary).
         inflight: deque[tuple[int, int, bool, int, asyncio.Task[tuple[int, Counter[str]]]]] = (
@@ -289,7 +303,12 @@ class Pipeline:
         )
         self._failures = {}
         try:
-            for ep, b, sel, last in self._batches(epoch):
+            for ep, b, sel, last in self._batches(epoch, first_batch):
+                if b < 0:  # this worker has nothing left in `ep` (a resume past its end)
+                    while inflight:
+                        await self._publish(*inflight.popleft())
+                    self.output.put((END, ep))
+                    continue
                 # Publish finished batches in order: the head when it is done, and the head
                 # (waiting for it) when no slot is free to start another batch.
                 while inflight and (inflight[0][4].done() or self._free.empty()):
