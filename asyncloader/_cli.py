@@ -29,8 +29,7 @@ def _demo(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     import asyncloader as al
-    from asyncloader._demo import make_jpeg_folder
-    from asyncloader.testing import TEST_ENV, MotoServer
+    from asyncloader.testing import TEST_ENV, MotoServer, make_jpeg_folder
 
     data_dir = Path(args.data_dir)
     print(f"dataset: {args.images} JPEGs in {args.classes} classes under {data_dir} ", end="")

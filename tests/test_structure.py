@@ -37,7 +37,7 @@ def test_exports() -> None:
     for name in asyncloader.__all__:
         assert hasattr(asyncloader, name), name
     public = {n for n in dir(asyncloader) if not n.startswith("_")}
-    submodules = {"testing"}
+    submodules = {"testing", "torch"}
     assert public - set(asyncloader.__all__) - submodules == set()
 
 
@@ -65,3 +65,15 @@ def test_torch_not_imported_by_the_package() -> None:
     code = "import sys, asyncloader, asyncloader._decode; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_public_faces_use_only_the_public_api() -> None:
+    for face in ("torch.py", "_cli.py"):
+        tree = ast.parse((PKG / face).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                module = node.module if node.level == 0 else "asyncloader." + node.module
+                if module.startswith("asyncloader"):
+                    assert not any(p.startswith("_") for p in module.split(".")), (face, module)
+                    if node.level:
+                        raise AssertionError(f"{face}: relative import of {module}")

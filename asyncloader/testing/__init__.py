@@ -3,6 +3,7 @@
 * :class:`S3TestServer` — our light in-memory S3-compatible server with injected latency and
   faults (503 storms, resets, truncated bodies, stalls); cheap enough to benchmark against.
 * :class:`MotoServer` — ``moto_server`` (the reference S3 emulator) as a subprocess.
+* :func:`make_jpeg_folder` — an ImageNet-like JPEG folder made from real photos.
 
 Both are context managers that start a subprocess bound to 127.0.0.1 and stop it on exit
 (and the subprocess stops by itself when its parent dies).
@@ -24,8 +25,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-__all__ = ["FAULT_KINDS", "TEST_ENV", "MotoServer", "S3TestServer", "free_port", "write_folder"]
+__all__ = [
+    "make_jpeg_folder",
+    "FAULT_KINDS",
+    "TEST_ENV",
+    "MotoServer",
+    "S3TestServer",
+    "free_port",
+    "write_folder",
+]
 
+from .._demo import make_jpeg_folder
 from ._s3server import FAULT_KINDS
 
 # Credentials that local emulators accept; never real ones.

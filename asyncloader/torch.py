@@ -1,0 +1,118 @@
+"""PyTorch face: an ``IterableDataset`` over the loader, sharded across ranks and workers.
+
+::
+
+    ds = ImageDataset("s3://bucket/train/", batch_size=256, transform=RandomResizedCrop(224))
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        for images, labels in dl:
+            ...
+
+The shard is ``(rank, world size)`` from ``torch.distributed`` when it is initialised, else
+from the torchrun environment (``RANK``, ``WORLD_SIZE``), times the DataLoader worker. Every
+rank sees the same number of batches per epoch (``even="pad"`` repeats samples to fill the
+last round; see the sampler), and a DataLoader's round-robin over its workers yields the
+rank's batches in order. The loader, its threads and its connections are created lazily in
+the process that iterates, so both the fork and the spawn start methods work; with
+``persistent_workers=True`` call ``set_epoch`` before the workers start, or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from asyncloader import ImageLoader
+
+__all__ = ["ImageDataset", "dist_shard"]
+
+
+def dist_shard() -> tuple[int, int]:
+    """(rank, world size): torch.distributed if initialised, else torchrun's env, else (0, 1)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
+
+
+class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Ready batches ``(uint8 [B,C,H,W], int64 [B])`` of this rank's and worker's shard.
+
+    Args:
+        url: As for :class:`~asyncloader.ImageLoader`.
+        **options: Any :class:`~asyncloader.ImageLoader` option but the shard ones.
+            ``decode_workers`` defaults to the CPUs divided among DataLoader workers.
+    """
+
+    def __init__(self, url: str, **options: Any) -> None:
+        for name in ("rank", "world_size", "worker", "num_workers"):
+            if name in options:
+                raise TypeError(f"{name} is set by the dataset itself (torch.distributed/env)")
+        self.url = url
+        self.options = options
+        self.epoch = 0
+        self._resume: dict[str, Any] | None = None
+        self._loader: ImageLoader | None = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers get the recipe, never a live loader (threads and sockets do not travel).
+        state = self.__dict__.copy()
+        state["_loader"] = None
+        state["_pid"] = -1
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (order and augmentation)."""
+        self.epoch = epoch
+
+    def _get_loader(self) -> ImageLoader:
+        if self._loader is not None and self._pid == os.getpid():
+            return self._loader
+        rank, world = dist_shard()
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        options = dict(self.options)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        options.setdefault("decode_workers", max(1, cpus // workers))
+        self._loader = ImageLoader(
+            self.url, rank=rank, world_size=world, worker=worker, num_workers=workers, **options
+        )
+        self._pid = os.getpid()
+        return self._loader
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        loader = self._get_loader()
+        if self._resume is not None:
+            loader.load_state_dict(self._resume)
+            self._resume = None
+        else:
+            loader.set_epoch(self.epoch)
+        in_worker = get_worker_info() is not None
+        for images, labels in loader:
+            # A DataLoader worker pickles results in a background thread, after this
+            # generator has moved on and the ring slot may be reused: hand over copies.
+            yield (images.clone(), labels.clone()) if in_worker else (images, labels)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's position (a DataLoader worker's own, under StatefulDataLoader)."""
+        if self._loader is None:
+            return {"epoch": self.epoch, "next_batch": 0}
+        return self._loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state`` on the next iteration (checked against this shard then)."""
+        self.epoch = int(state["epoch"])
+        self._resume = state if "num_objects" in state else None
+
+    def close(self) -> None:
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None

@@ -1,0 +1,76 @@
+"""asyncloader.torch.ImageDataset inside torch.utils.data.DataLoader (fork and spawn)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import asyncloader as al
+from asyncloader.testing import S3TestServer
+from asyncloader.torch import ImageDataset, dist_shard
+
+from .conftest import N_IMAGES
+
+
+class KeyIndex:
+    """A picklable label function: the sample's index in the sorted key list."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.index = {k: i for i, k in enumerate(sorted(keys))}
+
+    def __call__(self, key: str) -> int:
+        return self.index[key]
+
+
+def _dataset(server: S3TestServer) -> ImageDataset:
+    keys = [k[len("train/") :] for k in server.stats()["keys"] if k.endswith(".jpg")]
+    return ImageDataset(
+        "s3://b/train/",
+        batch_size=8,
+        seed=5,
+        labels=KeyIndex(keys),
+        store_options={"endpoint_url": server.endpoint},
+    )
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_cover_the_epoch_in_order(
+    light_server: S3TestServer, context: str
+) -> None:
+    ds = _dataset(light_server)
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=8,
+        seed=5,
+        labels=ds.options["labels"],
+        store_options={"endpoint_url": light_server.endpoint},
+    ) as plain:
+        plain.set_epoch(1)
+        expected = [lab.tolist() for _, lab in plain]
+    dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    ds.set_epoch(1)
+    got = []
+    for images, labels in dl:
+        assert images.dtype == torch.uint8
+        assert tuple(images.shape[1:]) == (3, 224, 224)
+        got.append(labels.tolist())
+    assert got == expected  # same batches, same order as one plain loader
+    assert sorted(x for b in got for x in b) == list(range(N_IMAGES))
+
+
+def test_dataset_without_workers_and_shard_from_env(
+    light_server: S3TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert dist_shard() == (1, 2)
+    ds = _dataset(light_server)
+    try:
+        n = sum(len(lab) for _, lab in ds)
+        assert n == N_IMAGES // 2
+        assert ds.state_dict()["world_size"] == 2
+    finally:
+        ds.close()
+    with pytest.raises(TypeError, match="rank is set by the dataset"):
+        ImageDataset("s3://b/train/", rank=0)
