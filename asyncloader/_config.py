@@ -52,6 +52,9 @@ class RunConfig:
         worker, num_workers: Within the rank's shard, this worker takes batches ``worker,
             worker + num_workers, ...`` (DataLoader workers; their round-robin output is
             then the rank's batch order).
+        even: Equal samples per rank (uneven counts hang DDP): ``"pad"`` repeats samples
+            from the start of the epoch's order to fill the last round; ``"drop"`` leaves
+            out the last, incomplete round (at most ``world_size - 1`` samples per epoch).
         on_error: ``"raise"``: the first failed sample stops the run with a clear error;
             ``"skip"``: failed samples are left out of their batch and counted.
         max_failures: Under ``"skip"``, the most failures tolerated per epoch: a count
@@ -66,6 +69,7 @@ class RunConfig:
     world_size: int = 1
     worker: int = 0
     num_workers: int = 1
+    even: Literal["pad", "drop"] = "pad"
     on_error: OnError = "raise"
     max_failures: int | float = 0.01
 

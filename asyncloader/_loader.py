@@ -195,6 +195,8 @@ class ImageLoader:
         rank, world_size: This process's shard (default: the whole dataset).
         worker, num_workers: Within the rank's shard, take only batches ``worker, worker +
             num_workers, ...`` (one loader per DataLoader worker; see asyncloader.torch).
+        even: How ranks get equal sample counts: ``"pad"`` (repeat a few samples) or
+            ``"drop"`` (leave out the incomplete last round).
         store: An :class:`~asyncloader.ObjectStore` to use instead of ``url``.
         store_options: Keyword options for the store (``endpoint_url``, ``anonymous``, ...).
         fetch: Retry, range and concurrency settings (``max_inflight`` overrides its field).
@@ -232,6 +234,7 @@ class ImageLoader:
         world_size: int = 1,
         worker: int = 0,
         num_workers: int = 1,
+        even: Literal["pad", "drop"] = "pad",
         store: ObjectStore | None = None,
         store_options: dict[str, Any] | None = None,
         fetch: FetchConfig | None = None,
@@ -273,6 +276,7 @@ class ImageLoader:
             world_size=world_size,
             worker=worker,
             num_workers=num_workers,
+            even=even,
             on_error=on_error,
             max_failures=max_failures,
         )
@@ -441,6 +445,7 @@ class ImageLoader:
             "drop_last": r.drop_last,
             "rank": r.rank,
             "world_size": r.world_size,
+            "even": r.even,
             "worker": r.worker,
             "num_workers": r.num_workers,
         }
@@ -460,6 +465,7 @@ class ImageLoader:
             "batch_size",
             "drop_last",
             "world_size",
+            "even",
             "num_workers",
             "rank",
             "worker",

@@ -190,6 +190,7 @@ class Pipeline:
                 shuffle=False,
                 rank=run.rank,
                 world_size=run.world_size,
+                even=run.even,
             )
         )
 
@@ -284,6 +285,7 @@ class Pipeline:
                 shuffle=r.shuffle,
                 rank=r.rank,
                 world_size=r.world_size,
+                even=r.even,
             )
             nb = num_batches(len(indices), r.batch_size, r.drop_last)
             mine = [b for b in range(first_batch, nb) if b % r.num_workers == r.worker]

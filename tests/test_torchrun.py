@@ -1,0 +1,89 @@
+"""A real ``torchrun --nproc_per_node=2`` (gloo, CPU) over moto_server: every sample of the
+epoch exactly once across ranks and DataLoader workers, equal batch counts per rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from asyncloader.testing import MotoServer, free_port
+
+from .conftest import N_IMAGES
+
+TRAIN = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from asyncloader.torch import ImageDataset
+
+    class Key:
+        def __call__(self, key):
+            return int(key.rsplit("_", 1)[1].split(".")[0])  # img_000123.jpg -> 123
+
+    def main():
+        dist.init_process_group("gloo")
+        endpoint, out, even = sys.argv[1:4]
+        ds = ImageDataset("s3://data/train/", batch_size=10, seed=1, labels=Key(), even=even,
+                          store_options={"endpoint_url": endpoint})
+        ds.set_epoch(3)
+        labels, batches = [], 0
+        for _, lab in DataLoader(ds, batch_size=None, num_workers=2):
+            labels += lab.tolist()
+            batches += 1
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, {"labels": labels, "batches": batches})
+        if dist.get_rank() == 0:
+            json.dump(gathered, open(out, "w"))
+        dist.barrier()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+@pytest.mark.parametrize("even", ["pad", "drop"])
+def test_torchrun_two_ranks(moto: MotoServer, moto_dataset: str, tmp_path: Path, even: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    out = tmp_path / "ranks.json"
+    torchrun = shutil.which("torchrun")
+    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    proc = subprocess.run(
+        [
+            *cmd,
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            str(script),
+            moto.endpoint,
+            str(out),
+            even,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = json.loads(out.read_text())
+    assert len(ranks) == 2
+    assert ranks[0]["batches"] == ranks[1]["batches"]  # no DDP hang
+    assert len(ranks[0]["labels"]) == len(ranks[1]["labels"])
+    seen = ranks[0]["labels"] + ranks[1]["labels"]
+    if even == "pad":
+        assert set(seen) == set(range(N_IMAGES))  # N_IMAGES is even: nothing padded
+        assert len(seen) == N_IMAGES
+    else:
+        assert len(seen) == len(set(seen)) == N_IMAGES
