@@ -29,32 +29,21 @@ def _demo(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     import asyncloader as al
-    from asyncloader.testing import TEST_ENV, MotoServer, make_jpeg_folder
+    from asyncloader.testing import demo_bucket
 
     data_dir = Path(args.data_dir)
-    print(f"dataset: {args.images} JPEGs in {args.classes} classes under {data_dir} ", end="")
-    sys.stdout.flush()
+    print(
+        f"preparing {args.images} JPEGs in {args.classes} classes under {data_dir} and a "
+        "moto_server with them ..."
+    )
     t0 = time.perf_counter()
-    make_jpeg_folder(data_dir, images=args.images, classes=args.classes, seed=args.seed)
-    files = sorted(p for p in data_dir.rglob("*.jpg"))
-    total_bytes = sum(p.stat().st_size for p in files)
-    ready = time.perf_counter() - t0
-    print(f"({total_bytes / len(files) / 1e3:.0f} KB each, ready in {ready:.1f} s)")
-
-    for k, v in TEST_ENV.items():
-        os.environ.setdefault(k, v)
-    with MotoServer() as moto:
-        bucket, prefix = "asyncloader-demo", "train/"
-        moto.create_bucket(bucket)
-        t0 = time.perf_counter()
-        print("uploading to moto_server ... ", end="")
-        sys.stdout.flush()
-        moto.upload_folder(bucket, data_dir, prefix)
-        print(f"{time.perf_counter() - t0:.1f} s")
-        url = f"s3://{bucket}/{prefix}"
-        print(f"streaming {url} from moto_server at {moto.endpoint}")
-        assert moto.pid is not None
-        moto_cpu0 = _proc_cpu_seconds(moto.pid)
+    with demo_bucket(data_dir, images=args.images, classes=args.classes, seed=args.seed) as bucket:
+        url, endpoint, moto_pid = bucket
+        files = sorted(data_dir.rglob("*.jpg"))
+        kb = sum(p.stat().st_size for p in files) / len(files) / 1e3
+        print(f"ready in {time.perf_counter() - t0:.1f} s ({len(files)} files, {kb:.0f} KB each)")
+        print(f"streaming {url} from moto_server at {endpoint}")
+        moto_cpu0 = _proc_cpu_seconds(moto_pid)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         with al.ImageLoader(
             url,
@@ -63,7 +52,7 @@ def _demo(args: argparse.Namespace) -> int:
             decode_workers=args.decode_workers,
             decode_backend=args.backend,
             seed=args.seed,
-            store_options={"endpoint_url": moto.endpoint},
+            store_options={"endpoint_url": endpoint},
             cache_dir=None if args.no_cache else args.cache_dir,
         ) as loader:
             samples = 0
@@ -78,7 +67,7 @@ def _demo(args: argparse.Namespace) -> int:
             stats = loader.stats()
         wall = time.perf_counter() - wall0
         cpu = time.process_time() - cpu0
-        moto_cpu = _proc_cpu_seconds(moto.pid) - moto_cpu0
+        moto_cpu = _proc_cpu_seconds(moto_pid) - moto_cpu0
     print()
     print(stats.summary())
     print(

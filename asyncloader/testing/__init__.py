@@ -20,12 +20,15 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 __all__ = [
+    "DemoBucket",
+    "demo_bucket",
     "make_jpeg_folder",
     "FAULT_KINDS",
     "TEST_ENV",
@@ -37,6 +40,8 @@ __all__ = [
 
 from .._demo import make_jpeg_folder
 from ._s3server import FAULT_KINDS
+
+DEMO_DIR = os.path.join("cache", "demo-jpegs")
 
 # Credentials that local emulators accept; never real ones.
 TEST_ENV = {
@@ -257,6 +262,37 @@ class MotoServer(_Subprocess):
                     self.stop()
                     raise RuntimeError("moto_server did not start") from None
                 time.sleep(0.1)
+
+
+class DemoBucket(NamedTuple):
+    """Where the demo data is served: ``url`` (s3://), ``endpoint`` and the server's pid."""
+
+    url: str
+    endpoint: str
+    pid: int
+
+
+@contextlib.contextmanager
+def demo_bucket(
+    data_dir: str | os.PathLike[str] = DEMO_DIR,
+    *,
+    images: int = 2000,
+    classes: int = 10,
+    seed: int = 0,
+) -> Iterator[DemoBucket]:
+    """The demo's data on a local ``moto_server``: yields a :class:`DemoBucket`.
+
+    Generates the JPEG folder once under ``data_dir``, starts moto on 127.0.0.1, uploads the
+    folder, and sets the emulator's test credentials in the environment if none are set.
+    """
+    make_jpeg_folder(data_dir, images=images, classes=classes, seed=seed)
+    for k, v in TEST_ENV.items():
+        os.environ.setdefault(k, v)
+    with MotoServer() as moto:
+        moto.create_bucket("asyncloader-demo")
+        moto.upload_folder("asyncloader-demo", data_dir, "train/")
+        assert moto.pid is not None
+        yield DemoBucket("s3://asyncloader-demo/train/", moto.endpoint, moto.pid)
 
 
 def write_folder(root: Path, files: dict[str, bytes]) -> None:

@@ -1,0 +1,67 @@
+"""The small CNN under DDP: one process per rank, the dataset shards itself.
+
+    torchrun --nproc_per_node=2 examples/train_ddp.py --steps 50
+
+Rank 0 starts the demo's moto_server and shares its endpoint; with --url every rank
+reads that URL directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+from train_cnn import MEAN, STD, small_cnn
+
+import asyncloader as al
+from asyncloader.testing import demo_bucket
+from asyncloader.torch import ImageDataset
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--url")
+    p.add_argument("--endpoint-url")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--images", type=int, default=2000)
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    with contextlib.ExitStack() as stack:
+        where = [args.url, args.endpoint_url]
+        if args.url is None and rank == 0:
+            where = list(stack.enter_context(demo_bucket(images=args.images))[:2])
+        dist.broadcast_object_list(where, src=0)
+        url, endpoint = where
+        ds = ImageDataset(
+            url,
+            batch_size=32,
+            transform=al.RandomResizedCrop(96),
+            store_options={"endpoint_url": endpoint} if endpoint else {},
+        )
+        model = nn.parallel.DistributedDataParallel(small_cnn(10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        step, epoch = 0, 0
+        while step < args.steps:
+            ds.set_epoch(epoch)
+            for images, labels in DataLoader(ds, batch_size=None, num_workers=1):
+                loss = nn.functional.cross_entropy(model((images.float() - MEAN) / STD), labels)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                step += 1
+                if rank == 0 and (step % 10 == 0 or step == args.steps):
+                    print(f"step {step} epoch {epoch} loss {loss.item():.3f}", flush=True)
+                if step == args.steps:
+                    break
+            epoch += 1
+        dist.barrier()  # rank 0 keeps the emulator up until every rank is done
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The examples run as README documents them (small sizes), each against its own emulator."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from asyncloader.testing import free_port
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_train_cnn(tmp_path: Path) -> None:
+    out = _run(
+        [
+            sys.executable,
+            str(EXAMPLES / "train_cnn.py"),
+            "--steps",
+            "6",
+            "--images",
+            "64",
+            "--batch-size",
+            "16",
+        ],
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step 6 epoch 1 loss" in out.stdout
+
+
+def test_warm_then_train(tmp_path: Path) -> None:
+    out = _run(
+        [sys.executable, str(EXAMPLES / "warm_then_train.py"), "--steps", "2", "--images", "128"],
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "warm: 128 objects warmed" in out.stdout
+    assert "GETs while training: 0" in out.stdout
+
+
+def test_train_ddp_under_torchrun(tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun")
+    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+    out = _run(
+        [
+            *cmd,
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            str(EXAMPLES / "train_ddp.py"),
+            "--steps",
+            "4",
+            "--images",
+            "64",
+        ],
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step 4 epoch 3 loss" in out.stdout  # 32 samples per rank: a batch per epoch
