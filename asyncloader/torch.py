@@ -42,6 +42,13 @@ def dist_shard() -> tuple[int, int]:
         return 0, 1
 
 
+def _shared_copy(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(t.shape, dtype=t.dtype)
+    out.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    out.copy_(t)
+    return out
+
+
 class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     """Ready batches ``(uint8 [B,C,H,W], int64 [B])`` of this rank's and worker's shard.
 
@@ -97,9 +104,14 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             loader.set_epoch(self.epoch)
         in_worker = get_worker_info() is not None
         for images, labels in loader:
-            # A DataLoader worker pickles results in a background thread, after this
-            # generator has moved on and the ring slot may be reused: hand over copies.
-            yield (images.clone(), labels.clone()) if in_worker else (images, labels)
+            if in_worker:
+                # A DataLoader worker pickles results in a background thread, after this
+                # generator has moved on and the ring slot may be reused: hand over copies,
+                # made once, straight into shared memory (torch would copy a private tensor
+                # into shared memory again when it pickles it).
+                yield _shared_copy(images), _shared_copy(labels)
+            else:
+                yield images, labels
 
     def state_dict(self) -> dict[str, Any]:
         """This process's position (a DataLoader worker's own, under StatefulDataLoader)."""
