@@ -28,6 +28,7 @@ from ._transforms import Transform as Transform
 from ._types import ObjectInfo as ObjectInfo
 from ._types import ObjectStore as ObjectStore
 from ._warm import WarmReport as WarmReport
+from ._warm import shard_from_env as shard_from_env
 from ._warm import warm as warm
 
 __version__ = "0.1.0"
@@ -62,5 +63,6 @@ __all__ = [
     "WarmReport",
     "__version__",
     "open_store",
+    "shard_from_env",
     "warm",
 ]

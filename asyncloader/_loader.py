@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import queue
 import threading
@@ -259,14 +260,7 @@ class ImageLoader:
             )
         inflight = max_inflight or (fetch.max_inflight if fetch else max(64, 64 * workers))
         base = fetch or FetchConfig()
-        self._fetch_config = FetchConfig(
-            max_inflight=inflight,
-            max_attempts=base.max_attempts,
-            backoff_base=base.backoff_base,
-            backoff_cap=base.backoff_cap,
-            range_threshold=base.range_threshold,
-            part_size=base.part_size,
-        )
+        self._fetch_config = dataclasses.replace(base, max_inflight=inflight)
         self._run_config = RunConfig(
             batch_size=batch_size,
             shuffle=shuffle,

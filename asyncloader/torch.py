@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from asyncloader import ImageLoader
+from asyncloader import ImageLoader, shard_from_env
 
 __all__ = ["ImageDataset", "dist_shard"]
 
@@ -36,10 +36,7 @@ def dist_shard() -> tuple[int, int]:
     """(rank, world size): torch.distributed if initialised, else torchrun's env, else (0, 1)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    try:
-        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 0, 1
+    return shard_from_env()
 
 
 def _shared_copy(t: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import aiohttp
 from yarl import URL
@@ -91,7 +91,6 @@ async def get_bytes(
     what: str,
     key: str,
     expected_len: int | None,
-    on_response: Callable[[aiohttp.ClientResponse], None] | None = None,
 ) -> bytes:
     """GET ``url`` and return the body, verified to be ``expected_len`` bytes long.
 
@@ -104,8 +103,6 @@ async def get_bytes(
         async with session.get(url, headers=headers) as resp:
             if resp.status >= 300:
                 raise error_for_status(resp.status, await resp.read(), what=what, key=key)
-            if on_response is not None:
-                on_response(resp)
             data = await resp.read()
     except StoreError:
         raise

@@ -35,7 +35,6 @@ __all__ = [
     "MotoServer",
     "S3TestServer",
     "free_port",
-    "write_folder",
 ]
 
 from .._demo import make_jpeg_folder
@@ -293,11 +292,3 @@ def demo_bucket(
         moto.upload_folder("asyncloader-demo", data_dir, "train/")
         assert moto.pid is not None
         yield DemoBucket("s3://asyncloader-demo/train/", moto.endpoint, moto.pid)
-
-
-def write_folder(root: Path, files: dict[str, bytes]) -> None:
-    """Write ``{relative path: bytes}`` under ``root`` (a small helper for tests)."""
-    for rel, data in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
