@@ -17,6 +17,8 @@ from ._errors import Throttled as Throttled
 from ._errors import TransientStoreError as TransientStoreError
 from ._loader import ImageLoader as ImageLoader
 from ._stats import Stats as Stats
+from ._stores import AzureStore as AzureStore
+from ._stores import HttpStore as HttpStore
 from ._stores import LocalStore as LocalStore
 from ._stores import S3Store as S3Store
 from ._stores import open_store as open_store
@@ -36,12 +38,14 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessDenied",
     "AsyncLoaderError",
+    "AzureStore",
     "CacheStats",
     "CenterCrop",
     "ClosedError",
     "DecodeError",
     "FailureBudgetExceeded",
     "FetchConfig",
+    "HttpStore",
     "ImageLoader",
     "IntegrityError",
     "LocalStore",

@@ -38,6 +38,11 @@ class FetchConfig:
         if self.part_size < 1 or self.range_threshold < self.part_size:
             raise ValueError("need 0 < part_size <= range_threshold")
 
+    def backoff(self, attempt: int) -> float:
+        """Upper bound of the delay before retry ``attempt`` (1, 2, ...); callers draw a
+        uniform delay below it (full jitter) [seconds]."""
+        return float(min(self.backoff_cap, self.backoff_base * 2 ** (attempt - 1)))
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:

@@ -11,13 +11,11 @@
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import posixpath
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from ._manifest import read_manifest
 from ._types import ObjectInfo, Sample
 
 __all__ = ["IMAGE_EXTENSIONS", "Dataset", "build_dataset", "parse_manifest"]
@@ -36,31 +34,12 @@ class Dataset:
 
 
 def parse_manifest(data: bytes | bytearray, name: str) -> list[tuple[str, str]]:
-    """Parse a JSONL or CSV manifest into ``(key, label)`` pairs (label as text).
+    """Parse a JSONL or CSV manifest into ``(key, label)`` pairs (label as text; -1: none).
 
     Raises:
         ValueError: a malformed line, naming the manifest and line number.
     """
-    text = data.decode("utf-8-sig")
-    rows: list[tuple[str, str]] = []
-    if name.endswith(".csv"):
-        reader = csv.DictReader(io.StringIO(text))
-        if not reader.fieldnames or "key" not in reader.fieldnames:
-            raise ValueError(f"{name}: a CSV manifest needs a header with 'key' (and 'label')")
-        for lineno, row in enumerate(reader, start=2):
-            if not row.get("key"):
-                raise ValueError(f"{name}:{lineno}: empty key")
-            rows.append((row["key"], row.get("label") or "-1"))
-        return rows
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            rows.append((str(obj["key"]), str(obj.get("label", -1))))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{name}:{lineno}: expected {{'key': ..., 'label': ...}}") from exc
-    return rows
+    return [(row["key"], row.get("label", "-1")) for row in read_manifest(data, name)]
 
 
 def _label_index(values: Sequence[str]) -> tuple[list[int], tuple[str, ...]]:

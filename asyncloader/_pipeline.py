@@ -117,8 +117,7 @@ class Fetcher:
                 raise err
             c.retries["throttled" if isinstance(err, Throttled) else "transient"] += 1
             # Exponential backoff with full jitter, outside the in-flight semaphore.
-            delay = min(cfg.backoff_cap, cfg.backoff_base * 2 ** (attempt - 1))
-            await asyncio.sleep(delay * self._rng.random())
+            await asyncio.sleep(cfg.backoff(attempt) * self._rng.random())
 
 
 async def list_objects(

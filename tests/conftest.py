@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from asyncloader._demo import make_jpeg_folder
-from asyncloader.testing import TEST_ENV, MotoServer, S3TestServer
+from asyncloader.testing import TEST_ENV, Azurite, MotoServer, S3TestServer, find_azurite
 
 N_IMAGES = 96
 N_CLASSES = 4
@@ -63,3 +63,14 @@ def jpeg_bytes(
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, "JPEG", quality=90)
     return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """Microsoft's Azurite Blob emulator (npm), installed by .ci/run under .ci/node/."""
+    if find_azurite() is None:
+        if os.environ.get("ASYNCLOADER_REQUIRE_AZURITE"):
+            pytest.fail("azurite-blob not found (bash .ci/run installs it under .ci/node/)")
+        pytest.skip("azurite-blob not installed (npm install --prefix .ci/node azurite)")
+    with Azurite() as server:
+        yield server

@@ -9,7 +9,7 @@ import asyncloader
 
 PKG = Path(asyncloader.__file__).parent
 
-LEAVES = {"_errors", "_types", "_config", "_stats", "_sampler", "_transforms"}
+LEAVES = {"_errors", "_types", "_config", "_stats", "_sampler", "_transforms", "_manifest"}
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache"}
 ALLOWED = {
     # module: modules of the package it may import

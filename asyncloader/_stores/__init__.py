@@ -1,31 +1,50 @@
-"""Object stores by URL: ``s3://bucket/prefix/``, ``file:///path/`` or a plain path."""
+"""Object stores by URL: S3, Azure Blob, plain HTTP(S) with a manifest, local folders.
+
+* ``s3://bucket/prefix/``
+* ``az://container/prefix/`` (account from the environment), ``az://account/container/prefix/``
+  or ``https://ACCOUNT.blob.core.windows.net/container/prefix/``
+* ``https://host/path/`` (other hosts): objects named by a manifest
+* ``file:///path/`` or a plain path
+"""
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .._types import ObjectStore
+from ._azure import AzureStore, azure_store_from_url
 from ._local import LocalStore
 from ._s3 import S3Store, parse_s3_url
+from ._web import HttpStore
 
-__all__ = ["LocalStore", "S3Store", "open_store"]
+__all__ = ["AzureStore", "HttpStore", "LocalStore", "S3Store", "open_store"]
 
 
 def open_store(url: str, **options: Any) -> ObjectStore:
     """Return the store for ``url``; ``options`` go to the backend's constructor.
 
     Raises:
-        ValueError: an unknown scheme.
+        ValueError: an unknown scheme, or a URL without its bucket/container.
     """
-    scheme = urlsplit(url).scheme
+    parts = urlsplit(url)
+    scheme = parts.scheme
     if scheme == "s3":
         bucket, prefix = parse_s3_url(url)
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         return S3Store(bucket, prefix, **options)
+    if scheme in ("az", "abfs") or (
+        scheme == "https" and (parts.hostname or "").endswith(".blob.core.windows.net")
+    ):
+        return azure_store_from_url(url, **options)
+    if scheme in ("http", "https"):
+        return HttpStore(url, **options)
     if scheme == "file":
-        return LocalStore(urlsplit(url).path, **options)
-    if scheme == "":
+        return LocalStore(unquote(parts.path), **options)
+    if scheme == "" or len(scheme) == 1:  # a path (or a Windows drive letter)
         return LocalStore(url, **options)
-    raise ValueError(f"unsupported URL scheme {scheme!r} in {url!r}: use s3://, file:// or a path")
+    raise ValueError(
+        f"unsupported URL scheme {scheme!r} in {url!r}: "
+        "use s3://, az://, https://, file:// or a path"
+    )

@@ -7,13 +7,17 @@ and transport exception to :mod:`asyncloader._errors` in one place.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 
 import aiohttp
 from yarl import URL
 
+from .._config import FetchConfig
 from .._errors import (
     AccessDenied,
     IntegrityError,
@@ -26,14 +30,20 @@ from .._types import Blob
 from ._lean_http import LeanHTTPClient, ProtocolError
 
 __all__ = [
+    "check_body",
     "error_for_status",
     "get_bytes",
     "lean_get_bytes",
     "make_session",
     "proxy_configured",
+    "normalize_etag",
     "range_header",
+    "request",
+    "with_retries",
 ]
 
+T = TypeVar("T")
+_CONTROL_RETRIES = FetchConfig(max_attempts=6)
 _CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
 
 
@@ -55,10 +65,18 @@ def range_header(start: int, end: int | None) -> str | None:
     return f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
 
 
-def error_for_status(status: int, body: bytes, *, what: str, key: str | None) -> StoreError:
-    """Map an HTTP error answer to our error tree; ``what`` names the object for humans."""
-    m = _CODE.search(body[:2048])
-    code = m.group(1).decode(errors="replace") if m else ""
+def error_for_status(
+    status: int, body: bytes, *, what: str, key: str | None, code: str = ""
+) -> StoreError:
+    """Map an HTTP error answer to our error tree; ``what`` names the object for humans.
+
+    ``code`` is the service's error code when it came in a header (Azure's
+    ``x-ms-error-code``, the only place a HEAD answer has it); else it is read from the
+    XML body (``<Code>...</Code>``, S3 and Azure alike).
+    """
+    if not code:
+        m = _CODE.search(body[:2048])
+        code = m.group(1).decode(errors="replace") if m else ""
     detail = f"{status} {code}".strip()
     if status == 404:
         return ObjectNotFound(f"not found: {what} ({detail})", key=key, status=status)
@@ -83,16 +101,16 @@ def error_for_status(status: int, body: bytes, *, what: str, key: str | None) ->
     return StoreError(f"unexpected answer for {what} ({detail})", key=key, status=status)
 
 
-async def get_bytes(
+async def request(
     session: aiohttp.ClientSession,
+    method: str,
     url: URL,
     headers: Mapping[str, str],
     *,
     what: str,
-    key: str,
-    expected_len: int | None,
-) -> bytes:
-    """GET ``url`` and return the body, verified to be ``expected_len`` bytes long.
+    key: str | None,
+) -> tuple[Mapping[str, str], bytes]:
+    """Send one request; return the answer's headers and body, or raise a mapped error.
 
     Raises:
         ObjectNotFound, AccessDenied, IntegrityError, Throttled, TransientStoreError,
@@ -100,10 +118,12 @@ async def get_bytes(
         time-out, truncated body) become TransientStoreError.
     """
     try:
-        async with session.get(url, headers=headers) as resp:
+        async with session.request(method, url, headers=headers) as resp:
+            body = await resp.read()
             if resp.status >= 300:
-                raise error_for_status(resp.status, await resp.read(), what=what, key=key)
-            data = await resp.read()
+                code = resp.headers.get("x-ms-error-code", "")
+                raise error_for_status(resp.status, body, what=what, key=key, code=code)
+            return resp.headers, body
     except StoreError:
         raise
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
@@ -114,13 +134,76 @@ async def get_bytes(
         raise TransientStoreError(
             f"request for {what} failed: {type(exc).__name__}", key=key
         ) from exc
+
+
+async def get_bytes(
+    session: aiohttp.ClientSession,
+    url: URL,
+    headers: Mapping[str, str],
+    *,
+    what: str,
+    key: str,
+    expected_len: int | None,
+    etag: str = "",
+) -> bytes:
+    """GET ``url`` and return the body, verified to be ``expected_len`` bytes long and, when
+    the answer names one, to carry ``etag`` (for servers that ignore ``If-Match``).
+
+    Raises:
+        The errors of :func:`request`, and IntegrityError for a body of the wrong length or
+        ETag.
+    """
+    answer_headers, data = await request(session, "GET", url, headers, what=what, key=key)
+    check_body(
+        data,
+        answer_headers.get("etag", ""),
+        what=what,
+        key=key,
+        expected_len=expected_len,
+        etag=etag,
+    )
+    return data
+
+
+def check_body(
+    data: Blob, answer_etag: str, *, what: str, key: str, expected_len: int | None, etag: str
+) -> None:
+    """Refuse a complete answer of the wrong size or version: not the object listed.
+
+    (A body shorter than its own Content-Length is a transport failure, caught earlier.)
+    """
     if expected_len is not None and len(data) != expected_len:
-        # A body shorter than its Content-Length is caught by aiohttp above; this is a
-        # complete answer of the wrong size: the object is not the one that was listed.
         raise IntegrityError(
             f"{what}: received {len(data)} bytes, expected {expected_len}", key=key
         )
-    return data
+    if etag and answer_etag and normalize_etag(answer_etag) != etag:
+        raise IntegrityError(f"{what} changed since it was listed (ETag differs)", key=key)
+
+
+def normalize_etag(value: str) -> str:
+    """``W/"abc"`` or ``"abc"`` → ``abc``: ETags as listings report them."""
+    if value.startswith("W/"):
+        value = value[2:]
+    return value.strip('"')
+
+
+async def with_retries(call: Callable[[], Awaitable[T]], config: FetchConfig | None = None) -> T:
+    """Await ``call()``, retried on Throttled/TransientStoreError with the fetcher's backoff.
+
+    For a store's own control-plane requests (listing pages, HEADs): the fetcher retries
+    object GETs itself.
+    """
+    cfg = config or _CONTROL_RETRIES
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except (Throttled, TransientStoreError) as exc:
+            attempt += 1
+            if attempt >= cfg.max_attempts:
+                exc.add_note(f"gave up after {attempt} attempts")
+                raise
+            await asyncio.sleep(cfg.backoff(attempt) * random.random())
 
 
 def proxy_configured() -> bool:
@@ -137,6 +220,7 @@ async def lean_get_bytes(
     what: str,
     key: str,
     expected_len: int | None,
+    etag: str = "",
 ) -> Blob:
     """Like :func:`get_bytes`, on the lean client; the same mapping to our error tree."""
     try:
@@ -146,9 +230,19 @@ async def lean_get_bytes(
     except (ProtocolError, OSError) as exc:
         raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
     if resp.status >= 300:
-        raise error_for_status(resp.status, bytes(resp.body), what=what, key=key)
-    if expected_len is not None and len(resp.body) != expected_len:
-        raise IntegrityError(
-            f"{what}: received {len(resp.body)} bytes, expected {expected_len}", key=key
+        raise error_for_status(
+            resp.status,
+            bytes(resp.body),
+            what=what,
+            key=key,
+            code=resp.headers.get("x-ms-error-code", ""),
         )
+    check_body(
+        resp.body,
+        resp.headers.get("etag", ""),
+        what=what,
+        key=key,
+        expected_len=expected_len,
+        etag=etag,
+    )
     return resp.body

@@ -10,7 +10,6 @@ HTTP itself.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, MutableSequence
@@ -31,6 +30,7 @@ from .._errors import (
 from .._types import Blob, ObjectInfo
 from ._http import get_bytes, lean_get_bytes, make_session, proxy_configured, range_header
 from ._lean_http import LeanHTTPClient
+from ._listing import list_tree
 from ._sigv4 import FrozenCredentials, SigV4Signer, uri_encode_path
 
 __all__ = ["S3Store"]
@@ -217,37 +217,10 @@ class S3Store:
         Order is not defined: the loader sorts.
         """
         await self._ensure()
-        full = self.prefix + prefix
-        folders: list[str] = []
-        async for info in self._list_pages(full, folders):
+        async for info in list_tree(
+            self._list_pages, self.prefix + prefix, concurrency=self._list_concurrency
+        ):
             yield info
-        if not folders:
-            return
-        out: asyncio.Queue[ObjectInfo | None] = asyncio.Queue(maxsize=10_000)
-        sem = asyncio.Semaphore(self._list_concurrency)
-
-        async def one(folder: str) -> None:
-            async with sem:
-                async for info in self._list_pages(folder, None):
-                    await out.put(info)
-
-        async def run_all() -> None:
-            try:
-                async with asyncio.TaskGroup() as tg:
-                    for folder in folders:
-                        tg.create_task(one(folder))
-            finally:
-                await out.put(None)
-
-        runner = asyncio.create_task(run_all())
-        try:
-            while (item := await out.get()) is not None:
-                yield item
-            await runner  # re-raises a listing error
-        finally:
-            runner.cancel()
-            with contextlib.suppress(BaseException):
-                await runner
 
     async def _list_pages(
         self, full: str, folders: MutableSequence[str] | None
@@ -307,7 +280,7 @@ class S3Store:
         expected = None if end is None else end - start
         if self._lean is not None:
             return await lean_get_bytes(
-                self._lean, path, headers, what=what, key=key, expected_len=expected
+                self._lean, path, headers, what=what, key=key, expected_len=expected, etag=etag
             )
         assert self._session is not None
         return await get_bytes(
@@ -317,6 +290,7 @@ class S3Store:
             what=what,
             key=key,
             expected_len=expected,
+            etag=etag,
         )
 
     async def close(self) -> None:

@@ -18,15 +18,24 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from email.utils import formatdate
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, Self
+from urllib.parse import quote, urlencode, urlsplit
 
 __all__ = [
+    "Azurite",
+    "FaultProxy",
+    "StoreFixture",
+    "check_object_store",
+    "find_azurite",
     "DemoBucket",
     "demo_bucket",
     "make_jpeg_folder",
@@ -38,6 +47,10 @@ __all__ = [
 ]
 
 from .._demo import make_jpeg_folder
+from .._stores._azure import API_VERSION as AZURE_API_VERSION
+from .._stores._azure import AZURITE_ACCOUNT, AZURITE_KEY, SharedKeySigner
+from ._conformance import StoreFixture, check_object_store
+from ._faultproxy import FaultProxy
 from ._s3server import FAULT_KINDS
 
 DEMO_DIR = os.path.join("cache", "demo-jpegs")
@@ -235,13 +248,25 @@ class S3TestServer(_Subprocess):
 
 
 class MotoServer(_Subprocess):
-    """``moto_server`` on 127.0.0.1 as a subprocess (needs ``pip install 'moto[server]'``)."""
+    """``moto_server`` on 127.0.0.1 as a subprocess (needs ``pip install 'moto[server]'``).
+
+    Args:
+        check_credentials: Make moto verify every request's signature and access key
+            (``INITIAL_NO_AUTH_ACTION_COUNT=0``): no key is known, so every request is
+            refused — for testing how wrong credentials are reported.
+    """
+
+    def __init__(self, *, check_credentials: bool = False) -> None:
+        super().__init__()
+        self.check_credentials = check_credentials
 
     def start(self) -> None:
         exe = shutil.which("moto_server")
         cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
         port = free_port()
         env = {**os.environ, **TEST_ENV}
+        if self.check_credentials:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         proc = subprocess.Popen(
             [*cmd, "-H", "127.0.0.1", "-p", str(port)],
             stdin=subprocess.PIPE,
@@ -261,6 +286,125 @@ class MotoServer(_Subprocess):
                     self.stop()
                     raise RuntimeError("moto_server did not start") from None
                 time.sleep(0.1)
+
+
+def find_azurite() -> str | None:
+    """The ``azurite-blob`` executable: ``$AZURITE_BLOB``, then PATH, then the copy that
+    ``.ci/run`` installs under ``.ci/node/`` of the current or package directory."""
+    exe = os.environ.get("AZURITE_BLOB") or shutil.which("azurite-blob")
+    if exe:
+        return exe
+    rel = Path(".ci", "node", "node_modules", ".bin", "azurite-blob")
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (root / rel).exists():
+            return str(root / rel)
+    return None
+
+
+class Azurite(_Subprocess):
+    """Microsoft's Azurite Blob emulator (npm ``azurite``) on 127.0.0.1, in memory.
+
+    ``endpoint`` is the Blob service URL (``http://127.0.0.1:PORT/devstoreaccount1``);
+    ``account``/``key`` are the emulator's published development credentials, and
+    ``connection_string`` joins them.  ``create_bucket``/``put``/``delete`` act on
+    containers and blobs (Put Blob, SharedKey-signed), so ``upload_folder`` works as for S3.
+    """
+
+    account = AZURITE_ACCOUNT
+    key = AZURITE_KEY
+
+    def start(self) -> None:
+        exe = find_azurite()
+        if exe is None:
+            raise FileNotFoundError(
+                "azurite-blob not found: `npm install --prefix .ci/node azurite` "
+                "(bash .ci/run does this) or set AZURITE_BLOB"
+            )
+        port = free_port()
+        self._workdir = tempfile.mkdtemp(prefix="asyncloader-azurite-")
+        proc = subprocess.Popen(
+            [
+                exe,
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(port),
+                "--inMemoryPersistence",
+                "--silent",
+                "--disableTelemetry",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=self._workdir,
+        )
+        self._proc = proc
+        self.endpoint = f"http://127.0.0.1:{port}/{self.account}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("azurite did not start") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        super().stop()
+        workdir = getattr(self, "_workdir", None)
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={self.account};"
+            f"AccountKey={self.key};BlobEndpoint={self.endpoint};"
+        )
+
+    def _send(
+        self, method: str, path: str, query: dict[str, str], body: bytes = b"", **extra: str
+    ) -> None:
+        headers = {
+            "x-ms-date": formatdate(usegmt=True),
+            "x-ms-version": AZURE_API_VERSION,
+            "content-length": str(len(body)),
+            **extra,
+        }
+        if body:
+            headers["content-type"] = "application/octet-stream"
+        base = urlsplit(self.endpoint)
+        full = base.path + path
+        SharedKeySigner(self.account, self.key).sign(method, full, query, headers)
+        qs = urlencode(query, quote_via=quote)
+        url = f"{base.scheme}://{base.netloc}{full}{'?' + qs if qs else ''}"
+        req = urllib.request.Request(url, data=body or None, method=method, headers=headers)
+        for attempt in range(5):
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    resp.read()
+                return
+            except urllib.error.HTTPError as exc:
+                if exc.code == 409 and method == "PUT" and query:  # container exists
+                    return
+                if exc.code < 500 or attempt == 4:
+                    raise
+            time.sleep(0.1 * 2**attempt)
+
+    def create_bucket(self, bucket: str) -> None:
+        """Create a container (no error if it exists)."""
+        self._send("PUT", "/" + quote(bucket), {"restype": "container"})
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        """Put Blob (block blob), replacing any blob of that name."""
+        self._send(
+            "PUT", f"/{quote(bucket)}/{quote(key)}", {}, data, **{"x-ms-blob-type": "BlockBlob"}
+        )
+
+    def delete(self, bucket: str, key: str) -> None:
+        self._send("DELETE", f"/{quote(bucket)}/{quote(key)}", {})
 
 
 class DemoBucket(NamedTuple):

@@ -106,6 +106,7 @@ class _Protocol(asyncio.Protocol):
         self.buf = b""
         self.transport: asyncio.Transport | None = None
         self.busy = False
+        self.continued = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -129,7 +130,12 @@ class _Protocol(asyncio.Protocol):
             headers[name.strip().lower()] = value.strip()
         length = int(headers.get("content-length", "0"))
         if len(self.buf) < head_end + 4 + length:
+            if headers.pop("expect", "").lower() == "100-continue" and not self.continued:
+                # botocore waits a second for this before sending a PUT's body.
+                self.continued = True
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return
+        self.continued = False
         body = self.buf[head_end + 4 : head_end + 4 + length]
         self.buf = self.buf[head_end + 4 + length :]
         self.busy = True

@@ -1,0 +1,46 @@
+"""Manifest files: JSONL or CSV rows naming objects (a leaf module, pure parsing).
+
+JSONL: one object per line, ``{"key": ..., "label": ..., "size": ..., "etag": ...}``.
+CSV: a header naming the columns, ``key`` first among them.  Only ``key`` is required.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+__all__ = ["read_manifest"]
+
+
+def read_manifest(data: bytes | bytearray, name: str) -> list[dict[str, str]]:
+    """Parse a manifest into rows of text fields, each with a non-empty ``key``.
+
+    ``name`` (a file name or URL) picks the format: ``.csv`` is CSV, anything else JSONL.
+
+    Raises:
+        ValueError: a malformed line or a missing key, naming the manifest and line number.
+    """
+    text = data.decode("utf-8-sig")
+    rows: list[dict[str, str]] = []
+    if name.endswith(".csv"):
+        reader = csv.DictReader(io.StringIO(text))
+        if not reader.fieldnames or "key" not in reader.fieldnames:
+            raise ValueError(f"{name}: a CSV manifest needs a header with 'key' (and 'label')")
+        for lineno, row in enumerate(reader, start=2):
+            if not row.get("key"):
+                raise ValueError(f"{name}:{lineno}: empty key")
+            rows.append({k: v for k, v in row.items() if k and v})
+        return rows
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            row = {str(k): str(v) for k, v in obj.items() if v is not None}
+        except (ValueError, AttributeError) as exc:
+            raise ValueError(f"{name}:{lineno}: expected a JSON object per line") from exc
+        if not row.get("key"):
+            raise ValueError(f"{name}:{lineno}: expected {{'key': ..., 'label': ...}}")
+        rows.append(row)
+    return rows

@@ -1,0 +1,198 @@
+"""Objects at plain HTTP(S) URLs, named by a manifest (a web server or CDN has no listing).
+
+The manifest (JSONL or CSV, see :mod:`asyncloader._manifest`) names each object by a key
+relative to the base URL or by an absolute URL, optionally with its ``size`` and ``etag``;
+objects without a size are HEAD-requested once when listing (a saved listing in the cache
+then spares that on later runs).  GETs use ``Range`` and ``If-Match`` and check the answer's
+length and ETag, so a server that ignores ``If-Match`` still cannot pass a changed object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+import aiohttp
+from yarl import URL
+
+from .._errors import ClosedError, StoreError
+from .._manifest import read_manifest
+from .._types import Blob, ObjectInfo
+from ._http import (
+    get_bytes,
+    lean_get_bytes,
+    make_session,
+    normalize_etag,
+    proxy_configured,
+    range_header,
+    request,
+    with_retries,
+)
+from ._lean_http import LeanHTTPClient
+
+__all__ = ["HttpStore"]
+
+
+class HttpStore:
+    """Objects under an ``http(s)://`` base URL as an :class:`~asyncloader.ObjectStore`.
+
+    Args:
+        base_url: Keys are resolved against it (``https://host/data/`` + ``cat/1.jpg``).  A
+            query string on it (a signed token) is sent with every request and never shown.
+        manifest: The object list: a local file, or a URL or key relative to ``base_url``.
+            Required to list; ``stat``/``get`` work without it.
+        headers: Extra headers for every request (``Authorization``: never shown or logged).
+        max_connections: Connection pool size for HEADs (and GETs with aiohttp).
+        read_timeout: Time-out for one answer [seconds].
+        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway behind a proxy).
+        head_concurrency: HEAD requests at once while listing objects of unknown size.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        manifest: str | os.PathLike[str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        max_connections: int = 64,
+        read_timeout: float = 60.0,
+        http_client: str = "lean",
+        head_concurrency: int = 32,
+    ) -> None:
+        if http_client not in ("lean", "aiohttp"):
+            raise ValueError(f"http_client must be 'lean' or 'aiohttp', not {http_client!r}")
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"not an http(s) URL: {parts.scheme}://{parts.netloc}{parts.path}")
+        path = parts.path if parts.path.endswith("/") else parts.path + "/"
+        self._base = f"{parts.scheme}://{parts.netloc}{path}"
+        self._query = parts.query
+        self._manifest = manifest
+        self._headers = dict(headers or {})
+        self._max_connections = max_connections
+        self._read_timeout = read_timeout
+        self._use_lean = http_client == "lean" and not proxy_configured()
+        self._head_concurrency = head_concurrency
+        self._session: aiohttp.ClientSession | None = None
+        self._lean: dict[tuple[str, str, int], LeanHTTPClient] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"HttpStore({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        return self._base
+
+    def _session_or_open(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+        if self._session is None:
+            self._session = make_session(self._max_connections, read_timeout=self._read_timeout)
+        return self._session
+
+    def _target(self, key: str) -> URL:
+        """The object's URL: ``key`` itself when absolute, else below the base URL."""
+        raw = key if "://" in key else self._base + quote(key, safe="/~")
+        if self._query:
+            raw += ("&" if "?" in raw else "?") + self._query
+        return URL(raw, encoded=True)
+
+    def _what(self, key: str) -> str:
+        return key if "://" in key else self._base + key
+
+    async def _read_manifest(self) -> list[dict[str, str]]:
+        if self._manifest is None:
+            raise StoreError(
+                f"{self._base} has no listing: name its objects with a manifest "
+                "(store_options={'manifest': 'train.jsonl'}, or labels='train.jsonl')"
+            )
+        name = os.fspath(self._manifest)
+        if "://" not in name and await asyncio.to_thread(os.path.isfile, name):
+            data: bytes = await asyncio.to_thread(Path(name).read_bytes)
+        else:
+            session = self._session_or_open()
+            _, data = await with_retries(
+                lambda: request(
+                    session, "GET", self._target(name), self._headers, what=name, key=None
+                )
+            )
+        return read_manifest(data, name)
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]
+        """The manifest's objects under ``prefix``; sizes not in it are HEAD-requested."""
+        rows = [r for r in await self._read_manifest() if r["key"].startswith(prefix)]
+        sem = asyncio.Semaphore(self._head_concurrency)
+
+        async def info(row: dict[str, str]) -> ObjectInfo:
+            key = row["key"]
+            if "size" in row:
+                return ObjectInfo(key, int(row["size"]), normalize_etag(row.get("etag", "")))
+            async with sem:
+                return await self.stat(key)
+
+        # Bounded batches keep a million-row manifest from creating a million tasks.
+        for i in range(0, len(rows), 4096):
+            for obj in await asyncio.gather(*(info(r) for r in rows[i : i + 4096])):
+                yield obj
+
+    async def stat(self, key: str) -> ObjectInfo:
+        session = self._session_or_open()
+        headers, _ = await with_retries(
+            lambda: request(
+                session, "HEAD", self._target(key), self._headers, what=self._what(key), key=key
+            )
+        )
+        size = headers.get("content-length")
+        if size is None:
+            raise StoreError(f"{self._what(key)}: the server gave no Content-Length", key=key)
+        return ObjectInfo(key, int(size), normalize_etag(headers.get("etag", "")))
+
+    def _lean_client(self, url: URL) -> LeanHTTPClient:
+        assert url.host is not None
+        assert url.port is not None
+        origin = (url.scheme, url.host, url.port)
+        client = self._lean.get(origin)
+        if client is None:
+            client = LeanHTTPClient(*origin, read_timeout=self._read_timeout)
+            self._lean[origin] = client
+        return client
+
+    async def get(
+        self, key: str, *, start: int = 0, end: int | None = None, etag: str = ""
+    ) -> Blob:
+        session = self._session_or_open()
+        url = self._target(key)
+        headers = dict(self._headers)
+        rng = range_header(start, end)
+        if rng:
+            headers["Range"] = rng
+        if etag:
+            headers["If-Match"] = f'"{etag}"'
+        what = self._what(key)
+        expected = None if end is None else end - start
+        if self._use_lean:
+            return await lean_get_bytes(
+                self._lean_client(url),
+                url.raw_path_qs,
+                headers,
+                what=what,
+                key=key,
+                expected_len=expected,
+                etag=etag,
+            )
+        return await get_bytes(
+            session, url, headers, what=what, key=key, expected_len=expected, etag=etag
+        )
+
+    async def close(self) -> None:
+        self._closed = True
+        session, self._session = self._session, None
+        lean, self._lean = self._lean, {}
+        if session is not None:
+            await session.close()
+        for client in lean.values():
+            await client.close()

@@ -1,0 +1,185 @@
+"""A fault-injecting HTTP/1.1 proxy in front of any local server: test equipment.
+
+Emulators such as moto and Azurite never throttle.  Put this proxy between a store and the
+emulator, and it forwards every byte unchanged (so signatures still verify) except for the
+requests it was told to fail: those are answered by the proxy itself with the given status
+and service error code, and the connection is closed, as busy services do.
+
+It runs its own event loop in a daemon thread, on 127.0.0.1, and parses just enough of each
+request (request line, headers, ``Content-Length`` body) to tell requests apart on a
+keep-alive connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["FaultProxy"]
+
+
+@dataclass
+class _Rule:
+    remaining: int
+    status: int
+    code: str
+    path_contains: str
+
+
+class FaultProxy:
+    """Forward ``127.0.0.1:port`` to ``upstream`` (``http://127.0.0.1:PORT[/base]``).
+
+    ``endpoint`` is the upstream URL with the proxy's origin (the base path kept), so a store
+    pointed at it reaches the same data.  Use as a context manager.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        parts = urlsplit(upstream)
+        if parts.scheme != "http" or parts.hostname is None:
+            raise ValueError(f"FaultProxy forwards plain http:// only, not {upstream!r}")
+        self._up_host = parts.hostname
+        self._up_port = parts.port or 80
+        self._base_path = parts.path.rstrip("/")
+        self._rules: list[_Rule] = []
+        self._lock = threading.Lock()
+        self.injected = 0
+        self.requests = 0
+        self.endpoint = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        ready = threading.Event()
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            self._server = loop.run_until_complete(
+                asyncio.start_server(self._serve, "127.0.0.1", 0)
+            )
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="asyncloader-faultproxy", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the fault proxy did not start")
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{port}{self._base_path}"
+
+    def stop(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+
+        async def shutdown() -> None:
+            if self._server is not None:
+                self._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def fail_next(
+        self, count: int, *, status: int = 503, code: str = "SlowDown", path_contains: str = ""
+    ) -> None:
+        """Answer the next ``count`` requests whose decoded target (path and query) contains
+        ``path_contains``
+        with ``status`` and the error ``code`` (S3-style XML body and Azure's
+        ``x-ms-error-code`` header), then close their connections."""
+        with self._lock:
+            self._rules.append(_Rule(count, status, code, path_contains))
+
+    def _pick(self, path: str) -> _Rule | None:
+        with self._lock:
+            self.requests += 1
+            for rule in self._rules:
+                if rule.remaining > 0 and rule.path_contains in path:
+                    rule.remaining -= 1
+                    self.injected += 1
+                    return rule
+        return None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_writer: asyncio.StreamWriter | None = None
+        pump: asyncio.Task[None] | None = None
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                target = lines[0].split(" ")[1] if lines[0].count(" ") >= 2 else "/"
+                length = 0
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value.strip())
+                body = await reader.readexactly(length) if length else b""
+                rule = self._pick(unquote(target))
+                if rule is not None:
+                    xml = (
+                        '<?xml version="1.0" encoding="utf-8"?>'
+                        f"<Error><Code>{rule.code}</Code><Message>injected</Message></Error>"
+                    ).encode()
+                    writer.write(
+                        f"HTTP/1.1 {rule.status} Injected\r\nContent-Type: application/xml\r\n"
+                        f"x-ms-error-code: {rule.code}\r\nContent-Length: {len(xml)}\r\n"
+                        "Connection: close\r\n\r\n".encode()
+                        + xml
+                    )
+                    await writer.drain()
+                    return
+                if up_writer is None:
+                    up_reader, up_writer = await asyncio.open_connection(
+                        self._up_host, self._up_port
+                    )
+                    pump = asyncio.create_task(self._copy(up_reader, writer))
+                up_writer.write(head + body)
+                await up_writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            if pump is not None:
+                pump.cancel()
+                with contextlib.suppress(BaseException):
+                    await pump
+            for w in (up_writer, writer):
+                if w is not None:
+                    w.close()
+
+    @staticmethod
+    async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        """Upstream → client, byte for byte; closes the client when upstream closes."""
+        try:
+            while chunk := await src.read(1 << 16):
+                dst.write(chunk)
+                await dst.drain()
+        except ConnectionError:
+            pass
+        finally:
+            dst.close()
