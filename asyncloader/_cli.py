@@ -192,14 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     warm = sub.add_parser(
         "warm", help="fill the local cache with the objects under a URL, resumably"
     )
-    warm.add_argument("url", help="s3://bucket/prefix/, a path, ...")
+    warm.add_argument("url", help="s3://bucket/prefix/, az://container/prefix/, a path, ...")
     warm.add_argument("--cache-dir", required=True, help="the cache folder (local NVMe)")
     warm.add_argument("--cache-size", default="100GB", help="most bytes to keep (100GB)")
     warm.add_argument("--concurrency", type=int, default=256, help="requests in flight (256)")
     warm.add_argument(
         "--shard", type=_parse_shard, default=None, help="i/n: this node's part (torchrun env)"
     )
-    warm.add_argument("--endpoint-url", default=None, help="an S3-compatible endpoint")
+    warm.add_argument(
+        "--endpoint-url", default=None, help="an S3-compatible or Azure Blob endpoint"
+    )
     warm.add_argument("--refresh-listing", action="store_true", help="list the store again")
     warm.add_argument("--all-objects", action="store_true", help="not only image files")
     cache = sub.add_parser("cache", help="inspect, check or empty a cache folder")

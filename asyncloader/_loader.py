@@ -35,7 +35,7 @@ from ._pipeline import BATCH, END, ERROR, Fetcher, Pipeline, list_objects
 from ._ring import BatchRing
 from ._sampler import num_batches
 from ._stats import Counters, Stats
-from ._stores import open_store
+from ._stores import lists_from_manifest, open_store
 from ._transforms import RandomResizedCrop, Transform
 from ._types import Blob, DecodeFn, ObjectStore
 
@@ -293,7 +293,11 @@ class ImageLoader:
         _live_runtimes.add(self._rt)
         self._finalizer = weakref.finalize(self, self._rt.close)
         try:
-            the_store = store if store is not None else open_store(url, **(store_options or {}))
+            options = dict(store_options or {})
+            if lists_from_manifest(url) and isinstance(labels, str) and labels != "folder":
+                options.setdefault("manifest", labels)  # a web server has no listing
+            the_store = store if store is not None else open_store(url, **options)
+            self.url = the_store.url  # canonical: account, bucket, trailing slash
             self._rt.store = the_store
             self.dataset: Dataset = self._rt.call(self._setup(the_store, labels, extensions))
         except BaseException:

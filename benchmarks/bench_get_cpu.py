@@ -1,4 +1,6 @@
-"""Client CPU per S3 GET of a ~110 KB object, in one run, several ways.
+"""Client CPU per GET of a ~110 KB object, S3 and Azure Blob, in one run, several ways.
+
+S3, against our light S3 server (a subprocess):
 
 * ``aiobotocore get_object`` — the SDK path (signing, event hooks, response parsing).
 * ``aiohttp plain GET`` — unsigned, one shared session: the floor for aiohttp.
@@ -6,9 +8,16 @@
 * ``S3Store (aiohttp)`` — our store, lean SigV4 signing, aiohttp transport.
 * ``S3Store (lean)`` — our store, lean SigV4 signing, our HTTP/1.1 client (the default).
 
-All at the same number of requests in flight against our light S3 server (a subprocess, so
-its CPU is not counted); CPU is this process's user + system time per GET.
-Run: ``python benchmarks/bench_get_cpu.py [--requests 3000] [--inflight 64]``.
+Azure, against Azurite (Microsoft's emulator, a node subprocess) with a public container:
+
+* ``azure-storage-blob aio download_blob`` — the official SDK, SharedKey.
+* ``aiohttp plain GET (anonymous)`` — unsigned, one shared session: the floor for aiohttp.
+* ``AzureStore (aiohttp)`` / ``AzureStore (lean)`` — our store, SharedKey-signed.
+
+All at the same number of requests in flight; server CPU is not counted (another process);
+CPU is this process's user + system time per GET.  The ratio column compares each path to
+the plain aiohttp GET of its own service, measured in the same run.
+Run: ``python benchmarks/bench_get_cpu.py [--store s3|azure|both] [--requests 3000]``.
 """
 
 from __future__ import annotations
@@ -20,9 +29,9 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
-from asyncloader import ObjectInfo, S3Store
+from asyncloader import AzureStore, ObjectInfo, ObjectStore, S3Store
 from asyncloader._types import Blob
-from asyncloader.testing import TEST_ENV, S3TestServer
+from asyncloader.testing import TEST_ENV, Azurite, S3TestServer
 
 
 async def _bounded(n: int, inflight: int, fn: Callable[[int], Awaitable[object]]) -> None:
@@ -77,18 +86,64 @@ async def run(endpoint: str, keys: list[str], n: int, inflight: int) -> dict[str
 
     for name, http_client in (("S3Store (aiohttp)", "aiohttp"), ("S3Store (lean)", "lean")):
         store = S3Store("b", endpoint_url=endpoint, http_client=http_client)
-        try:
-            objs = [o async for o in store.list()]
-
-            def ours(
-                i: int, store: S3Store = store, objs: list[ObjectInfo] = objs
-            ) -> Awaitable[Blob]:
-                return store.get(objs[i % len(objs)].key)
-
-            out[name] = await _measure(n, inflight, ours)
-        finally:
-            await store.close()
+        out[name] = await _measure_store(store, n, inflight)
     return out
+
+
+async def _measure_store(store: ObjectStore, n: int, inflight: int) -> float:
+    try:
+        objs = [o async for o in store.list()]
+
+        def ours(i: int, objs: list[ObjectInfo] = objs) -> Awaitable[Blob]:
+            return store.get(objs[i % len(objs)].key, etag=objs[i % len(objs)].etag)
+
+        return await _measure(n, inflight, ours)
+    finally:
+        await store.close()
+
+
+async def run_azure(az: Azurite, keys: list[str], n: int, inflight: int) -> dict[str, float]:
+    import aiohttp
+    from azure.storage.blob.aio import BlobServiceClient
+
+    out: dict[str, float] = {}
+    k = len(keys)
+    async with BlobServiceClient.from_connection_string(
+        az.connection_string, api_version="2024-11-04"
+    ) as service:
+        container = service.get_container_client("bench")
+
+        async def sdk(i: int) -> None:
+            stream = await container.download_blob(keys[i % k])
+            await stream.readall()
+
+        out["azure-storage-blob aio download_blob"] = await _measure(n, inflight, sdk)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=inflight)) as http:
+
+        async def plain(i: int) -> None:
+            async with http.get(f"{az.endpoint}/bench/{keys[i % k]}") as r:
+                await r.read()
+
+        out["aiohttp plain GET (anonymous)"] = await _measure(n, inflight, plain)
+    for name, http_client in (("AzureStore (aiohttp)", "aiohttp"), ("AzureStore (lean)", "lean")):
+        store = AzureStore(
+            "bench",
+            account=az.account,
+            account_key=az.key,
+            endpoint_url=az.endpoint,
+            http_client=http_client,
+        )
+        out[name] = await _measure_store(store, n, inflight)
+    return out
+
+
+def _report(title: str, runs: list[dict[str, float]], floor_name: str) -> None:
+    floor = statistics.median(r[floor_name] for r in runs)
+    print(f"\n{title}, median of {len(runs)}")
+    print(f"{'path':40s} {'ms/GET':>8s} {'x plain aiohttp':>16s}")
+    for name in runs[0]:
+        med = statistics.median(r[name] for r in runs)
+        print(f"{name:40s} {med * 1e3:8.3f} {med / floor:16.2f}")
 
 
 def main() -> None:
@@ -97,24 +152,30 @@ def main() -> None:
     p.add_argument("--inflight", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--data-dir", default=os.path.join("cache", "bench-jpegs"))
+    p.add_argument("--store", choices=("s3", "azure", "both"), default="both")
     args = p.parse_args()
     from asyncloader._demo import make_jpeg_folder
 
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     folder = make_jpeg_folder(args.data_dir, images=1000, classes=10, seed=0)
-    runs: list[dict[str, float]] = []
-    with S3TestServer(load=folder, bucket="b") as srv:
-        keys = [k for k in srv.stats()["keys"] if k.endswith(".jpg")]
-        for _ in range(args.repeat):
-            runs.append(asyncio.run(run(srv.endpoint, keys, args.requests, args.inflight)))
-    floor = statistics.median(r["aiohttp plain GET (unsigned)"] for r in runs)
-    print(
-        f"\nclient CPU per GET, ~110 KB objects, {args.inflight} in flight, median of {args.repeat}"
-    )
-    print(f"{'path':36s} {'ms/GET':>8s} {'x plain aiohttp':>16s}")
-    for name in runs[0]:
-        med = statistics.median(r[name] for r in runs)
-        print(f"{name:36s} {med * 1e3:8.3f} {med / floor:16.2f}")
+    what = f"client CPU per GET, ~110 KB objects, {args.inflight} in flight"
+    if args.store in ("s3", "both"):
+        runs: list[dict[str, float]] = []
+        with S3TestServer(load=folder, bucket="b") as srv:
+            keys = [k for k in srv.stats()["keys"] if k.endswith(".jpg")]
+            for _ in range(args.repeat):
+                runs.append(asyncio.run(run(srv.endpoint, keys, args.requests, args.inflight)))
+        _report(f"S3: {what}", runs, "aiohttp plain GET (unsigned)")
+    if args.store in ("azure", "both"):
+        runs = []
+        with Azurite() as az:
+            az.create_bucket("bench", public=True)
+            files = sorted(p for p in folder.rglob("*.jpg"))
+            az.upload_folder("bench", folder)
+            keys = [p.relative_to(folder).as_posix() for p in files]
+            for _ in range(args.repeat):
+                runs.append(asyncio.run(run_azure(az, keys, args.requests, args.inflight)))
+        _report(f"Azure: {what}", runs, "aiohttp plain GET (anonymous)")
 
 
 if __name__ == "__main__":

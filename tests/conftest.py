@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -55,6 +57,48 @@ def light_server(jpeg_folder: Path) -> Iterator[S3TestServer]:
     """Our light S3 server with the JPEG folder in bucket 'b' under 'train/'."""
     with S3TestServer(load=jpeg_folder, bucket="b", prefix="train/") as server:
         yield server
+
+
+@dataclass
+class Backend:
+    """A cloud store on its emulator, for tests that run the whole loader on each."""
+
+    name: str
+    server: MotoServer | Azurite
+
+    def url(self, bucket: str, prefix: str = "") -> str:
+        if isinstance(self.server, Azurite):
+            return f"az://{self.server.account}/{bucket}/{prefix}"
+        return f"s3://{bucket}/{prefix}"
+
+    @property
+    def store_options(self) -> dict[str, Any]:
+        if isinstance(self.server, Azurite):
+            return {"connection_string": self.server.connection_string}
+        return {"endpoint_url": self.server.endpoint}
+
+    def create_bucket(self, bucket: str) -> None:
+        self.server.create_bucket(bucket)
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        self.server.put(bucket, key, data)
+
+
+@pytest.fixture(scope="session", params=["s3", "azure"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """S3 on moto_server, then Azure Blob on Azurite."""
+    name = request.param
+    return Backend(name, request.getfixturevalue("azurite" if name == "azure" else "moto"))
+
+
+@pytest.fixture(scope="session")
+def dataset(backend: Backend, jpeg_folder: Path, request: pytest.FixtureRequest) -> str:
+    """The JPEG folder on the backend (bucket/container 'data', prefix 'train/'); its URL."""
+    if backend.name == "s3":
+        return str(request.getfixturevalue("moto_dataset"))  # the same upload, made once
+    backend.create_bucket("data")
+    backend.server.upload_folder("data", jpeg_folder, "train/")
+    return backend.url("data", "train/")
 
 
 def jpeg_bytes(

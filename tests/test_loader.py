@@ -1,4 +1,5 @@
-"""The whole loader on moto_server: coverage, determinism, labels, bad input."""
+"""The whole loader on each cloud backend (S3 on moto_server, Azure on Azurite): coverage,
+determinism, labels, bad input."""
 
 from __future__ import annotations
 
@@ -12,30 +13,27 @@ import pytest
 from PIL import Image
 
 import asyncloader as al
-from asyncloader.testing import MotoServer
 
-from .conftest import N_CLASSES, N_IMAGES, jpeg_bytes
+from .conftest import N_CLASSES, N_IMAGES, Backend, jpeg_bytes
 
 
-def _key_index(moto_dataset: str, moto: MotoServer) -> dict[str, int]:
-    keys = sorted(
-        o["Key"][len("train/") :]
-        for o in moto.client().list_objects_v2(Bucket="data", Prefix="train/")["Contents"]
-        if o["Key"].endswith(".jpg")
-    )
+def _key_index(jpeg_folder: Path) -> dict[str, int]:
+    keys = sorted(p.relative_to(jpeg_folder).as_posix() for p in jpeg_folder.rglob("*.jpg"))
     return {k: i for i, k in enumerate(keys)}
 
 
-def _loader(url: str, moto: MotoServer, **kw: object) -> al.ImageLoader:
+def _loader(url: str, backend: Backend, **kw: object) -> al.ImageLoader:
     kw.setdefault("batch_size", 16)
     kw.setdefault("decode_workers", 2)
-    return al.ImageLoader(url, store_options={"endpoint_url": moto.endpoint}, **kw)  # type: ignore[arg-type]
+    return al.ImageLoader(url, store_options=backend.store_options, **kw)  # type: ignore[arg-type]
 
 
-def test_every_sample_once_per_epoch_and_deterministic(moto: MotoServer, moto_dataset: str) -> None:
-    index = _key_index(moto_dataset, moto)
+def test_every_sample_once_per_epoch_and_deterministic(
+    backend: Backend, dataset: str, jpeg_folder: Path
+) -> None:
+    index = _key_index(jpeg_folder)
     orders = {}
-    with _loader(moto_dataset, moto, labels=index.__getitem__, seed=7) as loader:
+    with _loader(dataset, backend, labels=index.__getitem__, seed=7) as loader:
         assert len(loader) == -(-N_IMAGES // 16)
         for epoch in (0, 1):
             loader.set_epoch(epoch)
@@ -54,7 +52,7 @@ def test_every_sample_once_per_epoch_and_deterministic(moto: MotoServer, moto_da
     assert stats.skipped == {} and stats.samples >= 2 * N_IMAGES
     # Same seed and epoch → the same batches, pixel for pixel (augmentation included).
     with _loader(
-        moto_dataset, moto, labels=index.__getitem__, seed=7, decode_backend="process"
+        dataset, backend, labels=index.__getitem__, seed=7, decode_backend="process"
     ) as again:
         again.set_epoch(1)
         assert [int(x) for _, lab in again for x in lab] == orders[1]
@@ -63,55 +61,67 @@ def test_every_sample_once_per_epoch_and_deterministic(moto: MotoServer, moto_da
         assert np.array_equal(images.numpy(), pixels.numpy())
 
 
-def test_imagefolder_labels_and_classes(moto: MotoServer, moto_dataset: str) -> None:
-    with _loader(moto_dataset, moto, shuffle=False, batch_size=N_IMAGES) as loader:
+def test_imagefolder_labels_and_classes(backend: Backend, dataset: str) -> None:
+    with _loader(dataset, backend, shuffle=False, batch_size=N_IMAGES) as loader:
         assert loader.classes == tuple(f"class_{i:02d}" for i in range(N_CLASSES))
         _, labels = next(iter(loader))
     assert Counter(labels.tolist()) == {c: N_IMAGES // N_CLASSES for c in range(N_CLASSES)}
 
 
-def test_manifest_labels_and_missing_object(moto: MotoServer, tmp_path: Path) -> None:
-    moto.create_bucket("man")
+def test_manifest_labels_and_missing_object(backend: Backend, tmp_path: Path) -> None:
+    backend.create_bucket("man")
     for i in range(6):
-        moto.put("man", f"imgs/{i}.jpg", jpeg_bytes(color=(i * 40, 0, 0)))
+        backend.put("man", f"imgs/{i}.jpg", jpeg_bytes(color=(i * 40, 0, 0)))
     rows = [{"key": f"{i}.jpg", "label": "cat" if i % 2 else "dog"} for i in range(6)]
     rows.append({"key": "missing.jpg", "label": "cat"})
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("\n".join(json.dumps(r) for r in rows))
     common = dict(batch_size=4, shuffle=False, labels=str(manifest))
-    with _loader("s3://man/imgs/", moto, **common) as loader:
+    with _loader(backend.url("man", "imgs/"), backend, **common) as loader:
         assert loader.classes == ("cat", "dog")
         with pytest.raises(al.ObjectNotFound, match=r"missing\.jpg") as info:
             for _ in loader:
                 pass
         assert any("stage=fetch" in n for n in getattr(info.value, "__notes__", []))
-    with _loader("s3://man/imgs/", moto, on_error="skip", max_failures=1, **common) as loader:
+    with _loader(
+        backend.url("man", "imgs/"), backend, on_error="skip", max_failures=1, **common
+    ) as loader:
         got = [lab.tolist() for _, lab in loader]
         assert got == [[1, 0, 1, 0], [1, 0]]  # dog=1, cat=0; the missing one skipped
         assert loader.stats().skipped == {"ObjectNotFound": 1}
 
 
-def test_corrupt_truncated_and_bomb_images(moto: MotoServer) -> None:
-    moto.create_bucket("bad")
+def test_corrupt_truncated_and_bomb_images(backend: Backend) -> None:
+    backend.create_bucket("bad")
     good = jpeg_bytes()
-    moto.put("bad", "c/ok1.jpg", good)
-    moto.put("bad", "c/ok2.jpg", good)
-    moto.put("bad", "c/corrupt.jpg", b"\xff\xd8\xff\xe0 this is not a jpeg at all")
-    moto.put("bad", "c/truncated.jpg", good[: len(good) // 2])
+    backend.put("bad", "c/ok1.jpg", good)
+    backend.put("bad", "c/ok2.jpg", good)
+    backend.put("bad", "c/corrupt.jpg", b"\xff\xd8\xff\xe0 this is not a jpeg at all")
+    backend.put("bad", "c/truncated.jpg", good[: len(good) // 2])
     buf = io.BytesIO()
     Image.new("RGB", (4000, 3000)).save(buf, "JPEG")  # 12 Mpx, tiny file
-    moto.put("bad", "c/bomb.jpg", buf.getvalue())
-    with _loader("s3://bad/", moto, shuffle=False, max_pixels=1_000_000) as loader:
+    backend.put("bad", "c/bomb.jpg", buf.getvalue())
+    with _loader(backend.url("bad"), backend, shuffle=False, max_pixels=1_000_000) as loader:
         with pytest.raises(al.DecodeError, match=r"c/bomb\.jpg.*decompression bomb"):
             list(loader)
     with _loader(
-        "s3://bad/", moto, shuffle=False, max_pixels=1_000_000, on_error="skip", max_failures=3
+        backend.url("bad"),
+        backend,
+        shuffle=False,
+        max_pixels=1_000_000,
+        on_error="skip",
+        max_failures=3,
     ) as loader:
         batches = [len(images) for images, _ in loader]
         assert batches == [2]
         assert loader.stats().skipped == {"DecodeError": 3}
     with _loader(
-        "s3://bad/", moto, shuffle=False, max_pixels=1_000_000, on_error="skip", max_failures=2
+        backend.url("bad"),
+        backend,
+        shuffle=False,
+        max_pixels=1_000_000,
+        on_error="skip",
+        max_failures=2,
     ) as loader:
         with pytest.raises(al.FailureBudgetExceeded) as info:
             list(loader)
@@ -123,17 +133,17 @@ def test_corrupt_truncated_and_bomb_images(moto: MotoServer) -> None:
         }
 
 
-def test_decode_hook_for_other_blobs(moto: MotoServer) -> None:
-    moto.create_bucket("raw")
+def test_decode_hook_for_other_blobs(backend: Backend) -> None:
+    backend.create_bucket("raw")
     for i in range(5):
-        moto.put("raw", f"{i}.bin", bytes([i]) * 12)
+        backend.put("raw", f"{i}.bin", bytes([i]) * 12)
 
     def decode(data: bytes) -> np.ndarray:
         return np.frombuffer(data, np.uint8).reshape(1, 3, 4)
 
     with _loader(
-        "s3://raw/",
-        moto,
+        backend.url("raw"),
+        backend,
         decode=decode,
         sample_shape=(1, 3, 4),
         extensions=None,
@@ -146,7 +156,8 @@ def test_decode_hook_for_other_blobs(moto: MotoServer) -> None:
     assert labels.tolist() == [-1] * 5
 
 
-def test_empty_prefix_is_a_clear_error(moto: MotoServer) -> None:
-    moto.create_bucket("empty")
-    with pytest.raises(al.AsyncLoaderError, match="no samples under s3://empty/"):
-        _loader("s3://empty/", moto)
+def test_empty_prefix_is_a_clear_error(backend: Backend) -> None:
+    backend.create_bucket("empty")
+    url = backend.url("empty")
+    with pytest.raises(al.AsyncLoaderError, match=f"no samples under {url}"):
+        _loader(url, backend)

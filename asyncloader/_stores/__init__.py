@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from .._types import ObjectStore
 from ._azure import AzureStore, azure_store_from_url
@@ -18,7 +18,26 @@ from ._local import LocalStore
 from ._s3 import S3Store, parse_s3_url
 from ._web import HttpStore
 
-__all__ = ["AzureStore", "HttpStore", "LocalStore", "S3Store", "open_store"]
+__all__ = [
+    "AzureStore",
+    "HttpStore",
+    "LocalStore",
+    "S3Store",
+    "lists_from_manifest",
+    "open_store",
+]
+
+
+def _is_azure(parts: SplitResult) -> bool:
+    return parts.scheme in ("az", "abfs") or (
+        parts.scheme == "https" and (parts.hostname or "").endswith(".blob.core.windows.net")
+    )
+
+
+def lists_from_manifest(url: str) -> bool:
+    """Whether ``url`` names a plain HTTP(S) location, whose objects a manifest lists."""
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and not _is_azure(parts)
 
 
 def open_store(url: str, **options: Any) -> ObjectStore:
@@ -34,9 +53,7 @@ def open_store(url: str, **options: Any) -> ObjectStore:
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         return S3Store(bucket, prefix, **options)
-    if scheme in ("az", "abfs") or (
-        scheme == "https" and (parts.hostname or "").endswith(".blob.core.windows.net")
-    ):
+    if _is_azure(parts):
         return azure_store_from_url(url, **options)
     if scheme in ("http", "https"):
         return HttpStore(url, **options)

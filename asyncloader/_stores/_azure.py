@@ -490,7 +490,10 @@ class AzureStore:
 
 def azure_store_from_url(url: str, **options: Any) -> AzureStore:
     """The store for an ``az://`` or ``https://ACCOUNT.blob.core.windows.net/`` URL."""
-    account, container, prefix, sas = parse_azure_url(url, account=options.get("account"))
+    known = options.get("account")
+    if not known and options.get("connection_string"):
+        known = parse_connection_string(options["connection_string"]).get("accountname")
+    account, container, prefix, sas = parse_azure_url(url, account=known)
     if prefix and not prefix.endswith("/"):
         prefix += "/"
     if account:

@@ -14,8 +14,10 @@ __all__ = ["LocalStore"]
 
 
 def _etag(st: os.stat_result) -> str:
-    # Size and mtime identify a version of a local file well enough to key a cache.
-    return f"{st.st_size:x}-{st.st_mtime_ns:x}"
+    # Size, mtime and inode identify a version of a local file well enough to key a cache:
+    # a file replaced by rename (copy tools, rsync) gets a new inode even within one mtime
+    # tick.  An in-place rewrite of the same size within one tick is not detectable.
+    return f"{st.st_size:x}-{st.st_mtime_ns:x}-{st.st_ino:x}"
 
 
 class LocalStore:
@@ -33,7 +35,9 @@ class LocalStore:
 
     def _walk(self, prefix: str) -> list[ObjectInfo]:
         out: list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        # Walk only below the deepest folder the prefix names.
+        start = self.root / prefix.rpartition("/")[0] if "/" in prefix else self.root
+        for dirpath, dirnames, filenames in os.walk(start):
             dirnames.sort()
             rel_dir = Path(dirpath).relative_to(self.root).as_posix()
             rel_dir = "" if rel_dir == "." else rel_dir + "/"

@@ -18,7 +18,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 from yarl import URL
 
-from .._errors import ClosedError, StoreError
+from .._errors import ClosedError, ObjectNotFound, StoreError
 from .._manifest import read_manifest
 from .._types import Blob, ObjectInfo
 from ._http import (
@@ -123,7 +123,8 @@ class HttpStore:
         return read_manifest(data, name)
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]
-        """The manifest's objects under ``prefix``; sizes not in it are HEAD-requested."""
+        """The manifest's objects under ``prefix``; sizes not in it are HEAD-requested (an
+        object the server does not have is listed with size -1)."""
         rows = [r for r in await self._read_manifest() if r["key"].startswith(prefix)]
         sem = asyncio.Semaphore(self._head_concurrency)
 
@@ -132,7 +133,12 @@ class HttpStore:
             if "size" in row:
                 return ObjectInfo(key, int(row["size"]), normalize_etag(row.get("etag", "")))
             async with sem:
-                return await self.stat(key)
+                try:
+                    return await self.stat(key)
+                except ObjectNotFound:
+                    # Listed as of unknown size: the loader then reports it missing (an
+                    # error, or a counted skip) like any object that vanished.
+                    return ObjectInfo(key, -1, "")
 
         # Bounded batches keep a million-row manifest from creating a million tasks.
         for i in range(0, len(rows), 4096):

@@ -365,13 +365,18 @@ class Azurite(_Subprocess):
         )
 
     def _send(
-        self, method: str, path: str, query: dict[str, str], body: bytes = b"", **extra: str
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        body: bytes = b"",
+        extra: dict[str, str] | None = None,
     ) -> None:
         headers = {
             "x-ms-date": formatdate(usegmt=True),
             "x-ms-version": AZURE_API_VERSION,
             "content-length": str(len(body)),
-            **extra,
+            **(extra or {}),
         }
         if body:
             headers["content-type"] = "application/octet-stream"
@@ -393,14 +398,15 @@ class Azurite(_Subprocess):
                     raise
             time.sleep(0.1 * 2**attempt)
 
-    def create_bucket(self, bucket: str) -> None:
-        """Create a container (no error if it exists)."""
-        self._send("PUT", "/" + quote(bucket), {"restype": "container"})
+    def create_bucket(self, bucket: str, *, public: bool = False) -> None:
+        """Create a container (no error if it exists); ``public``: anonymous reads allowed."""
+        extra = {"x-ms-blob-public-access": "container"} if public else {}
+        self._send("PUT", "/" + quote(bucket), {"restype": "container"}, extra=extra)
 
     def put(self, bucket: str, key: str, data: bytes) -> None:
         """Put Blob (block blob), replacing any blob of that name."""
         self._send(
-            "PUT", f"/{quote(bucket)}/{quote(key)}", {}, data, **{"x-ms-blob-type": "BlockBlob"}
+            "PUT", f"/{quote(bucket)}/{quote(key)}", {}, data, {"x-ms-blob-type": "BlockBlob"}
         )
 
     def delete(self, bucket: str, key: str) -> None:

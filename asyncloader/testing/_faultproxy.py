@@ -53,6 +53,7 @@ class FaultProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
 
     def __enter__(self) -> Self:
         self.start()
@@ -94,9 +95,11 @@ class FaultProxy:
         async def shutdown() -> None:
             if self._server is not None:
                 self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            # Closing the connections ends their handlers (EOF), with nothing to cancel.
+            for writer in list(self._writers):
+                writer.close()
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            await asyncio.wait(others, timeout=5) if others else None
 
         asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
@@ -126,6 +129,7 @@ class FaultProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_writer: asyncio.StreamWriter | None = None
         pump: asyncio.Task[None] | None = None
+        self._writers.add(writer)
         try:
             while True:
                 try:
@@ -164,13 +168,13 @@ class FaultProxy:
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
-            if pump is not None:
-                pump.cancel()
-                with contextlib.suppress(BaseException):
-                    await pump
+            self._writers.discard(writer)
             for w in (up_writer, writer):
                 if w is not None:
                     w.close()
+            if pump is not None:
+                with contextlib.suppress(Exception):
+                    await pump
 
     @staticmethod
     async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
@@ -179,7 +183,7 @@ class FaultProxy:
             while chunk := await src.read(1 << 16):
                 dst.write(chunk)
                 await dst.drain()
-        except ConnectionError:
-            pass
+        except (ConnectionError, RuntimeError):
+            pass  # either side closed
         finally:
             dst.close()
