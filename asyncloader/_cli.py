@@ -1,8 +1,9 @@
 """The ``asyncloader`` command line.
 
 ``asyncloader demo`` — the main job on an embedded default: generate (once) an ImageNet-like
-JPEG folder from real photos, start ``moto_server`` on 127.0.0.1, upload the folder, stream a
-few epochs through the loader with a progress bar, and print a throughput summary.
+JPEG folder from real photos, start ``moto_server`` (or Azurite, ``--store azure``) on
+127.0.0.1, upload the folder, stream a few epochs through the loader with a progress bar,
+and print a throughput summary.
 """
 
 from __future__ import annotations
@@ -32,27 +33,29 @@ def _demo(args: argparse.Namespace) -> int:
     from asyncloader.testing import demo_bucket
 
     data_dir = Path(args.data_dir)
+    emulator = "Azurite" if args.store == "azure" else "moto_server"
     print(
-        f"preparing {args.images} JPEGs in {args.classes} classes under {data_dir} and a "
-        "moto_server with them ..."
+        f"preparing {args.images} JPEGs in {args.classes} classes under {data_dir} and "
+        f"{emulator} with them ..."
     )
     t0 = time.perf_counter()
-    with demo_bucket(data_dir, images=args.images, classes=args.classes, seed=args.seed) as bucket:
-        url, endpoint, moto_pid = bucket
+    with demo_bucket(
+        data_dir, images=args.images, classes=args.classes, seed=args.seed, store=args.store
+    ) as bucket:
         files = sorted(data_dir.rglob("*.jpg"))
         kb = sum(p.stat().st_size for p in files) / len(files) / 1e3
         print(f"ready in {time.perf_counter() - t0:.1f} s ({len(files)} files, {kb:.0f} KB each)")
-        print(f"streaming {url} from moto_server at {endpoint}")
-        moto_cpu0 = _proc_cpu_seconds(moto_pid)
+        print(f"streaming {bucket.url} from {bucket.name} at {bucket.endpoint}")
+        moto_cpu0 = _proc_cpu_seconds(bucket.pid)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         with al.ImageLoader(
-            url,
+            bucket.url,
             batch_size=args.batch_size,
             transform=al.RandomResizedCrop(224),
             decode_workers=args.decode_workers,
             decode_backend=args.backend,
             seed=args.seed,
-            store_options={"endpoint_url": endpoint},
+            store_options=bucket.store_options,
             cache_dir=None if args.no_cache else args.cache_dir,
         ) as loader:
             samples = 0
@@ -67,7 +70,7 @@ def _demo(args: argparse.Namespace) -> int:
             stats = loader.stats()
         wall = time.perf_counter() - wall0
         cpu = time.process_time() - cpu0
-        moto_cpu = _proc_cpu_seconds(moto_pid) - moto_cpu0
+        moto_cpu = _proc_cpu_seconds(bucket.pid) - moto_cpu0
     print()
     print(stats.summary())
     print(
@@ -78,10 +81,10 @@ def _demo(args: argparse.Namespace) -> int:
     per_get = moto_cpu / max(stats.requests, 1) * 1e3
     if moto_cpu > 0.5 * wall:
         print(
-            f"note: the emulator is the bound here: moto_server used {moto_cpu:.1f} CPU-s "
+            f"note: the emulator is the bound here: {bucket.name} used {moto_cpu:.1f} CPU-s "
             f"({per_get:.1f} ms per GET) on this {os.cpu_count()}-core machine, leaving the "
-            "decode workers less CPU. Real S3 costs the client nothing of the sort; see "
-            "benchmarks/ for figures against a light server."
+            "decode workers less CPU. Real cloud storage costs the client nothing of the "
+            "sort; see benchmarks/ for figures against a light server."
         )
     return 0
 
@@ -188,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
         default=os.path.join("cache", "objects"),
         help="the local object cache: epochs after the first (and later runs) read from it",
     )
-    demo.add_argument("--no-cache", action="store_true", help="stream every epoch from S3")
+    demo.add_argument("--no-cache", action="store_true", help="stream every epoch from storage")
+    demo.add_argument(
+        "--store",
+        choices=("s3", "azure"),
+        default="s3",
+        help="the emulator: moto_server (s3, default) or Azurite (azure, needs npm's azurite)",
+    )
     warm = sub.add_parser(
         "warm", help="fill the local cache with the objects under a URL, resumably"
     )

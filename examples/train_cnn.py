@@ -71,7 +71,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         url, endpoint = args.url, args.endpoint_url
         if url is None:
-            url, endpoint, _ = stack.enter_context(demo_bucket(images=args.images))
+            url, endpoint = stack.enter_context(demo_bucket(images=args.images))[:2]
         options = {"endpoint_url": endpoint} if endpoint else {}
         loader = stack.enter_context(
             al.ImageLoader(

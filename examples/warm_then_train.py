@@ -19,7 +19,8 @@ def main() -> None:
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--cache-dir", default="cache/objects")
     args = p.parse_args()
-    with demo_bucket(images=args.images) as (url, endpoint, _):
+    with demo_bucket(images=args.images) as bucket:
+        url, endpoint = bucket.url, bucket.endpoint
         report = al.warm(url, args.cache_dir, store_options={"endpoint_url": endpoint})
         print("warm:", report.summary())
         with al.ImageLoader(

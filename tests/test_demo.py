@@ -1,4 +1,4 @@
-"""README command 1, small: the demo runs end to end against moto_server."""
+"""README command 1, small: the demo runs end to end against moto_server (and Azurite)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
-def _demo(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+
+def _demo(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -25,6 +27,7 @@ def _demo(tmp_path: Path) -> subprocess.CompletedProcess[str]:
             str(tmp_path / "jpegs"),
             "--cache-dir",
             str(tmp_path / "cache"),
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -44,3 +47,11 @@ def test_demo_runs(tmp_path: Path) -> None:
     again = _demo(tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert re.search(r"cache: [1-9]\d* hits .* 0 misses", again.stdout), again.stdout
+
+
+@pytest.mark.usefixtures("azurite")  # skips (or fails in CI) without azurite installed
+def test_demo_on_azurite(tmp_path: Path) -> None:
+    out = _demo(tmp_path, "--store", "azure", "--no-cache")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "streaming az://devstoreaccount1/asyncloader-demo/train/ from Azurite" in out.stdout
+    assert "96 samples in 6 batches" in out.stdout

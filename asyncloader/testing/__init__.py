@@ -414,11 +414,14 @@ class Azurite(_Subprocess):
 
 
 class DemoBucket(NamedTuple):
-    """Where the demo data is served: ``url`` (s3://), ``endpoint`` and the server's pid."""
+    """Where the demo data is served: ``url``, the emulator's ``endpoint`` and ``pid``, its
+    ``name`` and the ``store_options`` that reach it."""
 
     url: str
     endpoint: str
     pid: int
+    name: str
+    store_options: dict[str, Any]
 
 
 @contextlib.contextmanager
@@ -428,17 +431,41 @@ def demo_bucket(
     images: int = 2000,
     classes: int = 10,
     seed: int = 0,
+    store: str = "s3",
 ) -> Iterator[DemoBucket]:
-    """The demo's data on a local ``moto_server``: yields a :class:`DemoBucket`.
+    """The demo's data on a local emulator: yields a :class:`DemoBucket`.
 
-    Generates the JPEG folder once under ``data_dir``, starts moto on 127.0.0.1, uploads the
-    folder, and sets the emulator's test credentials in the environment if none are set.
+    Generates the JPEG folder once under ``data_dir``, starts ``moto_server`` (``store="s3"``)
+    or Azurite (``store="azure"``) on 127.0.0.1 and uploads the folder.  For S3 it sets the
+    emulator's test credentials in the environment if none are set.
     """
+    if store not in ("s3", "azure"):
+        raise ValueError(f"store must be 's3' or 'azure', not {store!r}")
     make_jpeg_folder(data_dir, images=images, classes=classes, seed=seed)
-    for k, v in TEST_ENV.items():
-        os.environ.setdefault(k, v)
-    with MotoServer() as moto:
-        moto.create_bucket("asyncloader-demo")
-        moto.upload_folder("asyncloader-demo", data_dir, "train/")
-        assert moto.pid is not None
-        yield DemoBucket("s3://asyncloader-demo/train/", moto.endpoint, moto.pid)
+    server: MotoServer | Azurite
+    if store == "azure":
+        server = Azurite()
+    else:
+        for k, v in TEST_ENV.items():
+            os.environ.setdefault(k, v)
+        server = MotoServer()
+    with server:
+        server.create_bucket("asyncloader-demo")
+        server.upload_folder("asyncloader-demo", data_dir, "train/")
+        assert server.pid is not None
+        if isinstance(server, Azurite):
+            yield DemoBucket(
+                f"az://{server.account}/asyncloader-demo/train/",
+                server.endpoint,
+                server.pid,
+                "Azurite",
+                {"connection_string": server.connection_string},
+            )
+        else:
+            yield DemoBucket(
+                "s3://asyncloader-demo/train/",
+                server.endpoint,
+                server.pid,
+                "moto_server",
+                {"endpoint_url": server.endpoint},
+            )
