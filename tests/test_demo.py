@@ -42,7 +42,8 @@ def test_demo_runs(tmp_path: Path) -> None:
     assert "images/s" in out.stdout
     assert "ms of loader CPU per image" in out.stdout
     assert "bound by:" in out.stdout
-    assert re.search(r"cache: 0 hits .* [1-9]\d* stored", out.stdout)
+    # (Epochs stream back to back, so epoch 1 may be fetched before epoch 0 is stored.)
+    assert re.search(r"cache: \d+ hits .* [1-9]\d* stored", out.stdout), out.stdout
     # A later run (a fresh emulator with the same objects) reads everything from the cache.
     again = _demo(tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
