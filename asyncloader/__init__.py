@@ -2,6 +2,8 @@
 
 from ._cache import CacheStats as CacheStats
 from ._cache import ObjectCache as ObjectCache
+from ._config import IMAGENET_MEAN as IMAGENET_MEAN
+from ._config import IMAGENET_STD as IMAGENET_STD
 from ._config import FetchConfig as FetchConfig
 from ._config import RunConfig as RunConfig
 from ._errors import AccessDenied as AccessDenied
@@ -36,6 +38,8 @@ from ._warm import warm as warm
 __version__ = "0.1.0"
 
 __all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "AccessDenied",
     "AsyncLoaderError",
     "AzureStore",

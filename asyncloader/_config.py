@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["FetchConfig", "OnError", "RunConfig"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "FetchConfig", "OnError", "RunConfig"]
+
+# Per-channel RGB statistics on the 0..1 scale: the usual normalisation for ImageNet models.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 OnError = Literal["raise", "skip"]
 

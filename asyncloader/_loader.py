@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ._cache import ObjectCache
-from ._config import FetchConfig, OnError, RunConfig
+from ._config import IMAGENET_MEAN, IMAGENET_STD, FetchConfig, OnError, RunConfig
 from ._decode import DecodePool, DecodeSpec, ProcessDecodePool, ThreadDecodePool
 from ._errors import (
     AsyncLoaderError,
@@ -41,6 +41,8 @@ from ._types import Blob, DecodeFn, ObjectStore
 
 if TYPE_CHECKING:
     import torch
+
+    from ._upload import Uploader
 
 __all__ = ["ImageLoader"]
 
@@ -71,6 +73,7 @@ class _Runtime:
         self.pool: DecodePool | None = None
         self.store: ObjectStore | None = None
         self.ring: BatchRing | None = None
+        self.uploader: Uploader | None = None
         self._lock = threading.Lock()
         self.thread.start()
 
@@ -133,6 +136,9 @@ class _Runtime:
             if not self.thread.is_alive() and not self.loop.is_closed():
                 self.loop.close()
         finally:
+            if self.uploader is not None:
+                with contextlib.suppress(Exception):
+                    self.uploader.close()  # unregisters the ring's pages before unmapping
             if self.ring is not None:
                 self.ring.close()  # last: workers may write into it until they are gone
 
@@ -209,6 +215,17 @@ class ImageLoader:
         listing_max_age: With a cache, reuse the saved object list of the URL if younger
             than this [seconds]; objects replaced since then fail their ETag check clearly.
         refresh_listing: List the store again even if a saved list is young enough.
+        device: Where batches are delivered: ``None`` (default) gives uint8 CPU tensors that
+            are views of the ring; ``"cuda"`` (this process's GPU: ``LOCAL_RANK`` under
+            torchrun), ``"cuda:1"`` or ``"cpu"`` give ``dtype`` tensors normalised with
+            ``mean``/``std``, made by an uploader thread two batches ahead (on a GPU: copied
+            on its own CUDA stream, converted there, the training stream waiting on an event).
+            Without CUDA, ``"cuda"`` falls back to the CPU with a warning.
+        dtype: ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"uint8"`` (no normalisation).
+        mean, std: Per channel on the 0..1 scale (ImageNet's by default); None: 0 and 1.
+        channels_last: Deliver images in ``torch.channels_last`` memory format.
+        pin: CUDA: ``"register"`` page-locks the ring in place, ``"staging"`` copies through
+            pinned buffers, ``"auto"`` registers and falls back to staging.
     """
 
     def __init__(
@@ -244,6 +261,12 @@ class ImageLoader:
         cache_size: int | str = "100GB",
         listing_max_age: float = 3600.0,
         refresh_listing: bool = False,
+        device: str | None = None,
+        dtype: str = "float32",
+        mean: Sequence[float] | None = IMAGENET_MEAN,
+        std: Sequence[float] | None = IMAGENET_STD,
+        channels_last: bool = False,
+        pin: str = "auto",
     ) -> None:
         workers = decode_workers or _default_workers()
         if decode is None:
@@ -289,6 +312,13 @@ class ImageLoader:
         self._resume: tuple[int, int] | None = None  # from load_state_dict
         self._held: int | None = None
         self.url = store.url if store is not None else url
+        self._produced: tuple[int, int] | None = None  # where the output queue stands
+        self._uploader: Uploader | None = None
+        if device is not None:
+            from ._upload import DeviceSpec, Uploader
+
+            spec = DeviceSpec.make(device, dtype, mean, std, channels_last)
+            self._uploader = Uploader(spec, depth=2, pin=pin)
         self._rt = _Runtime()
         _live_runtimes.add(self._rt)
         self._finalizer = weakref.finalize(self, self._rt.close)
@@ -300,6 +330,10 @@ class ImageLoader:
             self.url = the_store.url  # canonical: account, bucket, trailing slash
             self._rt.store = the_store
             self.dataset: Dataset = self._rt.call(self._setup(the_store, labels, extensions))
+            if self._uploader is not None:
+                assert self._rt.ring is not None
+                self._uploader.prepare(self._rt.ring.images)
+                self._rt.uploader = self._uploader
         except BaseException:
             self.close()
             raise
@@ -365,7 +399,7 @@ class ImageLoader:
             )
         # Start on epoch 0 right away: the first batches are ready when iteration begins.
         await self._rt.pipeline.start(0)
-        self._position = (0, 0)
+        self._position = self._produced = (0, 0)
         return dataset
 
     # --- public surface -----------------------------------------------------------------
@@ -418,7 +452,10 @@ class ImageLoader:
         if self._resume is not None and self._resume[0] == epoch:
             first = self._resume[1]
         self._resume = None
-        return self._iterate(epoch, first)
+        batches = self._iterate(epoch, first)
+        if self._uploader is not None:
+            batches = self._uploader.run(batches)
+        return self._deliver(epoch, batches)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the run stands: resuming from it continues with the next unseen batch.
@@ -478,17 +515,46 @@ class ImageLoader:
         self._epoch_requested = None
         self._last_epoch = self._resume[0] - 1
 
-    def _iterate(self, epoch: int, first: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _deliver(
+        self, epoch: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor, Any]]
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The consumer's side: count what the user receives, and where the run stands."""
+        c = self._counters
+        try:
+            for images, labels, (index, n) in batches:
+                self._position = (epoch, index + 1)
+                c.consumer_batches += 1
+                c.consumer_samples += n
+                if c.consumer_first_batch_seconds is None:
+                    c.consumer_first_batch_seconds = time.perf_counter() - c.started
+                yield images, labels
+        except GeneratorExit:
+            raise  # the consumer stopped early: the position stands
+        except BaseException:
+            self._position = None
+            raise
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+        self._position = (epoch + 1, 0)
+        self._last_epoch = epoch
+
+    def _iterate(
+        self, epoch: int, first: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, tuple[int, int]]]:
+        """The producer's side: batches of the ring as tensor views, each valid until the
+        next one is asked for (its slot is released then)."""
         import torch
 
         rt = self._rt
         assert rt.pipeline is not None
         assert rt.ring is not None
-        if self._position != (epoch, first):
+        if self._produced != (epoch, first):
             self._release_held()
             pipeline = rt.pipeline
             rt.call(pipeline.start(epoch, first))
-            self._position = (epoch, first)
+            self._produced = (epoch, first)
         ring = rt.ring
         c = self._counters
         try:
@@ -496,11 +562,10 @@ class ImageLoader:
                 item = self._next_item()
                 kind = item[0]
                 if kind == END:
-                    self._position = (epoch + 1, 0)
-                    self._last_epoch = epoch
+                    self._produced = (epoch + 1, 0)
                     return
                 if kind == ERROR:
-                    self._position = None
+                    self._produced = None
                     exc = item[1]
                     if isinstance(exc, AsyncLoaderError):
                         raise exc
@@ -510,14 +575,11 @@ class ImageLoader:
                 if skipped:
                     c.skipped.update(skipped)
                 self._held = slot
-                self._position = (epoch, index + 1)
-                c.consumer_batches += 1
-                c.consumer_samples += n
-                if c.consumer_first_batch_seconds is None:
-                    c.consumer_first_batch_seconds = time.perf_counter() - c.started
+                self._produced = (epoch, index + 1)
                 yield (
                     torch.from_numpy(ring.images[slot, :n]),
                     torch.from_numpy(ring.labels[slot, :n]),
+                    (index, n),
                 )
                 self._release_held()
         finally:

@@ -9,6 +9,11 @@
         for images, labels in dl:
             ...
 
+With ``device="cuda"`` (and ``dtype``, ``mean``, ``std``, ``channels_last``) batches arrive on
+the GPU already normalised, when the dataset is iterated in the training process
+(``num_workers=0``, or directly).  With DataLoader workers, leave ``device`` out of the
+dataset and wrap the DataLoader: ``for images, labels in to_device(dl, device="cuda")``.
+
 The shard is ``(rank, world size)`` from ``torch.distributed`` when it is initialised, else
 from the torchrun environment (``RANK``, ``WORLD_SIZE``), times the DataLoader worker. Every
 rank sees the same number of batches per epoch (``even="pad"`` repeats samples to fill the
@@ -21,15 +26,16 @@ the process that iterates, so both the fork and the spawn start methods work; wi
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from asyncloader import ImageLoader, shard_from_env
+from asyncloader import IMAGENET_MEAN, IMAGENET_STD, ImageLoader, shard_from_env
+from asyncloader._upload import DeviceSpec, Uploader
 
-__all__ = ["ImageDataset", "dist_shard"]
+__all__ = ["ImageDataset", "dist_shard", "to_device"]
 
 
 def dist_shard() -> tuple[int, int]:
@@ -82,6 +88,12 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             return self._loader
         rank, world = dist_shard()
         info = get_worker_info()
+        if info is not None and self.options.get("device") is not None:
+            raise ValueError(
+                "device= belongs to the training process, not DataLoader workers: drop it "
+                "from the dataset and iterate asyncloader.torch.to_device(dataloader, "
+                "device=...)"
+            )
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         options = dict(self.options)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
@@ -125,3 +137,24 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         if self._loader is not None:
             self._loader.close()
             self._loader = None
+
+
+def to_device(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    device: str = "cuda",
+    *,
+    dtype: str = "float32",
+    mean: Sequence[float] | None = IMAGENET_MEAN,
+    std: Sequence[float] | None = IMAGENET_STD,
+    channels_last: bool = False,
+    depth: int = 2,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of uint8 images (a DataLoader over :class:`ImageDataset`, say) delivered on
+    ``device``, converted and normalised, by the loader's uploader thread ``depth`` ahead
+    (the same arithmetic as ``ImageLoader(device=...)``; on a GPU, on its own CUDA stream).
+    Use ``DataLoader(..., pin_memory=True)`` so the copies are asynchronous."""
+    spec = DeviceSpec.make(device, dtype, mean, std, channels_last)
+    uploader = Uploader(spec, depth=depth, pin="auto")
+    source = ((images, labels, None) for images, labels in batches)
+    for images, labels, _ in uploader.run(source):
+        yield images, labels

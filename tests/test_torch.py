@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 import asyncloader as al
 from asyncloader.testing import S3TestServer
-from asyncloader.torch import ImageDataset, dist_shard
+from asyncloader.torch import ImageDataset, dist_shard, to_device
 
 from .conftest import N_IMAGES
 
@@ -74,3 +74,23 @@ def test_dataset_without_workers_and_shard_from_env(
         ds.close()
     with pytest.raises(TypeError, match="rank is set by the dataset"):
         ImageDataset("s3://b/train/", rank=0)
+
+
+def test_device_on_the_dataset_and_to_device_after_workers(light_server: S3TestServer) -> None:
+    ds = _dataset(light_server)
+    ds.options["shuffle"] = False
+    direct = ImageDataset("s3://b/train/", device="cpu", **ds.options)
+    try:
+        expected = [(images.clone(), labels.clone()) for images, labels in direct]
+    finally:
+        direct.close()
+    assert expected[0][0].dtype == torch.float32
+    dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    got = [(images.clone(), labels) for images, labels in to_device(dl, "cpu")]
+    assert len(got) == len(expected)
+    for (a, la), (b, lb) in zip(got, expected, strict=True):
+        assert torch.equal(la, lb)
+        assert torch.equal(a, b)  # the same arithmetic as the loader's own uploader
+    in_workers = ImageDataset("s3://b/train/", device="cpu", **ds.options)
+    with pytest.raises(ValueError, match="device= belongs to the training process"):
+        list(DataLoader(in_workers, batch_size=None, num_workers=1))

@@ -1,0 +1,383 @@
+"""The last stage: batches handed to training already on their device, converted and normalised.
+
+A thread drains the loader's batch stream and keeps up to ``depth`` finished batches ahead of
+the training loop:
+
+* **CUDA**: on a dedicated stream, the ring slot (page-locked by registering the ring with the
+  CUDA runtime, or else copied into one of a few pinned staging buffers) is copied with
+  ``non_blocking=True``, then converted uint8 → float and normalised on the GPU.  An event
+  marks the end of the copy: only after it has completed does the slot go back to the ring.
+  A second event marks the batch ready; the consumer's stream waits on it (no host sync) and
+  the tensors are recorded on that stream so the caching allocator does not reuse them early.
+* **CPU** (``device="cpu"``, or no GPU): the same conversion with the same arithmetic, into a
+  few reused output buffers (a batch stays valid until the next is asked for, as ring views
+  do), so code and tests run everywhere and results match the GPU's bit for bit.  GPU
+  batches are fresh tensors from the caching allocator.
+
+Normalisation is ``(x * (1 / (255 * std))) + (-mean / std)`` in float32 — two separate
+element-wise operations, each rounded once, identically on CPU and GPU — then a cast to the
+output dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from ._config import IMAGENET_MEAN, IMAGENET_STD
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceSpec", "Uploader", "resolve_device"]
+
+log = logging.getLogger("asyncloader")
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "uint8": torch.uint8,
+}
+_SLICE = 0.1
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"cuda"`` → this process's GPU (``LOCAL_RANK`` under torchrun, else the current one);
+    a CUDA device without CUDA available → CPU, with a warning, so the same code runs
+    everywhere."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        log.warning("asyncloader: device=%r but CUDA is not available; using the CPU", device)
+        return torch.device("cpu")
+    if dev.index is None:
+        local = os.environ.get("LOCAL_RANK")
+        index = int(local) if local is not None else torch.cuda.current_device()
+        dev = torch.device("cuda", index % torch.cuda.device_count())
+    return dev
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """What the training loop receives: where, which dtype, how normalised, which layout.
+
+    Attributes:
+        device: Resolved device.
+        dtype: Output dtype (``torch.uint8`` skips normalisation: a plain device copy).
+        mean, std: Per-channel, on the 0..1 scale (torchvision's convention).
+        channels_last: Return images in ``torch.channels_last`` memory format.
+    """
+
+    device: torch.device
+    dtype: torch.dtype = torch.float32
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    channels_last: bool = False
+
+    @classmethod
+    def make(
+        cls,
+        device: str | torch.device,
+        dtype: str | torch.dtype = "float32",
+        mean: Sequence[float] | None = IMAGENET_MEAN,
+        std: Sequence[float] | None = IMAGENET_STD,
+        channels_last: bool = False,
+    ) -> DeviceSpec:
+        """Validate and resolve the loader's ``device=``/``dtype=``/``mean=``/``std=`` options.
+
+        ``mean=None``/``std=None``: 0 and 1, i.e. only scaled to 0..1.
+
+        Raises:
+            ValueError: an unknown dtype, or mean/std of different lengths or a zero std.
+        """
+        if isinstance(dtype, str):
+            if dtype not in _DTYPES:
+                raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, not {dtype!r}")
+            dtype = _DTYPES[dtype]
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"unsupported output dtype {dtype}")
+        m = tuple(float(x) for x in (mean if mean is not None else (0.0,)))
+        s = tuple(float(x) for x in (std if std is not None else (1.0,)))
+        if len(m) != len(s):
+            raise ValueError(f"mean and std need one value per channel: {m} vs {s}")
+        if any(x == 0 for x in s):
+            raise ValueError("std must not contain 0")
+        return cls(resolve_device(device), dtype, m, s, channels_last)
+
+    def affine(self, channels: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scale, shift)`` of shape [1, C, 1, 1], float32, on ``device``."""
+
+        def per_channel(values: tuple[float, ...]) -> torch.Tensor:
+            if len(values) not in (1, channels):
+                raise ValueError(f"mean/std have {len(values)} values for {channels} channels")
+            v = torch.tensor(values * (channels if len(values) == 1 else 1), dtype=torch.float64)
+            return v
+
+        mean, std = per_channel(self.mean), per_channel(self.std)
+        scale = (1.0 / (255.0 * std)).to(torch.float32).view(1, channels, 1, 1)
+        shift = (-mean / std).to(torch.float32).view(1, channels, 1, 1)
+        return scale.to(device), shift.to(device)
+
+    def empty(self, shape: torch.Size, device: torch.device) -> torch.Tensor:
+        """An uninitialised output batch of this spec's dtype and layout."""
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        return torch.empty(shape, dtype=self.dtype, device=device, memory_format=fmt)
+
+    def convert(
+        self,
+        images: torch.Tensor,
+        affine: tuple[torch.Tensor, torch.Tensor],
+        out: torch.Tensor | None = None,
+        scratch: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """uint8 [B,C,H,W] on the target device → the output batch, written into ``out``
+        (and, for 16-bit outputs, through the float32 ``scratch``) when given: the same
+        element-wise operations on CPU and GPU, so both round identically."""
+        if out is None:
+            out = self.empty(images.shape, images.device)
+        if self.dtype == torch.uint8:
+            return out.copy_(images)
+        if self.dtype == torch.float32:
+            x = out
+        elif scratch is not None:
+            x = scratch
+        else:
+            x = torch.empty(images.shape, dtype=torch.float32, device=images.device)
+        x.copy_(images)
+        x.mul_(affine[0])
+        x.add_(affine[1])
+        if x is not out:
+            out.copy_(x)
+        return out
+
+
+# (images uint8 [B,C,H,W] CPU view, labels int64 [B] CPU view, meta): a batch as the loader
+# produces it; the view is valid until the source iterator is advanced.
+SourceBatch = tuple[torch.Tensor, torch.Tensor, Any]
+
+
+class _Stop(Exception):
+    pass
+
+
+class Uploader:
+    """Keeps ``depth`` converted batches ahead of the consumer, from a thread.
+
+    Args:
+        spec: Device, dtype, normalisation and layout.
+        depth: Finished batches held ready (the device queue).
+        pin: CUDA only: ``"register"`` page-locks the ring's own memory (no extra copy),
+            ``"staging"`` copies each slot into a pinned staging buffer first, ``"auto"``
+            tries registering and falls back to staging.
+    """
+
+    def __init__(self, spec: DeviceSpec, *, depth: int = 2, pin: str = "auto") -> None:
+        if depth < 1:
+            raise ValueError("depth must be at least 1")
+        if pin not in ("auto", "register", "staging"):
+            raise ValueError(f"pin must be 'auto', 'register' or 'staging', not {pin!r}")
+        self.spec = spec
+        self.depth = depth
+        self.pin = pin
+        self.cuda = spec.device.type == "cuda"
+        self._affine: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._stream: Any = None
+        self._registered: list[int] = []
+        self._staging: list[torch.Tensor] = []
+        self._staging_events: list[Any] = []
+        self._next_staging = 0
+        self._pool: list[torch.Tensor] = []
+        self._scratch: torch.Tensor | None = None
+        self._next_out = 0
+        self.wait_seconds = 0.0  # consumer time spent waiting for the device queue
+        # CUDA: when a list, (copy start, copy end) events of every batch are appended, for
+        # timelines (tests and benchmarks); None (default) records nothing.
+        self.timeline: list[tuple[Any, Any]] | None = None
+
+    # --- memory -------------------------------------------------------------------------
+
+    def prepare(self, ring_images: npt.NDArray[np.uint8]) -> None:
+        """Page-lock the ring (CUDA, ``pin`` register/auto).  Call once, before iterating."""
+        if not self.cuda or self.pin == "staging" or ring_images.nbytes == 0:
+            return
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        ptr = int(ring_images.ctypes.data)
+        err = cudart.cudaHostRegister(ptr, int(ring_images.nbytes), 0)
+        if int(err) == 0:
+            self._registered.append(ptr)
+            return
+        if self.pin == "register":
+            raise RuntimeError(f"cudaHostRegister of the batch ring failed (error {int(err)})")
+        log.info("asyncloader: cannot page-lock the batch ring (%s); using staging", int(err))
+        self.pin = "staging"
+
+    def close(self) -> None:
+        """Unregister the ring (before it is unmapped) and drop staging buffers."""
+        if self._registered:
+            cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+            torch.cuda.synchronize(self.spec.device)
+            for ptr in self._registered:
+                with contextlib.suppress(Exception):
+                    cudart.cudaHostUnregister(ptr)
+            self._registered = []
+        self._staging = []
+        self._staging_events = []
+        self._pool = []
+        self._scratch = None
+
+    # --- the stage ------------------------------------------------------------------------
+
+    def _convert_cuda(
+        self, images: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Any, Any]:
+        """Queue copy + conversion on the upload stream; return the outputs and the events
+        marking the copy done (the slot is then free) and the batch ready."""
+        dev = self.spec.device
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
+        stream = self._stream
+        assert self._affine is not None
+        staged = self._stage(images) if self.pin == "staging" else None
+        with torch.cuda.stream(stream):
+            start = None
+            if self.timeline is not None:
+                start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                start.record(stream)
+            src = images if staged is None else self._staging[staged][: images.shape[0]]
+            d_images = src.to(dev, non_blocking=True)
+            d_labels = labels.to(dev, non_blocking=True)
+            copied = torch.cuda.Event(enable_timing=start is not None)  # type: ignore[no-untyped-call]
+            copied.record(stream)
+            if self.timeline is not None:
+                self.timeline.append((start, copied))
+            if staged is not None:
+                self._staging_events[staged] = copied
+            out = self.spec.convert(d_images, self._affine)
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record(stream)
+        return out, d_labels, copied, ready
+
+    def _convert_cpu(self, images: torch.Tensor) -> torch.Tensor:
+        """Into the next of ``depth + 2`` reused output buffers (one held by the consumer,
+        ``depth`` queued, one being written): fresh 77 MB tensors per batch cost page faults
+        that take longer than the conversion itself."""
+        assert self._affine is not None
+        n = images.shape[0]
+        pool = self._pool
+        if not pool or pool[0].shape[1:] != images.shape[1:] or pool[0].shape[0] < n:
+            pool = [self.spec.empty(images.shape, images.device) for _ in range(self.depth + 2)]
+            self._pool = pool
+            wide = self.spec.dtype not in (torch.float32, torch.uint8)
+            self._scratch = torch.empty(images.shape, dtype=torch.float32) if wide else None
+        out = pool[self._next_out][:n]
+        self._next_out = (self._next_out + 1) % len(pool)
+        scratch = self._scratch[:n] if self._scratch is not None else None
+        return self.spec.convert(images, self._affine, out, scratch)
+
+    def _stage(self, images: torch.Tensor) -> int:
+        """Copy a slot into the next pinned staging buffer (once its last H2D copy is done);
+        return the buffer's index.  The slot itself is free as soon as this returns."""
+        n = self.depth + 1
+        if not self._staging:
+            self._staging = [
+                torch.empty(images.shape, dtype=torch.uint8).pin_memory() for _ in range(n)
+            ]
+            self._staging_events = [None] * n
+        i = self._next_staging
+        self._next_staging = (i + 1) % n
+        ev = self._staging_events[i]
+        if ev is not None:
+            ev.synchronize()
+        self._staging[i][: images.shape[0]].copy_(images)
+        return i
+
+    def run(
+        self, source: Iterator[SourceBatch], on_error: Callable[[BaseException], None] | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, Any]]:
+        """Yield ``(images, labels, meta)`` converted on the device, ``depth`` ahead.
+
+        ``source`` is advanced from the uploader thread only (advancing it releases the
+        previous slot), and closed there when the consumer stops early.
+        """
+        if self._affine is None:
+            channels = 3
+            self._affine = self.spec.affine(channels, self.spec.device)
+        out_q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+
+        def put(item: tuple[str, Any]) -> None:
+            while not stop.is_set():
+                try:
+                    out_q.put(item, timeout=_SLICE)
+                    return
+                except queue.Full:
+                    continue
+            raise _Stop
+
+        def work() -> None:
+            try:
+                for images, labels, meta in source:
+                    if stop.is_set():
+                        break
+                    if self._affine is not None and self._affine[0].shape[1] != images.shape[1]:
+                        self._affine = self.spec.affine(images.shape[1], self.spec.device)
+                    assert self._affine is not None
+                    if self.cuda:
+                        out, lab, copied, ready = self._convert_cuda(images, labels)
+                        if self.pin != "staging":
+                            copied.synchronize()  # only now may the slot be refilled
+                        put(("batch", (out, lab, meta, ready)))
+                    else:
+                        out = self._convert_cpu(images)
+                        put(("batch", (out, labels.clone(), meta, None)))
+                put(("end", None))
+            except _Stop:
+                pass
+            except BaseException as exc:  # handed to the consumer, raised there
+                with contextlib.suppress(_Stop):
+                    put(("error", exc))
+            finally:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()
+
+        thread = threading.Thread(target=work, name="asyncloader-uploader", daemon=True)
+        thread.start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                while True:
+                    try:
+                        kind, payload = out_q.get(timeout=_SLICE)
+                        break
+                    except queue.Empty:
+                        if not thread.is_alive() and out_q.empty():
+                            raise RuntimeError("the uploader thread died") from None
+                self.wait_seconds += time.perf_counter() - t0
+                if kind == "end":
+                    return
+                if kind == "error":
+                    if on_error is not None:
+                        on_error(payload)
+                    raise payload
+                out, lab, meta, ready = payload
+                if ready is not None:
+                    current = torch.cuda.current_stream(self.spec.device)
+                    current.wait_event(ready)
+                    out.record_stream(current)
+                    lab.record_stream(current)
+                yield out, lab, meta
+        finally:
+            stop.set()
+            thread.join(30)
