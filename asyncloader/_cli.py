@@ -134,6 +134,7 @@ def _warm(args: argparse.Namespace) -> int:
             cache_size=args.cache_size,
             concurrency=args.concurrency,
             shard=args.shard,
+            node_seed=args.node_local_seed,
             refresh_listing=args.refresh_listing,
             store_options=options,
             on_listed=listed,
@@ -207,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     warm.add_argument("--concurrency", type=int, default=256, help="requests in flight (256)")
     warm.add_argument(
         "--shard", type=_parse_shard, default=None, help="i/n: this node's part (torchrun env)"
+    )
+    warm.add_argument(
+        "--node-local-seed",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="warm node i/n's subset for shuffle='node' with this seed, not every n-th object",
     )
     warm.add_argument(
         "--endpoint-url", default=None, help="an S3-compatible or Azure Blob endpoint"

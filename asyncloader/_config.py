@@ -54,10 +54,13 @@ class RunConfig:
 
     Attributes:
         batch_size: Samples per batch.
-        shuffle: A new seeded permutation each epoch (else listing order).
+        shuffle: ``True``/``"global"``: a new seeded permutation of the whole dataset each
+            epoch; ``"node"``: node-local (each node of ``local_world_size`` ranks keeps a
+            stable subset and shuffles within it; see the sampler); ``False``: listing order.
         seed: Seed of the permutation and of the augmentations.
         drop_last: Drop the last, short batch of an epoch.
         rank, world_size: This process's shard of each epoch.
+        local_world_size: Ranks per node, for node-local shuffling (None: one node).
         worker, num_workers: Within the rank's shard, this worker takes batches ``worker,
             worker + num_workers, ...`` (DataLoader workers; their round-robin output is
             then the rank's batch order).
@@ -71,11 +74,12 @@ class RunConfig:
     """
 
     batch_size: int
-    shuffle: bool = True
+    shuffle: bool | Literal["global", "node"] = True
     seed: int = 0
     drop_last: bool = False
     rank: int = 0
     world_size: int = 1
+    local_world_size: int | None = None
     worker: int = 0
     num_workers: int = 1
     even: Literal["pad", "drop"] = "pad"
@@ -87,6 +91,17 @@ class RunConfig:
             raise ValueError("batch_size must be at least 1")
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {self.on_error!r}")
+        if self.shuffle not in (True, False, "global", "node"):
+            raise ValueError(
+                f"shuffle must be True, False, 'global' or 'node', not {self.shuffle!r}"
+            )
+        if self.local_world_size is not None and (
+            self.local_world_size < 1 or self.world_size % self.local_world_size
+        ):
+            raise ValueError(
+                f"local_world_size={self.local_world_size} does not divide "
+                f"world_size={self.world_size} into whole nodes"
+            )
         if self.max_failures < 0:
             raise ValueError("max_failures must be >= 0")
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:

@@ -181,7 +181,10 @@ class ImageLoader:
             is given.
         batch_size: Samples per batch.
         transform: Geometry (default ``RandomResizedCrop(224)``); with ``decode=`` None.
-        shuffle: A new seeded permutation each epoch.
+        shuffle: ``True``/``"global"``: a new seeded permutation of the whole dataset each
+            epoch; ``"node"``: node-local — each node keeps a stable 1/nodes of the data
+            across epochs (so its SSD cache holds only that) and shuffles inside it;
+            ``False``: listing order.
         seed: Seed of the order and the augmentations.
         decode_workers: Decode threads/processes (default: usable CPUs).
         decode_backend: ``"thread"`` (default; Pillow releases the GIL, and on 2 cores two
@@ -200,6 +203,8 @@ class ImageLoader:
         max_failures: Skips tolerated per epoch: a count, or a fraction if < 1.
         drop_last: Drop the short last batch of each epoch.
         rank, world_size: This process's shard (default: the whole dataset).
+        local_world_size: Ranks per node (``LOCAL_WORLD_SIZE`` under torchrun), for
+            ``shuffle="node"``; None: one node.
         worker, num_workers: Within the rank's shard, take only batches ``worker, worker +
             num_workers, ...`` (one loader per DataLoader worker; see asyncloader.torch).
         even: How ranks get equal sample counts: ``"pad"`` (repeat a few samples) or
@@ -234,7 +239,7 @@ class ImageLoader:
         *,
         batch_size: int = 256,
         transform: Transform | None = None,
-        shuffle: bool = True,
+        shuffle: bool | Literal["global", "node"] = True,
         seed: int = 0,
         decode_workers: int | None = None,
         decode_backend: DecodeBackend = "thread",
@@ -250,6 +255,7 @@ class ImageLoader:
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
+        local_world_size: int | None = None,
         worker: int = 0,
         num_workers: int = 1,
         even: Literal["pad", "drop"] = "pad",
@@ -291,6 +297,7 @@ class ImageLoader:
             drop_last=drop_last,
             rank=rank,
             world_size=world_size,
+            local_world_size=local_world_size,
             worker=worker,
             num_workers=num_workers,
             even=even,
@@ -480,6 +487,7 @@ class ImageLoader:
             "drop_last": r.drop_last,
             "rank": r.rank,
             "world_size": r.world_size,
+            "local_world_size": r.local_world_size,
             "even": r.even,
             "worker": r.worker,
             "num_workers": r.num_workers,
@@ -500,6 +508,7 @@ class ImageLoader:
             "batch_size",
             "drop_last",
             "world_size",
+            "local_world_size",
             "even",
             "num_workers",
             "rank",

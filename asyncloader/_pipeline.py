@@ -186,10 +186,11 @@ class Pipeline:
                 len(dataset.samples),
                 seed=run.seed,
                 epoch=0,
-                shuffle=False,
+                shuffle="node" if run.shuffle == "node" else False,  # the same count
                 rank=run.rank,
                 world_size=run.world_size,
                 even=run.even,
+                local_world_size=run.local_world_size,
             )
         )
 
@@ -285,6 +286,7 @@ class Pipeline:
                 rank=r.rank,
                 world_size=r.world_size,
                 even=r.even,
+                local_world_size=r.local_world_size,
             )
             nb = num_batches(len(indices), r.batch_size, r.drop_last)
             mine = [b for b in range(first_batch, nb) if b % r.num_workers == r.worker]

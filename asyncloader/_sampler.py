@@ -11,11 +11,13 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["epoch_indices", "mix_seed", "num_batches"]
+__all__ = ["epoch_indices", "mix_seed", "node_subset", "num_batches"]
 
 _MASK = (1 << 64) - 1
+_NODE_SALT = 0x6E6F6465  # separates the node partition's seed from the epochs' seeds
 
 EvenPolicy = Literal["pad", "drop"]
+Shuffle = bool | Literal["global", "node"]
 
 
 def mix_seed(*values: int) -> int:
@@ -31,42 +33,85 @@ def mix_seed(*values: int) -> int:
     return h
 
 
+def _even(order: npt.NDArray[np.int64], parts: int, even: EvenPolicy) -> npt.NDArray[np.int64]:
+    """``order`` made a multiple of ``parts`` long: repeated cyclically from its start (a
+    list shorter than ``parts`` repeats more than once) or cut at the last full round."""
+    n = len(order)
+    rem = n % parts
+    if not rem:
+        return order
+    if even == "pad" and n:
+        return np.resize(order, n + parts - rem)
+    return order[: n - rem]
+
+
+def _permutation(n: int, seed: int) -> npt.NDArray[np.int64]:
+    return np.random.Generator(np.random.PCG64(seed)).permutation(n).astype(np.int64)
+
+
+def node_subset(n: int, *, seed: int, node: int, nodes: int) -> npt.NDArray[np.int64]:
+    """The indices node ``node`` of ``nodes`` keeps in every epoch of node-local shuffling:
+    a seeded, epoch-independent partition (sizes differ by at most one), sorted."""
+    if nodes < 1 or not 0 <= node < nodes:
+        raise ValueError(f"node {node} is not one of {nodes}")
+    return np.sort(_permutation(n, mix_seed(seed, _NODE_SALT))[node::nodes])
+
+
 def epoch_indices(
     n: int,
     *,
     seed: int,
     epoch: int,
-    shuffle: bool,
+    shuffle: Shuffle,
     rank: int = 0,
     world_size: int = 1,
     even: EvenPolicy = "pad",
+    local_world_size: int | None = None,
 ) -> npt.NDArray[np.int64]:
     """Indices into the object list that ``rank`` visits in ``epoch``, in order.
 
-    The epoch's global order is a seeded permutation of ``range(n)`` (or ``range(n)`` without
-    shuffle); rank ``r`` takes positions ``r, r + world_size, ...``.  So that every rank gets
-    the same count (an uneven count hangs DDP), ``even="pad"`` repeats samples from the start
-    of the order to fill the last round, ``even="drop"`` drops the incomplete last round.
+    Global shuffle (``True``/``"global"``; ``False``: listing order): the epoch's order is a
+    seeded permutation of ``range(n)`` and rank ``r`` takes positions ``r, r + world_size,
+    ...``.
+
+    Node-local shuffle (``"node"``): the ranks are ``world_size // local_world_size`` nodes
+    of ``local_world_size`` consecutive ranks.  Each node keeps the same subset in every
+    epoch (:func:`node_subset`), so its SSD cache only ever holds about 1/nodes of the data;
+    each epoch it permutes that subset anew and deals it to its ranks.  The trade-off: a
+    sample only ever meets the other samples of its node in a batch, and the order is
+    random within a node only — fine for large datasets, worse for small or sorted ones.
+
+    So that every rank gets the same count (an uneven count hangs DDP), ``even="pad"``
+    repeats samples from the start of the order to fill the last round, ``even="drop"``
+    leaves out the incomplete last round (for node-local: per node first, then per rank).
 
     Raises:
-        ValueError: on an impossible rank/world size.
+        ValueError: on an impossible rank, world size or node layout.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of size {world_size}")
-    if shuffle:
-        rng = np.random.Generator(np.random.PCG64(mix_seed(seed, epoch)))
-        order = rng.permutation(n).astype(np.int64)
-    else:
-        order = np.arange(n, dtype=np.int64)
+    if shuffle == "node":
+        local = local_world_size or world_size
+        if local < 1 or world_size % local:
+            raise ValueError(
+                f"node-local shuffle needs the world ({world_size}) to be whole nodes of "
+                f"local_world_size={local} ranks"
+            )
+        nodes, node, local_rank = world_size // local, rank // local, rank % local
+        if 0 < n < nodes:
+            raise ValueError(f"node-local shuffle needs a sample per node: {n} for {nodes}")
+        subset = node_subset(n, seed=seed, node=node, nodes=nodes)
+        order = subset[_permutation(len(subset), mix_seed(seed, epoch, node))]
+        # Every node the same length: the larger subsets' extra sample (a different one
+        # each epoch) is dropped, or the smaller ones repeat one.
+        size = -(-n // nodes) if even == "pad" and n % nodes else n // nodes
+        order = np.resize(order, size) if len(order) and size != len(order) else order[:size]
+        return _even(order, local, even)[local_rank::local]
+    if shuffle not in (True, False, "global"):
+        raise ValueError(f"shuffle must be True, False, 'global' or 'node', not {shuffle!r}")
+    order = _permutation(n, mix_seed(seed, epoch)) if shuffle else np.arange(n, dtype=np.int64)
     if world_size > 1:
-        rem = n % world_size
-        if rem and even == "pad" and n:
-            # Repeat the order cyclically (a dataset smaller than the world repeats more
-            # than once) up to the next multiple of the world size.
-            order = np.resize(order, n + world_size - rem)
-        elif rem:
-            order = order[: n - rem]
-        order = order[rank::world_size]
+        order = _even(order, world_size, even)[rank::world_size]
     return order
 
 

@@ -22,6 +22,7 @@ from ._config import FetchConfig
 from ._errors import AsyncLoaderError
 from ._labels import IMAGE_EXTENSIONS
 from ._pipeline import Fetcher, list_objects
+from ._sampler import node_subset
 from ._stats import Counters
 from ._types import Blob, ObjectStore
 
@@ -130,6 +131,7 @@ async def warm_cache(
     listing_max_age: float = 3600.0,
     on_listed: Callable[[int, int], None] | None = None,
     on_object: Callable[[int], None] | None = None,
+    node_seed: int | None = None,
 ) -> WarmReport:
     """Fetch every object of ``shard`` not yet in ``cache`` and store it.
 
@@ -137,7 +139,9 @@ async def warm_cache(
         store: Where the objects are.
         cache: Where they go.
         concurrency: Requests in flight.
-        shard: ``(i, n)``: warm objects ``i, i+n, ...`` of the sorted listing.
+        shard: ``(i, n)``: warm objects ``i, i+n, ...`` of the sorted listing; with
+            ``node_seed``, node ``i`` of ``n``'s subset under ``shuffle="node"`` and that
+            seed (exactly what that node's loaders will read).
         extensions: Warm only keys with these endings (None: every object).
         listing_max_age: Reuse a saved listing younger than this [seconds].
         on_listed: Called with (objects to warm, already cached) once known.
@@ -151,10 +155,14 @@ async def warm_cache(
         raise AsyncLoaderError(f"shard {i}/{n} does not exist: use i/n with 0 <= i < n")
     objects = await list_objects(store, cache, listing_max_age)
     exts = tuple(e.lower() for e in extensions) if extensions is not None else None
-    mine = sorted(
+    ordered = sorted(
         (o for o in objects if exts is None or o.key.lower().endswith(exts)),
         key=lambda o: o.key,
-    )[i::n]
+    )
+    if node_seed is None:
+        mine = ordered[i::n]
+    else:
+        mine = [ordered[j] for j in node_subset(len(ordered), seed=node_seed, node=i, nodes=n)]
     report = WarmReport(listed=len(mine))
     url = store.url
     keys = {o.key: ObjectCache.entry_key(url, o.key, o.etag) for o in mine}
@@ -208,12 +216,21 @@ def warm(
     store_options: dict[str, object] | None = None,
     on_listed: Callable[[int, int], None] | None = None,
     on_object: Callable[[int], None] | None = None,
+    node_seed: int | None = None,
 ) -> WarmReport:
     """Fill ``cache_dir`` with the objects under ``url`` (see :func:`warm_cache`).
 
-    ``shard`` defaults to the torchrun environment (``RANK``/``WORLD_SIZE``), else all.
-    Blocking; runs its own event loop.
+    ``shard`` defaults to the torchrun environment: ``RANK``/``WORLD_SIZE``, or with
+    ``node_seed`` (warming for ``shuffle="node"``) this node of ``WORLD_SIZE //
+    LOCAL_WORLD_SIZE``; else all.  Blocking; runs its own event loop.
     """
+    if shard is None:
+        rank, world = shard_from_env()
+        if node_seed is not None:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world) or 1)
+            shard = (rank // local, max(world // local, 1))
+        else:
+            shard = (rank, world)
     from ._stores import open_store
 
     async def main() -> WarmReport:
@@ -223,11 +240,12 @@ def warm(
                 store,
                 ObjectCache(cache_dir, size_limit=cache_size),
                 concurrency=concurrency,
-                shard=shard or shard_from_env(),
+                shard=shard,
                 extensions=extensions,
                 listing_max_age=0.0 if refresh_listing else 3600.0,
                 on_listed=on_listed,
                 on_object=on_object,
+                node_seed=node_seed,
             )
         finally:
             await store.close()

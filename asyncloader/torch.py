@@ -96,6 +96,8 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             )
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         options = dict(self.options)
+        if "LOCAL_WORLD_SIZE" in os.environ and options.get("shuffle") == "node":
+            options.setdefault("local_world_size", int(os.environ["LOCAL_WORLD_SIZE"]))
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
         options.setdefault("decode_workers", max(1, cpus // workers))
         self._loader = ImageLoader(

@@ -112,3 +112,48 @@ def test_parse_size() -> None:
     assert parse_size(123) == 123
     with pytest.raises(ValueError, match="not a size"):
         parse_size("lots")
+
+
+def test_node_local_shuffle_keeps_each_node_cache_to_its_share(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """Two nodes of one rank each, each with its own cache: over three epochs every node
+    only ever fetches (and caches) its stable half, and each epoch still covers everything."""
+    seen: dict[int, list[set[int]]] = {}
+    for node in (0, 1):
+        with _loader(
+            light_server,
+            tmp_path / f"node{node}",
+            shuffle="node",
+            rank=node,
+            world_size=2,
+            local_world_size=1,
+            labels=lambda key: int(key.split("/")[-1].split(".")[0].split("_")[-1]),
+        ) as loader:
+            seen[node] = [set(_epoch(loader, e)[0]) for e in range(3)]
+        entries = sum(1 for _ in ObjectCache(tmp_path / f"node{node}").entry_keys())
+        assert entries == N_IMAGES // 2  # this node's half, nothing more
+    for e in range(3):
+        assert seen[0][e] | seen[1][e] == set(range(N_IMAGES))  # the epoch, exactly
+        assert not seen[0][e] & seen[1][e]
+    assert seen[0][0] == seen[0][1] == seen[0][2]  # the same subset every epoch
+
+
+def test_warm_for_node_local_covers_exactly_what_the_node_reads(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    opts = {"endpoint_url": light_server.endpoint}
+    report = al.warm("s3://b/train/", tmp_path / "c", shard=(1, 2), node_seed=9, store_options=opts)
+    assert report.listed == N_IMAGES // 2 and not report.failed
+    with _loader(
+        light_server,
+        tmp_path / "c",
+        shuffle="node",
+        seed=9,
+        rank=1,
+        world_size=2,
+        local_world_size=1,
+    ) as loader:
+        for epoch in range(2):
+            _epoch(loader, epoch)
+        assert loader.stats().requests == 0  # everything this node reads was warmed

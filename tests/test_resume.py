@@ -117,3 +117,41 @@ def test_resume_refuses_another_world_size(light_server: S3TestServer) -> None:
 def test_too_many_workers_for_the_batches_is_refused(light_server: S3TestServer) -> None:
     with pytest.raises(ValueError, match="fewer than the 20 worker"):
         _loader(light_server, batch_size=32, worker=0, num_workers=20)
+
+
+def test_stateful_dataloader_resumes_mid_epoch(light_server: S3TestServer) -> None:
+    """torchdata's StatefulDataLoader with two workers: stop mid-epoch, save its state, and a
+    new DataLoader (new worker processes) finishes the epoch with no sample twice or missed."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    from asyncloader.torch import ImageDataset
+
+    from .test_torch import KeyIndex
+
+    keys = [k[len("train/") :] for k in light_server.stats()["keys"] if k.endswith(".jpg")]
+
+    def loader() -> object:
+        ds = ImageDataset(
+            "s3://b/train/",
+            batch_size=8,
+            seed=11,
+            labels=KeyIndex(keys),
+            decode_workers=1,
+            store_options={"endpoint_url": light_server.endpoint},
+        )
+        ds.set_epoch(2)
+        return stateful.StatefulDataLoader(
+            ds, batch_size=None, num_workers=2, multiprocessing_context="fork"
+        )
+
+    first = loader()
+    seen: list[int] = []
+    it = iter(first)  # type: ignore[call-overload]
+    for _ in range(5):
+        seen += next(it)[1].tolist()
+    state = first.state_dict()  # type: ignore[attr-defined]
+    del it, first
+    second = loader()
+    second.load_state_dict(state)  # type: ignore[attr-defined]
+    rest = [x for _, labels in second for x in labels.tolist()]  # type: ignore[attr-defined]
+    assert len(seen) == 40
+    assert sorted(seen + rest) == list(range(N_IMAGES))

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncloader._sampler import epoch_indices, mix_seed, num_batches
+from asyncloader._sampler import epoch_indices, mix_seed, node_subset, num_batches
 
 sizes = st.integers(min_value=0, max_value=3000)
 seeds = st.integers(min_value=0, max_value=2**63)
@@ -70,3 +70,60 @@ def test_mix_seed_is_order_sensitive(a: int, b: int) -> None:
     if a != b:
         assert mix_seed(a, b) != mix_seed(b, a)
     assert 0 <= mix_seed(a, b) < 2**64
+
+
+@settings(max_examples=200)
+@given(
+    n=sizes,
+    nodes=st.integers(min_value=1, max_value=4),
+    local=st.integers(min_value=1, max_value=4),
+    seed=seeds,
+    epoch=st.integers(min_value=0, max_value=50),
+    even=st.sampled_from(["pad", "drop"]),
+)
+def test_node_local_shuffle(
+    n: int, nodes: int, local: int, seed: int, epoch: int, even: str
+) -> None:
+    world = nodes * local
+    if 0 < n < nodes:
+        return  # refused: a node without samples
+    kw = dict(seed=seed, shuffle="node", world_size=world, local_world_size=local, even=even)
+
+    def shards(e: int) -> list[np.ndarray]:
+        return [epoch_indices(n, epoch=e, rank=r, **kw) for r in range(world)]  # type: ignore[arg-type]
+
+    now, later = shards(epoch), shards(epoch + 1)
+    assert len({len(s) for s in now}) == 1  # equal per rank: no DDP hang
+    seen = np.concatenate(now).tolist()
+    if even == "drop":
+        assert len(seen) == len(set(seen))  # nothing twice
+        assert len(seen) > n - nodes - world  # at most the incomplete rounds left out
+    else:
+        assert set(seen) == set(range(n))  # everything at least once
+        assert len(seen) < n + nodes + world
+    for node in range(nodes):
+        subset = set(node_subset(n, seed=seed, node=node, nodes=nodes).tolist())
+        ranks = range(node * local, (node + 1) * local)
+        for e in (now, later):
+            assert {x for r in ranks for x in e[r].tolist()} <= subset  # stable per node
+    assert all(np.array_equal(a, b) for a, b in zip(now, shards(epoch), strict=True))
+
+
+@given(
+    n=st.integers(min_value=8, max_value=3000),
+    nodes=st.integers(min_value=1, max_value=8),
+    seed=seeds,
+)
+def test_node_subsets_partition_the_dataset(n: int, nodes: int, seed: int) -> None:
+    parts = [node_subset(n, seed=seed, node=i, nodes=nodes).tolist() for i in range(nodes)]
+    assert sorted(x for p in parts for x in p) == list(range(n))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_node_local_refuses_partial_nodes() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="whole nodes"):
+        epoch_indices(10, seed=0, epoch=0, shuffle="node", rank=0, world_size=3, local_world_size=2)
+    with pytest.raises(ValueError, match="shuffle must be"):
+        epoch_indices(10, seed=0, epoch=0, shuffle="local")  # type: ignore[arg-type]
