@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._types import ObjectInfo
+from ._types import CachedAt, ObjectInfo
 
 __all__ = ["CacheStats", "ObjectCache", "parse_size"]
 
@@ -151,6 +151,42 @@ class ObjectCache:
         data: bytes = value
         return data
 
+    def read(self, key: str, size: int, where: CachedAt) -> bytes | None:
+        """The verified bytes of an entry :meth:`locate` found, read straight from its file
+        (no index query); None if it was evicted since, or is damaged (then dropped)."""
+        path = os.path.join(self.directory, "objects", where.filename)
+        try:
+            with open(path, "rb") as f:
+                value = f.read()
+        except FileNotFoundError:
+            return None  # evicted (or replaced) since the batch's index query
+        if (size >= 0 and len(value) != size) or zlib.crc32(value) != where.crc:
+            self._db().delete(key, retry=True)
+            self._local.damaged = getattr(self._local, "damaged", 0) + 1
+            return None
+        return value
+
+    def locate(self, keys: Sequence[str]) -> dict[str, CachedAt | None]:
+        """Which of ``keys`` are present, and where: one index query per 500 keys (a batch),
+        instead of one per key.  ``None`` for an entry kept inside the index (values below
+        ``min_file_size``): read it with :meth:`get`."""
+        db = self._db()
+        found: dict[str, CachedAt | None] = {}
+        for i in range(0, len(keys), 500):
+            chunk = list(keys[i : i + 500])
+            marks = ",".join("?" * len(chunk))
+            # diskcache's own table: text keys are stored as they are (raw = 1); `tag` is
+            # the CRC32 we set, `filename` the value file (NULL for values kept inline).
+            rows = db._sql(
+                f"SELECT key, filename, tag FROM Cache WHERE raw = 1 AND key IN ({marks})", chunk
+            ).fetchall()
+            for key, filename, tag in rows:
+                if filename and isinstance(tag, int):
+                    found[key] = CachedAt(filename, tag)
+                else:
+                    found[key] = None
+        return found
+
     def put(self, key: str, data: bytes | bytearray) -> None:
         """Store ``data`` under ``key`` (atomically visible once complete)."""
         blob = bytes(data)
@@ -170,8 +206,7 @@ class ObjectCache:
 
     def contains(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` are present (a quick index check, no read)."""
-        db = self._db()
-        return {k for k in keys if k in db}
+        return set(self.locate(list(keys)))
 
     def take_damaged(self) -> int:
         """Damaged entries dropped by this thread since the last call."""

@@ -38,7 +38,7 @@ from PIL import Image
 
 from ._errors import DecodeError, PipelineDeadError
 from ._transforms import Transform
-from ._types import Blob, BlobCache, DecodeFn
+from ._types import Blob, BlobCache, CachedAt, DecodeFn
 
 __all__ = [
     "DAMAGED",
@@ -147,7 +147,7 @@ Outcome = tuple[float, int]  # (busy seconds, flags)
 
 
 def run_job(
-    data: Blob | None,
+    data: Blob | CachedAt | None,
     out: U8Array,
     spec: DecodeSpec,
     seed: int,
@@ -157,7 +157,8 @@ def run_job(
 ) -> Outcome:
     """One decode job as workers run it: cache read or write-back, then decode into ``out``.
 
-    ``data=None`` means "look in the cache": a miss returns ``MISS`` without decoding.
+    ``data=None`` means "look in the cache", a :class:`CachedAt` "read the cache at this
+    file" (found by the batch's one index query): a miss returns ``MISS`` without decoding.
     Fetched bytes (``data`` given) are stored under ``cache_key`` before decoding: they were
     verified against the listed length and ETag, and a corrupt image then fails the same
     way from the cache, without another download.
@@ -165,9 +166,9 @@ def run_job(
     t0 = time.perf_counter()
     flags = 0
     cache = spec.cache if cache_key else None
-    if data is None:
+    if data is None or isinstance(data, CachedAt):
         assert cache is not None
-        data = cache.get(cache_key, size)
+        data = cache.get(cache_key, size) if data is None else cache.read(cache_key, size, data)
         if cache.take_damaged():
             flags |= DAMAGED
         if data is None:
@@ -191,7 +192,7 @@ class DecodePool(Protocol):
 
     async def decode(
         self,
-        data: Blob | None,
+        data: Blob | CachedAt | None,
         slot: int,
         index: int,
         seed: int,
@@ -241,7 +242,7 @@ class ThreadDecodePool:
 
     async def decode(
         self,
-        data: Blob | None,
+        data: Blob | CachedAt | None,
         slot: int,
         index: int,
         seed: int,
@@ -447,7 +448,7 @@ class ProcessDecodePool:
 
     async def decode(
         self,
-        data: Blob | None,
+        data: Blob | CachedAt | None,
         slot: int,
         index: int,
         seed: int,

@@ -39,7 +39,7 @@ from ._labels import Dataset
 from ._ring import BatchRing
 from ._sampler import epoch_indices, mix_seed, num_batches
 from ._stats import Counters
-from ._types import Blob, ObjectInfo, ObjectStore, Sample
+from ._types import Blob, CachedAt, ObjectInfo, ObjectStore, Sample
 
 __all__ = ["BATCH", "END", "ERROR", "Fetcher", "Pipeline", "list_objects"]
 
@@ -236,7 +236,13 @@ class Pipeline:
         self._free.put_nowait(slot)
 
     async def _decode(
-        self, data: Blob | None, slot: int, j: int, seed: int, obj: ObjectInfo, cache_key: str
+        self,
+        data: Blob | CachedAt | None,
+        slot: int,
+        j: int,
+        seed: int,
+        obj: ObjectInfo,
+        cache_key: str,
     ) -> Outcome:
         c = self.counters
         c.decode_queue += 1
@@ -360,15 +366,16 @@ class Pipeline:
         """Fill ``slot`` with the samples ``sel``; returns how many made it, and why not."""
         samples = self.dataset.samples
         seed = self.run.seed
-        cached: set[str] = set()
+        cached: dict[str, CachedAt | None] = {}
         keys = [""] * len(sel)
         if self.cache is not None:
             url = self.fetcher.store.url
             keys = [
                 ObjectCache.entry_key(url, samples[i].obj.key, samples[i].obj.etag) for i in sel
             ]
-            # One index query per batch, off the loop; the bytes are read by decode workers.
-            cached = await asyncio.to_thread(self.cache.contains, keys)
+            # One index query per batch, off the loop: which samples are cached, and in which
+            # file; the decode workers read the files without another query.
+            cached = await asyncio.to_thread(self.cache.locate, keys)
         results = await asyncio.gather(
             *(
                 self._sample(
@@ -402,7 +409,7 @@ class Pipeline:
         seed: int,
         sample: Sample,
         cache_key: str,
-        cached: set[str],
+        cached: dict[str, CachedAt | None],
     ) -> None:
         obj = sample.obj
         key = obj.key
@@ -412,7 +419,8 @@ class Pipeline:
                 outcome: Outcome | None = None
                 if cache_key in cached:
                     stage = "cache"
-                    outcome = await self._decode(None, slot, j, seed, obj, cache_key)
+                    where = cached[cache_key]
+                    outcome = await self._decode(where, slot, j, seed, obj, cache_key)
                     if outcome[1] & MISS:  # evicted or damaged since the index check
                         self._account(outcome)
                         outcome = None

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Blob", "BlobCache", "DecodeFn", "ObjectInfo", "ObjectStore", "Sample"]
+__all__ = [
+    "Blob",
+    "BlobCache",
+    "CachedAt",
+    "DecodeFn",
+    "ObjectInfo",
+    "ObjectStore",
+    "Sample",
+]
 
 Blob = bytes | bytearray
 """Object contents as the stores return them (a bytearray avoids a copy on receive)."""
@@ -76,11 +84,24 @@ class ObjectStore(Protocol):
         ...
 
 
+class CachedAt(NamedTuple):
+    """Where a cache entry's bytes are, as one index query for a whole batch found them:
+    the value file (relative to the cache's object folder) and its CRC32."""
+
+    filename: str
+    crc: int
+
+
 class BlobCache(Protocol):
     """Where decode workers read and store object bytes (the SSD cache); picklable."""
 
     def get(self, key: str, size: int) -> bytes | None:
         """Verified bytes, or None on a miss or a damaged entry (which is dropped)."""
+        ...
+
+    def read(self, key: str, size: int, where: CachedAt) -> bytes | None:
+        """Like :meth:`get`, from a location :meth:`ObjectCache.locate` found (no index
+        query); None when the entry went (evicted) or is damaged (dropped)."""
         ...
 
     def put(self, key: str, data: Blob) -> None:
