@@ -376,15 +376,25 @@ class Pipeline:
             # One index query per batch, off the loop: which samples are cached, and in which
             # file; the decode workers read the files without another query.
             cached = await asyncio.to_thread(self.cache.locate, keys)
-        results = await asyncio.gather(
+        hits = [j for j in range(len(sel)) if keys[j] in cached]
+        hit_set = set(hits)
+        hit_results, *fetched = await asyncio.gather(
+            self._hits(slot, epoch, sel, hits, keys, cached),
             *(
-                self._sample(
-                    slot, j, epoch, mix_seed(seed, epoch, int(i)), samples[i], keys[j], cached
-                )
+                self._sample(slot, j, epoch, mix_seed(seed, epoch, int(i)), samples[i], keys[j])
                 for j, i in enumerate(sel)
+                if j not in hit_set
             ),
             return_exceptions=True,
         )
+        if isinstance(hit_results, BaseException):
+            raise hit_results  # "raise" policy, or a bug
+        assert isinstance(hit_results, dict)
+        rest = iter(fetched)
+        results: list[BaseException | None] = []
+        for j in range(len(sel)):
+            res = hit_results[j] if j in hit_set else next(rest)
+            results.append(res if isinstance(res, BaseException) else None)
         failed = [j for j, res in enumerate(results) if res is not None]
         for res in results:
             if res is not None and not isinstance(res, _Failure):
@@ -401,40 +411,92 @@ class Pipeline:
             return n, skipped
         return len(sel), Counter()
 
-    async def _sample(
+    async def _hits(
         self,
         slot: int,
-        j: int,
         epoch: int,
-        seed: int,
-        sample: Sample,
-        cache_key: str,
+        sel: np.ndarray[Any, Any],
+        hits: list[int],
+        keys: list[str],
         cached: dict[str, CachedAt | None],
+    ) -> dict[int, BaseException | None]:
+        """Decode a batch's cache hits as one group: no task, window permit or future per
+        sample.  Entries evicted since the index query go the fetch path after all.  Returns
+        each hit's failure (``_Failure`` under "skip"), or None."""
+        out: dict[int, BaseException | None] = {}
+        if not hits:
+            return out
+        samples = self.dataset.samples
+        seed = self.run.seed
+        c = self.counters
+        jobs = []
+        for j in hits:
+            obj = samples[sel[j]].obj
+            where = cached[keys[j]]
+            jobs.append(
+                (where, slot, j, mix_seed(seed, epoch, int(sel[j])), obj.key, keys[j], obj.size)
+            )
+        c.decode_queue += len(jobs)
+        try:
+            outcomes = await self.pool.decode_many(jobs)
+        finally:
+            c.decode_queue -= len(jobs)
+        gone = []
+        for j, outcome in zip(hits, outcomes, strict=True):
+            sample = samples[sel[j]]
+            if isinstance(outcome, BaseException):
+                out[j] = self._failed(outcome, epoch, "cache", sample.obj.key)
+                continue
+            if outcome[1] & MISS:  # evicted or damaged since the index check: fetch it
+                self._account(outcome)
+                gone.append(j)
+                continue
+            self._account(outcome, sample.obj.size)
+            self.ring.labels[slot, j] = sample.label
+            out[j] = None
+        if gone:
+            again = await asyncio.gather(
+                *(
+                    self._sample(
+                        slot,
+                        j,
+                        epoch,
+                        mix_seed(seed, epoch, int(sel[j])),
+                        samples[sel[j]],
+                        keys[j],
+                    )
+                    for j in gone
+                ),
+                return_exceptions=True,
+            )
+            out.update(zip(gone, again, strict=True))
+        return out
+
+    def _failed(self, exc: BaseException, epoch: int, stage: str, key: str) -> _Failure:
+        """A sample failed: raise under "raise" (and for bugs), else count it for "skip"."""
+        if not isinstance(exc, AsyncLoaderError):
+            raise exc
+        exc.add_note(f"asyncloader: stage={stage} key={key}")
+        if self.run.on_error == "raise":
+            raise exc
+        self._failures.setdefault(epoch, []).append(exc)
+        failure = _Failure()
+        failure.__cause__ = exc
+        return failure
+
+    async def _sample(
+        self, slot: int, j: int, epoch: int, seed: int, sample: Sample, cache_key: str
     ) -> None:
+        """Fetch one sample, then decode it into ``slot`` (storing it in the cache)."""
         obj = sample.obj
-        key = obj.key
         stage = "fetch"
         try:
             async with self._window:
-                outcome: Outcome | None = None
-                if cache_key in cached:
-                    stage = "cache"
-                    where = cached[cache_key]
-                    outcome = await self._decode(where, slot, j, seed, obj, cache_key)
-                    if outcome[1] & MISS:  # evicted or damaged since the index check
-                        self._account(outcome)
-                        outcome = None
-                if outcome is None:
-                    stage = "fetch"
-                    data = await self.fetcher.fetch(obj)
-                    stage = "decode"
-                    outcome = await self._decode(data, slot, j, seed, obj, cache_key)
-                    del data
+                data = await self.fetcher.fetch(obj)
+                stage = "decode"
+                outcome = await self._decode(data, slot, j, seed, obj, cache_key)
+                del data
                 self._account(outcome, obj.size)
             self.ring.labels[slot, j] = sample.label
         except AsyncLoaderError as exc:
-            exc.add_note(f"asyncloader: stage={stage} key={key}")
-            if self.run.on_error == "raise":
-                raise
-            self._failures.setdefault(epoch, []).append(exc)
-            raise _Failure() from exc
+            raise self._failed(exc, epoch, stage, obj.key) from exc
