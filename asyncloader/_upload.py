@@ -311,8 +311,10 @@ class Uploader:
         previous slot), and closed there when the consumer stops early.
         """
         if self._affine is None:
-            channels = 3
-            self._affine = self.spec.affine(channels, self.spec.device)
+            self._affine = self.spec.affine(3, self.spec.device)
+            if self.cuda:
+                # Made on this thread's stream; the upload stream must not read them early.
+                torch.cuda.current_stream(self.spec.device).synchronize()
         out_q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
 
@@ -327,11 +329,15 @@ class Uploader:
 
         def work() -> None:
             try:
+                if self.cuda:
+                    torch.cuda.set_device(self.spec.device)  # this thread's allocations
                 for images, labels, meta in source:
                     if stop.is_set():
                         break
                     if self._affine is not None and self._affine[0].shape[1] != images.shape[1]:
                         self._affine = self.spec.affine(images.shape[1], self.spec.device)
+                        if self.cuda:
+                            torch.cuda.current_stream(self.spec.device).synchronize()
                     assert self._affine is not None
                     if self.cuda:
                         out, lab, copied, ready = self._convert_cuda(images, labels)
