@@ -27,7 +27,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -303,7 +303,7 @@ class Uploader:
         return i
 
     def run(
-        self, source: Iterator[SourceBatch], on_error: Callable[[BaseException], None] | None = None
+        self, source: Iterator[SourceBatch]
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, Any]]:
         """Yield ``(images, labels, meta)`` converted on the device, ``depth`` ahead.
 
@@ -374,8 +374,6 @@ class Uploader:
                 if kind == "end":
                     return
                 if kind == "error":
-                    if on_error is not None:
-                        on_error(payload)
                     raise payload
                 out, lab, meta, ready = payload
                 if ready is not None:

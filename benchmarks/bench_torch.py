@@ -29,11 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_loader as bl
 
 
-def _children_cpu() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
 def case(kind: str, endpoint: str, batch: int, workers: int) -> dict[str, float]:
     import asyncloader as al
 
@@ -64,24 +59,27 @@ def case(kind: str, endpoint: str, batch: int, workers: int) -> dict[str, float]
 
     run()  # start-up and a first epoch out of the figures
     # Workers (DataLoader's, decode processes) are live children: their CPU comes from /proc.
-    t0, c0 = time.perf_counter(), _children_cpu() + _live_children_cpu()
+    t0, c0 = time.perf_counter(), bl._cpu() + _live_children_cpu()
     n = run()
     wall = time.perf_counter() - t0
-    return {"images": n, "wall": wall, "cpu": _children_cpu() + _live_children_cpu() - c0}
+    return {"images": n, "wall": wall, "cpu": bl._cpu() + _live_children_cpu() - c0}
 
 
 def _live_children_cpu() -> float:
-    total = 0.0
+    """CPU seconds of this process's children still alive (not yet in getrusage)."""
+    from asyncloader._cli import _proc_cpu_seconds
+
     me = os.getpid()
+    total = 0.0
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if int(stat[1]) == me:
-            total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        if ppid == me:
+            total += _proc_cpu_seconds(int(d.name))
     return total
 
 
