@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -109,7 +110,11 @@ class RunConfig:
         if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
             raise ValueError(f"worker {self.worker} is not one of {self.num_workers}")
 
-    def failure_budget(self, epoch_samples: int) -> int:
+    def failure_budget(self, epoch_samples: int | None) -> float:
+        """Skips tolerated in an epoch of ``epoch_samples`` (None: not known yet, so a
+        fraction tolerates any number for now)."""
         if isinstance(self.max_failures, float) and self.max_failures < 1:
+            if epoch_samples is None:
+                return math.inf
             return int(self.max_failures * epoch_samples)
         return int(self.max_failures)

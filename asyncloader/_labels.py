@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import bisect
 import posixpath
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from ._manifest import read_manifest
 from ._types import ObjectInfo, Sample
 
-__all__ = ["IMAGE_EXTENSIONS", "Dataset", "build_dataset", "parse_manifest"]
+__all__ = ["IMAGE_EXTENSIONS", "Dataset", "DatasetBuilder", "build_dataset", "parse_manifest"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 
@@ -91,3 +92,73 @@ def build_dataset(
     if callable(labels):
         return Dataset(tuple(Sample(listed[k], int(labels(k))) for k in keys), ())
     raise ValueError(f"labels must be 'folder', a manifest, a callable or None, not {labels!r}")
+
+
+class DatasetBuilder:
+    """The dataset of :func:`build_dataset`, built while an ordered listing streams in.
+
+    ``add`` takes the listing in sorted key order, a chunk at a time; ``samples`` grows
+    with it, each sample with its final label.  With ``"folder"`` labels that needs the
+    listing to keep one promise: when a chunk is added, every class (image folder) that
+    sorts before a class of the chunk is already known — from earlier chunks, the chunk
+    itself, or ``ahead`` (objects listed already that come later in key order).  Key order
+    and class order differ (``b./x.jpg`` sorts before ``b/x.jpg``, class ``b`` before
+    ``b.``); ``_stores/_listing.py`` keeps the promise, and a broken one raises here
+    rather than label a sample wrongly.
+    """
+
+    def __init__(self, labels: LabelSpec, extensions: Sequence[str] | None) -> None:
+        if labels is not None and labels != "folder" and not callable(labels):
+            raise ValueError(f"cannot stream a listing with labels={labels!r}")
+        self._labels = labels
+        self._exts = tuple(e.lower() for e in extensions) if extensions is not None else None
+        self._parents: list[str] = []  # sorted class names known so far
+        self._last = ""
+        self._given: dict[str, int] = {}  # class → the label its samples were given
+        self.samples: list[Sample] = []
+
+    def _keep(self, key: str) -> bool:
+        return self._exts is None or key.lower().endswith(self._exts)
+
+    def _know(self, parent: str) -> None:
+        at = bisect.bisect_left(self._parents, parent)
+        if at == len(self._parents) or self._parents[at] != parent:
+            self._parents.insert(at, parent)
+
+    def add(self, objects: Sequence[ObjectInfo], ahead: Iterable[ObjectInfo] = ()) -> None:
+        """Append ``objects`` (the next keys in sorted order) as samples."""
+        keep = [o for o in objects if self._keep(o.key)]
+        if keep and keep[0].key <= self._last:
+            raise ValueError(f"listing out of order: {keep[0].key!r} after {self._last!r}")
+        if keep:
+            self._last = keep[-1].key
+        labels = self._labels
+        if labels is None:
+            self.samples.extend(Sample(o, -1) for o in keep)
+        elif callable(labels):
+            self.samples.extend(Sample(o, int(labels(o.key))) for o in keep)
+        else:
+            for o in ahead:
+                if self._keep(o.key):
+                    self._know(posixpath.dirname(o.key))
+            parents = [posixpath.dirname(o.key) for o in keep]
+            for p in set(parents):
+                self._know(p)
+            index = {p: bisect.bisect_left(self._parents, p) for p in set(parents)}
+            self._check(index)
+            self._given.update(index)
+            self.samples.extend(Sample(o, index[p]) for o, p in zip(keep, parents, strict=True))
+
+    def _check(self, index: dict[str, int]) -> None:
+        for p, i in index.items():
+            if self._given.get(p, i) != i:
+                raise AssertionError(
+                    f"class {p!r} was given label {self._given[p]}, now {i}: the listing "
+                    "broke its order promise"
+                )
+
+    def finish(self) -> Dataset:
+        """The whole dataset; the same as :func:`build_dataset` over the whole listing."""
+        classes = tuple(self._parents) if self._labels == "folder" else ()
+        self._check({p: i for i, p in enumerate(classes)})
+        return Dataset(tuple(self.samples), classes)

@@ -30,14 +30,21 @@ from ._errors import (
     ClosedError,
     PipelineDeadError,
 )
-from ._labels import IMAGE_EXTENSIONS, Dataset, LabelSpec, build_dataset, parse_manifest
-from ._pipeline import BATCH, END, ERROR, Fetcher, Pipeline, list_objects
+from ._labels import (
+    IMAGE_EXTENSIONS,
+    Dataset,
+    DatasetBuilder,
+    LabelSpec,
+    build_dataset,
+    parse_manifest,
+)
+from ._pipeline import BATCH, END, ERROR, Fetcher, Listing, Pipeline, list_objects, saved_listing
 from ._ring import BatchRing
 from ._sampler import num_batches
 from ._stats import Counters, Stats
 from ._stores import lists_from_manifest, open_store
 from ._transforms import RandomResizedCrop, Transform
-from ._types import Blob, DecodeFn, ObjectStore
+from ._types import Blob, DecodeFn, ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
     import torch
@@ -74,6 +81,7 @@ class _Runtime:
         self.store: ObjectStore | None = None
         self.ring: BatchRing | None = None
         self.uploader: Uploader | None = None
+        self.listing_task: asyncio.Task[None] | None = None
         self._lock = threading.Lock()
         self.thread.start()
 
@@ -336,7 +344,7 @@ class ImageLoader:
             the_store = store if store is not None else open_store(url, **options)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
             self._rt.store = the_store
-            self.dataset: Dataset = self._rt.call(self._setup(the_store, labels, extensions))
+            self._rt.call(self._setup(the_store, labels, extensions))
             if self._uploader is not None:
                 assert self._rt.ring is not None
                 self._uploader.prepare(self._rt.ring.images)
@@ -347,26 +355,53 @@ class ImageLoader:
 
     async def _setup(
         self, store: ObjectStore, labels: LabelSpec, extensions: Sequence[str] | None
-    ) -> Dataset:
+    ) -> None:
         c = self._counters
         t0 = time.perf_counter()
-        objects = await list_objects(store, self.cache, self._listing_max_age)
-        c.objects_listed = len(objects)
-        manifest = None
-        if isinstance(labels, str) and labels.endswith((".jsonl", ".csv")):
-            data: Blob
-            if await asyncio.to_thread(os.path.exists, labels):
-                data = await asyncio.to_thread(_read_file, labels)
-            else:
-                data = await store.get(labels)  # a manifest stored beside the images
-            manifest = parse_manifest(data, labels)
-        dataset = build_dataset(objects, labels, extensions=extensions, manifest=manifest)
-        c.listing_seconds = time.perf_counter() - t0
-        if not dataset.samples:
-            raise AsyncLoaderError(
-                f"no samples under {store.url} "
-                f"({len(objects)} objects listed; extensions={extensions})"
+
+        def listed(objects: Sequence[ObjectInfo], dataset: Dataset) -> None:
+            c.objects_listed = len(objects)
+            c.listing_seconds = time.perf_counter() - t0
+            if not dataset.samples:
+                raise AsyncLoaderError(
+                    f"no samples under {store.url} "
+                    f"({len(objects)} objects listed; extensions={extensions})"
+                )
+
+        listing: Listing | None = None
+        is_manifest = isinstance(labels, str) and labels.endswith((".jsonl", ".csv"))
+        saved = await saved_listing(store, self.cache, self._listing_max_age)
+        list_sorted = getattr(store, "list_sorted", None)
+        if saved is None and not is_manifest and self._run_config.shuffle is False and list_sorted:
+            # An unshuffled run starts on the first keys while the store still lists.
+            listing = Listing()
+
+            async def finished(objects: list[ObjectInfo], dataset: Dataset) -> None:
+                listed(objects, dataset)
+                if self.cache is not None:
+                    await asyncio.to_thread(self.cache.save_listing, store.url, objects)
+
+            builder = DatasetBuilder(labels, extensions)
+            task = asyncio.create_task(
+                listing.stream(list_sorted(), builder, finished), name="asyncloader-listing"
             )
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._rt.listing_task = task
+            await listing.wait(1)  # an empty or unreadable prefix fails here, at once
+        else:
+            objects = saved if saved is not None else await list_objects(store, self.cache, 0)
+            manifest = None
+            if is_manifest:
+                assert isinstance(labels, str)
+                data: Blob
+                if await asyncio.to_thread(os.path.exists, labels):
+                    data = await asyncio.to_thread(_read_file, labels)
+                else:
+                    data = await store.get(labels)  # a manifest stored beside the images
+                manifest = parse_manifest(data, labels)
+            dataset = build_dataset(objects, labels, extensions=extensions, manifest=manifest)
+            listed(objects, dataset)
+            listing = Listing(dataset)
         ring = BatchRing(
             self._slots,
             self._run_config.batch_size,
@@ -386,7 +421,7 @@ class ImageLoader:
         self._rt.pool = pool
         fetcher = Fetcher(store, c, self._fetch_config)
         self._rt.pipeline = Pipeline(
-            dataset,
+            listing,
             fetcher,
             pool,
             ring,
@@ -396,20 +431,22 @@ class ImageLoader:
             decode_window=self._fetch_config.max_inflight + 4 * self._workers,
             cache=self.cache,
         )
-        r = self._run_config
-        per_epoch = num_batches(self._rt.pipeline.epoch_samples(0), r.batch_size, r.drop_last)
-        if per_epoch < r.num_workers:
-            raise ValueError(
-                f"{per_epoch} batches per epoch for this rank ({self._rt.pipeline.epoch_samples(0)}"
-                f" samples, batch_size={r.batch_size}, drop_last={r.drop_last}): fewer than "
-                f"the {r.num_workers} worker(s) sharing it"
-            )
+        if listing.done:
+            self._rt.pipeline.check_batches()
         # Start on epoch 0 right away: the first batches are ready when iteration begins.
         await self._rt.pipeline.start(0)
         self._position = self._produced = (0, 0)
-        return dataset
 
     # --- public surface -----------------------------------------------------------------
+
+    @property
+    def dataset(self) -> Dataset:
+        """All samples and class names (waits for the listing of an unshuffled run)."""
+        pipeline = self._rt.pipeline
+        if pipeline is None:
+            raise ClosedError("the loader is closed")
+        listing = pipeline.listing
+        return listing.dataset or self._rt.call(listing.complete())
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -418,7 +455,8 @@ class ImageLoader:
 
     @property
     def num_samples(self) -> int:
-        """Samples this rank sees per epoch."""
+        """Samples this rank sees per epoch (waits for the listing of an unshuffled run)."""
+        self.dataset  # noqa: B018 -- complete
         assert self._rt.pipeline is not None
         return self._rt.pipeline.epoch_samples(0)
 

@@ -18,8 +18,8 @@ import contextlib
 import queue
 import random
 from collections import Counter, deque
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -35,13 +35,24 @@ from ._errors import (
     Throttled,
     TransientStoreError,
 )
-from ._labels import Dataset
+from ._labels import Dataset, DatasetBuilder
 from ._ring import BatchRing
-from ._sampler import epoch_indices, mix_seed, num_batches
+from ._sampler import epoch_indices, mix_seed, num_batches, unshuffled_batch
 from ._stats import Counters
 from ._types import Blob, CachedAt, ObjectInfo, ObjectStore, Sample
 
-__all__ = ["BATCH", "END", "ERROR", "Fetcher", "Pipeline", "list_objects"]
+__all__ = [
+    "BATCH",
+    "END",
+    "ERROR",
+    "Fetcher",
+    "Listing",
+    "Pipeline",
+    "list_objects",
+    "saved_listing",
+]
+
+T = TypeVar("T")
 
 # Output queue items: (BATCH, epoch, index, slot, n, skipped) | (END, epoch) | (ERROR, exc),
 # where skipped maps error type → samples of that batch left out (counted when delivered).
@@ -120,30 +131,107 @@ class Fetcher:
             await asyncio.sleep(cfg.backoff(attempt) * self._rng.random())
 
 
+async def saved_listing(
+    store: ObjectStore, cache: ObjectCache | None, max_age: float
+) -> list[ObjectInfo] | None:
+    """The object list the cache saved for the store's URL, if younger than ``max_age``."""
+    if cache is None or max_age <= 0:
+        return None
+    return await asyncio.to_thread(cache.load_listing, store.url, max_age)
+
+
 async def list_objects(
     store: ObjectStore, cache: ObjectCache | None, max_age: float
 ) -> list[ObjectInfo]:
     """The store's object list: from the cache's saved listing if young enough, else listed
     (in parallel where the store can) and saved for the next run."""
-    if cache is not None and max_age > 0:
-        saved = await asyncio.to_thread(cache.load_listing, store.url, max_age)
-        if saved is not None:
-            return saved
+    saved = await saved_listing(store, cache, max_age)
+    if saved is not None:
+        return saved
     objects = [o async for o in store.list()]
     if cache is not None:
         await asyncio.to_thread(cache.save_listing, store.url, objects)
     return objects
 
 
+class Listing:
+    """The samples of a run: complete, or growing in key order while the store still lists.
+
+    Only a run that does not shuffle can use a growing list (its first batches are the first
+    keys); :meth:`stream` fills it, and everything else waits for :meth:`wait` or
+    :meth:`complete`.  Lives on the loader's event loop.
+    """
+
+    def __init__(self, dataset: Dataset | None = None) -> None:
+        self.dataset = dataset
+        self.samples: Sequence[Sample] = dataset.samples if dataset is not None else ()
+        self.error: BaseException | None = None
+        self._grew = asyncio.Event()
+
+    @property
+    def done(self) -> bool:
+        return self.dataset is not None
+
+    def _notify(self) -> None:
+        self._grew.set()
+        self._grew = asyncio.Event()
+
+    async def stream(
+        self,
+        chunks: AsyncIterator[tuple[list[ObjectInfo], list[ObjectInfo]]],
+        builder: DatasetBuilder,
+        finished: Callable[[list[ObjectInfo], Dataset], Awaitable[None]],
+    ) -> None:
+        """Add the store's sorted chunks as they come; at the end ``finished(objects,
+        dataset)`` (which may raise, say for an empty dataset) completes the listing."""
+        self.samples = builder.samples
+        objects: list[ObjectInfo] = []
+        try:
+            async for chunk, ahead in chunks:
+                objects.extend(chunk)
+                builder.add(chunk, ahead)
+                self._notify()
+            dataset = builder.finish()
+            await finished(objects, dataset)
+            self.dataset = dataset
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            self._notify()
+
+    async def wait(self, n: int) -> int:
+        """Wait until ``n`` samples are listed or the listing is complete; how many are.
+
+        Raises:
+            The listing's error, if it failed.
+        """
+        while len(self.samples) < n and self.dataset is None:
+            if self.error is not None:
+                raise self.error
+            await self._grew.wait()
+        return len(self.samples)
+
+    async def complete(self) -> Dataset:
+        """The whole dataset, once listed."""
+        while self.dataset is None:
+            await self.wait(len(self.samples) + 1)
+        return self.dataset
+
+
 class _Failure(Exception):
     """A per-sample failure already counted; carries the original exception."""
+
+
+async def _next(it: AsyncIterator[T]) -> T:
+    return await anext(it)
 
 
 class Pipeline:
     """Produces batches into the ring and announces them on ``output`` (a thread-safe queue).
 
     Args:
-        dataset: The samples.
+        listing: The samples (complete, or still growing for an unshuffled run).
         fetcher: Fetches object bytes.
         pool: Decodes into ring slots.
         ring: The batch buffers.
@@ -157,7 +245,7 @@ class Pipeline:
 
     def __init__(
         self,
-        dataset: Dataset,
+        listing: Listing,
         fetcher: Fetcher,
         pool: DecodePool,
         ring: BatchRing,
@@ -168,7 +256,7 @@ class Pipeline:
         decode_window: int,
         cache: ObjectCache | None = None,
     ) -> None:
-        self.dataset = dataset
+        self.listing = listing
         self.fetcher = fetcher
         self.pool = pool
         self.ring = ring
@@ -181,22 +269,44 @@ class Pipeline:
         self._task: asyncio.Task[None] | None = None
         self._window = asyncio.Semaphore(decode_window)
         self._failures: dict[int, list[Exception]] = {}
-        self._epoch_samples = len(
-            epoch_indices(
-                len(dataset.samples),
-                seed=run.seed,
-                epoch=0,
-                shuffle="node" if run.shuffle == "node" else False,  # the same count
-                rank=run.rank,
-                world_size=run.world_size,
-                even=run.even,
-                local_world_size=run.local_world_size,
-            )
-        )
+        self._epoch_samples: int | None = None
 
     def epoch_samples(self, epoch: int) -> int:
-        """Samples this rank sees in ``epoch`` (the same for every epoch)."""
+        """Samples this rank sees in ``epoch`` (the same for every epoch); the listing must
+        be complete."""
+        if self._epoch_samples is None:
+            dataset = self.listing.dataset
+            if dataset is None:
+                raise RuntimeError("the listing is not complete yet")
+            r = self.run
+            self._epoch_samples = len(
+                epoch_indices(
+                    len(dataset.samples),
+                    seed=r.seed,
+                    epoch=0,
+                    shuffle="node" if r.shuffle == "node" else False,  # the same count
+                    rank=r.rank,
+                    world_size=r.world_size,
+                    even=r.even,
+                    local_world_size=r.local_world_size,
+                )
+            )
         return self._epoch_samples
+
+    def check_batches(self) -> None:
+        """Every worker sharing this rank must get a batch (the listing is complete).
+
+        Raises:
+            ValueError: fewer batches per epoch than workers.
+        """
+        r = self.run
+        n = self.epoch_samples(0)
+        if num_batches(n, r.batch_size, r.drop_last) < r.num_workers:
+            raise ValueError(
+                f"{num_batches(n, r.batch_size, r.drop_last)} batches per epoch for this rank "
+                f"({n} samples, batch_size={r.batch_size}, drop_last={r.drop_last}): fewer "
+                f"than the {r.num_workers} worker(s) sharing it"
+            )
 
     # --- control (called on the loop) ---------------------------------------------------
 
@@ -273,19 +383,35 @@ class Pipeline:
 
     # --- production ---------------------------------------------------------------------
 
-    def _batches(
+    async def _batches(
         self, epoch: int, first_batch: int
-    ) -> Iterator[tuple[int, int, npt.NDArray[np.int64], bool]]:
+    ) -> AsyncGenerator[tuple[int, int, npt.NDArray[np.int64], bool], None]:
         """(epoch, index, sample indices, last of its epoch) from ``epoch`` on, endlessly.
 
         Only this worker's batches (``index % num_workers == worker``); in the first epoch
         only from ``first_batch`` on (a resume).  Every epoch ends with an END marker, so
-        the "last" flag goes with this worker's last batch.
+        the "last" flag goes with this worker's last batch.  While the listing still grows
+        (an unshuffled run), each batch starts as soon as its samples are listed.
         """
         r = self.run
+        listing = self.listing
         while True:
+            if not listing.done:
+                b = first_batch
+                while True:
+                    await listing.wait((b + 1) * r.batch_size * r.world_size)
+                    if listing.done:
+                        break
+                    if b % r.num_workers == r.worker:
+                        sel = unshuffled_batch(
+                            b, r.batch_size, rank=r.rank, world_size=r.world_size
+                        )
+                        yield epoch, b, sel, False
+                    b += 1
+                first_batch = b
+                self.check_batches()
             indices = epoch_indices(
-                len(self.dataset.samples),
+                len(listing.samples),
                 seed=r.seed,
                 epoch=epoch,
                 shuffle=r.shuffle,
@@ -300,7 +426,7 @@ class Pipeline:
                 sel = indices[b * r.batch_size : (b + 1) * r.batch_size]
                 yield epoch, b, sel, b == mine[-1]
             if not mine:
-                yield epoch, -1, indices[:0], True  # nothing for this worker: END only
+                yield epoch, -1, indices[:0], True  # nothing (more) for this worker: END only
             first_batch = 0
             epoch += 1
 
@@ -311,8 +437,19 @@ class Pipeline:
             deque()
         )
         self._failures = {}
+        batches = self._batches(epoch, first_batch)
+        nxt: asyncio.Task[tuple[int, int, npt.NDArray[np.int64], bool]] | None = None
         try:
-            for ep, b, sel, last in self._batches(epoch, first_batch):
+            while True:
+                nxt = asyncio.create_task(_next(batches))
+                # While the next batch cannot start yet (its samples are still being
+                # listed), publish the batches that finish meanwhile.
+                while not nxt.done() and inflight:
+                    await asyncio.wait((nxt, inflight[0][4]), return_when=asyncio.FIRST_COMPLETED)
+                    while inflight and inflight[0][4].done():
+                        await self._publish(*inflight.popleft())
+                ep, b, sel, last = await nxt
+                nxt = None
                 if b < 0:  # this worker has nothing left in `ep` (a resume past its end)
                     while inflight:
                         await self._publish(*inflight.popleft())
@@ -330,6 +467,11 @@ class Pipeline:
         except BaseException as exc:
             self.output.put((ERROR, exc))
         finally:
+            if nxt is not None:
+                nxt.cancel()
+                with contextlib.suppress(BaseException):
+                    await nxt
+            await batches.aclose()
             for *_, t in inflight:
                 t.cancel()
             for *_, t in inflight:
@@ -349,8 +491,9 @@ class Pipeline:
         self.counters.ring_full += 1
         self.output.put((BATCH, epoch, index, slot, n, skipped))
         failures = self._failures.get(epoch, [])
-        budget = self.run.failure_budget(self.epoch_samples(epoch))
-        if len(failures) > budget:
+        # A budget that is a fraction of the epoch waits for a growing listing to complete.
+        samples = self.epoch_samples(epoch) if self.listing.done else None
+        if len(failures) > self.run.failure_budget(samples):
             raise FailureBudgetExceeded(
                 f"{len(failures)} samples failed in epoch {epoch}, "
                 f"more than max_failures={self.run.max_failures}",
@@ -364,7 +507,7 @@ class Pipeline:
         self, slot: int, epoch: int, sel: np.ndarray[Any, Any]
     ) -> tuple[int, Counter[str]]:
         """Fill ``slot`` with the samples ``sel``; returns how many made it, and why not."""
-        samples = self.dataset.samples
+        samples = self.listing.samples
         seed = self.run.seed
         cached: dict[str, CachedAt | None] = {}
         keys = [""] * len(sel)
@@ -426,7 +569,7 @@ class Pipeline:
         out: dict[int, BaseException | None] = {}
         if not hits:
             return out
-        samples = self.dataset.samples
+        samples = self.listing.samples
         seed = self.run.seed
         c = self.counters
         jobs = []

@@ -11,7 +11,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["epoch_indices", "mix_seed", "node_subset", "num_batches"]
+__all__ = ["epoch_indices", "mix_seed", "node_subset", "num_batches", "unshuffled_batch"]
 
 _MASK = (1 << 64) - 1
 _NODE_SALT = 0x6E6F6465  # separates the node partition's seed from the epochs' seeds
@@ -118,3 +118,17 @@ def epoch_indices(
 def num_batches(n_samples: int, batch_size: int, drop_last: bool) -> int:
     """Batches in an epoch of ``n_samples``: the last one may be short unless ``drop_last``."""
     return n_samples // batch_size if drop_last else -(-n_samples // batch_size)
+
+
+def unshuffled_batch(
+    batch: int, batch_size: int, *, rank: int = 0, world_size: int = 1
+) -> npt.NDArray[np.int64]:
+    """Batch ``batch`` of an unshuffled epoch of ``rank``, before the dataset size is known.
+
+    It is ``epoch_indices(n, shuffle=False, ...)[batch * batch_size:][:batch_size]`` for
+    every ``n`` of at least ``(batch + 1) * batch_size * world_size`` samples (``even``
+    only changes the last round): a loader that does not shuffle can start while the
+    listing is still growing.
+    """
+    first = batch * batch_size
+    return np.arange(first, first + batch_size, dtype=np.int64) * world_size + rank

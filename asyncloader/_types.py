@@ -61,7 +61,12 @@ class ObjectStore(Protocol):
         ...
 
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        """Yield every object under ``prefix`` (relative to the store's root), any order."""
+        """Yield every object under ``prefix`` (relative to the store's root), any order.
+
+        A store may also offer ``list_sorted(prefix)``: the same objects in sorted key
+        order, as ``(objects, ahead)`` chunks while it lists (see ``_stores/_listing.py``);
+        an unshuffled loader then starts before the listing ends.
+        """
         ...
 
     async def stat(self, key: str) -> ObjectInfo:

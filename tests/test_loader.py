@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 import asyncloader as al
+from asyncloader.testing import FaultProxy
 
 from .conftest import N_CLASSES, N_IMAGES, Backend, jpeg_bytes
 
@@ -66,6 +67,65 @@ def test_imagefolder_labels_and_classes(backend: Backend, dataset: str) -> None:
         assert loader.classes == tuple(f"class_{i:02d}" for i in range(N_CLASSES))
         _, labels = next(iter(loader))
     assert Counter(labels.tolist()) == {c: N_IMAGES // N_CLASSES for c in range(N_CLASSES)}
+
+
+def _proxied(backend: Backend, proxy: FaultProxy) -> dict[str, object]:
+    if backend.name == "azure":
+        assert isinstance(backend.server, al.testing.Azurite)
+        return {
+            "account": backend.server.account,
+            "account_key": backend.server.key,
+            "endpoint_url": proxy.endpoint,
+        }
+    return {"endpoint_url": proxy.endpoint}
+
+
+def test_an_unshuffled_run_starts_before_the_listing_ends(
+    backend: Backend, dataset: str, tmp_path: Path
+) -> None:
+    """The listing of the last class folder is held at a proxy: the first batches still
+    arrive (from the first folders), and the whole epoch — labels and pixels — equals a run
+    from the complete listing (saved in the cache by the first run)."""
+    last = f"class_{N_CLASSES - 1:02d}"
+    kw: dict[str, object] = dict(
+        shuffle=False, batch_size=8, decode_workers=2, timeout=60, cache_dir=tmp_path / "c"
+    )
+    with FaultProxy(backend.server.endpoint) as proxy:
+        gate = proxy.hold(f"prefix=train/{last}/")
+        with al.ImageLoader(dataset, store_options=_proxied(backend, proxy), **kw) as loader:  # type: ignore[arg-type]
+            # Batches are views of ring slots, valid until the next one: keep copies.
+            it = ((x.clone(), y.clone()) for x, y in loader)
+            first = [next(it) for _ in range(3)]  # 24 images: class_00 is complete
+            assert loader.stats().objects_listed == 0  # the listing is still running
+            gate.set()
+            streamed = first + list(it)
+            assert loader.stats().objects_listed == N_IMAGES
+            assert loader.classes == tuple(f"class_{i:02d}" for i in range(N_CLASSES))
+    with al.ImageLoader(dataset, store_options=backend.store_options, **kw) as loader:  # type: ignore[arg-type]
+        assert loader.stats().listing_seconds < 1  # the saved listing: no streaming
+        complete = [(x.clone(), y.clone()) for x, y in loader]
+    assert [lab.tolist() for _, lab in streamed] == [lab.tolist() for _, lab in complete]
+    assert all(
+        np.array_equal(a.numpy(), b.numpy())
+        for (a, _), (b, _) in zip(streamed, complete, strict=True)
+    )
+    labels = [x for _, lab in streamed for x in lab.tolist()]
+    assert labels == sorted(labels) and len(labels) == N_IMAGES
+
+
+def test_a_listing_that_fails_midway_fails_the_run(backend: Backend, dataset: str) -> None:
+    """A sub-folder listing refused: the run fails with that error, whether it comes before
+    the first batch (at construction) or after it."""
+    last = f"class_{N_CLASSES - 1:02d}"
+    with FaultProxy(backend.server.endpoint) as proxy:
+        proxy.fail_next(1, status=403, code="AccessDenied", path_contains=f"prefix=train/{last}/")
+        opts = _proxied(backend, proxy)
+        with pytest.raises(al.AccessDenied, match=last):
+            with al.ImageLoader(
+                dataset, shuffle=False, batch_size=8, timeout=60, store_options=opts
+            ) as loader:  # type: ignore[arg-type]
+                for _ in loader:
+                    pass
 
 
 def test_manifest_labels_and_missing_object(backend: Backend, tmp_path: Path) -> None:

@@ -6,7 +6,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncloader._sampler import epoch_indices, mix_seed, node_subset, num_batches
+from asyncloader._sampler import (
+    epoch_indices,
+    mix_seed,
+    node_subset,
+    num_batches,
+    unshuffled_batch,
+)
 
 sizes = st.integers(min_value=0, max_value=3000)
 seeds = st.integers(min_value=0, max_value=2**63)
@@ -127,3 +133,30 @@ def test_node_local_refuses_partial_nodes() -> None:
         epoch_indices(10, seed=0, epoch=0, shuffle="node", rank=0, world_size=3, local_world_size=2)
     with pytest.raises(ValueError, match="shuffle must be"):
         epoch_indices(10, seed=0, epoch=0, shuffle="local")  # type: ignore[arg-type]
+
+
+@settings(max_examples=300)
+@given(
+    batch=st.integers(0, 20),
+    batch_size=st.integers(1, 50),
+    world=st.integers(1, 8),
+    extra=st.integers(0, 500),
+    rank_seed=st.integers(0, 7),
+    even=st.sampled_from(["pad", "drop"]),
+)
+def test_an_unshuffled_batch_is_known_before_the_dataset_size(
+    batch: int, batch_size: int, world: int, extra: int, rank_seed: int, even: str
+) -> None:
+    rank = rank_seed % world
+    n = (batch + 1) * batch_size * world + extra  # any size at least that
+    whole = epoch_indices(
+        n,
+        seed=1,
+        epoch=3,
+        shuffle=False,
+        rank=rank,
+        world_size=world,
+        even=even,  # type: ignore[arg-type]
+    )
+    early = unshuffled_batch(batch, batch_size, rank=rank, world_size=world)
+    assert np.array_equal(early, whole[batch * batch_size : (batch + 1) * batch_size])

@@ -44,7 +44,7 @@ from ._http import (
     with_retries,
 )
 from ._lean_http import LeanHTTPClient
-from ._listing import list_tree
+from ._listing import FolderListing, Page
 
 __all__ = [
     "AZURITE_ACCOUNT",
@@ -236,7 +236,7 @@ def parse_azure_url(url: str, *, account: str | None = None) -> tuple[str | None
     return acct, container, prefix, sas
 
 
-class AzureStore:
+class AzureStore(FolderListing):
     """An Azure Blob container (and name prefix) as an :class:`~asyncloader.ObjectStore`.
 
     Args:
@@ -380,17 +380,12 @@ class AzureStore:
 
         return await with_retries(once)
 
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]
-        """Every blob under ``prefix``, listed in parallel across its sub-folders."""
+    async def _ready(self) -> None:
         self._ensure()
-        async for info in list_tree(
-            self._list_pages, self.prefix + prefix, concurrency=self._list_concurrency
-        ):
-            yield info
 
     async def _list_pages(
         self, full: str, folders: MutableSequence[str] | None
-    ) -> AsyncIterator[ObjectInfo]:
+    ) -> AsyncIterator[Page]:
         cut = len(self.prefix)
         marker = ""
         while True:
@@ -412,7 +407,10 @@ class AzureStore:
             except ET.ParseError as exc:
                 raise StoreError(f"unreadable listing of {self._what(full)}") from exc
             blobs = root.find("Blobs")
+            page: Page = []
             if blobs is not None:
+                if folders is not None:
+                    folders.extend(p.findtext("Name") or "" for p in blobs.iterfind("BlobPrefix"))
                 for blob in blobs.iterfind("Blob"):
                     name = blob.findtext("Name") or ""
                     props = blob.find("Properties")
@@ -422,9 +420,8 @@ class AzureStore:
                         continue  # hierarchical-namespace folders
                     size = int(props.findtext("Content-Length") or 0)
                     etag = normalize_etag(props.findtext("Etag") or "")
-                    yield ObjectInfo(name[cut:], size, etag)
-                if folders is not None:
-                    folders.extend(p.findtext("Name") or "" for p in blobs.iterfind("BlobPrefix"))
+                    page.append(ObjectInfo(name[cut:], size, etag))
+            yield page
             marker = root.findtext("NextMarker") or ""
             if not marker:
                 return

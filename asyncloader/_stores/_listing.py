@@ -1,60 +1,172 @@
-"""Listing a prefix in parallel across its sub-folders, for every store with a delimiter.
+"""Listing a prefix in parallel across its sub-folders, in sorted key order, as it arrives.
 
 A flat paginated listing of a million keys is one request after another.  Datasets are
 almost always split into folders (classes, shards, dates), so one delimited listing of the
 top level finds the sub-folders and those are listed concurrently, each paginated.
+
+The objects come out in sorted key order, a chunk at a time, so a loader that does not
+shuffle can start on the first chunk while the rest is still being listed:
+
+* while the top-level listing has met no sub-folder, its pages come out as they arrive
+  (a flat folder of a million images streams page by page);
+* from the first sub-folder on, the rest of the top level is listed first, then each
+  sub-folder's objects come out once that folder (and every one before it) is listed, with
+  the top-level objects that sort between them.
+
+Each folder chunk also carries objects listed already that come later in key order
+(``ahead``) but decide its ImageFolder labels (see :class:`asyncloader._labels.DatasetBuilder`):
+the top-level objects after it (images directly under the prefix are class ``""``, the
+first), and the objects of folders whose names sort before its own but whose keys sort
+after its keys (``b/…`` after ``b./…``, yet class ``b`` before ``b.``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Callable, MutableSequence
 
+from .._errors import StoreError
 from .._types import ObjectInfo
 
-__all__ = ["PageLister", "list_tree"]
+__all__ = ["Chunk", "FolderListing", "Page", "PageLister", "list_chunks"]
 
-PageLister = Callable[[str, MutableSequence[str] | None], AsyncIterator[ObjectInfo]]
-"""``(full_prefix, folders)`` → objects of one paginated listing; with ``folders`` (a list)
-the listing is delimited by ``/`` and the sub-folder prefixes found are appended to it."""
+Page = list[ObjectInfo]
+PageLister = Callable[[str, MutableSequence[str] | None], AsyncIterator[Page]]
+"""``(full_prefix, folders)`` → the pages of one paginated listing, each a list of objects in
+the store's (sorted) order; with ``folders`` (a list) the listing is delimited by ``/``, and
+the sub-folder prefixes (full, ending in ``/``) of each page are appended to it *before* the
+page is yielded."""
+
+Chunk = tuple[list[ObjectInfo], list[ObjectInfo]]
+"""``(objects, ahead)``: the next objects in sorted key order, and objects already listed
+that come later in that order (top-level ones; only for the label classes)."""
 
 
-async def list_tree(
-    pages: PageLister, full_prefix: str, *, concurrency: int
-) -> AsyncIterator[ObjectInfo]:
-    """Every object under ``full_prefix``: the top level first, then its sub-folders at once.
+def _by_key(o: ObjectInfo) -> str:
+    return o.key
 
-    Order is not defined (the loader sorts).  A listing error of any sub-folder is raised
-    from the iterator after the sibling listings are cancelled.
+
+async def list_chunks(
+    pages: PageLister, full_prefix: str, *, cut: int, concurrency: int
+) -> AsyncIterator[Chunk]:
+    """Every object under ``full_prefix`` in sorted key order, as :data:`Chunk` s.
+
+    Keys are relative to the store's root, which is ``cut`` characters of ``full_prefix``
+    (folders are compared with keys after that cut).  A listing error of any sub-folder is
+    raised from the iterator after the other listings are cancelled.
     """
     folders: list[str] = []
-    async for info in pages(full_prefix, folders):
-        yield info
-    if not folders:
-        return
-    out: asyncio.Queue[ObjectInfo | None] = asyncio.Queue(maxsize=10_000)
+    tasks: dict[str, asyncio.Task[list[ObjectInfo]]] = {}
     sem = asyncio.Semaphore(concurrency)
 
-    async def one(folder: str) -> None:
+    async def one(folder: str) -> list[ObjectInfo]:
         async with sem:
-            async for info in pages(folder, None):
-                await out.put(info)
+            objects = [o for page in [p async for p in pages(folder, None)] for o in page]
+        objects.sort(key=_by_key)
+        return objects
 
-    async def run_all() -> None:
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for folder in folders:
-                    tg.create_task(one(folder))
-        finally:
-            await out.put(None)
+    # The first failing folder listing, so that waiting for an earlier folder does not hide
+    # (or outlast) a later one's error.
+    failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    runner = asyncio.create_task(run_all())
+    def on_done(task: asyncio.Task[list[ObjectInfo]]) -> None:
+        if not task.cancelled() and task.exception() is not None and not failed.done():
+            failed.set_exception(task.exception())  # type: ignore[arg-type]
+
+    def start_new() -> None:
+        for folder in folders[len(tasks) :]:  # in listing order: the first ones first
+            tasks[folder] = task = asyncio.create_task(one(folder))
+            task.add_done_callback(on_done)
+
+    async def result(task: asyncio.Task[list[ObjectInfo]]) -> list[ObjectInfo]:
+        await asyncio.wait((task, failed), return_when=asyncio.FIRST_COMPLETED)
+        if failed.done():
+            failed.result()  # raises
+        return task.result()
+
+    rest: list[ObjectInfo] = []  # top-level objects after the first sub-folder
+    last = ""
     try:
-        while (item := await out.get()) is not None:
-            yield item
-        await runner  # re-raises a listing error
+        async for page in pages(full_prefix, folders):
+            start_new()
+            if rest or not folders:
+                now, later = ([], page) if rest else (page, [])
+            else:
+                first = min(folders)[cut:]
+                now = [o for o in page if o.key < first]
+                later = [o for o in page if o.key >= first]
+            if now:
+                if now[0].key <= last or any(a.key >= b.key for a, b in itertools.pairwise(now)):
+                    raise StoreError(f"the listing of {full_prefix!r} is not in key order")
+                last = now[-1].key
+                yield now, []
+            rest.extend(later)
+        start_new()
+        rest.sort(key=_by_key)
+        names = {folder[cut:-1]: folder for folder in tasks}  # "cat" → ".../cat/"
+        i = 0
+        for folder in sorted(tasks):
+            name = folder[cut:]
+            j = i
+            while j < len(rest) and rest[j].key < name:
+                j += 1
+            if j > i:
+                yield rest[i:j], []
+            i = j
+            objects = await result(tasks[folder])
+            ahead = rest[i:]
+            # A folder whose name is a prefix of this one, followed by a character that
+            # sorts before "/" ("b" for "b."), comes later in key order but is a class
+            # before this one: list it first and pass its objects ahead.
+            stem = name[:-1]
+            for k in range(1, len(stem)):
+                if stem[k] < "/" and stem[:k] in names:
+                    ahead = ahead + await result(tasks[names[stem[:k]]])
+            yield objects, ahead
+        if i < len(rest):
+            yield rest[i:], []
     finally:
-        runner.cancel()
-        with contextlib.suppress(BaseException):
-            await runner
+        for t in tasks.values():
+            t.cancel()
+        for t in tasks.values():
+            with contextlib.suppress(BaseException):
+                await t
+        if failed.done():
+            failed.exception()  # retrieved: raised above, or moot
+
+
+class FolderListing:
+    """``list`` and ``list_sorted`` for a store with a delimited, paginated listing API:
+    the store supplies ``_list_pages`` (a :data:`PageLister`) and ``_ready``."""
+
+    prefix: str
+    _list_concurrency: int
+
+    def _list_pages(self, full: str, folders: MutableSequence[str] | None) -> AsyncIterator[Page]:
+        raise NotImplementedError
+
+    async def _ready(self) -> None:
+        """Called before listing (clients, credentials)."""
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        """Every object under ``prefix``, listed in parallel across its sub-folders.
+
+        One delimited listing of the top level finds the sub-folders (class folders, say);
+        those are then listed concurrently (``list_concurrency`` at once), each paginated.
+        """
+        async for objects, _ in self.list_sorted(prefix):
+            for info in objects:
+                yield info
+
+    async def list_sorted(self, prefix: str = "") -> AsyncIterator[Chunk]:
+        """:meth:`list` in sorted key order, as chunks that come out while it runs."""
+        await self._ready()
+        async for chunk in list_chunks(
+            self._list_pages,
+            self.prefix + prefix,
+            cut=len(self.prefix),
+            concurrency=self._list_concurrency,
+        ):
+            yield chunk

@@ -30,7 +30,7 @@ from .._errors import (
 from .._types import Blob, ObjectInfo
 from ._http import get_bytes, lean_get_bytes, make_session, proxy_configured, range_header
 from ._lean_http import LeanHTTPClient
-from ._listing import list_tree
+from ._listing import FolderListing, Page
 from ._sigv4 import FrozenCredentials, SigV4Signer, uri_encode_path
 
 __all__ = ["S3Store"]
@@ -76,7 +76,7 @@ def _map_botocore(exc: Exception, *, what: str, key: str | None) -> StoreError:
     return StoreError(f"{type(exc).__name__} on {what}", key=key)
 
 
-class S3Store:
+class S3Store(FolderListing):
     """An S3 bucket (and key prefix) as an :class:`~asyncloader.ObjectStore`.
 
     Args:
@@ -209,22 +209,12 @@ class S3Store:
         f = await c.get_frozen_credentials()
         return FrozenCredentials(f.access_key, f.secret_key, f.token)
 
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]
-        """Every object under ``prefix``, listed in parallel across its sub-folders.
-
-        One delimited listing of the top level finds the sub-folders (class folders, say);
-        those are then listed concurrently (``list_concurrency`` at once), each paginated.
-        Order is not defined: the loader sorts.
-        """
+    async def _ready(self) -> None:
         await self._ensure()
-        async for info in list_tree(
-            self._list_pages, self.prefix + prefix, concurrency=self._list_concurrency
-        ):
-            yield info
 
     async def _list_pages(
         self, full: str, folders: MutableSequence[str] | None
-    ) -> AsyncIterator[ObjectInfo]:
+    ) -> AsyncIterator[Page]:
         """One paginated listing; with ``folders``, delimited (sub-folders collected there)."""
         cut = len(self.prefix)
         paginator = self._client.get_paginator("list_objects_v2")
@@ -233,13 +223,13 @@ class S3Store:
             kwargs["Delimiter"] = "/"
         try:
             async for page in paginator.paginate(**kwargs):
-                for item in page.get("Contents", ()):
-                    key = item["Key"]
-                    if key.endswith("/"):
-                        continue  # folder placeholder objects
-                    yield ObjectInfo(key[cut:], int(item["Size"]), item["ETag"].strip('"'))
                 if folders is not None:
                     folders.extend(p["Prefix"] for p in page.get("CommonPrefixes", ()))
+                yield [
+                    ObjectInfo(item["Key"][cut:], int(item["Size"]), item["ETag"].strip('"'))
+                    for item in page.get("Contents", ())
+                    if not item["Key"].endswith("/")  # folder placeholder objects
+                ]
         except StoreError:
             raise
         except Exception as exc:

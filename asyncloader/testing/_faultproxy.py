@@ -46,6 +46,7 @@ class FaultProxy:
         self._up_port = parts.port or 80
         self._base_path = parts.path.rstrip("/")
         self._rules: list[_Rule] = []
+        self._holds: list[tuple[str, threading.Event]] = []
         self._lock = threading.Lock()
         self.injected = 0
         self.requests = 0
@@ -91,6 +92,9 @@ class FaultProxy:
         loop, self._loop = self._loop, None
         if loop is None:
             return
+        with self._lock:
+            for _, gate in self._holds:
+                gate.set()
 
         async def shutdown() -> None:
             if self._server is not None:
@@ -115,6 +119,21 @@ class FaultProxy:
         ``x-ms-error-code`` header), then close their connections."""
         with self._lock:
             self._rules.append(_Rule(count, status, code, path_contains))
+
+    def hold(self, path_contains: str) -> threading.Event:
+        """Hold back requests whose decoded target contains ``path_contains`` until the
+        returned event is set (the proxy sets it when it stops)."""
+        gate = threading.Event()
+        with self._lock:
+            self._holds.append((path_contains, gate))
+        return gate
+
+    async def _wait_gates(self, path: str) -> None:
+        with self._lock:
+            gates = [g for s, g in self._holds if s in path]
+        for gate in gates:
+            if not gate.is_set():
+                await asyncio.to_thread(gate.wait)  # stop() sets every gate
 
     def _pick(self, path: str) -> _Rule | None:
         with self._lock:
@@ -144,6 +163,7 @@ class FaultProxy:
                     if name.strip().lower() == "content-length":
                         length = int(value.strip())
                 body = await reader.readexactly(length) if length else b""
+                await self._wait_gates(unquote(target))
                 rule = self._pick(unquote(target))
                 if rule is not None:
                     xml = (
