@@ -57,11 +57,11 @@ def _decode_one(args: tuple[bytes, int]) -> int:
     return i
 
 
-def case_ceiling(folder: Path, workers: int, kind: str) -> dict[str, float]:
+def case_ceiling(folder: Path, workers: int, kind: str, epochs: int = 1) -> dict[str, float]:
     from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
     datas = [p.read_bytes() for p in _files(folder)]
-    jobs = [(d, i) for i, d in enumerate(datas)]
+    jobs = [(d, i) for i, d in enumerate(datas)] * epochs
     pool_cls = ThreadPoolExecutor if kind == "thread" else ProcessPoolExecutor
     with pool_cls(workers) as ex:
         list(ex.map(_decode_one, jobs[: workers * 4]))  # warm up (and start processes)
@@ -104,7 +104,7 @@ def case_dataloader(folder: Path, endpoint: str, batch: int) -> dict[str, float]
     return {"images": n, "wall": wall, "cpu": _cpu() - c0}
 
 
-def case_asyncloader(endpoint: str, batch: int, workers: int) -> dict[str, float]:
+def case_asyncloader(endpoint: str, batch: int, workers: int, epochs: int = 1) -> dict[str, float]:
     import asyncloader as al
 
     with al.ImageLoader(
@@ -117,7 +117,7 @@ def case_asyncloader(endpoint: str, batch: int, workers: int) -> dict[str, float
         for _ in loader:  # epoch 0: start-up, connections
             pass
         t0, c0 = time.perf_counter(), _cpu()
-        n = sum(len(x) for x, _ in loader)
+        n = sum(len(x) for _ in range(epochs) for x, _ in loader)
         wall = time.perf_counter() - t0
         bound = loader.stats().bound
     return {"images": n, "wall": wall, "cpu": _cpu() - c0, "bound": bound}  # type: ignore[dict-item]
@@ -141,17 +141,19 @@ def main() -> None:
     p.add_argument("--latencies", default="0,0.02,0.05", help="seconds, comma-separated")
     p.add_argument("--data-dir", default=str(ROOT / "cache" / "bench-jpegs"))
     p.add_argument("--skip-dataloader", action="store_true")
+    p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
+    p.add_argument("--epochs", type=int, default=2, help="passes measured per case")
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     folder = Path(args.data_dir)
     if args.case:
         kind, *rest = args.case
         if kind == "ceiling":
-            res = case_ceiling(folder, args.workers, rest[0])
+            res = case_ceiling(folder, args.workers, rest[0], args.epochs)
         elif kind == "dataloader":
             res = case_dataloader(folder, rest[0], args.batch_size)
         else:
-            res = case_asyncloader(rest[0], args.batch_size, args.workers)
+            res = case_asyncloader(rest[0], args.batch_size, args.workers, args.epochs)
         res["rss_mb"] = _peak_rss_mb()
         print(json.dumps(res))
         return
@@ -162,50 +164,64 @@ def main() -> None:
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     make_jpeg_folder(folder, images=args.images, classes=10, seed=0)
     common = ["--data-dir", str(folder), "--workers", str(args.workers)]
-    common += ["--batch-size", str(args.batch_size)]
-    rows: list[tuple[str, dict[str, float]]] = []
-    for kind in ("thread", "process"):
-        rows.append((f"ceiling ({kind} pool, RAM)", run_case(["ceiling", kind, *common])))
-    ceiling = max((r for r in rows), key=lambda r: r[1]["images"] / r[1]["wall"])[1]
-    for lat in (float(x) for x in args.latencies.split(",")):
-        with S3TestServer(latency=lat, load=folder, bucket="b", prefix="train/") as srv:
-            if not args.skip_dataloader:
-                rows.append(
-                    (
-                        f"DataLoader+boto3 @{lat * 1e3:.0f} ms",
-                        run_case(["dataloader", srv.endpoint, *common]),
+    common += ["--batch-size", str(args.batch_size), "--epochs", str(args.epochs)]
+    lats = [float(x) for x in args.latencies.split(",")]
+    # Rounds: every case once per round, so a slow spell of this shared machine hits all
+    # cases of a round alike; each round's ratios are to that round's ceiling.
+    rounds: list[dict[str, dict[str, float]]] = []
+    for _ in range(args.repeat):
+        rows: dict[str, dict[str, float]] = {}
+        for kind in ("thread", "process"):
+            rows[f"ceiling ({kind} pool, RAM)"] = run_case(["ceiling", kind, *common])
+        for lat in lats:
+            with S3TestServer(latency=lat, load=folder, bucket="b", prefix="train/") as srv:
+                if not args.skip_dataloader:
+                    rows[f"DataLoader+boto3 @{lat * 1e3:.0f} ms"] = run_case(
+                        ["dataloader", srv.endpoint, *common]
                     )
+                rows[f"asyncloader @{lat * 1e3:.0f} ms"] = run_case(
+                    ["asyncloader", srv.endpoint, *common]
                 )
-            rows.append(
-                (
-                    f"asyncloader @{lat * 1e3:.0f} ms",
-                    run_case(["asyncloader", srv.endpoint, *common]),
-                )
-            )
-    c_ips = ceiling["images"] / ceiling["wall"]
-    c_cpu = ceiling["cpu"] / ceiling["images"]
+        rounds.append(rows)
     kb = np.mean([f.stat().st_size for f in _files(folder)]) / 1e3
     print(
         f"\n{args.images} JPEGs (~{kb:.0f} KB), {args.workers} workers, "
-        f"batch {args.batch_size}, {os.cpu_count()} cores\n"
+        f"batch {args.batch_size}, {os.cpu_count()} cores, {args.repeat} round(s); "
+        "median over rounds, each ratio to its own round's ceiling\n"
     )
     print(
         f"{'case':34s} {'img/s':>7s} {'x ceil':>7s} {'CPU ms/img':>10s} {'x ceil':>7s} "
-        f"{'peak RSS MB':>11s}  bound"
+        f"{'peak RSS MB':>11s}  x ceil per round"
     )
-    for name, r in rows:
-        ips = r["images"] / r["wall"]
-        cpu = r["cpu"] / r["images"]
+    ratios: dict[str, list[float]] = {}
+    for name in rounds[0]:
+        ips, xc, cpu, xcpu, rss = [], [], [], [], []
+        for rows in rounds:
+            ceiling = max(
+                (r for n, r in rows.items() if n.startswith("ceiling")),
+                key=lambda r: r["images"] / r["wall"],
+            )
+            r = rows[name]
+            ips.append(r["images"] / r["wall"])
+            xc.append(ips[-1] / (ceiling["images"] / ceiling["wall"]))
+            cpu.append(r["cpu"] / r["images"])
+            xcpu.append(cpu[-1] / (ceiling["cpu"] / ceiling["images"]))
+            rss.append(r["rss_mb"])
+        ratios[name] = ips
+        med = np.median
         print(
-            f"{name:34s} {ips:7.0f} {ips / c_ips:7.2f} {cpu * 1e3:10.2f} {cpu / c_cpu:7.2f} "
-            f"{r['rss_mb']:11.0f}  {r.get('bound', '')}"
+            f"{name:34s} {med(ips):7.0f} {med(xc):7.2f} {med(cpu) * 1e3:10.2f} {med(xcpu):7.2f} "
+            f"{max(rss):11.0f}  {' '.join(f'{x:.2f}' for x in xc)}"
         )
-    for lat in (float(x) for x in args.latencies.split(",")):
-        a = dict(rows).get(f"asyncloader @{lat * 1e3:.0f} ms")
-        d = dict(rows).get(f"DataLoader+boto3 @{lat * 1e3:.0f} ms")
+    for lat in lats:
+        a = ratios.get(f"asyncloader @{lat * 1e3:.0f} ms")
+        d = ratios.get(f"DataLoader+boto3 @{lat * 1e3:.0f} ms")
         if a and d:
-            ratio = (a["images"] / a["wall"]) / (d["images"] / d["wall"])
-            print(f"asyncloader / DataLoader+boto3 @{lat * 1e3:.0f} ms: {ratio:.2f}x")
+            per = [x / y for x, y in zip(a, d, strict=True)]
+            print(
+                f"asyncloader / DataLoader+boto3 @{lat * 1e3:.0f} ms: {np.median(per):.2f}x "
+                f"(per round: {' '.join(f'{x:.2f}' for x in per)})"
+            )
 
 
 if __name__ == "__main__":
