@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -29,13 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_loader as bl
 
 
-def case_loader(endpoint: str, cache_dir: str, batch: int, workers: int) -> dict[str, float]:
+def case_loader(
+    endpoint: str, cache_dir: str, batch: int, workers: int, backend: str = "thread"
+) -> dict[str, float]:
     import asyncloader as al
 
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=batch,
         decode_workers=workers,
+        decode_backend=backend,  # type: ignore[arg-type]
         cache_dir=cache_dir,
         store_options={"endpoint_url": endpoint},
     ) as loader:
@@ -83,13 +87,15 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--latency", type=float, default=0.02)
     p.add_argument("--inflight", default="16,64,256")
+    p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
+    p.add_argument("--backend", default="thread", choices=("thread", "process"))
     p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs"))
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.case:
         kind, endpoint, cache_dir, *rest = args.case
         if kind == "loader":
-            res = case_loader(endpoint, cache_dir, args.batch_size, args.workers)
+            res = case_loader(endpoint, cache_dir, args.batch_size, args.workers, *rest)
         else:
             res = case_warm(endpoint, cache_dir, int(rest[0]))
         print(json.dumps(res))
@@ -102,52 +108,75 @@ def main() -> None:
     folder = make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0)
     common = ["--data-dir", str(folder), "--workers", str(args.workers)]
     common += ["--batch-size", str(args.batch_size)]
-    ceilings = [bl.run_case(["ceiling", kind, *common]) for kind in ("thread", "process")]
-    ceiling = max(ceilings, key=lambda r: r["images"] / r["wall"])
-    c_ips, c_cpu = ceiling["images"] / ceiling["wall"], ceiling["cpu"] / ceiling["images"]
-    tmp = Path(tempfile.mkdtemp(prefix="asyncloader-bench-"))
-    try:
-        with S3TestServer(latency=args.latency, load=folder, bucket="b", prefix="train/") as srv:
-            ep = srv.endpoint
-            run1 = _sub("loader", ep, str(tmp / "epochs"), *common)
-            run2 = _sub("loader", ep, str(tmp / "epochs"), *common)
-            warms = {
-                n: _sub("warm", ep, str(tmp / f"warm{n}"), str(n), *common)
-                for n in (int(x) for x in args.inflight.split(","))
-            }
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    rounds = []
+    for _ in range(args.repeat):  # every case once per round; ratios to the round's ceiling
+        ceilings = [bl.run_case(["ceiling", kind, *common]) for kind in ("thread", "process")]
+        tmp = Path(tempfile.mkdtemp(prefix="asyncloader-bench-"))
+        try:
+            with S3TestServer(
+                latency=args.latency, load=folder, bucket="b", prefix="train/"
+            ) as srv:
+                ep = srv.endpoint
+                run1 = _sub("loader", ep, str(tmp / "epochs"), args.backend, *common)
+                run2 = _sub("loader", ep, str(tmp / "epochs"), args.backend, *common)
+                warms = {
+                    n: _sub("warm", ep, str(tmp / f"warm{n}"), str(n), *common)
+                    for n in (int(x) for x in args.inflight.split(","))
+                }
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        rounds.append((max(ceilings, key=lambda r: r["images"] / r["wall"]), run1, run2, warms))
     lat = args.latency * 1e3
-    print(f"\n{args.images} JPEGs, {args.workers} workers, {os.cpu_count()} cores, {lat:.0f} ms")
-    print(f"{'epoch':28s} {'img/s':>7s} {'x ceil':>7s} {'CPU ms/img':>10s} {'x ceil':>7s}  GETs")
+    print(
+        f"\n{args.images} JPEGs, {args.workers} workers, {os.cpu_count()} cores, {lat:.0f} ms, "
+        f"{args.repeat} round(s): medians, ratios to each round's ceiling"
+    )
+    print(
+        f"{'epoch':28s} {'img/s':>7s} {'x ceil':>7s} {'CPU ms/img':>10s} {'x ceil':>7s}  "
+        "GETs  x ceil per round"
+    )
 
     def part(r: dict[str, float], epoch: str) -> dict[str, float]:
         return {k: r[f"{epoch}_{k}"] for k in ("images", "wall", "cpu", "requests")}
 
-    rows = [
-        ("decode ceiling (RAM)", ceiling),
-        ("cold: 1st epoch, 1st run", part(run1, "first")),
-        ("warm: 2nd epoch (disk)", part(run1, "second")),
-        ("later run: 1st epoch (disk)", part(run2, "first")),
-        ("later run: 2nd epoch (disk)", part(run2, "second")),
+    names = [
+        "decode ceiling (RAM)",
+        "cold: 1st epoch, 1st run",
+        "warm: 2nd epoch (disk)",
+        "later run: 1st epoch (disk)",
+        "later run: 2nd epoch (disk)",
     ]
-    for name, r in rows:
-        ips, cpu = r["images"] / r["wall"], r["cpu"] / r["images"]
-        gets = int(r.get("requests", 0))
+    med = statistics.median
+    for i, name in enumerate(names):
+        ips, xc, cpu, xcpu, gets = [], [], [], [], []
+        for ceiling, run1, run2, _ in rounds:
+            r = [ceiling, part(run1, "first"), part(run1, "second")]
+            r += [part(run2, "first"), part(run2, "second")]
+            ips.append(r[i]["images"] / r[i]["wall"])
+            cpu.append(r[i]["cpu"] / r[i]["images"])
+            xc.append(ips[-1] / (ceiling["images"] / ceiling["wall"]))
+            xcpu.append(cpu[-1] / (ceiling["cpu"] / ceiling["images"]))
+            gets.append(int(r[i].get("requests", 0)))
         print(
-            f"{name:28s} {ips:7.0f} {ips / c_ips:7.2f} {cpu * 1e3:10.2f} {cpu / c_cpu:7.2f}  {gets}"
+            f"{name:28s} {med(ips):7.0f} {med(xc):7.2f} {med(cpu) * 1e3:10.2f} "
+            f"{med(xcpu):7.2f}  {max(gets):4d}  {' '.join(f'{x:.2f}' for x in xc)}"
         )
-    print(f"\nasyncloader warm @{lat:.0f} ms (fresh cache each)")
+    print(f"\nasyncloader warm @{lat:.0f} ms (fresh cache each), medians")
     print(
         f"{'in flight':>9s} {'objects/s':>10s} {'MB/s':>7s} {'CPU ms/obj':>11s} "
-        f"{'loop+GET':>9s} {'write':>7s}"
+        f"{'loop+GET':>9s} {'write':>7s}  objects/s per round"
     )
-    for n, r in warms.items():
-        o = max(r["objects"], 1)
+    for n in rounds[0][3]:
+        rs = [w[n] for *_, w in rounds]
+        per = [r["objects"] / r["wall"] for r in rs]
+        o = [max(r["objects"], 1) for r in rs]
+        cpu = med(r["cpu"] / k for r, k in zip(rs, o, strict=True))
+        write = med(r["write_cpu"] / k for r, k in zip(rs, o, strict=True))
+        loop = med((r["cpu"] - r["write_cpu"]) / k for r, k in zip(rs, o, strict=True))
         print(
-            f"{n:9d} {r['objects'] / r['wall']:10.0f} {r['bytes'] / r['wall'] / 1e6:7.1f} "
-            f"{r['cpu'] / o * 1e3:11.2f} {(r['cpu'] - r['write_cpu']) / o * 1e3:9.2f} "
-            f"{r['write_cpu'] / o * 1e3:7.2f}"
+            f"{n:9d} {med(per):10.0f} {med(r['bytes'] / r['wall'] for r in rs) / 1e6:7.1f} "
+            f"{cpu * 1e3:11.2f} {loop * 1e3:9.2f} {write * 1e3:7.2f}  "
+            f"{' '.join(f'{x:.0f}' for x in per)}"
         )
 
 

@@ -7,8 +7,8 @@ Cases (each in its own subprocess, so CPU time and peak RSS are its own):
   the decode ceiling.
 * ``dataloader`` — ``torch.utils.data.DataLoader(num_workers=4)`` over a map-style dataset
   that calls boto3 ``get_object`` per item and decodes it the same way.
-* ``asyncloader`` — ``ImageLoader`` (thread backend) over ``s3://``; the steady state of the
-  second epoch is measured.
+* ``asyncloader`` — ``ImageLoader`` (thread backend; ``--process-backend`` adds the process
+  backend) over ``s3://``; the steady state after a first epoch is measured.
 
 Storage is our light S3-compatible server (a subprocess; a fraction of a millisecond of CPU per
 GET) with 0, 20 and 50 ms time to first byte.  Run: ``python benchmarks/bench_loader.py``.
@@ -32,9 +32,28 @@ ROOT = HERE.parent
 
 
 def _cpu() -> float:
+    """CPU seconds of this process and its children: ended ones (getrusage) and live ones
+    (/proc: decode processes and DataLoader workers are alive while they are measured)."""
     s = resource.getrusage(resource.RUSAGE_SELF)
     c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + _live_children_cpu()
+
+
+def _live_children_cpu() -> float:
+    from asyncloader._cli import _proc_cpu_seconds
+
+    me = os.getpid()
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == me:
+            total += _proc_cpu_seconds(int(d.name))
+    return total
 
 
 def _peak_rss_mb() -> float:
@@ -104,13 +123,16 @@ def case_dataloader(folder: Path, endpoint: str, batch: int) -> dict[str, float]
     return {"images": n, "wall": wall, "cpu": _cpu() - c0}
 
 
-def case_asyncloader(endpoint: str, batch: int, workers: int, epochs: int = 1) -> dict[str, float]:
+def case_asyncloader(
+    endpoint: str, batch: int, workers: int, epochs: int = 1, backend: str = "thread"
+) -> dict[str, float]:
     import asyncloader as al
 
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=batch,
         decode_workers=workers,
+        decode_backend=backend,  # type: ignore[arg-type]
         transform=al.RandomResizedCrop(224),
         store_options={"endpoint_url": endpoint},
     ) as loader:
@@ -141,6 +163,9 @@ def main() -> None:
     p.add_argument("--latencies", default="0,0.02,0.05", help="seconds, comma-separated")
     p.add_argument("--data-dir", default=str(ROOT / "cache" / "bench-jpegs"))
     p.add_argument("--skip-dataloader", action="store_true")
+    p.add_argument(
+        "--process-backend", action="store_true", help="also asyncloader with decode processes"
+    )
     p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
     p.add_argument("--epochs", type=int, default=2, help="passes measured per case")
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
@@ -153,7 +178,7 @@ def main() -> None:
         elif kind == "dataloader":
             res = case_dataloader(folder, rest[0], args.batch_size)
         else:
-            res = case_asyncloader(rest[0], args.batch_size, args.workers, args.epochs)
+            res = case_asyncloader(rest[0], args.batch_size, args.workers, args.epochs, *rest[1:])
         res["rss_mb"] = _peak_rss_mb()
         print(json.dumps(res))
         return
@@ -182,6 +207,10 @@ def main() -> None:
                 rows[f"asyncloader @{lat * 1e3:.0f} ms"] = run_case(
                     ["asyncloader", srv.endpoint, *common]
                 )
+                if args.process_backend:
+                    rows[f"asyncloader process @{lat * 1e3:.0f} ms"] = run_case(
+                        ["asyncloader", srv.endpoint, "process", *common]
+                    )
         rounds.append(rows)
     kb = np.mean([f.stat().st_size for f in _files(folder)]) / 1e3
     print(

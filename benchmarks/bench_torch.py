@@ -58,29 +58,10 @@ def case(kind: str, endpoint: str, batch: int, workers: int) -> dict[str, float]
             return sum(len(x) for x, _ in loader)
 
     run()  # start-up and a first epoch out of the figures
-    # Workers (DataLoader's, decode processes) are live children: their CPU comes from /proc.
-    t0, c0 = time.perf_counter(), bl._cpu() + _live_children_cpu()
+    t0, c0 = time.perf_counter(), bl._cpu()  # live workers' CPU included (from /proc)
     n = run()
     wall = time.perf_counter() - t0
-    return {"images": n, "wall": wall, "cpu": bl._cpu() + _live_children_cpu() - c0}
-
-
-def _live_children_cpu() -> float:
-    """CPU seconds of this process's children still alive (not yet in getrusage)."""
-    from asyncloader._cli import _proc_cpu_seconds
-
-    me = os.getpid()
-    total = 0.0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == me:
-            total += _proc_cpu_seconds(int(d.name))
-    return total
+    return {"images": n, "wall": wall, "cpu": bl._cpu() - c0}
 
 
 def main() -> None:
