@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--epochs", type=int, default=3, help="epochs to stream (3)")
     demo.add_argument("--batch-size", type=int, default=128, help="batch size (128)")
     demo.add_argument("--decode-workers", type=int, default=None, help="default: all CPUs")
-    demo.add_argument("--backend", choices=("thread", "process"), default="thread")
+    demo.add_argument("--backend", choices=("auto", "thread", "process"), default="auto")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument(
         "--data-dir", default=os.path.join("cache", "demo-jpegs"), help="where JPEGs are made"

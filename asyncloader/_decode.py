@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Protocol
@@ -408,12 +408,46 @@ _SPAWN_HINT = (
 )
 
 
+_STOP = "stop"  # ends a worker's sender thread without a message to the worker
+
+
 @dataclass
 class _Worker:
+    """A decode process, its connection, and the jobs it holds.
+
+    Messages to it go through ``outbox`` and a sender thread of its own: a chunk of fetched
+    objects is larger than the socket's buffer, and a blocking send on the event loop would
+    stall every fetch until the worker had finished its current jobs and read it.
+    """
+
     proc: Any
     conn: mpc.Connection
     jobs: dict[int, tuple[Any, ...]] = field(default_factory=dict)
     ready: bool = False
+    outbox: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    sender: threading.Thread | None = None
+
+    def start_sender(self, on_broken: Callable[[], None]) -> None:
+        def run() -> None:
+            while True:
+                msg = self.outbox.get()
+                if msg is _STOP:
+                    return
+                try:
+                    self.conn.send(msg)
+                except (OSError, ValueError):  # the worker is gone
+                    on_broken()
+                    return
+                if msg is None:  # the worker was told to stop
+                    return
+
+        self.sender = threading.Thread(target=run, name="asyncloader-decode-send", daemon=True)
+        self.sender.start()
+
+    def stop_sender(self, timeout: float = 2.0) -> None:
+        self.outbox.put(_STOP)
+        if self.sender is not None:
+            self.sender.join(timeout)
 
 
 class ProcessDecodePool:
@@ -465,9 +499,17 @@ class ProcessDecodePool:
         proc.start()
         child.close()
         w = _Worker(proc, parent)
+        w.start_sender(lambda: self._broken_pipe(w))
         if self._loop is not None:
             self._loop.add_reader(parent.fileno(), self._on_readable, w)
         return w
+
+    def _broken_pipe(self, w: _Worker) -> None:
+        """From a sender thread: the worker cannot be written to (it died)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_death, w)
 
     def start(self, loop: asyncio.AbstractEventLoop, timeout: float = 60.0) -> None:
         """Start the workers and wait until each is ready; results are read on ``loop``.
@@ -553,12 +595,8 @@ class ProcessDecodePool:
                     continue  # cancelled while queued
                 chunk.append(job)
                 w.jobs[job[0]] = job
-            if not chunk:
-                continue
-            try:
-                w.conn.send(chunk)
-            except OSError:
-                self._on_death(w)
+            if chunk:
+                w.outbox.put(chunk)
 
     def _on_readable(self, w: _Worker) -> None:
         try:
@@ -585,6 +623,7 @@ class ProcessDecodePool:
             return
         assert self._loop is not None
         self._loop.remove_reader(w.conn.fileno())
+        w.stop_sender()  # a send to a dead worker fails at once
         w.conn.close()
         w.proc.join(1)
         code = w.proc.exitcode
@@ -630,8 +669,7 @@ class ProcessDecodePool:
             if self._loop is not None and not self._loop.is_closed():
                 with contextlib.suppress(Exception):
                     self._loop.remove_reader(w.conn.fileno())
-            with contextlib.suppress(OSError):
-                w.conn.send(None)
+            w.outbox.put(None)  # through the sender thread: one writer per connection
         deadline = time.monotonic() + 2
         for w in pool:
             w.proc.join(max(deadline - time.monotonic(), 0))
@@ -643,4 +681,5 @@ class ProcessDecodePool:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.proc.pid, signal.SIGKILL)
                 w.proc.join(2)
+            w.stop_sender()
             w.conn.close()

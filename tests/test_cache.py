@@ -52,9 +52,10 @@ def test_second_epoch_is_served_from_disk(light_server: S3TestServer, tmp_path: 
 def test_later_run_uses_the_cache_and_matches_uncached_pixels(
     moto: MotoServer, moto_dataset: str, tmp_path: Path
 ) -> None:
-    with _loader(moto, tmp_path / "c", seed=3) as loader:
+    with _loader(moto, tmp_path / "c", seed=3, decode_backend="thread") as loader:
         labels_cold, cold = _epoch(loader, 5)
-    with _loader(moto, tmp_path / "c", seed=3, decode_backend="process") as loader:
+    with _loader(moto, tmp_path / "c", seed=3) as loader:
+        assert loader.decode_backend == "process"  # "auto" with a cache
         labels_warm, warm = _epoch(loader, 5)
         stats = loader.stats()
     assert labels_cold == labels_warm
@@ -64,6 +65,7 @@ def test_later_run_uses_the_cache_and_matches_uncached_pixels(
     with al.ImageLoader(
         moto_dataset, batch_size=16, seed=3, store_options={"endpoint_url": moto.endpoint}
     ) as loader:
+        assert loader.decode_backend == "thread"  # "auto" without a cache
         _, uncached = _epoch(loader, 5)
     assert np.array_equal(uncached, warm)
 
