@@ -10,6 +10,7 @@ nodes of a cluster can each warm their part.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import threading
@@ -75,11 +76,33 @@ class _Writer:
         self._report = report
         self._max_queued = max_queued
         self._queue: queue.SimpleQueue[tuple[str, str, Blob] | None] = queue.SimpleQueue()
+        self._loop = asyncio.get_running_loop()
+        self._room = asyncio.Event()
+        self._waiting = False  # a fetch waits for room: wake it once the queue is half empty
         self._thread = threading.Thread(target=self._run, name="asyncloader-warm-write")
         self._thread.start()
 
     def backlog(self) -> bool:
         return self._queue.qsize() >= self._max_queued
+
+    async def room(self) -> None:
+        """Wait until the queue is below its bound (bounded memory: the disk catches up).
+
+        One wake-up from the writer thread serves every waiting fetch, and only once half
+        the queue is written; polling instead cost a timer per fetch every few ms.
+        """
+        while self.backlog():
+            self._room.clear()
+            self._waiting = True
+            if not self.backlog():  # the writer emptied it before it saw the flag
+                break
+            await self._room.wait()
+
+    def _wake(self) -> None:
+        if self._waiting and self._queue.qsize() < self._max_queued // 2 + 1:
+            self._waiting = False
+            with contextlib.suppress(RuntimeError):  # the loop is gone
+                self._loop.call_soon_threadsafe(self._room.set)
 
     def submit(self, obj_key: str, cache_key: str, data: Blob) -> None:
         self._queue.put((obj_key, cache_key, data))
@@ -107,6 +130,8 @@ class _Writer:
                 self._report.warmed += len(items)  # only this thread writes it
             except Exception as exc:  # disk full, permissions: every object of the batch
                 self._report.failed.extend((k, f"cache write failed: {exc}") for k, _, _ in items)
+            finally:
+                self._wake()
 
     def close(self) -> None:
         self._queue.put(None)
@@ -184,10 +209,8 @@ async def warm_cache(
             except AsyncLoaderError as exc:
                 report.failed.append((obj.key, str(exc).splitlines()[0]))
                 continue
-            # Bounded memory: wait for the disk to catch up.  A short poll, because the
-            # writer thread would otherwise need a loop wake-up per object to signal room.
-            while writer.backlog():  # noqa: ASYNC110
-                await asyncio.sleep(0.005)
+            if writer.backlog():
+                await writer.room()
             writer.submit(obj.key, keys[obj.key], data)
             if on_object is not None:
                 on_object(len(data))

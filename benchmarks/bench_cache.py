@@ -31,7 +31,7 @@ import bench_loader as bl
 
 
 def case_loader(
-    endpoint: str, cache_dir: str, batch: int, workers: int, backend: str = "thread"
+    endpoint: str, cache_dir: str, batch: int, workers: int, backend: str = "auto"
 ) -> dict[str, float]:
     import asyncloader as al
 
@@ -88,7 +88,7 @@ def main() -> None:
     p.add_argument("--latency", type=float, default=0.02)
     p.add_argument("--inflight", default="16,64,256")
     p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
-    p.add_argument("--backend", default="thread", choices=("thread", "process"))
+    p.add_argument("--backend", default="auto", choices=("auto", "thread", "process"))
     p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs"))
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
