@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +160,16 @@ def test_warm_for_node_local_covers_exactly_what_the_node_reads(
         for epoch in range(2):
             _epoch(loader, epoch)
         assert loader.stats().requests == 0  # everything this node reads was warmed
+
+
+def test_value_folder_removed_by_another_process_is_made_again(tmp_path: Path) -> None:
+    """The cache remembers the value folders it made; one removed meanwhile (another process
+    cleared the cache) is made again rather than failing the write."""
+    from asyncloader._cache import _disk_class
+
+    disk = _disk_class()(str(tmp_path))
+    target = tmp_path / "ab" / "cd" / "one.val"
+    assert disk._write(str(target), iter([b"x" * 10]), "xb") == 10
+    shutil.rmtree(tmp_path / "ab")
+    assert disk._write(str(target), iter([b"y" * 5]), "xb") == 5
+    assert target.read_bytes() == b"yyyyy"
