@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import hashlib
 import json
@@ -60,11 +61,25 @@ class _State:
     faults_by_key: Counter[str] = field(default_factory=Counter)
     counters: Counter[str] = field(default_factory=Counter)
     gets_by_key: Counter[str] = field(default_factory=Counter)
+    sorted_keys: dict[str, list[str]] = field(default_factory=dict)  # bucket → keys, in order
 
     def put(self, bucket: str, key: str, data: bytes) -> str:
         etag = hashlib.md5(data, usedforsecurity=False).hexdigest()
         self.buckets.setdefault(bucket, {})[key] = _Object(data, etag)
+        self.sorted_keys.pop(bucket, None)
         return etag
+
+    def delete(self, bucket: str, key: str) -> None:
+        self.buckets.get(bucket, {}).pop(key, None)
+        self.sorted_keys.pop(bucket, None)
+
+    def keys(self, bucket: str) -> list[str]:
+        """The bucket's keys in order, kept between requests (a page costs its own size,
+        not the bucket's)."""
+        keys = self.sorted_keys.get(bucket)
+        if keys is None:
+            keys = self.sorted_keys[bucket] = sorted(self.buckets.get(bucket, {}))
+        return keys
 
     def pick_fault(self, key: str) -> str | None:
         if not self.fault_rates or self.faults_by_key[key] >= self.max_faults_per_key:
@@ -207,7 +222,7 @@ class _Protocol(asyncio.Protocol):
             self._respond(200, headers={"ETag": f'"{etag}"'})
             return
         if method == "DELETE":
-            objects.pop(key, None)
+            st.delete(bucket, key)
             self._respond(204)
             return
         st.counters["get" if method == "GET" else "head"] += 1
@@ -254,24 +269,25 @@ class _Protocol(asyncio.Protocol):
         delimiter = query.get("delimiter", "")
         max_keys = int(query.get("max-keys", "1000"))
         after = query.get("continuation-token", "") or query.get("start-after", "")
-        keys = sorted(k for k in objects if k.startswith(prefix) and k > after)
+        keys = self.state.keys(bucket)
         contents: list[str] = []
         prefixes: list[str] = []
         last = ""
         truncated = False
-        for k in keys:
+        i = max(bisect.bisect_left(keys, prefix), bisect.bisect_right(keys, after))
+        while i < len(keys) and keys[i].startswith(prefix):
+            k = keys[i]
+            i += 1
             if delimiter:
                 cut = k.find(delimiter, len(prefix))
                 if cut >= 0:
                     cp = k[: cut + len(delimiter)]
-                    if prefixes and prefixes[-1] == cp:
-                        last = k
-                        continue
                     if len(contents) + len(prefixes) >= max_keys:
                         truncated = True
                         break
                     prefixes.append(cp)
-                    last = k
+                    last = cp + "\U0010ffff"
+                    i = bisect.bisect_left(keys, last, i)  # past the rest of the folder
                     continue
             if len(contents) + len(prefixes) >= max_keys:
                 truncated = True
@@ -283,9 +299,6 @@ class _Protocol(asyncio.Protocol):
                 "<StorageClass>STANDARD</StorageClass></Contents>"
             )
             last = k
-        if truncated and delimiter and prefixes and last.startswith(prefixes[-1]):
-            # Continue after every key of the last common prefix.
-            last = prefixes[-1] + "\U0010ffff"
         xml = [
             '<?xml version="1.0" encoding="UTF-8"?>',
             '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">',
