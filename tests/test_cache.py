@@ -18,6 +18,7 @@ from .conftest import N_IMAGES
 def _loader(server: S3TestServer | MotoServer, cache_dir: Path, **kw: object) -> al.ImageLoader:
     kw.setdefault("batch_size", 16)
     kw.setdefault("decode_workers", 2)
+    kw.setdefault("decode_backend", "thread")  # spawning decode processes is not the subject
     url = "s3://b/train/" if isinstance(server, S3TestServer) else "s3://data/train/"
     return al.ImageLoader(
         url,
@@ -55,7 +56,7 @@ def test_later_run_uses_the_cache_and_matches_uncached_pixels(
 ) -> None:
     with _loader(moto, tmp_path / "c", seed=3, decode_backend="thread") as loader:
         labels_cold, cold = _epoch(loader, 5)
-    with _loader(moto, tmp_path / "c", seed=3) as loader:
+    with _loader(moto, tmp_path / "c", seed=3, decode_backend="auto") as loader:
         assert loader.decode_backend == "process"  # "auto" with a cache
         labels_warm, warm = _epoch(loader, 5)
         stats = loader.stats()

@@ -88,7 +88,12 @@ def test_an_unshuffled_run_starts_before_the_listing_ends(
     from the complete listing (saved in the cache by the first run)."""
     last = f"class_{N_CLASSES - 1:02d}"
     kw: dict[str, object] = dict(
-        shuffle=False, batch_size=8, decode_workers=2, timeout=60, cache_dir=tmp_path / "c"
+        shuffle=False,
+        batch_size=8,
+        decode_workers=2,
+        decode_backend="thread",
+        timeout=60,
+        cache_dir=tmp_path / "c",
     )
     with FaultProxy(backend.server.endpoint) as proxy:
         gate = proxy.hold(f"prefix=train/{last}/")

@@ -79,6 +79,7 @@ LOADER = textwrap.dedent(
     if __name__ == "__main__":
         index = {}
         with al.ImageLoader("s3://b/train/", batch_size=8, decode_workers=1, cache_dir=sys.argv[2],
+                            decode_backend="thread",
                             labels=lambda k: index.setdefault(k, len(index)), shuffle=False,
                             store_options={"endpoint_url": sys.argv[1]}) as loader:
             for epoch in range(2):
