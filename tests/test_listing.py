@@ -71,7 +71,7 @@ async def _chunks(bucket: FakeBucket, concurrency: int) -> list[Chunk]:
     ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     rel=keys,
     page_size=st.integers(1, 7),

@@ -118,7 +118,9 @@ def test_an_unshuffled_run_starts_before_the_listing_ends(
     assert labels == sorted(labels) and len(labels) == N_IMAGES
 
 
-def test_a_listing_that_fails_midway_fails_the_run(backend: Backend, dataset: str) -> None:
+def test_a_listing_that_fails_midway_fails_the_run(dataset: str, backend: Backend) -> None:
+    if backend.name == "s3":
+        pytest.skip("one backend is enough: the error path is the store's, tested in conformance")
     """A sub-folder listing refused: the run fails with that error, whether it comes before
     the first batch (at construction) or after it."""
     last = f"class_{N_CLASSES - 1:02d}"
