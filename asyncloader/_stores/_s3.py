@@ -271,18 +271,38 @@ class S3Store(FolderListing):
         )
         path = self._base_path + "/" if self._base_path else "/"
         headers = await self._auth("GET", path, query)
+        return await self._send(f"{path}?{query}", headers, what=what, key=key)
+
+    async def _send(
+        self,
+        target: str,
+        headers: dict[str, str],
+        *,
+        what: str,
+        key: str,
+        expected_len: int | None = None,
+        etag: str = "",
+    ) -> Blob:
+        """GET ``target`` (path and query, encoded) on the lean client, or on aiohttp."""
         if self._lean is not None:
             return await lean_get_bytes(
-                self._lean, f"{path}?{query}", headers, what=what, key=key, expected_len=None
+                self._lean,
+                target,
+                headers,
+                what=what,
+                key=key,
+                expected_len=expected_len,
+                etag=etag,
             )
         assert self._session is not None
         return await get_bytes(
             self._session,
-            URL(f"{self._base}{path}?{query}", encoded=True),
+            URL(self._base + target, encoded=True),
             headers,
             what=what,
             key=key,
-            expected_len=None,
+            expected_len=expected_len,
+            etag=etag,
         )
 
     async def _auth(self, method: str, path: str, query: str = "") -> dict[str, str]:
@@ -321,20 +341,7 @@ class S3Store(FolderListing):
             headers["If-Match"] = f'"{etag}"'
         what = f"s3://{self.bucket}/{self.prefix}{key}"
         expected = None if end is None else end - start
-        if self._lean is not None:
-            return await lean_get_bytes(
-                self._lean, path, headers, what=what, key=key, expected_len=expected, etag=etag
-            )
-        assert self._session is not None
-        return await get_bytes(
-            self._session,
-            URL(self._base + path, encoded=True),
-            headers,
-            what=what,
-            key=key,
-            expected_len=expected,
-            etag=etag,
-        )
+        return await self._send(path, headers, what=what, key=key, expected_len=expected, etag=etag)
 
     async def close(self) -> None:
         self._closed = True
