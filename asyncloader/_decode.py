@@ -4,7 +4,7 @@ Two pools with one async interface (``await pool.decode(...)`` → busy seconds)
 
 * :class:`ThreadDecodePool` — threads.  Pillow releases the GIL while it decodes and
   resizes, so on few cores threads match or beat processes, with no pipe traffic at all.
-* :class:`ProcessDecodePool` — spawned processes attached to the ring's shared memory.  Only
+* :class:`ProcessDecodePool` — worker processes attached to the ring's shared memory.  Only
   the object bytes and a few numbers travel to a worker, and only the busy time (or a
   picklable error) comes back; pixels are never pickled.  A worker that dies is seen as EOF
   on its pipe by the event loop, replaced, and its jobs are retried once.
@@ -18,12 +18,16 @@ import asyncio
 import contextlib
 import io
 import math
-import multiprocessing as mp
 import multiprocessing.connection as mpc
+import multiprocessing.spawn as mp_spawn
 import os
+import pickle
 import queue
 import random
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -31,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -369,42 +374,108 @@ class ThreadDecodePool:
 # --- process pool ----------------------------------------------------------------------------
 
 
-def _worker_main(
-    conn: mpc.Connection, spec: DecodeSpec, shm_name: str, shape: tuple[int, ...]
-) -> None:
-    """Entry point of a decode process (module scope, so ``spawn`` can import it)."""
+def _worker_entry(fd: int) -> None:
+    """Entry point of a decode process, started as ``python -c`` with its socket as ``fd``.
+
+    The first message carries what the process needs: multiprocessing's preparation data
+    (sys.path, working directory), the pickled :class:`DecodeSpec`, and the ring's name and
+    shape.  The parent's ``__main__`` (the user's training script, which usually imports
+    torch and more) is imported only when the spec needs it, e.g. a ``decode_fn`` defined
+    there: a plain worker starts with numpy and Pillow alone.
+    """
     # Ctrl-C reaches the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    shm = SharedMemory(name=shm_name)
-    images: U8Array = np.ndarray(shape, np.uint8, buffer=shm.buf)
-    conn.send(_READY)
+    conn = mpc.Connection(fd)
     try:
+        prep, main, spec_bytes, shm_name, shape = conn.recv()
+    except (EOFError, OSError):
+        return
+    mp_spawn.prepare(prep)
+    try:
+        spec = pickle.loads(spec_bytes)
+    except (AttributeError, ImportError):
+        if not main:
+            raise
+        mp_spawn.prepare(main)  # the spec refers to the user's script: import it, as spawn does
+        spec = pickle.loads(spec_bytes)
+    _serve(conn, spec, shm_name, shape)
+
+
+def _attach(name: str) -> SharedMemory:
+    """The parent's segment, not registered with a resource tracker of this process.
+
+    The parent owns and unlinks the segment. Python < 3.13 registers every attach, and a
+    tracker of the worker's own would unlink the ring when the worker exits.
+    """
+    if sys.version_info >= (3, 13):
+        return SharedMemory(name=name, track=False)  # type: ignore[call-arg,unused-ignore]
+    from multiprocessing import resource_tracker
+
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args: None  # type: ignore[assignment]
+    try:
+        return SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
+
+
+def _serve(conn: mpc.Connection, spec: DecodeSpec, shm_name: str, shape: tuple[int, ...]) -> None:
+    shm = _attach(shm_name)
+    images: U8Array = np.ndarray(shape, np.uint8, buffer=shm.buf)
+    try:
+        conn.send(_READY)
         while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                return  # parent gone
+            msg = conn.recv()
             if msg is None:
                 return
             for job_id, slot, index, seed, key, data, cache_key, size in msg:
                 try:
                     outcome = run_job(data, images[slot, index], spec, seed, key, cache_key, size)
-                    conn.send((job_id, outcome, None))
+                    reply: tuple[Any, ...] = (job_id, outcome, None)
                 except Exception as exc:
                     err = exc if isinstance(exc, DecodeError) else DecodeError(repr(exc), key=key)
                     err.add_note("in a decode worker:\n" + traceback.format_exc())
-                    conn.send((job_id, (0.0, 0), err))
+                    reply = (job_id, (0.0, 0), err)
+                conn.send(reply)
+    except (EOFError, OSError):
+        return  # the parent is gone
     finally:
         del images
         with contextlib.suppress(Exception):
             shm.close()
 
 
+def _launch(
+    prep: dict[str, Any], spec_bytes: bytes, shm_name: str, shape: tuple[int, ...]
+) -> _Worker:
+    """Start one decode process on a socket pair; the first message tells it what to do."""
+    parent_sock, child_sock = socket.socketpair()
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)  # where this package is importable from
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    fd = child_sock.fileno()
+    try:
+        proc = subprocess.Popen(
+            [mp_spawn.get_executable(), "-c", f"{_ENTRY}({fd})"],
+            pass_fds=(fd,),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # the parent decides when workers stop, Ctrl-C or not
+        )
+    finally:
+        child_sock.close()
+    conn = mpc.Connection(parent_sock.detach())
+    main = {k: prep[k] for k in ("init_main_from_name", "init_main_from_path") if k in prep}
+    bare = {k: prep[k] for k in ("sys_path", "sys_argv", "dir", "orig_dir") if k in prep}
+    conn.send((bare, main, spec_bytes, shm_name, shape))
+    return _Worker(proc, conn)
+
+
+_ENTRY = "from asyncloader._decode import _worker_entry; _worker_entry"
 _READY = "ready"
-_SPAWN_HINT = (
-    "decode worker could not start (exit code {code}). With the 'spawn' start method the "
-    "script that creates the loader must guard its entry point with "
-    "`if __name__ == '__main__':`; or use decode_backend='thread'."
+_DIED_STARTING = (
+    "decode worker could not start (exit code {code}); its error is on stderr. "
+    "decode_backend='thread' decodes without processes."
 )
 
 
@@ -420,7 +491,7 @@ class _Worker:
     stall every fetch until the worker had finished its current jobs and read it.
     """
 
-    proc: Any
+    proc: subprocess.Popen[bytes]
     conn: mpc.Connection
     jobs: dict[int, tuple[Any, ...]] = field(default_factory=dict)
     ready: bool = False
@@ -444,6 +515,12 @@ class _Worker:
         self.sender = threading.Thread(target=run, name="asyncloader-decode-send", daemon=True)
         self.sender.start()
 
+    def join(self, timeout: float) -> int | None:
+        """The exit code, waiting up to ``timeout`` seconds; None while it still runs."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(max(timeout, 0))
+        return self.proc.returncode
+
     def stop_sender(self, timeout: float = 2.0) -> None:
         self.outbox.put(_STOP)
         if self.sender is not None:
@@ -451,7 +528,7 @@ class _Worker:
 
 
 class ProcessDecodePool:
-    """Decode in spawned processes that write into the ring's shared memory.
+    """Decode in worker processes that write into the ring's shared memory.
 
     Args:
         workers: Number of processes.
@@ -459,7 +536,9 @@ class ProcessDecodePool:
         shm_name: Name of the ring's shared-memory segment.
         shape: Shape of the ring's image array (slots, batch, C, H, W).
         depth: Jobs outstanding per worker (keeps a worker busy while results travel).
-        start_method: multiprocessing start method; ``spawn`` is safe with threads around.
+
+    Workers are fresh interpreters (``python -c``, as safe with threads around as ``spawn``)
+    that import this module, not the user's script: see :func:`_worker_entry`.
     """
 
     def __init__(
@@ -470,15 +549,14 @@ class ProcessDecodePool:
         shape: tuple[int, ...],
         *,
         depth: int = 4,
-        start_method: str = "spawn",
     ) -> None:
         self.workers = workers
         self.restarts = 0
-        self._spec = spec
         self._shm_name = shm_name
         self._shape = shape
         self._depth = depth
-        self._ctx = mp.get_context(start_method)
+        self._spec_bytes = pickle.dumps(spec)
+        self._prep = mp_spawn.get_preparation_data("asyncloader-decode")
         self._pool: list[_Worker] = []
         self._pending: deque[tuple[Any, ...]] = deque()
         self._futures: dict[int, asyncio.Future[Outcome]] = {}
@@ -489,19 +567,10 @@ class ProcessDecodePool:
         self._broken: PipelineDeadError | None = None
 
     def _spawn(self) -> _Worker:
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(  # type: ignore[attr-defined]
-            target=_worker_main,
-            args=(child, self._spec, self._shm_name, self._shape),
-            name="asyncloader-decode",
-            daemon=True,
-        )
-        proc.start()
-        child.close()
-        w = _Worker(proc, parent)
+        w = _launch(self._prep, self._spec_bytes, self._shm_name, self._shape)
         w.start_sender(lambda: self._broken_pipe(w))
         if self._loop is not None:
-            self._loop.add_reader(parent.fileno(), self._on_readable, w)
+            self._loop.add_reader(w.conn.fileno(), self._on_readable, w)
         return w
 
     def _broken_pipe(self, w: _Worker) -> None:
@@ -526,10 +595,10 @@ class ProcessDecodePool:
                 w.conn.recv()
                 w.ready = True
             except (EOFError, OSError):
-                w.proc.join(5)
+                code = w.join(5)
                 self._closed = True
                 self.close_workers()
-                raise PipelineDeadError(_SPAWN_HINT.format(code=w.proc.exitcode)) from None
+                raise PipelineDeadError(_DIED_STARTING.format(code=code)) from None
         self._loop = loop
         for w in self._pool:
             loop.add_reader(w.conn.fileno(), self._on_readable, w)
@@ -625,11 +694,10 @@ class ProcessDecodePool:
         self._loop.remove_reader(w.conn.fileno())
         w.stop_sender()  # a send to a dead worker fails at once
         w.conn.close()
-        w.proc.join(1)
-        code = w.proc.exitcode
+        code = w.join(1)
         if not w.ready:
             # A replacement that dies before it is ready would die again: stop, don't loop.
-            self._broken = PipelineDeadError(_SPAWN_HINT.format(code=code))
+            self._broken = PipelineDeadError(_DIED_STARTING.format(code=code))
             self._closed = True
             for fut in self._futures.values():
                 if not fut.done():
@@ -672,14 +740,13 @@ class ProcessDecodePool:
             w.outbox.put(None)  # through the sender thread: one writer per connection
         deadline = time.monotonic() + 2
         for w in pool:
-            w.proc.join(max(deadline - time.monotonic(), 0))
+            w.join(deadline - time.monotonic())
         for w in pool:
-            if w.proc.is_alive():
+            if w.proc.poll() is None:
                 w.proc.terminate()
-                w.proc.join(2)
-            if w.proc.is_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(w.proc.pid, signal.SIGKILL)
-                w.proc.join(2)
+                w.join(2)
+            if w.proc.poll() is None:
+                w.proc.kill()
+                w.join(2)
             w.stop_sender()
             w.conn.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -18,7 +19,7 @@ from torch.utils.data import DataLoader
 from train_cnn import MEAN, STD, small_cnn
 
 import asyncloader as al
-from asyncloader.testing import demo_bucket
+from asyncloader.testing import TEST_ENV, demo_bucket
 from asyncloader.torch import ImageDataset
 
 
@@ -33,8 +34,11 @@ def main() -> None:
     rank = dist.get_rank()
     with contextlib.ExitStack() as stack:
         where = [args.url, args.endpoint_url]
-        if args.url is None and rank == 0:
-            where = list(stack.enter_context(demo_bucket(images=args.images))[:2])
+        if args.url is None:
+            for k, v in TEST_ENV.items():  # every rank uses the emulator's test credentials
+                os.environ.setdefault(k, v)
+            if rank == 0:
+                where = list(stack.enter_context(demo_bucket(images=args.images))[:2])
         dist.broadcast_object_list(where, src=0)
         url, endpoint = where
         ds = ImageDataset(

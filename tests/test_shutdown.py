@@ -89,6 +89,7 @@ def test_nothing_left_behind(light_server: S3TestServer, backend: str, how: str)
 SCRIPT = textwrap.dedent(
     """
     import sys, time, asyncloader as al
+    print("SCRIPT RAN", flush=True)  # once: decode processes do not import the script
     def main():
         loader = al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2,
                                 decode_backend=sys.argv[2], shuffle=False, prefetch_batches=2,
@@ -114,8 +115,21 @@ def _start(tmp_path: Path, server: S3TestServer, backend: str) -> subprocess.Pop
         text=True,
     )
     assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "SCRIPT RAN"
     assert proc.stdout.readline().strip() == "STREAMING"
     return proc
+
+
+def _decode_workers(pid: int) -> list[int]:
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(k) for k in kids.split() if b"_worker_entry" in _cmdline(k)]
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""  # gone
 
 
 @pytest.mark.parametrize("backend", ["thread", "process"])
@@ -123,30 +137,57 @@ def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: s
     light_server.set_faults({}, latency=0.05)  # keep the epoch going long enough
     shm_before = _shm()
     proc = _start(tmp_path, light_server, backend)
+    workers = _decode_workers(proc.pid)
+    assert len(workers) == (2 if backend == "process" else 0)
     proc.send_signal(signal.SIGINT)
     try:
-        _, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=20)
     finally:
         proc.kill()
     assert "KeyboardInterrupt" in err
     assert proc.returncode != 0
+    assert "SCRIPT RAN" not in out
     assert _shm() == shm_before
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
+    assert [w for w in workers if _cmdline(str(w))] == []
 
 
 def test_killed_decode_worker_is_replaced(light_server: S3TestServer, tmp_path: Path) -> None:
     light_server.set_faults({}, latency=0.02)
     proc = _start(tmp_path, light_server, "process")
-    workers = subprocess.run(
-        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
-    ).stdout.split()
-    assert workers
-    for pid in workers:  # the resource tracker ignores SIGKILL of others; decode workers die
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"spawn_main" in cmd:
-            os.kill(int(pid), signal.SIGKILL)
-            break
+    workers = _decode_workers(proc.pid)
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "EPOCH DONE 1" in out
+
+
+HOOK_SCRIPT = textwrap.dedent(
+    """
+    import sys, numpy as np, asyncloader as al
+    def decode(data):  # defined in the script: workers must import it to unpickle the spec
+        return np.full((1, 2, 2), len(data) % 251, np.uint8)
+    if __name__ == "__main__":
+        with al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2, shuffle=False,
+                            decode=decode, sample_shape=(1, 2, 2), decode_backend="process",
+                            store_options={"endpoint_url": sys.argv[1]}) as loader:
+            images, _ = next(iter(loader))
+            sizes = [s.obj.size % 251 for s in loader.dataset.samples[:4]]
+            print("OK", images[:, 0, 0, 0].tolist() == sizes, loader.decode_backend)
+    """
+)
+
+
+def test_decode_hook_defined_in_the_script(light_server: S3TestServer, tmp_path: Path) -> None:
+    script = tmp_path / "hook.py"
+    script.write_text(HOOK_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), light_server.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "OK True process"
