@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -174,3 +175,27 @@ def test_value_folder_removed_by_another_process_is_made_again(tmp_path: Path) -
     shutil.rmtree(tmp_path / "ab")
     assert disk._write(str(target), iter([b"y" * 5]), "xb") == 5
     assert target.read_bytes() == b"yyyyy"
+
+
+def test_entries_of_the_older_value_layout_are_still_read(tmp_path: Path) -> None:
+    """Value files used to sit two folder levels deep; rows keep each file's name, so a cache
+    written that way is read, verified and cleared by the one-level layout."""
+    import zlib
+
+    import diskcache
+
+    old = diskcache.Cache(str(tmp_path / "objects"), disk_min_file_size=32 * 1024)
+    value = bytes(range(256)) * 400  # a newline every 256 bytes, like a JPEG
+    old.set("old", value, tag=zlib.crc32(value))
+    old.close()
+    cache = ObjectCache(tmp_path)
+    cache.put("new", value)
+    where = cache.locate(["old", "new"])
+    old_at, new_at = where["old"], where["new"]
+    assert old_at is not None and new_at is not None
+    assert old_at.filename.count(os.sep) == 2 and new_at.filename.count(os.sep) == 1
+    assert cache.read("old", len(value), old_at) == value
+    assert cache.get("new", len(value)) == value
+    assert cache.verify() == (2, 0)
+    assert cache.clear() == 2
+    assert list((tmp_path / "objects").rglob("*.val")) == []
