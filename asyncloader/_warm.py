@@ -2,9 +2,9 @@
 
 Objects already cached are skipped after a quick index check, so an interrupted warm resumes
 where it stopped.  Fetched bytes are verified (length, ETag) like any other fetch and written
-by a small thread pool (creating a file costs ~1 ms of kernel CPU; the event loop never
-waits on the disk).  ``shard=(i, n)`` warms every n-th object of the sorted listing, so the
-nodes of a cluster can each warm their part.
+by a writer thread (a new value file and its index row cost 0.3–0.8 ms of CPU here; the
+event loop never waits on the disk).  ``shard=(i, n)`` warms every n-th object of the
+sorted listing, so the nodes of a cluster can each warm their part.
 """
 
 from __future__ import annotations
@@ -67,7 +67,10 @@ class WarmReport:
 class _Writer:
     """One thread writing fetched objects to the cache, a batch per index transaction.
 
-    One writer measured fastest: two contend on SQLite's lock and spend more CPU per entry.
+    One writer measured fastest: two, each storing an entry per transaction so that their
+    file writes overlap, gave 1327 objects/s against one writer's 1555 (6 interleaved
+    rounds, 256 in flight, 20 ms): they contend on SQLite's lock and spend more CPU per
+    entry.
     The loop hands objects over through a plain queue, without a future per object.
     """
 
