@@ -201,7 +201,7 @@ class ImageLoader:
             network, threads decode faster (fetched bytes need not travel to a process);
             from the SSD cache, processes do (they read the files themselves, and decode
             without sharing the GIL with each other or the event loop).  Inside a
-            DataLoader worker (which may not have children), always threads.
+            DataLoader worker, and off POSIX systems, always threads.
         labels: ``"folder"`` (ImageFolder), a manifest path or key (``.jsonl``/``.csv``), a
             callable ``key -> int`` or None.
         extensions: Keys to keep (ignored with a manifest); None keeps every object.
@@ -301,8 +301,13 @@ class ImageLoader:
                 f"decode_backend must be 'auto', 'thread' or 'process', not {decode_backend!r}"
             )
         if decode_backend == "auto":
-            daemon = multiprocessing.current_process().daemon  # may not have children
-            decode_backend = "process" if cache_dir and not daemon else "thread"
+            # A daemonic process is a DataLoader worker: the parallelism is there already,
+            # and DataLoader terminates its workers without giving a loader time to close.
+            daemon = multiprocessing.current_process().daemon
+            posix = os.name == "posix"  # decode processes get their socket by fd inheritance
+            decode_backend = "process" if cache_dir and posix and not daemon else "thread"
+        elif decode_backend == "process" and os.name != "posix":
+            raise ValueError("decode_backend='process' needs a POSIX system: use 'thread'")
         inflight = max_inflight or (fetch.max_inflight if fetch else max(64, 64 * workers))
         base = fetch or FetchConfig()
         self._fetch_config = dataclasses.replace(base, max_inflight=inflight)
