@@ -19,6 +19,7 @@ import contextlib
 import io
 import math
 import multiprocessing.connection as mpc
+import multiprocessing.process as mp_process
 import multiprocessing.spawn as mp_spawn
 import os
 import pickle
@@ -396,7 +397,14 @@ def _worker_entry(fd: int) -> None:
     except (AttributeError, ImportError):
         if not main:
             raise
-        mp_spawn.prepare(main)  # the spec refers to the user's script: import it, as spawn does
+        # The spec refers to the user's script: import it, as spawn does, and like spawn
+        # refuse to start processes from it meanwhile (an unguarded script that creates a
+        # loader fails with multiprocessing's clear error instead of starting workers again).
+        mp_process.current_process()._inheriting = True  # type: ignore[attr-defined]
+        try:
+            mp_spawn.prepare(main)
+        finally:
+            del mp_process.current_process()._inheriting  # type: ignore[attr-defined]
         spec = pickle.loads(spec_bytes)
     _serve(conn, spec, shm_name, shape)
 
@@ -474,8 +482,10 @@ def _launch(
 _ENTRY = "from asyncloader._decode import _worker_entry; _worker_entry"
 _READY = "ready"
 _DIED_STARTING = (
-    "decode worker could not start (exit code {code}); its error is on stderr. "
-    "decode_backend='thread' decodes without processes."
+    "decode worker could not start (exit code {code}); its error is on stderr. A decode= "
+    "hook defined in the training script makes workers import the script: guard its entry "
+    "point with `if __name__ == '__main__':`. decode_backend='thread' decodes without "
+    "processes."
 )
 
 

@@ -191,3 +191,25 @@ def test_decode_hook_defined_in_the_script(light_server: S3TestServer, tmp_path:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "OK True process"
+
+
+def test_decode_hook_in_an_unguarded_script_is_a_clear_error(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """Workers import the script for its hook; a script that then makes a loader again must
+    fail with the guard hint, not start workers of workers."""
+    body = HOOK_SCRIPT.replace('if __name__ == "__main__":\n    ', "if True:\n    ")
+    assert "__main__" not in body
+    script = tmp_path / "unguarded.py"
+    script.write_text(body)
+    out = subprocess.run(
+        [sys.executable, str(script), light_server.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "decode worker could not start" in out.stderr
+    assert "if __name__ == '__main__':" in out.stderr
+    # A worker importing the script refused to start workers of its own.
+    assert "bootstrapping phase" in out.stderr
