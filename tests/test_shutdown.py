@@ -180,15 +180,15 @@ HOOK_SCRIPT = textwrap.dedent(
 )
 
 
-def test_decode_hook_defined_in_the_script(light_server: S3TestServer, tmp_path: Path) -> None:
-    script = tmp_path / "hook.py"
-    script.write_text(HOOK_SCRIPT)
-    out = subprocess.run(
-        [sys.executable, str(script), light_server.endpoint],
-        capture_output=True,
-        text=True,
-        timeout=120,
+def _run_script(path: Path, body: str, server: S3TestServer) -> subprocess.CompletedProcess[str]:
+    path.write_text(body)
+    return subprocess.run(
+        [sys.executable, str(path), server.endpoint], capture_output=True, text=True, timeout=120
     )
+
+
+def test_decode_hook_defined_in_the_script(light_server: S3TestServer, tmp_path: Path) -> None:
+    out = _run_script(tmp_path / "hook.py", HOOK_SCRIPT, light_server)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "OK True process"
 
@@ -200,14 +200,7 @@ def test_decode_hook_in_an_unguarded_script_is_a_clear_error(
     fail with the guard hint, not start workers of workers."""
     body = HOOK_SCRIPT.replace('if __name__ == "__main__":\n    ', "if True:\n    ")
     assert "__main__" not in body
-    script = tmp_path / "unguarded.py"
-    script.write_text(body)
-    out = subprocess.run(
-        [sys.executable, str(script), light_server.endpoint],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = _run_script(tmp_path / "unguarded.py", body, light_server)
     assert out.returncode != 0
     assert "decode worker could not start" in out.stderr
     assert "if __name__ == '__main__':" in out.stderr
