@@ -21,7 +21,6 @@ import math
 import multiprocessing.connection as mpc
 import multiprocessing.process as mp_process
 import multiprocessing.spawn as mp_spawn
-import os
 import pickle
 import queue
 import random
@@ -36,7 +35,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -458,15 +456,15 @@ def _launch(
 ) -> _Worker:
     """Start one decode process on a socket pair; the first message tells it what to do."""
     parent_sock, child_sock = socket.socketpair()
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)  # where this package is importable from
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    # The parent's sys.path before anything is imported (spawn sets it only afterwards): the
+    # worker imports this very package, wherever the parent found it.
+    path = [p for p in sys.path if isinstance(p, str)]
     fd = child_sock.fileno()
+    code = f"import sys; sys.path[:] = {path!r}; {_ENTRY}({fd})"
     try:
         proc = subprocess.Popen(
-            [mp_spawn.get_executable(), "-c", f"{_ENTRY}({fd})"],
+            [mp_spawn.get_executable(), "-c", code],
             pass_fds=(fd,),
-            env=env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # the parent decides when workers stop, Ctrl-C or not
         )

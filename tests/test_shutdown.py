@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,3 +207,34 @@ def test_decode_hook_in_an_unguarded_script_is_a_clear_error(
     assert "if __name__ == '__main__':" in out.stderr
     # A worker importing the script refused to start workers of its own.
     assert "bootstrapping phase" in out.stderr
+
+
+def test_decode_workers_import_the_package_the_parent_imported(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """A copy of the package put first on sys.path at run time (a checkout next to an
+    installed version) is the one decode processes import too."""
+    copy = tmp_path / "checkout"
+    shutil.copytree(Path(al.__file__).parent, copy / "asyncloader")
+    with (copy / "asyncloader" / "_decode.py").open("a") as f:
+        f.write("\nimport os as _os\nprint('COPY', _os.getpid(), flush=True)\n")
+    body = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {str(copy)!r})
+        import asyncloader as al
+        if __name__ == "__main__":
+            with al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2,
+                                decode_backend="process",
+                                store_options={{"endpoint_url": sys.argv[1]}}) as loader:
+                next(iter(loader))
+                print("PARENT", os.getpid(), flush=True)
+        """
+    )
+    out = _run_script(tmp_path / "train.py", body, light_server)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    copies = {line.split()[1] for line in lines if line.startswith("COPY")}
+    parent = next(line.split()[1] for line in lines if line.startswith("PARENT"))
+    assert parent in copies
+    assert len(copies) == 3  # the parent and both workers
