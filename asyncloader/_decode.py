@@ -377,10 +377,11 @@ def _worker_entry(fd: int) -> None:
     """Entry point of a decode process, started as ``python -c`` with its socket as ``fd``.
 
     The first message carries what the process needs: multiprocessing's preparation data
-    (sys.path, working directory), the pickled :class:`DecodeSpec`, and the ring's name and
-    shape.  The parent's ``__main__`` (the user's training script, which usually imports
-    torch and more) is imported only when the spec needs it, e.g. a ``decode_fn`` defined
-    there: a plain worker starts with numpy and Pillow alone.
+    (working directory, argv; sys.path is set on the command line), the pickled
+    :class:`DecodeSpec`, and the ring's name and shape.  The parent's ``__main__`` (the
+    user's training script, which usually imports torch and more) is imported only when the
+    spec needs it, e.g. a ``decode_fn`` defined there: a plain worker starts with numpy and
+    Pillow alone.
     """
     # Ctrl-C reaches the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -472,7 +473,7 @@ def _launch(
         child_sock.close()
     conn = mpc.Connection(parent_sock.detach())
     main = {k: prep[k] for k in ("init_main_from_name", "init_main_from_path") if k in prep}
-    bare = {k: prep[k] for k in ("sys_path", "sys_argv", "dir", "orig_dir") if k in prep}
+    bare = {k: prep[k] for k in ("sys_argv", "dir", "orig_dir") if k in prep}  # path: above
     conn.send((bare, main, spec_bytes, shm_name, shape))
     return _Worker(proc, conn)
 

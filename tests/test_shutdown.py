@@ -26,18 +26,16 @@ def _shm() -> set[str]:
 def _children() -> set[tuple[str, str]]:
     """Our child processes (pid, command line), but multiprocessing's one resource tracker
     per interpreter."""
-    out = subprocess.run(
-        ["ps", "-o", "pid=", "--ppid", str(os.getpid())], capture_output=True, text=True
-    ).stdout
-    kids = set()
-    for pid in out.split():
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue  # the ps itself, gone
-        if b"resource_tracker" not in cmd and cmd.split(b"\0")[0] not in (b"ps",):
-            kids.add((pid, cmd.decode(errors="replace")))
-    return kids
+    kids = _child_cmdlines(os.getpid())
+    return {
+        (k, c.decode(errors="replace")) for k, c in kids.items() if b"resource_tracker" not in c
+    }
+
+
+def _child_cmdlines(pid: int) -> dict[str, bytes]:
+    """The live children of ``pid``: pid → command line."""
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return {k: cmd for k in kids.split() if (cmd := _cmdline(k))}
 
 
 def _loop_threads() -> list[threading.Thread]:
@@ -122,8 +120,7 @@ def _start(tmp_path: Path, server: S3TestServer, backend: str) -> subprocess.Pop
 
 
 def _decode_workers(pid: int) -> list[int]:
-    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(k) for k in kids.split() if b"_worker_entry" in _cmdline(k)]
+    return [int(k) for k, cmd in _child_cmdlines(pid).items() if b"_worker_entry" in cmd]
 
 
 def _cmdline(pid: str) -> bytes:
