@@ -8,6 +8,7 @@ from ._config import FetchConfig as FetchConfig
 from ._config import RunConfig as RunConfig
 from ._errors import AccessDenied as AccessDenied
 from ._errors import AsyncLoaderError as AsyncLoaderError
+from ._errors import BatchesHeldError as BatchesHeldError
 from ._errors import ClosedError as ClosedError
 from ._errors import DecodeError as DecodeError
 from ._errors import FailureBudgetExceeded as FailureBudgetExceeded
@@ -43,6 +44,7 @@ __all__ = [
     "AccessDenied",
     "AsyncLoaderError",
     "AzureStore",
+    "BatchesHeldError",
     "CacheStats",
     "CenterCrop",
     "ClosedError",

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
-from ._errors import DecodeError, PipelineDeadError
+from ._errors import DecodeError, PipelineDeadError, shown_key
 from ._transforms import Transform
 from ._types import Blob, BlobCache, CachedAt, DecodeFn
 
@@ -90,13 +90,14 @@ def decode_into(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str)
             the wrong shape; the message names ``key``.
     """
     if spec.decode_fn is not None:
+        what = shown_key(key)
         try:
             arr = np.asarray(spec.decode_fn(data))
         except Exception as exc:
-            raise DecodeError(f"decode hook failed on {key}: {exc!r}", key=key) from exc
+            raise DecodeError(f"decode hook failed on {what}: {exc!r}", key=key) from exc
         if arr.shape != out.shape or arr.dtype != np.uint8:
             raise DecodeError(
-                f"decode hook returned {arr.dtype}{list(arr.shape)} for {key}, "
+                f"decode hook returned {arr.dtype}{list(arr.shape)} for {what}, "
                 f"expected uint8{list(out.shape)}",
                 key=key,
             )
@@ -108,7 +109,8 @@ def decode_into(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str)
         width, height = img.size
         if width * height > spec.max_pixels:
             raise DecodeError(
-                f"{key} is {width}x{height} pixels, over max_pixels={spec.max_pixels} "
+                f"{shown_key(key)} is {width}x{height} pixels, over "
+                f"max_pixels={spec.max_pixels} "
                 "(decompression bomb?)",
                 key=key,
             )
@@ -134,7 +136,9 @@ def decode_into(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str)
     except DecodeError:
         raise
     except Exception as exc:
-        raise DecodeError(f"cannot decode {key}: {type(exc).__name__}: {exc}", key=key) from exc
+        raise DecodeError(
+            f"cannot decode {shown_key(key)}: {type(exc).__name__}: {exc}", key=key
+        ) from exc
     if plan.flip:
         arr = arr[:, ::-1]
     # One strided copy HWC → CHW into shared memory; numpy releases the GIL for it.
@@ -724,7 +728,7 @@ class ProcessDecodePool:
             if tries >= 2:
                 pending.set_exception(
                     DecodeError(
-                        f"decode worker died (exit code {code}) twice decoding {job[4]}",
+                        f"decode worker died (exit code {code}) twice decoding {shown_key(job[4])}",
                         key=job[4],
                     )
                 )

@@ -5,6 +5,7 @@ Every error the library raises on purpose is an :class:`AsyncLoaderError`::
     AsyncLoaderError
     ├── ClosedError               the loader was closed by its owner ("you closed it")
     ├── PipelineDeadError         a background part died ("it broke"); the cause is chained
+    ├── BatchesHeldError          every ring slot is held by batches the consumer still keeps
     ├── StoreError                anything the object store answered or failed to answer
     │   ├── ObjectNotFound        404 / no such key (per sample)
     │   ├── AccessDenied          403 / bad credentials (names bucket, never the secret)
@@ -20,9 +21,12 @@ SDK or transport exception that caused them, mapped in one place per backend.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 __all__ = [
     "AccessDenied",
     "AsyncLoaderError",
+    "BatchesHeldError",
     "ClosedError",
     "DecodeError",
     "FailureBudgetExceeded",
@@ -32,7 +36,28 @@ __all__ = [
     "StoreError",
     "Throttled",
     "TransientStoreError",
+    "shown_key",
 ]
+
+
+def shown_key(key: str) -> str:
+    """A key as messages, notes, reports and logs show it.
+
+    A key that is an absolute URL (an HTTP manifest naming presigned URLs, the usual way to
+    share a private bucket) carries its credentials in the query string — signature,
+    credential, security token — and maybe in user info: both are hidden, the object stays
+    named by its scheme, host and path.  Plain keys are shown as they are (``?`` may be part
+    of an object's name).
+    """
+    if "://" not in key:
+        return key
+    try:
+        parts = urlsplit(key)
+    except ValueError:
+        return key.split("?", 1)[0].split("#", 1)[0] + " [query hidden]"
+    host = parts.netloc.rsplit("@", 1)[-1]
+    query = "?[query hidden]" if parts.query or "?" in key else ""
+    return f"{parts.scheme}://{host}{parts.path}{query}"
 
 
 class AsyncLoaderError(Exception):
@@ -45,6 +70,15 @@ class ClosedError(AsyncLoaderError):
 
 class PipelineDeadError(AsyncLoaderError):
     """A background stage (event loop thread, decode worker pool) died unexpectedly."""
+
+
+class BatchesHeldError(AsyncLoaderError):
+    """The consumer keeps a reference to a batch in every ring slot: none can be made.
+
+    A batch is a view of its slot and keeps it until the last reference to it is gone.
+    Copy what you keep (``images.clone()``), drop batches you are done with, or give the
+    loader more slots (``prefetch_batches``).
+    """
 
 
 class StoreError(AsyncLoaderError):

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from ._manifest import read_manifest
 from ._types import ObjectInfo, Sample
 
-__all__ = ["IMAGE_EXTENSIONS", "Dataset", "DatasetBuilder", "build_dataset", "parse_manifest"]
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "Dataset",
+    "DatasetBuilder",
+    "KeyFilter",
+    "build_dataset",
+    "parse_manifest",
+]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 
@@ -52,6 +59,26 @@ def _label_index(values: Sequence[str]) -> tuple[list[int], tuple[str, ...]]:
         return [index[v] for v in values], classes
 
 
+class KeyFilter:
+    """Which keys count as samples: those ending with one of ``extensions`` (any case).
+
+    A key that is an absolute URL (a manifest of presigned URLs) is judged by its path: its
+    query string is no part of the object's name.
+    """
+
+    __slots__ = ("_exts",)
+
+    def __init__(self, extensions: Sequence[str] | None) -> None:
+        self._exts = tuple(e.lower() for e in extensions) if extensions is not None else None
+
+    def __call__(self, key: str) -> bool:
+        if self._exts is None:
+            return True
+        if "://" in key:
+            key = key.split("?", 1)[0].split("#", 1)[0]
+        return key.lower().endswith(self._exts)
+
+
 def build_dataset(
     objects: Iterable[ObjectInfo],
     labels: LabelSpec,
@@ -77,8 +104,7 @@ def build_dataset(
             for (key, _), i in zip(manifest, idx, strict=True)
         )
         return Dataset(samples, classes)
-    exts = tuple(e.lower() for e in extensions) if extensions is not None else None
-    keys = sorted(k for k in listed if exts is None or k.lower().endswith(exts))
+    keys = sorted(filter(KeyFilter(extensions), listed))
     if labels == "folder":
         parents = [posixpath.dirname(k) for k in keys]
         classes = tuple(sorted(set(parents)))
@@ -111,14 +137,11 @@ class DatasetBuilder:
         if labels is not None and labels != "folder" and not callable(labels):
             raise ValueError(f"cannot stream a listing with labels={labels!r}")
         self._labels = labels
-        self._exts = tuple(e.lower() for e in extensions) if extensions is not None else None
+        self._keep = KeyFilter(extensions)
         self._parents: list[str] = []  # sorted class names known so far
         self._last = ""
         self._given: dict[str, int] = {}  # class → the label its samples were given
         self.samples: list[Sample] = []
-
-    def _keep(self, key: str) -> bool:
-        return self._exts is None or key.lower().endswith(self._exts)
 
     def _know(self, parent: str) -> None:
         at = bisect.bisect_left(self._parents, parent)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import multiprocessing
 import os
 import queue
@@ -28,6 +29,7 @@ from ._config import IMAGENET_MEAN, IMAGENET_STD, FetchConfig, OnError, RunConfi
 from ._decode import DecodePool, DecodeSpec, ProcessDecodePool, ThreadDecodePool
 from ._errors import (
     AsyncLoaderError,
+    BatchesHeldError,
     ClosedError,
     PipelineDeadError,
 )
@@ -57,6 +59,9 @@ __all__ = ["ImageLoader"]
 T = TypeVar("T")
 DecodeBackend = Literal["auto", "thread", "process"]
 _SLICE = 0.1  # how often a waiting consumer checks liveness [seconds]
+# How long a consumer that holds every ring slot waits for one to come back (another thread
+# of the user's may still drop a batch) before it is told so [seconds].
+HELD_GRACE = 3.0
 
 
 def _default_workers() -> int:
@@ -182,8 +187,12 @@ class ImageLoader:
                 for images, labels in loader:   # uint8 [B,3,224,224], int64 [B]
                     ...
 
-    The tensors of a batch are views of a ring slot: they stay valid until the next batch is
-    requested (clone them to keep them longer).
+    The tensors of a batch are views of a ring slot (no copy): the slot is reused only once
+    the last reference to the batch — the tensors, and any view or array made from them —
+    is gone, so a batch kept stays intact.  Every batch kept holds a slot, though: when the
+    consumer holds all of them, the next batch cannot be made and the request fails with
+    :class:`~asyncloader.BatchesHeldError` after a few seconds; ``clone()`` what you keep
+    for long.
 
     Args:
         url: ``s3://bucket/prefix/``, ``file:///path/`` or a path.  Ignored when ``store``
@@ -208,8 +217,9 @@ class ImageLoader:
         decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
         sample_shape: (C, H, W) of a sample; needed with ``decode=``.
         max_pixels: Sources with more pixels are refused (decompression bombs).
-        prefetch_batches: Ring slots: batches filling or waiting (default from the in-flight
-            bound, at least 4).  Memory is ``prefetch_batches × batch bytes``.
+        prefetch_batches: Ring slots: batches filling, waiting, or still referenced by the
+            consumer (default from the in-flight bound, at least 5: one for the batch the
+            loop body holds).  Memory is ``prefetch_batches × batch bytes``.
         max_inflight: Requests in flight (default 64 per decode worker, at least 64: hides
             50 ms of storage latency at the decode rate).
         on_error: ``"raise"`` or ``"skip"`` (counted in ``stats().skipped``).
@@ -328,7 +338,9 @@ class ImageLoader:
         self.cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
         self._listing_max_age = 0.0 if refresh_listing else listing_max_age
         self._spec = DecodeSpec(shape, transform, decode, max_pixels, self.cache)
-        self._slots = prefetch_batches or max(4, -(-inflight // batch_size) + 3)
+        # One slot more than the work in flight needs: a plain `for` loop still holds the
+        # previous batch while it asks for the next.
+        self._slots = prefetch_batches or max(5, -(-inflight // batch_size) + 4)
         self._workers = workers
         self._backend: DecodeBackend = decode_backend
         self._timeout = timeout
@@ -338,7 +350,6 @@ class ImageLoader:
         self._last_epoch = -1
         self._position: tuple[int, int] | None = None  # (epoch, batch) the queue holds next
         self._resume: tuple[int, int] | None = None  # from load_state_dict
-        self._held: int | None = None
         self.url = store.url if store is not None else url
         self._produced: tuple[int, int] | None = None  # where the output queue stands
         self._uploader: Uploader | None = None
@@ -444,6 +455,9 @@ class ImageLoader:
             decode_window=self._fetch_config.max_inflight + 4 * self._workers,
             cache=self.cache,
         )
+        # Captures the runtime, never the loader: the loader must stay collectable.
+        pipeline, rt = self._rt.pipeline, self._rt
+        ring.on_release = lambda slot: rt.call_soon(pipeline.release, slot)
         if listing.done:
             self._rt.pipeline.check_batches()
         # Start on epoch 0 right away: the first batches are ready when iteration begins.
@@ -503,8 +517,11 @@ class ImageLoader:
         pool = self._rt.pool
         if pool is not None:
             self._counters.worker_restarts = pool.restarts
+        ring = self._rt.ring
         return self._counters.snapshot(
-            decode_workers=self._workers, max_inflight=self._fetch_config.max_inflight
+            decode_workers=self._workers,
+            max_inflight=self._fetch_config.max_inflight,
+            ring_held=ring.held if ring is not None else 0,
         )
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -586,13 +603,21 @@ class ImageLoader:
         """The consumer's side: count what the user receives, and where the run stands."""
         c = self._counters
         try:
-            for images, labels, (index, n) in batches:
+            while True:
+                try:
+                    images, labels, (index, n) = next(batches)
+                except StopIteration:
+                    break
                 self._position = (epoch, index + 1)
                 c.consumer_batches += 1
                 c.consumer_samples += n
                 if c.consumer_first_batch_seconds is None:
                     c.consumer_first_batch_seconds = time.perf_counter() - c.started
-                yield images, labels
+                # No reference stays in this frame while it waits at `yield`: a batch the
+                # consumer drops must give its slot back then, not at the next request.
+                batch = [(images, labels)]
+                del images, labels
+                yield batch.pop()
         except GeneratorExit:
             raise  # the consumer stopped early: the position stands
         except BaseException:
@@ -608,56 +633,44 @@ class ImageLoader:
     def _iterate(
         self, epoch: int, first: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, tuple[int, int]]]:
-        """The producer's side: batches of the ring as tensor views, each valid until the
-        next one is asked for (its slot is released then)."""
+        """The producer's side: batches of the ring as tensor views, each holding its slot
+        until the last reference to it is gone (see :meth:`BatchRing.lease`)."""
         import torch
 
         rt = self._rt
         assert rt.pipeline is not None
         assert rt.ring is not None
         if self._produced != (epoch, first):
-            self._release_held()
             pipeline = rt.pipeline
             rt.call(pipeline.start(epoch, first))
             self._produced = (epoch, first)
         ring = rt.ring
         c = self._counters
-        try:
-            while True:
-                item = self._next_item()
-                kind = item[0]
-                if kind == END:
-                    self._produced = (epoch + 1, 0)
-                    return
-                if kind == ERROR:
-                    self._produced = None
-                    exc = item[1]
-                    if isinstance(exc, AsyncLoaderError):
-                        raise exc
-                    raise PipelineDeadError(f"the pipeline failed: {exc!r}") from exc
-                assert kind == BATCH
-                _, _, index, slot, n, skipped = item
-                if skipped:
-                    c.skipped.update(skipped)
-                self._held = slot
-                self._produced = (epoch, index + 1)
-                yield (
-                    torch.from_numpy(ring.images[slot, :n]),
-                    torch.from_numpy(ring.labels[slot, :n]),
-                    (index, n),
-                )
-                self._release_held()
-        finally:
-            self._release_held()
-
-    def _release_held(self) -> None:
-        slot, self._held = self._held, None
-        if slot is not None and self._rt.pipeline is not None:
-            self._rt.call_soon(self._rt.pipeline.release, slot)
+        while True:
+            item = self._next_item()
+            kind = item[0]
+            if kind == END:
+                self._produced = (epoch + 1, 0)
+                return
+            if kind == ERROR:
+                self._produced = None
+                exc = item[1]
+                if isinstance(exc, AsyncLoaderError):
+                    raise exc
+                raise PipelineDeadError(f"the pipeline failed: {exc!r}") from exc
+            assert kind == BATCH
+            _, _, index, slot, n, skipped = item
+            del item
+            if skipped:
+                c.skipped.update(skipped)
+            self._produced = (epoch, index + 1)
+            # Yielded straight from the call: no local of this frame keeps the batch.
+            yield _as_tensors(*ring.lease(slot, n), (index, n), torch.from_numpy)
 
     def _next_item(self) -> tuple[Any, ...]:
         c = self._counters
         t0 = time.perf_counter()
+        all_held_since: float | None = None
         try:
             while True:
                 try:
@@ -666,10 +679,26 @@ class ImageLoader:
                     self._check_open()
                     if not self._rt.thread.is_alive():
                         raise PipelineDeadError("the event-loop thread died") from None
-                    if self._timeout is not None and time.perf_counter() - t0 > self._timeout:
+                    now = time.perf_counter()
+                    if self._timeout is not None and now - t0 > self._timeout:
                         raise AsyncLoaderError(
                             f"no batch from {self.url} within {self._timeout} s\n"
                             + self.stats().summary()
+                        ) from None
+                    ring = self._rt.ring
+                    if ring is None or ring.held < ring.slots:
+                        all_held_since = None
+                    elif all_held_since is None:
+                        # Batches caught in reference cycles are only freed by a collection.
+                        all_held_since = now
+                        gc.collect()
+                    elif now - all_held_since > HELD_GRACE:
+                        raise BatchesHeldError(
+                            f"all {ring.slots} ring slots hold batches that are still "
+                            "referenced, so the next batch cannot be made. A batch is a view "
+                            "of its slot (no copy) until the last reference to it is gone: "
+                            "keep copies of batches you keep (images.clone()), drop the ones "
+                            f"you are done with, or raise prefetch_batches (now {ring.slots})"
                         ) from None
         finally:
             c.consumer_wait_seconds += time.perf_counter() - t0
@@ -681,9 +710,9 @@ class ImageLoader:
     def close(self) -> None:
         """Stop the pipeline, decode workers and loop thread; unlink shared memory.
 
-        Idempotent.  Batches already handed out must not be used afterwards.
+        Idempotent.  Batches already handed out stay readable; the shared memory behind
+        them is freed with the last of them.
         """
-        self._held = None
         self._rt.close()
 
     def __enter__(self) -> ImageLoader:
@@ -698,6 +727,12 @@ class ImageLoader:
             f"ImageLoader({self.url!r}, batch_size={self._run_config.batch_size}, "
             f"decode_workers={self._workers}, backend={self._backend!r}, {state})"
         )
+
+
+def _as_tensors(
+    images: Any, labels: Any, meta: tuple[int, int], from_numpy: Callable[[Any], torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    return from_numpy(images), from_numpy(labels), meta
 
 
 def _read_file(path: str) -> bytes:

@@ -34,6 +34,7 @@ from ._errors import (
     StoreError,
     Throttled,
     TransientStoreError,
+    shown_key,
 )
 from ._labels import Dataset, DatasetBuilder
 from ._ring import BatchRing
@@ -84,7 +85,8 @@ class Fetcher:
             data = await self._request(obj.key, 0, None, obj.etag)
             if size >= 0 and len(data) != size:
                 raise IntegrityError(
-                    f"{obj.key}: received {len(data)} bytes, listed size is {size}", key=obj.key
+                    f"{shown_key(obj.key)}: received {len(data)} bytes, listed size is {size}",
+                    key=obj.key,
                 )
         c.objects_fetched += 1
         c.fetch_seconds += asyncio.get_running_loop().time() - t0
@@ -266,6 +268,9 @@ class Pipeline:
         self._decode_window = decode_window
         self.cache = cache
         self._free: asyncio.Queue[int] = asyncio.Queue()
+        # Slots published and not yet given back: announced on `output`, or delivered and
+        # still referenced by the consumer's batch (the ring tells, through `release`).
+        self._out: set[int] = set()
         self._task: asyncio.Task[None] | None = None
         self._window = asyncio.Semaphore(decode_window)
         self._failures: dict[int, list[Exception]] = {}
@@ -313,17 +318,20 @@ class Pipeline:
     async def start(self, epoch: int, first_batch: int = 0) -> None:
         """(Re)start producing at batch ``first_batch`` of ``epoch``, dropping anything made."""
         await self.stop()
-        # Nothing is filling any slot now, and the consumer holds none (it asked us).
+        # Nothing is filling any slot now.  Batches announced but never taken are dropped;
+        # slots whose batch the consumer still references stay out until it lets go.
         while True:
             try:
                 item = self.output.get_nowait()
             except queue.Empty:
                 break
-            del item
+            if item[0] == BATCH:
+                self._out.discard(item[3])
         self._free = asyncio.Queue()
         for s in range(self.ring.slots):
-            self._free.put_nowait(s)
-        self.counters.ring_full = 0
+            if s not in self._out:
+                self._free.put_nowait(s)
+        self.counters.ring_out = len(self._out)
         self._window = asyncio.Semaphore(self._decode_window)
         self._task = asyncio.create_task(
             self._run(epoch, first_batch), name=f"asyncloader-epoch-{epoch}"
@@ -341,9 +349,11 @@ class Pipeline:
             await drain()
 
     def release(self, slot: int) -> None:
-        """The consumer is done with ``slot`` (called on the loop)."""
-        self.counters.ring_full -= 1
-        self._free.put_nowait(slot)
+        """The last reference to the batch in ``slot`` is gone (called on the loop)."""
+        if slot in self._out:
+            self._out.remove(slot)
+            self.counters.ring_out = len(self._out)
+            self._free.put_nowait(slot)
 
     async def _decode(
         self,
@@ -488,7 +498,8 @@ class Pipeline:
     ) -> None:
         n, skipped = await task
         self.counters.batches_produced += 1
-        self.counters.ring_full += 1
+        self._out.add(slot)
+        self.counters.ring_out = len(self._out)
         self.output.put((BATCH, epoch, index, slot, n, skipped))
         failures = self._failures.get(epoch, [])
         # A budget that is a fraction of the epoch waits for a growing listing to complete.
@@ -619,7 +630,7 @@ class Pipeline:
         """A sample failed: raise under "raise" (and for bugs), else count it for "skip"."""
         if not isinstance(exc, AsyncLoaderError):
             raise exc
-        exc.add_note(f"asyncloader: stage={stage} key={key}")
+        exc.add_note(f"asyncloader: stage={stage} key={shown_key(key)}")
         if self.run.on_error == "raise":
             raise exc
         self._failures.setdefault(epoch, []).append(exc)

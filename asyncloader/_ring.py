@@ -4,23 +4,39 @@ Memory is ``slots × batch_size × C × H × W`` bytes for the images, allocated
 process decode pool the buffers live in one POSIX shared-memory segment (named
 ``asyncloader_<pid>_<n>`` so a leak is easy to spot in /dev/shm) that workers attach to;
 with threads they are ordinary memory.  Which slot is free or full is the pipeline's
-business, not the ring's.
+business, not the ring's; the ring hands out batches and knows which are still referenced.
+
+Batch lifetime: :meth:`BatchRing.lease` gives the consumer views of a slot that hold it
+(see :mod:`asyncloader._lease`).  The slot goes back to the pipeline (``on_release``) when
+the last tensor or view of that batch is freed, whenever and in whichever thread that
+happens.  Closing the ring while batches are still held keeps the shared memory until the
+last of them goes (they stay readable); it is unlinked then, or at interpreter exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import itertools
 import os
+import threading
+import weakref
+from collections.abc import Callable
 from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 import numpy.typing as npt
 
+from ._lease import Lease, leased
+
 __all__ = ["SHM_PREFIX", "BatchRing"]
 
 SHM_PREFIX = "asyncloader_"
 _counter = itertools.count()
+# Closed rings whose batches are still referenced: unlinked at exit if they outlive it.
+_pending: weakref.WeakSet[BatchRing] = weakref.WeakSet()
+_unclosable: list[SharedMemory] = []
 
 
 class BatchRing:
@@ -30,6 +46,9 @@ class BatchRing:
         images: uint8 array (slots, batch_size, *sample_shape).
         labels: int64 array (slots, batch_size).
         shm_name: The shared-memory segment's name, or None for private memory.
+        on_release: Called with a slot when the last reference to the batch leased from it
+            is gone; from any thread, so it must be thread-safe (the loader hands the slot
+            to the event loop).  Not called after :meth:`close`.
     """
 
     def __init__(
@@ -44,9 +63,15 @@ class BatchRing:
             raise ValueError("the ring needs at least 2 slots (one filling, one consumed)")
         self.slots = slots
         self.batch_size = batch_size
+        self.on_release: Callable[[int], None] | None = None
         shape = (slots, batch_size, *sample_shape)
         nbytes = int(np.prod(shape))
         self._shm: SharedMemory | None = None
+        # Reentrant: a lease can be freed by the garbage collector while this thread holds
+        # the lock (a collection can start at any allocation).
+        self._lock = threading.RLock()
+        self._held = 0
+        self._closed = False
         self.images: npt.NDArray[np.uint8]
         if shared:
             name = f"{SHM_PREFIX}{os.getpid()}_{next(_counter)}"
@@ -64,18 +89,63 @@ class BatchRing:
     def nbytes(self) -> int:
         return int(self.images.nbytes + self.labels.nbytes)
 
-    def close(self) -> None:
-        """Unlink the shared memory.  Idempotent.
+    @property
+    def held(self) -> int:
+        """Slots whose batch is still referenced (by the consumer, or the uploader)."""
+        return self._held
 
-        The name goes at once; the mapping itself stays alive while any array or tensor still
-        views it (closing it under a live view would crash the consumer), and is freed with
-        the last view.
+    def lease(self, slot: int, n: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+        """Views of the first ``n`` samples of ``slot`` (images, labels) that hold the slot
+        until both, and everything made from them, are gone."""
+        with self._lock:
+            self._held += 1
+        lease = Lease(functools.partial(self._returned, slot))
+        return leased(self.images[slot, :n], lease), leased(self.labels[slot, :n], lease)
+
+    def _returned(self, slot: int) -> None:
+        with self._lock:
+            self._held -= 1
+            last = self._closed and self._held == 0
+            release = None if self._closed else self.on_release
+        if release is not None:
+            release(slot)
+        if last:
+            self._unlink()
+
+    def close(self) -> None:
+        """Stop handing slots back; free the shared memory once no batch references it.
+
+        Idempotent.  Until then the segment stays in /dev/shm and every batch still held
+        stays readable; whatever is left at interpreter exit is unlinked then.
         """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.on_release = None
+            now = self._held == 0
+        if now:
+            self._unlink()
+        else:
+            _pending.add(self)
+
+    def _unlink(self) -> None:
         shm, self._shm = self._shm, None
+        _pending.discard(self)
         if shm is None:
             return
         with contextlib.suppress(FileNotFoundError):
             shm.unlink()
         self.images = np.empty((0,), np.uint8)
-        with contextlib.suppress(BufferError):
+        try:
             shm.close()
+        except BufferError:
+            # Something else still views the mapping (closing it under a live view would
+            # crash the reader): keep the object, whose __del__ would raise, until exit.
+            _unclosable.append(shm)
+
+
+@atexit.register
+def _unlink_pending() -> None:
+    for ring in list(_pending):
+        ring._unlink()

@@ -34,7 +34,7 @@ class Counters:
     decode_queue: int = 0  # jobs handed to the pool and not yet finished
     worker_restarts: int = 0
     batches_produced: int = 0
-    ring_full: int = 0  # slots holding a finished batch, waiting for the consumer
+    ring_out: int = 0  # slots published: waiting for the consumer, or held by its batches
     ring_slots: int = 0
     listing_seconds: float = 0.0
     objects_listed: int = 0
@@ -51,7 +51,8 @@ class Counters:
     consumer_first_batch_seconds: float | None = None
     skipped: Counter[str] = field(default_factory=Counter)  # in batches delivered
 
-    def snapshot(self, *, decode_workers: int, max_inflight: int) -> Stats:
+    def snapshot(self, *, decode_workers: int, max_inflight: int, ring_held: int = 0) -> Stats:
+        """The frozen view; ``ring_held`` comes from the ring (any thread may change it)."""
         wall = max(time.perf_counter() - self.started, 1e-9)
         decode_util = self.decode_seconds / (wall * max(decode_workers, 1))
         wait_frac = self.consumer_wait_seconds / wall
@@ -81,7 +82,8 @@ class Counters:
             worker_restarts=self.worker_restarts,
             skipped=dict(self.skipped),
             batches_produced=self.batches_produced,
-            ring_full=self.ring_full,
+            ring_full=max(self.ring_out - ring_held, 0),
+            ring_held=ring_held,
             ring_slots=self.ring_slots,
             objects_listed=self.objects_listed,
             listing_seconds=self.listing_seconds,
@@ -118,6 +120,9 @@ class Stats:
         skipped: Samples left out of delivered batches under ``on_error="skip"``, by error
             type.
         ring_full: Batch slots filled and waiting for the consumer (of ``ring_slots``).
+        ring_held: Batch slots whose batch is still referenced — by the consumer (a batch
+            keeps its slot until the last tensor or view of it is gone), or by the uploader
+            while it copies.  When every slot is held, no batch can be made.
         cache_hits, cache_misses: Samples read from the SSD cache / not found there.
         bytes_from_cache: Bytes read from the SSD cache (``bytes_fetched``: from the network).
         cache_stored, cache_store_failed: Fetched objects written to the cache / not written
@@ -147,6 +152,7 @@ class Stats:
     skipped: dict[str, int]
     batches_produced: int
     ring_full: int
+    ring_held: int
     ring_slots: int
     objects_listed: int
     listing_seconds: float

@@ -9,6 +9,8 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from ._errors import shown_key
+
 __all__ = [
     "Blob",
     "BlobCache",
@@ -36,6 +38,10 @@ class ObjectInfo:
     key: str
     size: int
     etag: str = ""
+
+    def __repr__(self) -> str:
+        # A key that is a presigned URL is a credential: show it without its query.
+        return f"ObjectInfo(key={shown_key(self.key)!r}, size={self.size}, etag={self.etag!r})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,15 @@ the training loop:
   marks the end of the copy: only after it has completed does the slot go back to the ring.
   A second event marks the batch ready; the consumer's stream waits on it (no host sync) and
   the tensors are recorded on that stream so the caching allocator does not reuse them early.
-* **CPU** (``device="cpu"``, or no GPU): the same conversion with the same arithmetic, into a
-  few reused output buffers (a batch stays valid until the next is asked for, as ring views
-  do), so code and tests run everywhere and results match the GPU's bit for bit.  GPU
-  batches are fresh tensors from the caching allocator.
+* **CPU** (``device="cpu"``, or no GPU): the same conversion with the same arithmetic, so code
+  and tests run everywhere and results match the GPU's bit for bit.  Batches are made in
+  reused buffers, each written again only once the last reference to the batch made in it
+  is gone (as ring slots are); when the consumer still holds every buffer a new one is made,
+  so kept batches cost memory like fresh tensors, never other pixels.  GPU batches are fresh
+  tensors from the caching allocator.
+
+The uploader lets go of each ring slot as soon as its copy is done (on CUDA with the ring
+page-locked: once the copy's event has completed; with staging: once the slot is staged).
 
 Normalisation is ``(x * (1 / (255 * std))) + (-mean / std)`` in float32 — two separate
 element-wise operations, each rounded once, identically on CPU and GPU — then a cast to the
@@ -22,7 +27,9 @@ output dtype.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import os
 import queue
 import threading
@@ -36,6 +43,7 @@ import numpy.typing as npt
 import torch
 
 from ._config import IMAGENET_MEAN, IMAGENET_STD
+from ._lease import Lease, leased
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceSpec", "Uploader", "resolve_device"]
 
@@ -134,6 +142,19 @@ class DeviceSpec:
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         return torch.empty(shape, dtype=self.dtype, device=device, memory_format=fmt)
 
+    def nbytes(self, shape: torch.Size) -> int:
+        """Bytes of an output batch of ``shape``."""
+        return math.prod(shape) * self.dtype.itemsize
+
+    def over(self, raw: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """An output batch of ``shape`` (this spec's dtype and layout) over the bytes ``raw``
+        (uint8, 1-D, at least :meth:`nbytes` long)."""
+        flat = raw[: self.nbytes(shape)].view(self.dtype)
+        if not self.channels_last:
+            return flat.view(shape)
+        b, c, h, w = shape
+        return flat.view(b, h, w, c).permute(0, 3, 1, 2)
+
     def convert(
         self,
         images: torch.Tensor,
@@ -163,12 +184,49 @@ class DeviceSpec:
 
 
 # (images uint8 [B,C,H,W] CPU view, labels int64 [B] CPU view, meta): a batch as the loader
-# produces it; the view is valid until the source iterator is advanced.
+# produces it; the views hold their ring slot until the uploader drops them.
 SourceBatch = tuple[torch.Tensor, torch.Tensor, Any]
 
 
 class _Stop(Exception):
     pass
+
+
+class _OutputPool:
+    """Reused CPU buffers for output batches; each goes back to the pool when the last
+    reference to the batch made in it is gone, from whichever thread drops it.
+
+    Reuse matters: a fresh 77 MB tensor per batch costs page faults that take longer than
+    the conversion itself.  When every buffer is still held a new one is allocated, and up
+    to ``keep`` free buffers are kept for reuse.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._free: list[npt.NDArray[np.uint8]] = []
+        self._size = 0
+        self._lock = threading.Lock()
+        self.held = 0  # buffers whose batch is still referenced
+        self.allocated = 0  # buffers made so far
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A uint8 tensor of at least ``nbytes`` that holds its buffer while it lives."""
+        with self._lock:
+            if nbytes > self._size:
+                self._size = nbytes
+                self._free.clear()  # too small for batches of this shape
+            buf = self._free.pop() if self._free else None
+            self.held += 1
+        if buf is None:
+            buf = np.empty(self._size, np.uint8)
+            self.allocated += 1
+        return torch.from_numpy(leased(buf, Lease(functools.partial(self._returned, buf))))
+
+    def _returned(self, buf: npt.NDArray[np.uint8]) -> None:
+        with self._lock:
+            self.held -= 1
+            if len(self._free) < self._keep and buf.nbytes >= self._size:
+                self._free.append(buf)
 
 
 class Uploader:
@@ -197,9 +255,8 @@ class Uploader:
         self._staging: list[torch.Tensor] = []
         self._staging_events: list[Any] = []
         self._next_staging = 0
-        self._pool: list[torch.Tensor] = []
+        self._pool = _OutputPool(keep=depth + 2)
         self._scratch: torch.Tensor | None = None
-        self._next_out = 0
         self.wait_seconds = 0.0  # consumer time spent waiting for the device queue
         # CUDA: when a list, (copy start, copy end) events of every batch are appended, for
         # timelines (tests and benchmarks); None (default) records nothing.
@@ -233,7 +290,6 @@ class Uploader:
             self._registered = []
         self._staging = []
         self._staging_events = []
-        self._pool = []
         self._scratch = None
 
     # --- the stage ------------------------------------------------------------------------
@@ -269,21 +325,21 @@ class Uploader:
         return out, d_labels, copied, ready
 
     def _convert_cpu(self, images: torch.Tensor) -> torch.Tensor:
-        """Into the next of ``depth + 2`` reused output buffers (one held by the consumer,
-        ``depth`` queued, one being written): fresh 77 MB tensors per batch cost page faults
-        that take longer than the conversion itself."""
+        """Into a pooled output buffer (see :class:`_OutputPool`)."""
         assert self._affine is not None
-        n = images.shape[0]
-        pool = self._pool
-        if not pool or pool[0].shape[1:] != images.shape[1:] or pool[0].shape[0] < n:
-            pool = [self.spec.empty(images.shape, images.device) for _ in range(self.depth + 2)]
-            self._pool = pool
-            wide = self.spec.dtype not in (torch.float32, torch.uint8)
-            self._scratch = torch.empty(images.shape, dtype=torch.float32) if wide else None
-        out = pool[self._next_out][:n]
-        self._next_out = (self._next_out + 1) % len(pool)
-        scratch = self._scratch[:n] if self._scratch is not None else None
+        shape = images.shape
+        out = self.spec.over(self._pool.take(self.spec.nbytes(shape)), shape)
+        scratch = None
+        if self.spec.dtype not in (torch.float32, torch.uint8):
+            if self._scratch is None or self._scratch.numel() < images.numel():
+                self._scratch = torch.empty(images.numel(), dtype=torch.float32)
+            scratch = self._scratch[: images.numel()].view(shape)
         return self.spec.convert(images, self._affine, out, scratch)
+
+    @property
+    def outputs_held(self) -> int:
+        """CPU output batches still referenced by the consumer."""
+        return self._pool.held
 
     def _stage(self, images: torch.Tensor) -> int:
         """Copy a slot into the next pinned staging buffer (once its last H2D copy is done);
@@ -307,8 +363,8 @@ class Uploader:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, Any]]:
         """Yield ``(images, labels, meta)`` converted on the device, ``depth`` ahead.
 
-        ``source`` is advanced from the uploader thread only (advancing it releases the
-        previous slot), and closed there when the consumer stops early.
+        ``source`` is advanced from the uploader thread only, and closed there when the
+        consumer stops early.  Each source batch is let go of as soon as its copy is done.
         """
         if self._affine is None:
             self._affine = self.spec.affine(3, self.spec.device)
@@ -331,22 +387,30 @@ class Uploader:
             try:
                 if self.cuda:
                     torch.cuda.set_device(self.spec.device)  # this thread's allocations
-                for images, labels, meta in source:
-                    if stop.is_set():
+                while not stop.is_set():
+                    try:
+                        images, labels, meta = next(source)
+                    except StopIteration:
                         break
                     if self._affine is not None and self._affine[0].shape[1] != images.shape[1]:
                         self._affine = self.spec.affine(images.shape[1], self.spec.device)
                         if self.cuda:
                             torch.cuda.current_stream(self.spec.device).synchronize()
                     assert self._affine is not None
+                    ready = None
                     if self.cuda:
                         out, lab, copied, ready = self._convert_cuda(images, labels)
                         if self.pin != "staging":
                             copied.synchronize()  # only now may the slot be refilled
-                        put(("batch", (out, lab, meta, ready)))
                     else:
-                        out = self._convert_cpu(images)
-                        put(("batch", (out, labels.clone(), meta, None)))
+                        out, lab = self._convert_cpu(images), labels.clone()
+                    # Let go of the slot now, not when the next one arrives: while this
+                    # thread waits for the consumer, the ring can refill it.
+                    del images, labels
+                    item = ("batch", (out, lab, meta, ready))
+                    del out, lab
+                    put(item)
+                    del item
                 put(("end", None))
             except _Stop:
                 pass
@@ -376,12 +440,16 @@ class Uploader:
                 if kind == "error":
                     raise payload
                 out, lab, meta, ready = payload
+                del payload
                 if ready is not None:
                     current = torch.cuda.current_stream(self.spec.device)
                     current.wait_event(ready)
                     out.record_stream(current)
                     lab.record_stream(current)
-                yield out, lab, meta
+                # No reference stays in this frame while it waits at `yield`.
+                batch = [(out, lab, meta)]
+                del out, lab
+                yield batch.pop()
         finally:
             stop.set()
             thread.join(30)

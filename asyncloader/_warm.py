@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from ._cache import ObjectCache
 from ._config import FetchConfig
-from ._errors import AsyncLoaderError
-from ._labels import IMAGE_EXTENSIONS
+from ._errors import AsyncLoaderError, shown_key
+from ._labels import IMAGE_EXTENSIONS, KeyFilter
 from ._pipeline import Fetcher, list_objects
 from ._sampler import node_subset
 from ._stats import Counters
@@ -38,7 +38,8 @@ class WarmReport:
         listed: Objects in this shard.
         already_cached: Skipped: present before the warm started.
         warmed: Fetched, verified and written.
-        failed: ``(key, error text)`` of every object that could not be warmed.
+        failed: ``(key, error text)`` of every object that could not be warmed (a key that
+            is a presigned URL without its query: it is a credential).
         bytes_fetched: Body bytes received [bytes].
         seconds: Wall time of the fetch phase [seconds].
         retries: Retries by reason.
@@ -132,7 +133,9 @@ class _Writer:
                 self._cache.put_many([(ck, data) for _, ck, data in items])
                 self._report.warmed += len(items)  # only this thread writes it
             except Exception as exc:  # disk full, permissions: every object of the batch
-                self._report.failed.extend((k, f"cache write failed: {exc}") for k, _, _ in items)
+                self._report.failed.extend(
+                    (shown_key(k), f"cache write failed: {exc}") for k, _, _ in items
+                )
             finally:
                 self._wake()
 
@@ -182,11 +185,8 @@ async def warm_cache(
     if n < 1 or not 0 <= i < n:
         raise AsyncLoaderError(f"shard {i}/{n} does not exist: use i/n with 0 <= i < n")
     objects = await list_objects(store, cache, listing_max_age)
-    exts = tuple(e.lower() for e in extensions) if extensions is not None else None
-    ordered = sorted(
-        (o for o in objects if exts is None or o.key.lower().endswith(exts)),
-        key=lambda o: o.key,
-    )
+    wanted = KeyFilter(extensions)
+    ordered = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
     if node_seed is None:
         mine = ordered[i::n]
     else:
@@ -210,7 +210,7 @@ async def warm_cache(
             try:
                 data = await fetcher.fetch(obj)
             except AsyncLoaderError as exc:
-                report.failed.append((obj.key, str(exc).splitlines()[0]))
+                report.failed.append((shown_key(obj.key), str(exc).splitlines()[0]))
                 continue
             if writer.backlog():
                 await writer.room()

@@ -118,13 +118,16 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         in_worker = get_worker_info() is not None
         for images, labels in loader:
             if in_worker:
-                # A DataLoader worker pickles results in a background thread, after this
-                # generator has moved on and the ring slot may be reused: hand over copies,
-                # made once, straight into shared memory (torch would copy a private tensor
-                # into shared memory again when it pickles it).
-                yield _shared_copy(images), _shared_copy(labels)
+                # A DataLoader worker hands results to its parent process: copy them once,
+                # straight into shared memory (torch would copy a private tensor into shared
+                # memory again when it pickles it), and let go of the ring slot at once.
+                batch = [(_shared_copy(images), _shared_copy(labels))]
             else:
-                yield images, labels
+                batch = [(images, labels)]
+            # No reference stays in this frame while it waits at `yield`: the batch keeps
+            # its ring slot only as long as the consumer keeps it.
+            del images, labels
+            yield batch.pop()
 
     def state_dict(self) -> dict[str, Any]:
         """This process's position (a DataLoader worker's own, under StatefulDataLoader)."""
@@ -161,4 +164,6 @@ def to_device(
     uploader = Uploader(spec, depth=depth, pin="auto")
     source = ((images, labels, None) for images, labels in batches)
     for images, labels, _ in uploader.run(source):
-        yield images, labels
+        batch = [(images, labels)]
+        del images, labels  # no reference kept here while waiting at `yield`
+        yield batch.pop()

@@ -147,3 +147,128 @@ def test_no_secret_leaks(
         URL_TOKEN,
     ):
         assert secret not in everything, f"a secret leaked: {secret[:6]}…"
+
+
+SIGNATURE = "5d41402abc4b2a76b9719d911017c592ae8d1f3c0e1b2a3f4d5c6b7a8f9e0d1c"
+CREDENTIAL = "ASIAPRESIGNEDKEY0123%2F20260101%2Fus-east-1%2Fs3%2Faws4_request"
+SECURITY_TOKEN = "IQoJb3JpZ2luX2VjEPresignedSessionToken0123456789"
+
+
+def _presigned(endpoint: str, key: str) -> str:
+    """A URL shaped like an S3 presigned GET (the light server ignores the query)."""
+    return (
+        f"{endpoint}/web/{key}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={CREDENTIAL}"
+        f"&X-Amz-Date=20260101T000000Z&X-Amz-Expires=3600&X-Amz-SignedHeaders=host"
+        f"&X-Amz-Security-Token={SECURITY_TOKEN}&X-Amz-Signature={SIGNATURE}"
+    )
+
+
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+def test_presigned_url_keys_are_never_shown(
+    client: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The usual way to share a private bucket: a manifest of presigned URLs.  Keys name
+    # objects in messages; their query strings are credentials.
+    caplog.set_level(logging.DEBUG)
+    texts: list[str] = []
+    with S3TestServer(bucket="web") as server:
+        server.put("web", "a.jpg", jpeg_bytes())
+        server.put("web", "corrupt.jpg", b"\xff\xd8 not a JPEG")
+        keys = {name: _presigned(server.endpoint, name) for name in ("a", "corrupt", "missing")}
+        keys = {k: v.replace(f"/{k}?", f"/{k}.jpg?") for k, v in keys.items()}
+
+        def manifest(*names: str) -> str:
+            path = tmp_path / f"{'-'.join(names)}.jsonl"
+            rows = [{"key": keys[n], "label": i} for i, n in enumerate(names)]
+            path.write_text("\n".join(json.dumps(r) for r in rows))
+            return str(path)
+
+        def loader(names: tuple[str, ...], **kw: object) -> al.ImageLoader:
+            return al.ImageLoader(
+                f"{server.endpoint}/web/",
+                labels=manifest(*names),
+                batch_size=3,
+                shuffle=False,
+                decode_workers=1,
+                store_options={"http_client": client},
+                **kw,  # type: ignore[arg-type]
+            )
+
+        for names in (("a", "missing"), ("a", "corrupt")):
+            with loader(names, on_error="raise") as ld:  # 404 / decode error
+                texts += [repr(ld), repr(ld.dataset.samples)]
+                with pytest.raises(al.AsyncLoaderError) as info:
+                    list(ld)
+                texts.append(_all_text(info.value))
+        with loader(("a", "missing", "corrupt"), on_error="skip", max_failures=5) as ld:
+            assert sum(len(labels) for _, labels in ld) == 1
+            texts += [repr(ld.stats()), ld.stats().summary()]
+        with loader(("a", "missing", "corrupt"), on_error="skip", max_failures=1) as ld:
+            with pytest.raises(al.FailureBudgetExceeded) as budget:
+                list(ld)
+            texts.append(_all_text(budget.value))
+
+        def failing_hook(data: bytes) -> object:
+            raise ValueError("not an image I know")
+
+        hooked = loader(("a",), on_error="raise", decode=failing_hook, sample_shape=(3, 8, 8))
+        with hooked as ld, pytest.raises(al.DecodeError) as hook_error:
+            list(ld)
+        texts.append(_all_text(hook_error.value))
+
+        report = al.warm(
+            f"{server.endpoint}/web/",
+            tmp_path / "cache",
+            store_options={"manifest": manifest("a", "missing"), "http_client": client},
+        )
+        assert len(report.failed) == 1
+        texts += [repr(report), report.summary()]
+
+    texts += [r.getMessage() + str(r.args) for r in caplog.records]
+    everything = "\n".join(texts)
+    # The errors were seen, and name their objects.
+    for shown in ("/web/missing.jpg?[query hidden]", "/web/corrupt.jpg?[query hidden]"):
+        assert shown in everything
+    assert "decode hook failed on" in everything and "stage=decode key=" in everything
+    for secret in (SIGNATURE, "ASIAPRESIGNEDKEY", SECURITY_TOKEN, "X-Amz-Signature"):
+        assert secret not in everything, f"a secret leaked: {secret[:12]}…"
+
+
+SESSION_TOKEN = "FwoGZXIvYXdzSessionTokenValue0123456789abcdefghij"
+
+
+def test_debug_logging_of_every_logger_shows_no_credentials(
+    moto: MotoServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_SECRET)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION_TOKEN)
+    moto.create_bucket("dbg")
+    moto.put("dbg", "x/a.jpg", jpeg_bytes())
+    caplog.set_level(logging.DEBUG)
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
+    for name in ("botocore", "aiobotocore", "aiohttp", "urllib3", "asyncio", "asyncloader"):
+        loggers.append(logging.getLogger(name))
+    for lg in loggers:
+        monkeypatch.setattr(lg, "level", logging.DEBUG)
+        monkeypatch.setattr(lg, "disabled", False)
+
+    async def calls() -> None:
+        store = al.S3Store("dbg", endpoint_url=moto.endpoint)
+        try:
+            listed = [o async for o in store.list()]
+            assert [o.key for o in listed] == ["x/a.jpg"]
+            info = await store.stat("x/a.jpg")
+            assert info.size == listed[0].size and info.etag == listed[0].etag
+            assert len(await store.get("x/a.jpg", etag=info.etag)) == info.size
+            assert len(await store.get("x/a.jpg", start=2, end=10)) == 8
+            with pytest.raises(al.ObjectNotFound):
+                await store.stat("x/nope.jpg")
+        finally:
+            await store.close()
+
+    asyncio.run(calls())
+    records = [r.getMessage() + str(r.args) for r in caplog.records]
+    assert records, "DEBUG logging produced nothing: the check would see nothing"
+    everything = "\n".join(records)
+    for secret in (AWS_SECRET, SESSION_TOKEN, "Signature=", "AWS4-HMAC-SHA256\n"):
+        assert secret not in everything, f"a secret leaked: {secret[:12]}…"

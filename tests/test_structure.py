@@ -9,7 +9,16 @@ import asyncloader
 
 PKG = Path(asyncloader.__file__).parent
 
-LEAVES = {"_errors", "_types", "_config", "_stats", "_sampler", "_transforms", "_manifest"}
+LEAVES = {
+    "_errors",
+    "_types",
+    "_config",
+    "_stats",
+    "_sampler",
+    "_transforms",
+    "_manifest",
+    "_lease",
+}
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
 ALLOWED = {
     # module: modules of the package it may import

@@ -27,12 +27,13 @@ from .._errors import (
     TransientStoreError,
 )
 from .._types import Blob
-from ._lean_http import LeanHTTPClient, ProtocolError
+from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError
 
 __all__ = [
     "check_body",
     "error_for_status",
     "get_bytes",
+    "head",
     "lean_get_bytes",
     "make_session",
     "proxy_configured",
@@ -212,19 +213,18 @@ def proxy_configured() -> bool:
     return any(os.environ.get(n) or os.environ.get(n.lower()) for n in names)
 
 
-async def lean_get_bytes(
+async def _lean_request(
     client: LeanHTTPClient,
+    method: str,
     target: str,
     headers: dict[str, str],
     *,
     what: str,
     key: str,
-    expected_len: int | None,
-    etag: str = "",
-) -> Blob:
-    """Like :func:`get_bytes`, on the lean client; the same mapping to our error tree."""
+) -> LeanResponse:
+    """One request on the lean client; a success, or an error of our tree."""
     try:
-        resp = await client.get(target, headers)
+        resp = await client.get(target, headers, method=method)
     except TimeoutError as exc:
         raise TransientStoreError(f"request for {what} timed out", key=key) from exc
     except (ProtocolError, OSError) as exc:
@@ -237,6 +237,46 @@ async def lean_get_bytes(
             key=key,
             code=resp.headers.get("x-ms-error-code", ""),
         )
+    return resp
+
+
+async def head(
+    client: LeanHTTPClient | None,
+    session: aiohttp.ClientSession | None,
+    base: str,
+    target: str,
+    headers: dict[str, str],
+    *,
+    what: str,
+    key: str,
+) -> Mapping[str, str]:
+    """HEAD ``target`` (path and query, encoded) on the lean client, else on aiohttp below
+    ``base``; the answer's headers (lower-case names on the lean client).
+
+    Raises:
+        The errors of :func:`request`.
+    """
+    if client is not None:
+        return (await _lean_request(client, "HEAD", target, headers, what=what, key=key)).headers
+    assert session is not None
+    answer, _ = await request(
+        session, "HEAD", URL(base + target, encoded=True), headers, what=what, key=key
+    )
+    return answer
+
+
+async def lean_get_bytes(
+    client: LeanHTTPClient,
+    target: str,
+    headers: dict[str, str],
+    *,
+    what: str,
+    key: str,
+    expected_len: int | None,
+    etag: str = "",
+) -> Blob:
+    """Like :func:`get_bytes`, on the lean client; the same mapping to our error tree."""
+    resp = await _lean_request(client, "GET", target, headers, what=what, key=key)
     check_body(
         resp.body,
         resp.headers.get("etag", ""),

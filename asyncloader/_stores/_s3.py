@@ -2,10 +2,11 @@
 
 Endpoints, regions, profiles and credential sources resolve through aiobotocore, exactly
 as in every other AWS tool (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, env vars, instance roles,
-SSO, ...); stat goes through it too.  The hot path — GET of an object or a byte range — and
-the listing pages are plain HTTP requests on one shared client, signed by our lean SigV4
-signer with a cached signing key: botocore's per-request machinery costs several times the
-CPU of the HTTP itself, and its listing parser about 0.3 ms per key.
+SSO, ...).  Every request — GET of an object or a byte range, listing pages, HEAD for stat —
+is a plain HTTP request on one shared client, signed by our lean SigV4 signer with a cached
+signing key: botocore's per-request machinery costs several times the CPU of the HTTP
+itself, its listing parser about 0.3 ms per key, and its loggers print the session token,
+the ``Authorization`` header and the canonical request at DEBUG level.
 """
 
 from __future__ import annotations
@@ -24,14 +25,12 @@ from yarl import URL
 from .._errors import (
     AccessDenied,
     ClosedError,
-    ObjectNotFound,
     StoreError,
-    Throttled,
-    TransientStoreError,
 )
 from .._types import Blob, ObjectInfo
 from ._http import (
     get_bytes,
+    head,
     lean_get_bytes,
     make_session,
     normalize_etag,
@@ -46,44 +45,6 @@ from ._sigv4 import FrozenCredentials, SigV4Signer, uri_encode_path
 __all__ = ["S3Store"]
 
 _CRED_REFRESH_SECONDS = 60.0
-
-
-def _map_botocore(exc: Exception, *, what: str, key: str | None) -> StoreError:
-    """Map an aiobotocore/botocore exception to our tree; never includes credentials."""
-    from botocore.exceptions import (
-        ClientError,
-        EndpointConnectionError,
-        NoCredentialsError,
-    )
-
-    if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        code = str(err.get("Code", ""))
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
-            return ObjectNotFound(f"not found: {what} ({code})", key=key, status=status)
-        if code in (
-            "AccessDenied",
-            "InvalidAccessKeyId",
-            "SignatureDoesNotMatch",
-            "403",
-            "ExpiredToken",
-        ) or status in (401, 403):
-            return AccessDenied(
-                f"access denied to {what} ({code}): check the AWS credentials and permissions",
-                key=key,
-                status=status,
-            )
-        if code in ("SlowDown", "Throttling", "503") or status in (429, 503):
-            return Throttled(f"throttled on {what} ({code})", key=key, status=status)
-        if status >= 500:
-            return TransientStoreError(f"server error on {what} ({code})", key=key, status=status)
-        return StoreError(f"{code or 'error'} on {what}", key=key, status=status)
-    if isinstance(exc, NoCredentialsError):
-        return AccessDenied(f"no AWS credentials found for {what}", key=key)
-    if isinstance(exc, EndpointConnectionError | aiohttp.ClientError | OSError):
-        return TransientStoreError(f"cannot reach the endpoint for {what}", key=key)
-    return StoreError(f"{type(exc).__name__} on {what}", key=key)
 
 
 class S3Store(FolderListing):
@@ -160,24 +121,33 @@ class S3Store(FolderListing):
         from aiobotocore.config import AioConfig
         from aiobotocore.session import get_session
         from botocore import UNSIGNED
+        from botocore.exceptions import BotoCoreError
 
+        # aiobotocore only resolves the endpoint, region and credentials, the AWS way; every
+        # request goes out on our own client (see the module docstring).
         session = get_session()
         if self._profile:
             session.set_config_variable("profile", self._profile)
         stack = contextlib.AsyncExitStack()
         config = AioConfig(
             signature_version=UNSIGNED if self._anonymous else None,
-            retries={"max_attempts": 5, "mode": "adaptive"},
-            max_pool_connections=16,
+            max_pool_connections=1,
         )
-        self._client = await stack.enter_async_context(
-            session.create_client(
-                "s3",
-                endpoint_url=self._endpoint_url,
-                region_name=self._region,
-                config=config,
+        try:
+            self._client = await stack.enter_async_context(
+                session.create_client(
+                    "s3",
+                    endpoint_url=self._endpoint_url,
+                    region_name=self._region,
+                    config=config,
+                )
             )
-        )
+            creds = None if self._anonymous else await session.get_credentials()
+        except BotoCoreError as exc:
+            await stack.aclose()
+            raise StoreError(
+                f"cannot set up access to {self.url}: {type(exc).__name__}: {exc}"
+            ) from exc
         self._stack = stack
         meta = self._client.meta
         region = meta.region_name or "us-east-1"
@@ -198,7 +168,7 @@ class S3Store(FolderListing):
             self._base = f"{endpoint.scheme}://{self._host}"
             self._base_path = "/" + uri_encode_path(self.bucket)
         if not self._anonymous:
-            self._botocore_creds = await session.get_credentials()
+            self._botocore_creds = creds
             if self._botocore_creds is None:
                 raise AccessDenied(f"no AWS credentials found for {self.url}")
             self._signer = SigV4Signer(await self._frozen(), region)
@@ -319,13 +289,22 @@ class S3Store(FolderListing):
         return signer.sign(method, self._host, path, query)
 
     async def stat(self, key: str) -> ObjectInfo:
+        """HEAD the object, signed and sent like a GET: botocore's own request path would
+        log the credentials, the ``Authorization`` header and the canonical request at
+        DEBUG level."""
         await self._ensure()
         full = self.prefix + key
-        try:
-            r = await self._client.head_object(Bucket=self.bucket, Key=full)
-        except Exception as exc:
-            raise _map_botocore(exc, what=f"s3://{self.bucket}/{full}", key=key) from exc
-        return ObjectInfo(key, int(r["ContentLength"]), str(r.get("ETag", "")).strip('"'))
+        path = self._base_path + "/" + uri_encode_path(full)
+        what = f"s3://{self.bucket}/{full}"
+        headers = await self._auth("HEAD", path)
+        answer = await with_retries(
+            partial(head, self._lean, self._session, self._base, path, headers, what=what, key=key)
+        )
+        size = answer.get("content-length") or answer.get("Content-Length")
+        if size is None:
+            raise StoreError(f"{what}: the answer gave no Content-Length", key=key)
+        etag = answer.get("etag") or answer.get("ETag") or ""
+        return ObjectInfo(key, int(size), normalize_etag(etag))
 
     async def get(
         self, key: str, *, start: int = 0, end: int | None = None, etag: str = ""

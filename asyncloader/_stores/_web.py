@@ -18,7 +18,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 from yarl import URL
 
-from .._errors import ClosedError, ObjectNotFound, StoreError
+from .._errors import ClosedError, ObjectNotFound, StoreError, shown_key
 from .._manifest import read_manifest
 from .._types import Blob, ObjectInfo
 from ._http import (
@@ -102,7 +102,8 @@ class HttpStore:
         return URL(raw, encoded=True)
 
     def _what(self, key: str) -> str:
-        return key if "://" in key else self._base + key
+        """The object as messages name it (an absolute key's query, a credential, hidden)."""
+        return shown_key(key) if "://" in key else self._base + key
 
     async def _read_manifest(self) -> list[dict[str, str]]:
         if self._manifest is None:
@@ -117,7 +118,12 @@ class HttpStore:
             session = self._session_or_open()
             _, data = await with_retries(
                 lambda: request(
-                    session, "GET", self._target(name), self._headers, what=name, key=None
+                    session,
+                    "GET",
+                    self._target(name),
+                    self._headers,
+                    what=shown_key(name),
+                    key=None,
                 )
             )
         return read_manifest(data, name)
