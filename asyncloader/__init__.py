@@ -6,6 +6,7 @@ from ._config import IMAGENET_MEAN as IMAGENET_MEAN
 from ._config import IMAGENET_STD as IMAGENET_STD
 from ._config import FetchConfig as FetchConfig
 from ._config import RunConfig as RunConfig
+from ._env import shard_from_env as shard_from_env
 from ._errors import AccessDenied as AccessDenied
 from ._errors import AsyncLoaderError as AsyncLoaderError
 from ._errors import BatchesHeldError as BatchesHeldError
@@ -33,7 +34,6 @@ from ._transforms import Transform as Transform
 from ._types import ObjectInfo as ObjectInfo
 from ._types import ObjectStore as ObjectStore
 from ._warm import WarmReport as WarmReport
-from ._warm import shard_from_env as shard_from_env
 from ._warm import warm as warm
 
 __version__ = "0.1.0"

@@ -27,12 +27,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from ._cache import ObjectCache
 from ._config import IMAGENET_MEAN, IMAGENET_STD, FetchConfig, OnError, RunConfig
 from ._decode import DecodePool, DecodeSpec, ProcessDecodePool, ThreadDecodePool
+from ._env import usable_cpus
 from ._errors import (
     AsyncLoaderError,
     BatchesHeldError,
     ClosedError,
     PipelineDeadError,
 )
+from ._fetch import Fetcher, list_objects, saved_listing
 from ._labels import (
     IMAGE_EXTENSIONS,
     Dataset,
@@ -41,7 +43,7 @@ from ._labels import (
     build_dataset,
     parse_manifest,
 )
-from ._pipeline import BATCH, END, ERROR, Fetcher, Listing, Pipeline, list_objects, saved_listing
+from ._pipeline import BATCH, END, ERROR, Listing, Pipeline
 from ._ring import BatchRing
 from ._sampler import num_batches
 from ._stats import Counters, Stats
@@ -62,13 +64,6 @@ _SLICE = 0.1  # how often a waiting consumer checks liveness [seconds]
 # How long a consumer that holds every ring slot waits for one to come back (another thread
 # of the user's may still drop a batch) before it is told so [seconds].
 HELD_GRACE = 3.0
-
-
-def _default_workers() -> int:
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 class _Runtime:
@@ -204,7 +199,8 @@ class ImageLoader:
             across epochs (so its SSD cache holds only that) and shuffles inside it;
             ``False``: listing order.
         seed: Seed of the order and the augmentations.
-        decode_workers: Decode threads/processes (default: usable CPUs).
+        decode_workers: Decode threads/processes (default: the usable CPUs divided among
+            ``num_workers``).
         decode_backend: ``"thread"``, ``"process"`` or ``"auto"`` (default): processes when
             a ``cache_dir`` is given, threads otherwise.  Measured on 2 cores: from the
             network, threads decode faster (fetched bytes need not travel to a process);
@@ -297,7 +293,8 @@ class ImageLoader:
         channels_last: bool = False,
         pin: str = "auto",
     ) -> None:
-        workers = decode_workers or _default_workers()
+        # The usable CPUs, shared among the DataLoader workers that each run a loader.
+        workers = decode_workers or max(1, usable_cpus() // num_workers)
         if decode is None:
             transform = transform or RandomResizedCrop(224)
             h, w = transform.output_size

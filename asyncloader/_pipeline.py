@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-import random
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -25,32 +24,22 @@ import numpy as np
 import numpy.typing as npt
 
 from ._cache import ObjectCache
-from ._config import FetchConfig, RunConfig
+from ._config import RunConfig
 from ._decode import DAMAGED, HIT, MISS, STORE_FAILED, STORED, DecodePool, Outcome
-from ._errors import (
-    AsyncLoaderError,
-    FailureBudgetExceeded,
-    IntegrityError,
-    StoreError,
-    Throttled,
-    TransientStoreError,
-    shown_key,
-)
+from ._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
+from ._fetch import Fetcher
 from ._labels import Dataset, DatasetBuilder
 from ._ring import BatchRing
 from ._sampler import epoch_indices, mix_seed, num_batches, unshuffled_batch
 from ._stats import Counters
-from ._types import Blob, CachedAt, ObjectInfo, ObjectStore, Sample
+from ._types import Blob, CachedAt, ObjectInfo, Sample
 
 __all__ = [
     "BATCH",
     "END",
     "ERROR",
-    "Fetcher",
     "Listing",
     "Pipeline",
-    "list_objects",
-    "saved_listing",
 ]
 
 T = TypeVar("T")
@@ -58,102 +47,6 @@ T = TypeVar("T")
 # Output queue items: (BATCH, epoch, index, slot, n, skipped) | (END, epoch) | (ERROR, exc),
 # where skipped maps error type → samples of that batch left out (counted when delivered).
 BATCH, END, ERROR = "batch", "end", "error"
-
-
-class Fetcher:
-    """Fetches whole objects with bounded concurrency, retries, ranges and checks."""
-
-    def __init__(self, store: ObjectStore, counters: Counters, config: FetchConfig) -> None:
-        self.store = store
-        self.config = config
-        self._c = counters
-        self._sem = asyncio.Semaphore(config.max_inflight)
-        self._rng = random.Random()
-
-    async def fetch(self, obj: ObjectInfo) -> Blob:
-        """Return the object's bytes, verified against its listed size and ETag.
-
-        Raises:
-            StoreError: after retries ran out, or at once for non-transient errors.
-        """
-        c = self._c
-        t0 = asyncio.get_running_loop().time()
-        size = obj.size
-        if size > self.config.range_threshold:
-            data = await self._fetch_ranges(obj)
-        else:
-            data = await self._request(obj.key, 0, None, obj.etag)
-            if size >= 0 and len(data) != size:
-                raise IntegrityError(
-                    f"{shown_key(obj.key)}: received {len(data)} bytes, listed size is {size}",
-                    key=obj.key,
-                )
-        c.objects_fetched += 1
-        c.fetch_seconds += asyncio.get_running_loop().time() - t0
-        return data
-
-    async def _fetch_ranges(self, obj: ObjectInfo) -> Blob:
-        part = self.config.part_size
-        buf = bytearray(obj.size)
-
-        async def one(start: int) -> None:
-            end = min(start + part, obj.size)
-            buf[start:end] = await self._request(obj.key, start, end, obj.etag)
-
-        # A TaskGroup cancels the other parts as soon as one fails for good.
-        async with asyncio.TaskGroup() as tg:
-            for start in range(0, obj.size, part):
-                tg.create_task(one(start))
-        return buf
-
-    async def _request(self, key: str, start: int, end: int | None, etag: str) -> Blob:
-        c = self._c
-        cfg = self.config
-        attempt = 0
-        while True:
-            async with self._sem:
-                c.requests += 1
-                c.inflight += 1
-                c.inflight_peak = max(c.inflight_peak, c.inflight)
-                try:
-                    data = await self.store.get(key, start=start, end=end, etag=etag)
-                except (Throttled, TransientStoreError) as exc:
-                    err: StoreError = exc
-                else:
-                    c.bytes_fetched += len(data)
-                    return data
-                finally:
-                    c.inflight -= 1
-            attempt += 1
-            if attempt >= cfg.max_attempts:
-                err.add_note(f"gave up after {attempt} attempts")
-                raise err
-            c.retries["throttled" if isinstance(err, Throttled) else "transient"] += 1
-            # Exponential backoff with full jitter, outside the in-flight semaphore.
-            await asyncio.sleep(cfg.backoff(attempt) * self._rng.random())
-
-
-async def saved_listing(
-    store: ObjectStore, cache: ObjectCache | None, max_age: float
-) -> list[ObjectInfo] | None:
-    """The object list the cache saved for the store's URL, if younger than ``max_age``."""
-    if cache is None or max_age <= 0:
-        return None
-    return await asyncio.to_thread(cache.load_listing, store.url, max_age)
-
-
-async def list_objects(
-    store: ObjectStore, cache: ObjectCache | None, max_age: float
-) -> list[ObjectInfo]:
-    """The store's object list: from the cache's saved listing if young enough, else listed
-    (in parallel where the store can) and saved for the next run."""
-    saved = await saved_listing(store, cache, max_age)
-    if saved is not None:
-        return saved
-    objects = [o async for o in store.list()]
-    if cache is not None:
-        await asyncio.to_thread(cache.save_listing, store.url, objects)
-    return objects
 
 
 class Listing:

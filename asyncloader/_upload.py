@@ -30,7 +30,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import queue
 import threading
 import time
@@ -43,6 +42,7 @@ import numpy.typing as npt
 import torch
 
 from ._config import IMAGENET_MEAN, IMAGENET_STD
+from ._env import local_rank
 from ._lease import Lease, leased
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceSpec", "Uploader", "resolve_device"]
@@ -70,8 +70,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
         log.warning("asyncloader: device=%r but CUDA is not available; using the CPU", device)
         return torch.device("cpu")
     if dev.index is None:
-        local = os.environ.get("LOCAL_RANK")
-        index = int(local) if local is not None else torch.cuda.current_device()
+        local = local_rank()
+        index = local if local is not None else torch.cuda.current_device()
         dev = torch.device("cuda", index % torch.cuda.device_count())
     return dev
 

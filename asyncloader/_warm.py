@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 
 from ._cache import ObjectCache
 from ._config import FetchConfig
+from ._env import local_world_size, shard_from_env
 from ._errors import AsyncLoaderError, shown_key
+from ._fetch import Fetcher, list_objects
 from ._labels import IMAGE_EXTENSIONS, KeyFilter
-from ._pipeline import Fetcher, list_objects
 from ._sampler import node_subset
 from ._stats import Counters
 from ._types import Blob, ObjectStore
 
-__all__ = ["WarmReport", "shard_from_env", "warm", "warm_cache"]
+__all__ = ["WarmReport", "warm", "warm_cache"]
 
 
 @dataclass(slots=True)
@@ -144,14 +145,6 @@ class _Writer:
         self._thread.join()
 
 
-def shard_from_env() -> tuple[int, int]:
-    """``(RANK, WORLD_SIZE)`` from the torchrun environment, else ``(0, 1)``."""
-    try:
-        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 0, 1
-
-
 async def warm_cache(
     store: ObjectStore,
     cache: ObjectCache,
@@ -253,7 +246,7 @@ def warm(
     if shard is None:
         rank, world = shard_from_env()
         if node_seed is not None:
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", world) or 1)
+            local = local_world_size() or world
             shard = (rank // local, max(world // local, 1))
         else:
             shard = (rank, world)

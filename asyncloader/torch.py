@@ -60,7 +60,8 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     Args:
         url: As for :class:`~asyncloader.ImageLoader`.
         **options: Any :class:`~asyncloader.ImageLoader` option but the shard ones.
-            ``decode_workers`` defaults to the CPUs divided among DataLoader workers.
+            ``decode_workers`` defaults to the usable CPUs divided among DataLoader
+            workers.
     """
 
     def __init__(self, url: str, **options: Any) -> None:
@@ -100,8 +101,6 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         options = dict(self.options)
         if "LOCAL_WORLD_SIZE" in os.environ and options.get("shuffle") == "node":
             options.setdefault("local_world_size", int(os.environ["LOCAL_WORLD_SIZE"]))
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        options.setdefault("decode_workers", max(1, cpus // workers))
         self._loader = ImageLoader(
             self.url, rank=rank, world_size=world, worker=worker, num_workers=workers, **options
         )

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from asyncloader import FetchConfig, IntegrityError, ObjectNotFound, S3Store
-from asyncloader._pipeline import Fetcher
+from asyncloader._fetch import Fetcher
 from asyncloader._stats import Counters
 from asyncloader.testing import MotoServer
 

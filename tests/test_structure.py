@@ -18,15 +18,18 @@ LEAVES = {
     "_transforms",
     "_manifest",
     "_lease",
+    "_retry",
+    "_env",
 }
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
 ALLOWED = {
     # module: modules of the package it may import
     **{m: LEAVES for m in LEAVES},
     **{m: LEAVES for m in RESOURCES},
-    "_pipeline": LEAVES | RESOURCES,
-    "_warm": LEAVES | RESOURCES | {"_pipeline"},
-    "_loader": LEAVES | RESOURCES | {"_pipeline"},
+    "_fetch": LEAVES | RESOURCES,
+    "_pipeline": LEAVES | RESOURCES | {"_fetch"},
+    "_warm": LEAVES | RESOURCES | {"_fetch"},
+    "_loader": LEAVES | RESOURCES | {"_fetch", "_pipeline"},
 }
 
 

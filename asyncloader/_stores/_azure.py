@@ -32,6 +32,7 @@ import aiohttp
 from yarl import URL
 
 from .._errors import AccessDenied, ClosedError, ObjectNotFound, StoreError
+from .._retry import retrying
 from .._types import Blob, ObjectInfo
 from ._http import (
     get_bytes,
@@ -41,7 +42,6 @@ from ._http import (
     proxy_configured,
     range_header,
     request,
-    with_retries,
 )
 from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
@@ -378,7 +378,7 @@ class AzureStore(FolderListing):
                     )
                 raise
 
-        return await with_retries(once)
+        return await retrying(once)
 
     async def _ready(self) -> None:
         self._ensure()

@@ -7,17 +7,14 @@ and transport exception to :mod:`asyncloader._errors` in one place.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import random
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TypeVar
 
 import aiohttp
 from yarl import URL
 
-from .._config import FetchConfig
 from .._errors import (
     AccessDenied,
     IntegrityError,
@@ -40,11 +37,9 @@ __all__ = [
     "normalize_etag",
     "range_header",
     "request",
-    "with_retries",
 ]
 
 T = TypeVar("T")
-_CONTROL_RETRIES = FetchConfig(max_attempts=6)
 _CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
 
 
@@ -186,25 +181,6 @@ def normalize_etag(value: str) -> str:
     if value.startswith("W/"):
         value = value[2:]
     return value.strip('"')
-
-
-async def with_retries(call: Callable[[], Awaitable[T]], config: FetchConfig | None = None) -> T:
-    """Await ``call()``, retried on Throttled/TransientStoreError with the fetcher's backoff.
-
-    For a store's own control-plane requests (listing pages, HEADs): the fetcher retries
-    object GETs itself.
-    """
-    cfg = config or _CONTROL_RETRIES
-    attempt = 0
-    while True:
-        try:
-            return await call()
-        except (Throttled, TransientStoreError) as exc:
-            attempt += 1
-            if attempt >= cfg.max_attempts:
-                exc.add_note(f"gave up after {attempt} attempts")
-                raise
-            await asyncio.sleep(cfg.backoff(attempt) * random.random())
 
 
 def proxy_configured() -> bool:

@@ -27,6 +27,7 @@ from .._errors import (
     ClosedError,
     StoreError,
 )
+from .._retry import retrying
 from .._types import Blob, ObjectInfo
 from ._http import (
     get_bytes,
@@ -36,7 +37,6 @@ from ._http import (
     normalize_etag,
     proxy_configured,
     range_header,
-    with_retries,
 )
 from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
@@ -208,7 +208,7 @@ class S3Store(FolderListing):
         if folders is not None:
             params["delimiter"] = "/"
         while True:
-            body = await with_retries(partial(self._control_get, params, what=what, key=full))
+            body = await retrying(partial(self._control_get, params, what=what, key=full))
             try:
                 root = ET.fromstring(body)
             except ET.ParseError as exc:
@@ -297,7 +297,7 @@ class S3Store(FolderListing):
         path = self._base_path + "/" + uri_encode_path(full)
         what = f"s3://{self.bucket}/{full}"
         headers = await self._auth("HEAD", path)
-        answer = await with_retries(
+        answer = await retrying(
             partial(head, self._lean, self._session, self._base, path, headers, what=what, key=key)
         )
         size = answer.get("content-length") or answer.get("Content-Length")

@@ -20,6 +20,7 @@ from yarl import URL
 
 from .._errors import ClosedError, ObjectNotFound, StoreError, shown_key
 from .._manifest import read_manifest
+from .._retry import retrying
 from .._types import Blob, ObjectInfo
 from ._http import (
     get_bytes,
@@ -29,7 +30,6 @@ from ._http import (
     proxy_configured,
     range_header,
     request,
-    with_retries,
 )
 from ._lean_http import LeanHTTPClient
 
@@ -116,7 +116,7 @@ class HttpStore:
             data: bytes = await asyncio.to_thread(Path(name).read_bytes)
         else:
             session = self._session_or_open()
-            _, data = await with_retries(
+            _, data = await retrying(
                 lambda: request(
                     session,
                     "GET",
@@ -153,7 +153,7 @@ class HttpStore:
 
     async def stat(self, key: str) -> ObjectInfo:
         session = self._session_or_open()
-        headers, _ = await with_retries(
+        headers, _ = await retrying(
             lambda: request(
                 session, "HEAD", self._target(key), self._headers, what=self._what(key), key=key
             )

@@ -17,7 +17,7 @@ from typing import Any
 
 from .._config import FetchConfig
 from .._errors import AccessDenied, IntegrityError, ObjectNotFound, StoreError, Throttled
-from .._pipeline import Fetcher
+from .._fetch import Fetcher
 from .._stats import Counters
 from .._types import ObjectInfo, ObjectStore
 

@@ -1,0 +1,55 @@
+"""The one retry loop: throttling and transient errors retried with full-jitter backoff.
+
+Object GETs (the fetcher) and a store's own control requests (listing pages, HEADs) use it
+alike; only their budgets differ (:class:`~asyncloader.FetchConfig`).  A leaf module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from ._config import FetchConfig
+from ._errors import StoreError, Throttled, TransientStoreError
+
+__all__ = ["CONTROL_RETRIES", "retrying"]
+
+T = TypeVar("T")
+
+CONTROL_RETRIES = FetchConfig(max_attempts=6)
+"""The budget of a store's control requests (listing pages, HEADs)."""
+
+
+async def retrying(
+    attempt: Callable[[], Awaitable[T]],
+    config: FetchConfig = CONTROL_RETRIES,
+    *,
+    on_retry: Callable[[StoreError], None] | None = None,
+    rng: random.Random | None = None,
+) -> T:
+    """Await ``attempt()`` until it succeeds; retry :class:`Throttled` and
+    :class:`TransientStoreError` up to ``config.max_attempts`` tries in all.
+
+    Between tries it sleeps a uniform delay below ``config.backoff(n)`` (exponential backoff
+    with full jitter), outside whatever ``attempt`` holds (an in-flight slot is released
+    while waiting).  ``on_retry`` is told of each error that is retried.
+
+    Raises:
+        The last error, with a note saying how many attempts were made, once they ran out;
+        any other error at once.
+    """
+    draw = (rng or random).random
+    tries = 0
+    while True:
+        try:
+            return await attempt()
+        except (Throttled, TransientStoreError) as exc:
+            tries += 1
+            if tries >= config.max_attempts:
+                exc.add_note(f"gave up after {tries} attempts")
+                raise
+            if on_retry is not None:
+                on_retry(exc)
+            await asyncio.sleep(config.backoff(tries) * draw())
