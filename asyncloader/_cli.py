@@ -30,7 +30,7 @@ def _demo(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     import asyncloader as al
-    from asyncloader.testing import demo_bucket
+    from asyncloader._demo import demo_bucket  # the demo data and its emulator bucket
 
     data_dir = Path(args.data_dir)
     emulator = "Azurite" if args.store == "azure" else "moto_server"
@@ -132,7 +132,7 @@ def _warm(args: argparse.Namespace) -> int:
             args.url,
             args.cache_dir,
             cache_size=args.cache_size,
-            concurrency=args.concurrency,
+            max_inflight=args.max_inflight,
             shard=args.shard,
             node_seed=args.node_local_seed,
             refresh_listing=args.refresh_listing,
@@ -205,7 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     warm.add_argument("url", help="s3://bucket/prefix/, az://container/prefix/, a path, ...")
     warm.add_argument("--cache-dir", required=True, help="the cache folder (local NVMe)")
     warm.add_argument("--cache-size", default="100GB", help="most bytes to keep (100GB)")
-    warm.add_argument("--concurrency", type=int, default=256, help="requests in flight (256)")
+    warm.add_argument(
+        "--max-inflight",
+        "--concurrency",  # the old spelling
+        dest="max_inflight",
+        type=int,
+        default=None,
+        help="requests in flight (default: 64 per CPU, at least 64)",
+    )
     warm.add_argument(
         "--shard", type=_parse_shard, default=None, help="i/n: this node's part (torchrun env)"
     )

@@ -9,18 +9,33 @@ and ~210 kilopixels per file on average, in an ImageFolder layout
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import json
 import os
 import random
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from PIL import Image, ImageEnhance
 
-__all__ = ["make_jpeg", "make_jpeg_folder", "source_photos"]
+if TYPE_CHECKING:
+    from .testing._servers import Azurite, MotoServer
+
+__all__ = [
+    "DEMO_DIR",
+    "DemoBucket",
+    "demo_bucket",
+    "make_jpeg",
+    "make_jpeg_folder",
+    "source_photos",
+]
+
+DEMO_DIR = os.path.join("cache", "demo-jpegs")
 
 
 def source_photos() -> list[Image.Image]:
@@ -88,3 +103,63 @@ def make_jpeg_folder(
         list(ex.map(one, range(images)))
     marker.write_text(json.dumps(params))
     return root
+
+
+class DemoBucket(NamedTuple):
+    """Where the demo data is served: ``url``, the emulator's ``endpoint`` and ``pid``, its
+    ``name`` and the ``store_options`` that reach it."""
+
+    url: str
+    endpoint: str
+    pid: int
+    name: str
+    store_options: dict[str, Any]
+
+
+@contextlib.contextmanager
+def demo_bucket(
+    data_dir: str | os.PathLike[str] = DEMO_DIR,
+    *,
+    images: int = 2000,
+    classes: int = 10,
+    seed: int = 0,
+    store: str = "s3",
+) -> Iterator[DemoBucket]:
+    """The demo's data on a local emulator: yields a :class:`DemoBucket`.
+
+    Generates the JPEG folder once under ``data_dir``, starts ``moto_server`` (``store="s3"``)
+    or Azurite (``store="azure"``) on 127.0.0.1 and uploads the folder.  For S3 it sets the
+    emulator's test credentials in the environment if none are set.
+    """
+    if store not in ("s3", "azure"):
+        raise ValueError(f"store must be 's3' or 'azure', not {store!r}")
+    from .testing._servers import TEST_ENV, Azurite, MotoServer  # the emulators
+
+    make_jpeg_folder(data_dir, images=images, classes=classes, seed=seed)
+    server: MotoServer | Azurite
+    if store == "azure":
+        server = Azurite()
+    else:
+        for k, v in TEST_ENV.items():
+            os.environ.setdefault(k, v)
+        server = MotoServer()
+    with server:
+        server.create_bucket("asyncloader-demo")
+        server.upload_folder("asyncloader-demo", data_dir, "train/")
+        assert server.pid is not None
+        if isinstance(server, Azurite):
+            yield DemoBucket(
+                f"az://{server.account}/asyncloader-demo/train/",
+                server.endpoint,
+                server.pid,
+                "Azurite",
+                {"connection_string": server.connection_string},
+            )
+        else:
+            yield DemoBucket(
+                "s3://asyncloader-demo/train/",
+                server.endpoint,
+                server.pid,
+                "moto_server",
+                {"endpoint_url": server.endpoint},
+            )

@@ -12,6 +12,7 @@ import random
 
 from ._cache import ObjectCache
 from ._config import FetchConfig
+from ._env import usable_cpus
 from ._errors import IntegrityError, StoreError, Throttled, shown_key
 from ._retry import retrying
 from ._stats import Counters
@@ -25,9 +26,9 @@ class Fetcher:
 
     def __init__(self, store: ObjectStore, counters: Counters, config: FetchConfig) -> None:
         self.store = store
-        self.config = config
+        self.config = config.for_workers(usable_cpus())  # unless the caller sized it
         self._c = counters
-        self._sem = asyncio.Semaphore(config.max_inflight)
+        self._sem = asyncio.Semaphore(self.config.inflight)
         self._rng = random.Random()
 
     async def fetch(self, obj: ObjectInfo) -> Blob:

@@ -16,6 +16,7 @@ import posixpath
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from ._errors import StoreError, shown_key
 from ._manifest import read_manifest
 from ._types import ObjectInfo, Sample
 
@@ -152,7 +153,10 @@ class DatasetBuilder:
         """Append ``objects`` (the next keys in sorted order) as samples."""
         keep = [o for o in objects if self._keep(o.key)]
         if keep and keep[0].key <= self._last:
-            raise ValueError(f"listing out of order: {keep[0].key!r} after {self._last!r}")
+            raise StoreError(
+                f"the listing came out of key order: {shown_key(keep[0].key)!r} after "
+                f"{shown_key(self._last)!r}"
+            )
         if keep:
             self._last = keep[-1].key
         labels = self._labels
@@ -175,7 +179,7 @@ class DatasetBuilder:
     def _check(self, index: dict[str, int]) -> None:
         for p, i in index.items():
             if self._given.get(p, i) != i:
-                raise AssertionError(
+                raise StoreError(
                     f"class {p!r} was given label {self._given[p]}, now {i}: the listing "
                     "broke its order promise"
                 )

@@ -1,31 +1,30 @@
-"""The loader: owns the event-loop thread and turns the pipeline into a plain iterator.
+"""ImageLoader: options → configs, the wiring of the stages, the sync consumer, resume state.
 
-Threads: the consumer (the user's), one non-daemon event-loop thread, and the decode pool's
-workers.  The consumer waits for batches in short slices and checks liveness each time, so
-end of epoch, a dead pipeline, a closed loader and a time-out are four different outcomes.
+Threads: the consumer (the user's), the runtime's event-loop thread (:mod:`._runtime`), and
+the decode pool's workers.  The consumer waits for batches in short slices and checks
+liveness each time, so end of epoch, a dead pipeline, a closed loader, a time-out and a
+consumer that holds every ring slot are different outcomes, each with its own message.
 
-Lifetime: ``close()`` (or ``with``, or garbage collection, or interpreter exit) stops the
-pipeline, the decode workers and the loop thread, and unlinks the shared memory — in that
-order, the memory last, because workers write into it until they stop.
+Lifetime: ``close()`` (or ``with``, or garbage collection, or interpreter exit) closes the
+runtime: the pipeline, the decode workers and the loop thread stop, and the shared memory is
+unlinked last (once no batch handed out references it any more).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import gc
 import multiprocessing
 import os
 import queue
-import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ._cache import ObjectCache
 from ._config import IMAGENET_MEAN, IMAGENET_STD, FetchConfig, OnError, RunConfig
+from ._dataset import is_manifest, open_listing
 from ._decode import DecodePool, DecodeSpec, ProcessDecodePool, ThreadDecodePool
 from ._env import usable_cpus
 from ._errors import (
@@ -34,22 +33,20 @@ from ._errors import (
     ClosedError,
     PipelineDeadError,
 )
-from ._fetch import Fetcher, list_objects, saved_listing
+from ._fetch import Fetcher
 from ._labels import (
     IMAGE_EXTENSIONS,
     Dataset,
-    DatasetBuilder,
     LabelSpec,
-    build_dataset,
-    parse_manifest,
 )
-from ._pipeline import BATCH, END, ERROR, Listing, Pipeline
+from ._pipeline import BatchReady, EpochEnd, Failed, Notice, Pipeline
 from ._ring import BatchRing
+from ._runtime import Runtime
 from ._sampler import num_batches
 from ._stats import Counters, Stats
 from ._stores import lists_from_manifest, open_store
 from ._transforms import RandomResizedCrop, Transform
-from ._types import Blob, DecodeFn, ObjectInfo, ObjectStore
+from ._types import DecodeFn, ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
     import torch
@@ -64,110 +61,6 @@ _SLICE = 0.1  # how often a waiting consumer checks liveness [seconds]
 # How long a consumer that holds every ring slot waits for one to come back (another thread
 # of the user's may still drop a batch) before it is told so [seconds].
 HELD_GRACE = 3.0
-
-
-class _Runtime:
-    """The event-loop thread and everything that must be torn down with it.
-
-    Kept apart from :class:`ImageLoader` so that a ``weakref.finalize`` and the exit hook can
-    close it without keeping the loader alive.
-    """
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._main, name="asyncloader-loop", daemon=False)
-        self.closed = False
-        self.pipeline: Pipeline | None = None
-        self.pool: DecodePool | None = None
-        self.store: ObjectStore | None = None
-        self.ring: BatchRing | None = None
-        self.uploader: Uploader | None = None
-        self.listing_task: asyncio.Task[None] | None = None
-        self._lock = threading.Lock()
-        self.thread.start()
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_forever()
-        finally:
-            with contextlib.suppress(Exception):
-                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for it (interruptible by Ctrl-C)."""
-        if not self.thread.is_alive():
-            coro.close()
-            raise PipelineDeadError("the event-loop thread is not running")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return fut.result(timeout)
-        except BaseException:
-            fut.cancel()
-            raise
-
-    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
-        if not self.loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                self.loop.call_soon_threadsafe(fn, *args)
-
-    async def _shutdown(self) -> None:
-        # Order matters: stop producing (and wait for in-flight decodes), then the pool,
-        # then connections.  Each step is bounded, so shutdown cannot hang.
-        if self.pipeline is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.pipeline.stop(), 10)
-        if self.pool is not None:
-            with contextlib.suppress(Exception):
-                self.pool.close()
-        if self.store is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.store.close(), 5)
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5)
-
-    def close(self) -> None:
-        """Stop everything; idempotent and safe from any thread but the loop's."""
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-        try:
-            if self.thread.is_alive():
-                fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
-                with contextlib.suppress(Exception):
-                    fut.result(30)
-                self.loop.call_soon_threadsafe(self.loop.stop)
-                self.thread.join(10)
-            if not self.thread.is_alive() and not self.loop.is_closed():
-                self.loop.close()
-        finally:
-            if self.uploader is not None:
-                with contextlib.suppress(Exception):
-                    self.uploader.close()  # unregisters the ring's pages before unmapping
-            if self.ring is not None:
-                self.ring.close()  # last: workers may write into it until they are gone
-
-
-_live_runtimes: weakref.WeakSet[_Runtime] = weakref.WeakSet()
-
-
-def _close_all_at_exit() -> None:
-    for rt in list(_live_runtimes):
-        rt.close()
-
-
-# Runs before the interpreter joins non-daemon threads (plain atexit runs after, too late:
-# exit would hang on the loop thread of a loader nobody closed).
-if hasattr(threading, "_register_atexit"):
-    threading._register_atexit(_close_all_at_exit)
-else:  # pragma: no cover
-    import atexit
-
-    atexit.register(_close_all_at_exit)
 
 
 class ImageLoader:
@@ -216,8 +109,8 @@ class ImageLoader:
         prefetch_batches: Ring slots: batches filling, waiting, or still referenced by the
             consumer (default from the in-flight bound, at least 5: one for the batch the
             loop body holds).  Memory is ``prefetch_batches × batch bytes``.
-        max_inflight: Requests in flight (default 64 per decode worker, at least 64: hides
-            50 ms of storage latency at the decode rate).
+        max_inflight: Requests in flight (overrides ``fetch.max_inflight``; default 64 per
+            decode worker, at least 64: hides 50 ms of storage latency at the decode rate).
         on_error: ``"raise"`` or ``"skip"`` (counted in ``stats().skipped``).
         max_failures: Skips tolerated per epoch: a count, or a fraction if < 1.
         drop_last: Drop the short last batch of each epoch.
@@ -230,7 +123,7 @@ class ImageLoader:
             ``"drop"`` (leave out the incomplete last round).
         store: An :class:`~asyncloader.ObjectStore` to use instead of ``url``.
         store_options: Keyword options for the store (``endpoint_url``, ``anonymous``, ...).
-        fetch: Retry, range and concurrency settings (``max_inflight`` overrides its field).
+        fetch: Retry, range and in-flight settings (:class:`~asyncloader.FetchConfig`).
         timeout: Give up when no batch arrives for this long (None: wait) [seconds].
         cache_dir: A local (NVMe) folder caching object bytes across epochs and runs; shared
             safely by every process on the node (see ``asyncloader warm``).
@@ -315,9 +208,11 @@ class ImageLoader:
             decode_backend = "process" if cache_dir and posix and not daemon else "thread"
         elif decode_backend == "process" and os.name != "posix":
             raise ValueError("decode_backend='process' needs a POSIX system: use 'thread'")
-        inflight = max_inflight or (fetch.max_inflight if fetch else max(64, 64 * workers))
         base = fetch or FetchConfig()
-        self._fetch_config = dataclasses.replace(base, max_inflight=inflight)
+        if max_inflight is not None:
+            base = dataclasses.replace(base, max_inflight=max_inflight)
+        self._fetch_config = base.for_workers(workers)
+        inflight = self._fetch_config.inflight
         self._run_config = RunConfig(
             batch_size=batch_size,
             shuffle=shuffle,
@@ -342,7 +237,7 @@ class ImageLoader:
         self._backend: DecodeBackend = decode_backend
         self._timeout = timeout
         self._counters = Counters()
-        self._output: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._output: queue.Queue[Notice] = queue.Queue()
         self._epoch_requested: int | None = None
         self._last_epoch = -1
         self._position: tuple[int, int] | None = None  # (epoch, batch) the queue holds next
@@ -355,12 +250,11 @@ class ImageLoader:
 
             spec = DeviceSpec.make(device, dtype, mean, std, channels_last)
             self._uploader = Uploader(spec, depth=2, pin=pin)
-        self._rt = _Runtime()
-        _live_runtimes.add(self._rt)
+        self._rt = Runtime()
         self._finalizer = weakref.finalize(self, self._rt.close)
         try:
             options = dict(store_options or {})
-            if lists_from_manifest(url) and isinstance(labels, str) and labels != "folder":
+            if lists_from_manifest(url) and is_manifest(labels):
                 options.setdefault("manifest", labels)  # a web server has no listing
             the_store = store if store is not None else open_store(url, **options)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
@@ -380,49 +274,20 @@ class ImageLoader:
         c = self._counters
         t0 = time.perf_counter()
 
-        def listed(objects: Sequence[ObjectInfo], dataset: Dataset) -> None:
+        def listed(objects: Sequence[ObjectInfo]) -> None:
             c.objects_listed = len(objects)
             c.listing_seconds = time.perf_counter() - t0
-            if not dataset.samples:
-                raise AsyncLoaderError(
-                    f"no samples under {store.url} "
-                    f"({len(objects)} objects listed; extensions={extensions})"
-                )
 
-        listing: Listing | None = None
-        is_manifest = isinstance(labels, str) and labels.endswith((".jsonl", ".csv"))
-        saved = await saved_listing(store, self.cache, self._listing_max_age)
-        list_sorted = getattr(store, "list_sorted", None)
-        if saved is None and not is_manifest and self._run_config.shuffle is False and list_sorted:
-            # An unshuffled run starts on the first keys while the store still lists.
-            listing = Listing()
-
-            async def finished(objects: list[ObjectInfo], dataset: Dataset) -> None:
-                listed(objects, dataset)
-                if self.cache is not None:
-                    await asyncio.to_thread(self.cache.save_listing, store.url, objects)
-
-            builder = DatasetBuilder(labels, extensions)
-            task = asyncio.create_task(
-                listing.stream(list_sorted(), builder, finished), name="asyncloader-listing"
-            )
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            self._rt.listing_task = task
-            await listing.wait(1)  # an empty or unreadable prefix fails here, at once
-        else:
-            objects = saved if saved is not None else await list_objects(store, self.cache, 0)
-            manifest = None
-            if is_manifest:
-                assert isinstance(labels, str)
-                data: Blob
-                if await asyncio.to_thread(os.path.exists, labels):
-                    data = await asyncio.to_thread(_read_file, labels)
-                else:
-                    data = await store.get(labels)  # a manifest stored beside the images
-                manifest = parse_manifest(data, labels)
-            dataset = build_dataset(objects, labels, extensions=extensions, manifest=manifest)
-            listed(objects, dataset)
-            listing = Listing(dataset)
+        listing, task = await open_listing(
+            store,
+            labels,
+            extensions,
+            cache=self.cache,
+            max_age=self._listing_max_age,
+            stream=self._run_config.shuffle is False,
+            listed=listed,
+        )
+        self._rt.listing_task = task
         ring = BatchRing(
             self._slots,
             self._run_config.batch_size,
@@ -435,7 +300,7 @@ class ImageLoader:
         if self._backend == "process":
             assert ring.shm_name is not None
             ppool = ProcessDecodePool(self._workers, self._spec, ring.shm_name, ring.images.shape)
-            ppool.start(asyncio.get_running_loop())
+            await ppool.start()
             pool = ppool
         else:
             pool = ThreadDecodePool(self._workers, self._spec, ring.images)
@@ -449,7 +314,7 @@ class ImageLoader:
             self._run_config,
             c,
             self._output,
-            decode_window=self._fetch_config.max_inflight + 4 * self._workers,
+            decode_window=self._fetch_config.inflight + 4 * self._workers,
             cache=self.cache,
         )
         # Captures the runtime, never the loader: the loader must stay collectable.
@@ -517,7 +382,7 @@ class ImageLoader:
         ring = self._rt.ring
         return self._counters.snapshot(
             decode_workers=self._workers,
-            max_inflight=self._fetch_config.max_inflight,
+            max_inflight=self._fetch_config.inflight,
             ring_held=ring.held if ring is not None else 0,
         )
 
@@ -644,27 +509,27 @@ class ImageLoader:
         ring = rt.ring
         c = self._counters
         while True:
-            item = self._next_item()
-            kind = item[0]
-            if kind == END:
+            notice = self._next_notice()
+            if isinstance(notice, EpochEnd):
                 self._produced = (epoch + 1, 0)
                 return
-            if kind == ERROR:
+            if isinstance(notice, Failed):
                 self._produced = None
-                exc = item[1]
+                exc = notice.error
                 if isinstance(exc, AsyncLoaderError):
                     raise exc
                 raise PipelineDeadError(f"the pipeline failed: {exc!r}") from exc
-            assert kind == BATCH
-            _, _, index, slot, n, skipped = item
-            del item
-            if skipped:
-                c.skipped.update(skipped)
-            self._produced = (epoch, index + 1)
+            ready: BatchReady = notice
+            del notice
+            if ready.skipped:
+                c.skipped.update(ready.skipped)
+            self._produced = (epoch, ready.index + 1)
             # Yielded straight from the call: no local of this frame keeps the batch.
-            yield _as_tensors(*ring.lease(slot, n), (index, n), torch.from_numpy)
+            yield _as_tensors(
+                *ring.lease(ready.slot, ready.n), (ready.index, ready.n), torch.from_numpy
+            )
 
-    def _next_item(self) -> tuple[Any, ...]:
+    def _next_notice(self) -> Notice:
         c = self._counters
         t0 = time.perf_counter()
         all_held_since: float | None = None
@@ -730,8 +595,3 @@ def _as_tensors(
     images: Any, labels: Any, meta: tuple[int, int], from_numpy: Callable[[Any], torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
     return from_numpy(images), from_numpy(labels), meta
-
-
-def _read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()

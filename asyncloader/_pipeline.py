@@ -17,7 +17,8 @@ import asyncio
 import contextlib
 import queue
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -25,93 +26,55 @@ import numpy.typing as npt
 
 from ._cache import ObjectCache
 from ._config import RunConfig
-from ._decode import DAMAGED, HIT, MISS, STORE_FAILED, STORED, DecodePool, Outcome
+from ._dataset import Listing
+from ._decode import DecodePool
 from ._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
 from ._fetch import Fetcher
-from ._labels import Dataset, DatasetBuilder
 from ._ring import BatchRing
 from ._sampler import epoch_indices, mix_seed, num_batches, unshuffled_batch
 from ._stats import Counters
-from ._types import Blob, CachedAt, ObjectInfo, Sample
+from ._types import CachedAt, CacheEvent, DecodeJob, Outcome, Sample
 
 __all__ = [
-    "BATCH",
-    "END",
-    "ERROR",
-    "Listing",
+    "BatchReady",
+    "EpochEnd",
+    "Failed",
+    "Notice",
     "Pipeline",
 ]
 
 T = TypeVar("T")
 
-# Output queue items: (BATCH, epoch, index, slot, n, skipped) | (END, epoch) | (ERROR, exc),
-# where skipped maps error type → samples of that batch left out (counted when delivered).
-BATCH, END, ERROR = "batch", "end", "error"
+
+@dataclass(frozen=True, slots=True)
+class BatchReady:
+    """Batch ``index`` of ``epoch`` is in ring ``slot``: its first ``n`` samples; ``skipped``
+    maps error type → samples of it left out (counted when it is delivered)."""
+
+    epoch: int
+    index: int
+    slot: int
+    n: int
+    skipped: Counter[str]
 
 
-class Listing:
-    """The samples of a run: complete, or growing in key order while the store still lists.
+@dataclass(frozen=True, slots=True)
+class EpochEnd:
+    """This worker's share of ``epoch`` is complete."""
 
-    Only a run that does not shuffle can use a growing list (its first batches are the first
-    keys); :meth:`stream` fills it, and everything else waits for :meth:`wait` or
-    :meth:`complete`.  Lives on the loader's event loop.
-    """
+    epoch: int
 
-    def __init__(self, dataset: Dataset | None = None) -> None:
-        self.dataset = dataset
-        self.samples: Sequence[Sample] = dataset.samples if dataset is not None else ()
-        self.error: BaseException | None = None
-        self._grew = asyncio.Event()
 
-    @property
-    def done(self) -> bool:
-        return self.dataset is not None
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Production stopped with ``error`` (a failure under ``on_error="raise"``, a failure
+    budget exceeded, or a bug)."""
 
-    def _notify(self) -> None:
-        self._grew.set()
-        self._grew = asyncio.Event()
+    error: BaseException
 
-    async def stream(
-        self,
-        chunks: AsyncIterator[tuple[list[ObjectInfo], list[ObjectInfo]]],
-        builder: DatasetBuilder,
-        finished: Callable[[list[ObjectInfo], Dataset], Awaitable[None]],
-    ) -> None:
-        """Add the store's sorted chunks as they come; at the end ``finished(objects,
-        dataset)`` (which may raise, say for an empty dataset) completes the listing."""
-        self.samples = builder.samples
-        objects: list[ObjectInfo] = []
-        try:
-            async for chunk, ahead in chunks:
-                objects.extend(chunk)
-                builder.add(chunk, ahead)
-                self._notify()
-            dataset = builder.finish()
-            await finished(objects, dataset)
-            self.dataset = dataset
-        except BaseException as exc:
-            self.error = exc
-            raise
-        finally:
-            self._notify()
 
-    async def wait(self, n: int) -> int:
-        """Wait until ``n`` samples are listed or the listing is complete; how many are.
-
-        Raises:
-            The listing's error, if it failed.
-        """
-        while len(self.samples) < n and self.dataset is None:
-            if self.error is not None:
-                raise self.error
-            await self._grew.wait()
-        return len(self.samples)
-
-    async def complete(self) -> Dataset:
-        """The whole dataset, once listed."""
-        while self.dataset is None:
-            await self.wait(len(self.samples) + 1)
-        return self.dataset
+Notice = BatchReady | EpochEnd | Failed
+"""What the pipeline announces on its output queue, in order."""
 
 
 class _Failure(Exception):
@@ -146,7 +109,7 @@ class Pipeline:
         ring: BatchRing,
         run: RunConfig,
         counters: Counters,
-        output: queue.Queue[tuple[Any, ...]],
+        output: queue.Queue[Notice],
         *,
         decode_window: int,
         cache: ObjectCache | None = None,
@@ -175,7 +138,7 @@ class Pipeline:
         if self._epoch_samples is None:
             dataset = self.listing.dataset
             if dataset is None:
-                raise RuntimeError("the listing is not complete yet")
+                raise AsyncLoaderError("the listing is not complete yet")
             r = self.run
             self._epoch_samples = len(
                 epoch_indices(
@@ -218,8 +181,8 @@ class Pipeline:
                 item = self.output.get_nowait()
             except queue.Empty:
                 break
-            if item[0] == BATCH:
-                self._out.discard(item[3])
+            if isinstance(item, BatchReady):
+                self._out.discard(item.slot)
         self._free = asyncio.Queue()
         for s in range(self.ring.slots):
             if s not in self._out:
@@ -248,41 +211,16 @@ class Pipeline:
             self.counters.ring_out = len(self._out)
             self._free.put_nowait(slot)
 
-    async def _decode(
-        self,
-        data: Blob | CachedAt | None,
-        slot: int,
-        j: int,
-        seed: int,
-        obj: ObjectInfo,
-        cache_key: str,
-    ) -> Outcome:
+    async def _decode(self, job: DecodeJob) -> Outcome:
         c = self.counters
         c.decode_queue += 1
         try:
-            return await self.pool.decode(data, slot, j, seed, obj.key, cache_key, obj.size)
+            return await self.pool.decode(job)
         finally:
             c.decode_queue -= 1
 
     def _account(self, outcome: Outcome, size: int = 0) -> None:
-        c = self.counters
-        busy, flags = outcome
-        c.decode_seconds += busy
-        if flags & MISS:
-            c.cache_misses += 1
-        else:
-            c.decoded += 1
-            if flags & HIT:
-                c.cache_hits += 1
-                c.bytes_from_cache += max(size, 0)
-            elif self.cache is not None:
-                c.cache_misses += 1
-        if flags & STORED:
-            c.cache_stored += 1
-        if flags & STORE_FAILED:
-            c.cache_store_failed += 1
-        if flags & DAMAGED:
-            c.cache_damaged += 1
+        self.counters.count_decode(outcome, size=size, caching=self.cache is not None)
 
     # --- production ---------------------------------------------------------------------
 
@@ -356,7 +294,7 @@ class Pipeline:
                 if b < 0:  # this worker has nothing left in `ep` (a resume past its end)
                     while inflight:
                         await self._publish(*inflight.popleft())
-                    self.output.put((END, ep))
+                    self.output.put(EpochEnd(ep))
                     continue
                 # Publish finished batches in order: the head when it is done, and the head
                 # (waiting for it) when no slot is free to start another batch.
@@ -368,7 +306,7 @@ class Pipeline:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            self.output.put((ERROR, exc))
+            self.output.put(Failed(exc))
         finally:
             if nxt is not None:
                 nxt.cancel()
@@ -393,7 +331,7 @@ class Pipeline:
         self.counters.batches_produced += 1
         self._out.add(slot)
         self.counters.ring_out = len(self._out)
-        self.output.put((BATCH, epoch, index, slot, n, skipped))
+        self.output.put(BatchReady(epoch, index, slot, n, skipped))
         failures = self._failures.get(epoch, [])
         # A budget that is a fraction of the epoch waits for a growing listing to complete.
         samples = self.epoch_samples(epoch) if self.listing.done else None
@@ -405,7 +343,7 @@ class Pipeline:
             )
         if last:
             self._failures.pop(epoch, None)
-            self.output.put((END, epoch))
+            self.output.put(EpochEnd(epoch))
 
     async def _fill(
         self, slot: int, epoch: int, sel: np.ndarray[Any, Any]
@@ -479,10 +417,8 @@ class Pipeline:
         jobs = []
         for j in hits:
             obj = samples[sel[j]].obj
-            where = cached[keys[j]]
-            jobs.append(
-                (where, slot, j, mix_seed(seed, epoch, int(sel[j])), obj.key, keys[j], obj.size)
-            )
+            seed_j = mix_seed(seed, epoch, int(sel[j]))
+            jobs.append(DecodeJob(cached[keys[j]], slot, j, seed_j, obj.key, keys[j], obj.size))
         c.decode_queue += len(jobs)
         try:
             outcomes = await self.pool.decode_many(jobs)
@@ -494,7 +430,7 @@ class Pipeline:
             if isinstance(outcome, BaseException):
                 out[j] = self._failed(outcome, epoch, "cache", sample.obj.key)
                 continue
-            if outcome[1] & MISS:  # evicted or damaged since the index check: fetch it
+            if outcome.events & CacheEvent.MISS:  # evicted or damaged since the index check
                 self._account(outcome)
                 gone.append(j)
                 continue
@@ -541,8 +477,10 @@ class Pipeline:
             async with self._window:
                 data = await self.fetcher.fetch(obj)
                 stage = "decode"
-                outcome = await self._decode(data, slot, j, seed, obj, cache_key)
-                del data
+                job = DecodeJob(data, slot, j, seed, obj.key, cache_key, obj.size)
+                del data  # the job holds the bytes until the worker is done with them
+                outcome = await self._decode(job)
+                del job
                 self._account(outcome, obj.size)
             self.ring.labels[slot, j] = sample.label
         except AsyncLoaderError as exc:

@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ._types import CacheEvent, Outcome
+
 __all__ = ["Counters", "Stats"]
 
 Bound = Literal["fetch", "decode", "consumer", "unknown"]
@@ -50,6 +52,32 @@ class Counters:
     consumer_wait_seconds: float = 0.0
     consumer_first_batch_seconds: float | None = None
     skipped: Counter[str] = field(default_factory=Counter)  # in batches delivered
+
+    def count_decode(self, outcome: Outcome, *, size: int = 0, caching: bool = False) -> None:
+        """Account one decode job: the worker's busy time and its cache events.
+
+        Args:
+            outcome: What the job reported.
+            size: The object's size, counted as read from the cache on a hit [bytes].
+            caching: A cache is on: a sample decoded from fetched bytes was a miss.
+        """
+        events = outcome.events
+        self.decode_seconds += outcome.busy
+        if events & CacheEvent.MISS:
+            self.cache_misses += 1
+        else:
+            self.decoded += 1
+            if events & CacheEvent.HIT:
+                self.cache_hits += 1
+                self.bytes_from_cache += max(size, 0)
+            elif caching:
+                self.cache_misses += 1
+        if events & CacheEvent.STORED:
+            self.cache_stored += 1
+        if events & CacheEvent.STORE_FAILED:
+            self.cache_store_failed += 1
+        if events & CacheEvent.DAMAGED:
+            self.cache_damaged += 1
 
     def snapshot(self, *, decode_workers: int, max_inflight: int, ring_held: int = 0) -> Stats:
         """The frozen view; ``ring_held`` comes from the ring (any thread may change it)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -14,10 +15,13 @@ from ._errors import shown_key
 __all__ = [
     "Blob",
     "BlobCache",
+    "CacheEvent",
     "CachedAt",
     "DecodeFn",
+    "DecodeJob",
     "ObjectInfo",
     "ObjectStore",
+    "Outcome",
     "Sample",
 ]
 
@@ -126,3 +130,48 @@ class BlobCache(Protocol):
 
 DecodeFn = Callable[[Blob], npt.NDArray[np.uint8]]
 """A ``decode=`` hook: object bytes → uint8 array of the loader's sample shape."""
+
+
+# --- messages between stages --------------------------------------------------------------
+
+
+class CacheEvent(enum.IntFlag):
+    """What happened around the SSD cache while a decode job ran (counted in stats)."""
+
+    NONE = 0
+    HIT = 1  # the bytes came from the cache
+    MISS = 2  # not in the cache (or damaged): nothing decoded, the loop must fetch
+    STORED = 4  # fetched bytes were written to the cache
+    STORE_FAILED = 8  # writing to the cache failed (disk full, ...): counted, not fatal
+    DAMAGED = 16  # a damaged cache entry was found and dropped
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeJob:
+    """One sample for a decode worker: bytes (or where the cache has them) → a ring slot.
+
+    Attributes:
+        data: Fetched bytes; a :class:`CachedAt` (read the cache there); or None (look the
+            key up in the cache).
+        slot, index: Where in the ring the pixels go.
+        seed: The sample's augmentation seed.
+        key: The object's key (for messages).
+        cache_key: The cache entry's key; ``""`` without a cache.
+        size: The listed size [bytes] (-1: unknown).
+    """
+
+    data: Blob | CachedAt | None
+    slot: int
+    index: int
+    seed: int
+    key: str
+    cache_key: str = ""
+    size: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a decode job went: the worker's busy time [seconds] and the cache events."""
+
+    busy: float = 0.0
+    events: CacheEvent = CacheEvent.NONE

@@ -43,6 +43,7 @@ import torch
 
 from ._config import IMAGENET_MEAN, IMAGENET_STD
 from ._env import local_rank
+from ._errors import AsyncLoaderError, PipelineDeadError
 from ._lease import Lease, leased
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceSpec", "Uploader", "resolve_device"]
@@ -192,6 +193,31 @@ class _Stop(Exception):
     pass
 
 
+@dataclass(slots=True)
+class _Converted:
+    """A batch ready on the device; ``ready``: its CUDA event (None on the CPU)."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    meta: Any
+    ready: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    error: BaseException
+
+
+_END = object()  # the source is exhausted
+
+
+def _is_end(item: object) -> bool:
+    return item is _END
+
+
+_Item = _Converted | _Failed | object
+
+
 class _OutputPool:
     """Reused CPU buffers for output batches; each goes back to the pool when the last
     reference to the batch made in it is gone, from whichever thread drops it.
@@ -275,7 +301,10 @@ class Uploader:
             self._registered.append(ptr)
             return
         if self.pin == "register":
-            raise RuntimeError(f"cudaHostRegister of the batch ring failed (error {int(err)})")
+            raise AsyncLoaderError(
+                f"cudaHostRegister of the batch ring failed (CUDA error {int(err)}): "
+                "pin='staging' copies through pinned buffers instead"
+            )
         log.info("asyncloader: cannot page-lock the batch ring (%s); using staging", int(err))
         self.pin = "staging"
 
@@ -371,10 +400,10 @@ class Uploader:
             if self.cuda:
                 # Made on this thread's stream; the upload stream must not read them early.
                 torch.cuda.current_stream(self.spec.device).synchronize()
-        out_q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.depth)
+        out_q: queue.Queue[_Item] = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
 
-        def put(item: tuple[str, Any]) -> None:
+        def put(item: _Item) -> None:
             while not stop.is_set():
                 try:
                     out_q.put(item, timeout=_SLICE)
@@ -407,16 +436,16 @@ class Uploader:
                     # Let go of the slot now, not when the next one arrives: while this
                     # thread waits for the consumer, the ring can refill it.
                     del images, labels
-                    item = ("batch", (out, lab, meta, ready))
+                    item = _Converted(out, lab, meta, ready)
                     del out, lab
                     put(item)
                     del item
-                put(("end", None))
+                put(_END)
             except _Stop:
                 pass
             except BaseException as exc:  # handed to the consumer, raised there
                 with contextlib.suppress(_Stop):
-                    put(("error", exc))
+                    put(_Failed(exc))
             finally:
                 close = getattr(source, "close", None)
                 if close is not None:
@@ -429,26 +458,25 @@ class Uploader:
                 t0 = time.perf_counter()
                 while True:
                     try:
-                        kind, payload = out_q.get(timeout=_SLICE)
+                        item = out_q.get(timeout=_SLICE)
                         break
                     except queue.Empty:
                         if not thread.is_alive() and out_q.empty():
-                            raise RuntimeError("the uploader thread died") from None
+                            raise PipelineDeadError("the uploader thread died") from None
                 self.wait_seconds += time.perf_counter() - t0
-                if kind == "end":
+                if _is_end(item):
                     return
-                if kind == "error":
-                    raise payload
-                out, lab, meta, ready = payload
-                del payload
-                if ready is not None:
+                if isinstance(item, _Failed):
+                    raise item.error
+                assert isinstance(item, _Converted)
+                if item.ready is not None:
                     current = torch.cuda.current_stream(self.spec.device)
-                    current.wait_event(ready)
-                    out.record_stream(current)
-                    lab.record_stream(current)
+                    current.wait_event(item.ready)
+                    item.images.record_stream(current)
+                    item.labels.record_stream(current)
                 # No reference stays in this frame while it waits at `yield`.
-                batch = [(out, lab, meta)]
-                del out, lab
+                batch = [(item.images, item.labels, item.meta)]
+                del item
                 yield batch.pop()
         finally:
             stop.set()

@@ -15,6 +15,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -149,7 +150,7 @@ async def warm_cache(
     store: ObjectStore,
     cache: ObjectCache,
     *,
-    concurrency: int = 256,
+    max_inflight: int | None = None,
     shard: tuple[int, int] = (0, 1),
     extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
     listing_max_age: float = 3600.0,
@@ -162,7 +163,8 @@ async def warm_cache(
     Args:
         store: Where the objects are.
         cache: Where they go.
-        concurrency: Requests in flight.
+        max_inflight: Requests in flight (default: 64 per usable CPU, at least 64; see
+            :func:`~asyncloader._config.default_max_inflight`).
         shard: ``(i, n)``: warm objects ``i, i+n, ...`` of the sorted listing; with
             ``node_seed``, node ``i`` of ``n``'s subset under ``shuffle="node"`` and that
             seed (exactly what that node's loaders will read).
@@ -193,8 +195,9 @@ async def warm_cache(
     if on_listed is not None:
         on_listed(len(todo), report.already_cached)
     counters = Counters()
-    fetcher = Fetcher(store, counters, FetchConfig(max_inflight=concurrency))
-    writer = _Writer(cache, report, max_queued=4 * concurrency)
+    fetcher = Fetcher(store, counters, FetchConfig(max_inflight=max_inflight))
+    inflight = fetcher.config.inflight
+    writer = _Writer(cache, report, max_queued=4 * inflight)
     pending = iter(todo)
     t0 = time.perf_counter()
 
@@ -213,7 +216,7 @@ async def warm_cache(
 
     try:
         async with asyncio.TaskGroup() as tg:
-            for _ in range(min(concurrency, max(len(todo), 1))):
+            for _ in range(min(inflight, max(len(todo), 1))):
                 tg.create_task(worker())
     finally:
         await asyncio.to_thread(writer.close)
@@ -228,7 +231,7 @@ def warm(
     cache_dir: str | os.PathLike[str],
     *,
     cache_size: int | str = "100GB",
-    concurrency: int = 256,
+    max_inflight: int | None = None,
     shard: tuple[int, int] | None = None,
     extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
     refresh_listing: bool = False,
@@ -236,13 +239,21 @@ def warm(
     on_listed: Callable[[int, int], None] | None = None,
     on_object: Callable[[int], None] | None = None,
     node_seed: int | None = None,
+    concurrency: int | None = None,
 ) -> WarmReport:
     """Fill ``cache_dir`` with the objects under ``url`` (see :func:`warm_cache`).
+
+    ``concurrency`` is the old spelling of ``max_inflight`` (deprecated).
 
     ``shard`` defaults to the torchrun environment: ``RANK``/``WORLD_SIZE``, or with
     ``node_seed`` (warming for ``shuffle="node"``) this node of ``WORLD_SIZE //
     LOCAL_WORLD_SIZE``; else all.  Blocking; runs its own event loop.
     """
+    if concurrency is not None:
+        warnings.warn(
+            "warm(concurrency=...) is now warm(max_inflight=...)", DeprecationWarning, stacklevel=2
+        )
+        max_inflight = max_inflight or concurrency
     if shard is None:
         rank, world = shard_from_env()
         if node_seed is not None:
@@ -258,7 +269,7 @@ def warm(
             return await warm_cache(
                 store,
                 ObjectCache(cache_dir, size_limit=cache_size),
-                concurrency=concurrency,
+                max_inflight=max_inflight,
                 shard=shard,
                 extensions=extensions,
                 listing_max_age=0.0 if refresh_listing else 3600.0,

@@ -65,7 +65,7 @@ def case_warm(endpoint: str, cache_dir: str, concurrency: int) -> dict[str, floa
     r = al.warm(
         "s3://b/train/",
         cache_dir,
-        concurrency=concurrency,
+        max_inflight=concurrency,
         store_options={"endpoint_url": endpoint},
     )
     cpu = time.process_time() - c0

@@ -16,11 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import asyncloader as al
-from asyncloader._stores._azure import (
+from asyncloader._stores._azure import parse_azure_url
+from asyncloader._stores._azure_auth import (
     AZURITE_ACCOUNT,
     AzureCredentials,
     SharedKeySigner,
-    parse_azure_url,
     parse_connection_string,
 )
 from asyncloader.testing import Azurite, FaultProxy

@@ -16,6 +16,9 @@ from asyncloader import AzureStore, HttpStore, LocalStore, ObjectStore, S3Store
 from asyncloader.testing import (
     Azurite,
     FaultProxy,
+    FaultyStore,
+    MemoryBucket,
+    MemoryStore,
     MotoServer,
     S3TestServer,
     StoreFixture,
@@ -126,3 +129,16 @@ def test_local_folder(tmp_path: Path) -> None:
         os.replace(tmp, path)  # a new file, as a copy tool or a sync would write it
 
     check_object_store(StoreFixture("local", _threaded(put), lambda: LocalStore(root)))
+
+
+def test_memory_store_and_its_fault_wrapper() -> None:
+    # The test equipment passes the suite it helps to test with.
+    bucket = MemoryBucket()
+
+    def throttled() -> tuple[ObjectStore, Callable[[int, str], None]]:
+        store = FaultyStore(MemoryStore(bucket))
+        return store, lambda n, key: store.fail_next(n, key)
+
+    check_object_store(
+        StoreFixture("memory", bucket.put_many, lambda: MemoryStore(bucket), throttled)
+    )

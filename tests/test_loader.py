@@ -119,10 +119,10 @@ def test_an_unshuffled_run_starts_before_the_listing_ends(
 
 
 def test_a_listing_that_fails_midway_fails_the_run(dataset: str, backend: Backend) -> None:
-    if backend.name == "s3":
-        pytest.skip("one backend is enough: the error path is the store's, tested in conformance")
     """A sub-folder listing refused: the run fails with that error, whether it comes before
     the first batch (at construction) or after it."""
+    if backend.name == "s3":
+        pytest.skip("one backend is enough: the error path is the store's, tested in conformance")
     last = f"class_{N_CLASSES - 1:02d}"
     with FaultProxy(backend.server.endpoint) as proxy:
         proxy.fail_next(1, status=403, code="AccessDenied", path_contains=f"prefix=train/{last}/")

@@ -20,8 +20,11 @@ from asyncloader._ring import SHM_PREFIX
 from asyncloader.testing import S3TestServer
 
 
-def _shm() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)}
+def _shm(pid: int | None = None) -> set[str]:
+    """The ring segments of process ``pid`` (default: this one; another test run on the
+    machine has its own)."""
+    mine = f"{SHM_PREFIX}{pid or os.getpid()}_"
+    return {n for n in os.listdir("/dev/shm") if n.startswith(mine)}
 
 
 def _children() -> set[tuple[str, str]]:
@@ -124,7 +127,7 @@ def _start(tmp_path: Path, server: S3TestServer, backend: str) -> subprocess.Pop
 
 
 def _decode_workers(pid: int) -> list[int]:
-    return [int(k) for k, cmd in _child_cmdlines(pid).items() if b"_worker_entry" in cmd]
+    return [int(k) for k, cmd in _child_cmdlines(pid).items() if b"worker_main" in cmd]
 
 
 def _cmdline(pid: str) -> bytes:
@@ -137,8 +140,9 @@ def _cmdline(pid: str) -> bytes:
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: str) -> None:
     light_server.set_faults({}, latency=0.05)  # keep the epoch going long enough
-    shm_before = _shm()
     proc = _start(tmp_path, light_server, backend)
+    if backend == "process":
+        assert len(_shm(proc.pid)) == 1  # the script's ring
     workers = _decode_workers(proc.pid)
     assert len(workers) == (2 if backend == "process" else 0)
     proc.send_signal(signal.SIGINT)
@@ -149,7 +153,7 @@ def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: s
     assert "KeyboardInterrupt" in err
     assert proc.returncode != 0
     assert "SCRIPT RAN" not in out
-    assert _shm() == shm_before
+    assert _shm(proc.pid) == set()
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
     assert [w for w in workers if _cmdline(str(w))] == []
@@ -217,7 +221,7 @@ def test_decode_workers_import_the_package_the_parent_imported(
     installed version) is the one decode processes import too."""
     copy = tmp_path / "checkout"
     shutil.copytree(Path(al.__file__).parent, copy / "asyncloader")
-    with (copy / "asyncloader" / "_decode.py").open("a") as f:
+    with (copy / "asyncloader" / "_decode" / "_image.py").open("a") as f:
         f.write("\nimport os as _os\nprint('COPY', _os.getpid(), flush=True)\n")
     body = textwrap.dedent(
         f"""

@@ -12,7 +12,7 @@ from botocore.credentials import Credentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncloader._stores._sigv4 import FrozenCredentials, SigV4Signer, uri_encode_path
+from asyncloader._stores._s3_auth import FrozenCredentials, SigV4Signer, uri_encode_path
 
 EMPTY = hashlib.sha256(b"").hexdigest()
 keys = st.text(

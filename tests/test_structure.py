@@ -27,9 +27,26 @@ ALLOWED = {
     **{m: LEAVES for m in LEAVES},
     **{m: LEAVES for m in RESOURCES},
     "_fetch": LEAVES | RESOURCES,
-    "_pipeline": LEAVES | RESOURCES | {"_fetch"},
+    "_dataset": LEAVES | RESOURCES | {"_fetch"},
+    "_pipeline": LEAVES | RESOURCES | {"_fetch", "_dataset"},
+    "_runtime": LEAVES | RESOURCES | {"_pipeline"},
     "_warm": LEAVES | RESOURCES | {"_fetch"},
-    "_loader": LEAVES | RESOURCES | {"_fetch", "_pipeline"},
+    "_loader": LEAVES | RESOURCES | {"_fetch", "_dataset", "_pipeline", "_runtime"},
+    # Test equipment: stores, the fetcher (the conformance suite retries through it), the
+    # demo data; never the loader's machinery.
+    "testing": LEAVES | RESOURCES | {"_fetch", "_demo"},
+    # The demo data, and the emulator it is served from (imported when the demo runs).
+    "_demo": LEAVES | {"testing"},
+}
+
+# Inside the decode package: pixels ← one job ← the pools; the worker process's side never
+# imports the parent's (it starts with numpy, Pillow and what it runs, nothing more).
+DECODE_SIBLINGS = {
+    "_image": set(),
+    "_job": {"_image"},
+    "_threads": {"_image", "_job"},
+    "_worker": {"_image", "_job"},
+    "_processes": {"_image", "_worker"},
 }
 
 
@@ -69,6 +86,25 @@ def test_imports_flow_down() -> None:
             assert not bad, f"{f.relative_to(PKG)} imports {bad}"
 
 
+def test_decode_package_layers() -> None:
+    for name, allowed in DECODE_SIBLINGS.items():
+        tree = ast.parse((PKG / "_decode" / f"{name}.py").read_text())
+        siblings = {
+            n.module
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module
+        }
+        assert siblings <= allowed, f"_decode/{name}.py imports {siblings - allowed}"
+
+
+def test_product_does_not_import_test_equipment() -> None:
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG)
+        if rel.parts[0] == "testing" or rel.name == "_demo.py":
+            continue
+        assert "testing" not in _internal_imports(path), f"{rel} imports asyncloader.testing"
+
+
 def test_torch_not_imported_by_the_package() -> None:
     # Decode workers import the package; torch would cost them seconds and memory.
     import subprocess
@@ -81,7 +117,8 @@ def test_torch_not_imported_by_the_package() -> None:
 
 # The torch face may use the uploader, the one internal module that needs torch (the
 # package root must not import torch: decode workers import it).
-FACE_EXCEPTIONS = {("torch.py", "asyncloader._upload")}
+# The CLI's demo command runs on the demo data and its emulator bucket (package proper).
+FACE_EXCEPTIONS = {("torch.py", "asyncloader._upload"), ("_cli.py", "asyncloader._demo")}
 
 
 def test_public_faces_use_only_the_public_api() -> None:

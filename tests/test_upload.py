@@ -230,8 +230,13 @@ def test_cuda_copies_overlap_compute(server: S3TestServer) -> None:
                 end.record(stream)
                 kernels.append((start, end))
         torch.cuda.synchronize()
+        batches_per_epoch = len(loader)
         copies = [(origin.elapsed_time(a), origin.elapsed_time(b)) for a, b in uploader.timeline]
         steps = [(origin.elapsed_time(a), origin.elapsed_time(b)) for a, b in kernels]
+    # Every batch's copy was recorded, each step really took its ~100 ms of GPU time, and
+    # most copies ran while a step was running (an empty or serial timeline fails).
+    assert len(copies) >= 3 * batches_per_epoch, (len(copies), batches_per_epoch)
+    assert len(steps) == len(copies)
+    assert np.median([b - a for a, b in steps]) > 20, steps
     overlapping = sum(any(c0 < k1 and k0 < c1 for k0, k1 in steps) for c0, c1 in copies)
     assert overlapping >= len(copies) // 2, (copies, steps)
-    assert np.median([b - a for a, b in steps]) > 0

@@ -50,7 +50,7 @@ def test_killed_warm_resumes_and_verifies_clean(light_server: S3TestServer, tmp_
     args = ["warm", "s3://b/train/", "--cache-dir", str(cache_dir)]
     args += ["--endpoint-url", light_server.endpoint]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncloader", *args, "--concurrency", "4"],
+        [sys.executable, "-m", "asyncloader", *args, "--max-inflight", "4"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -15,15 +15,10 @@ or ``AZURE_STORAGE_SAS_TOKEN``; else anonymous (public containers).  Microsoft E
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
 import os
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Mapping, MutableSequence
-from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
@@ -31,9 +26,14 @@ from urllib.parse import quote, unquote, urlencode, urlsplit
 import aiohttp
 from yarl import URL
 
-from .._errors import AccessDenied, ClosedError, ObjectNotFound, StoreError
+from .._errors import ClosedError, ObjectNotFound, StoreError
 from .._retry import retrying
 from .._types import Blob, ObjectInfo
+from ._azure_auth import (
+    AzureCredentials,
+    SharedKeySigner,
+    parse_connection_string,
+)
 from ._http import (
     get_bytes,
     lean_get_bytes,
@@ -46,161 +46,10 @@ from ._http import (
 from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
 
-__all__ = [
-    "AZURITE_ACCOUNT",
-    "AZURITE_KEY",
-    "AzureCredentials",
-    "AzureStore",
-    "SharedKeySigner",
-    "parse_azure_url",
-    "parse_connection_string",
-]
+__all__ = ["API_VERSION", "AzureStore", "azure_store_from_url", "parse_azure_url"]
 
 API_VERSION = "2024-11-04"
-# The storage emulator's published development account (not a secret).
-AZURITE_ACCOUNT = "devstoreaccount1"
-AZURITE_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-)
 _BLOB_HOST = ".blob.core.windows.net"
-
-# The standard headers SharedKey signs, in order, before the x-ms-* headers.
-_SIGNED_STANDARD = (
-    "content-encoding",
-    "content-language",
-    "content-length",
-    "content-md5",
-    "content-type",
-    "date",
-    "if-modified-since",
-    "if-match",
-    "if-none-match",
-    "if-unmodified-since",
-    "range",
-)
-
-
-class SharedKeySigner:
-    """Signs Blob REST requests with an account key (Azure's "Shared Key" scheme).
-
-    The key is decoded once; signing is one HMAC-SHA256 over the canonical request.  The
-    repr shows the account only.
-    """
-
-    __slots__ = ("_key", "account")
-
-    def __init__(self, account: str, key: str) -> None:
-        self.account = account
-        try:
-            self._key = base64.b64decode(key, validate=True)
-        except (binascii.Error, ValueError):
-            raise AccessDenied(
-                f"the account key for Azure storage account {account!r} is not valid base64"
-            ) from None
-
-    def __repr__(self) -> str:
-        return f"SharedKeySigner(account={self.account!r}, key=***)"
-
-    def sign(
-        self,
-        method: str,
-        path: str,
-        query: Mapping[str, str],
-        headers: dict[str, str],
-    ) -> None:
-        """Add ``Authorization`` to ``headers`` (lower-case names; ``x-ms-date`` set).
-
-        Args:
-            path: The request's URL path, percent-encoded as sent.
-            query: The decoded query parameters.
-        """
-        parts = [method]
-        for name in _SIGNED_STANDARD:
-            value = headers.get(name, "")
-            parts.append("" if name == "content-length" and value == "0" else value)
-        canonical_headers = "".join(
-            f"{k}:{headers[k].strip()}\n" for k in sorted(headers) if k.startswith("x-ms-")
-        )
-        resource = f"/{self.account}{path}" + "".join(
-            f"\n{k.lower()}:{v}" for k, v in sorted(query.items(), key=lambda kv: kv[0].lower())
-        )
-        to_sign = "\n".join(parts) + "\n" + canonical_headers + resource
-        digest = hmac.new(self._key, to_sign.encode(), hashlib.sha256).digest()
-        headers["authorization"] = f"SharedKey {self.account}:{base64.b64encode(digest).decode()}"
-
-
-def parse_connection_string(text: str) -> dict[str, str]:
-    """``Name=value;...`` → a dict with lower-case names (values may contain ``=``)."""
-    out: dict[str, str] = {}
-    for part in text.split(";"):
-        name, sep, value = part.strip().partition("=")
-        if sep:
-            out[name.strip().lower()] = value.strip()
-    if out.get("usedevelopmentstorage", "").lower() == "true":
-        out.setdefault("accountname", AZURITE_ACCOUNT)
-        out.setdefault("accountkey", AZURITE_KEY)
-        out.setdefault("blobendpoint", f"http://127.0.0.1:10000/{AZURITE_ACCOUNT}")
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class AzureCredentials:
-    """Where and how to reach one storage account; the repr hides the key and token."""
-
-    account: str
-    endpoint: str  # https://ACCOUNT.blob.core.windows.net, or an emulator's base URL
-    key: str | None = None
-    sas: str | None = None  # the SAS token's query string, without '?'
-
-    def __repr__(self) -> str:
-        how = "shared key" if self.key else "SAS" if self.sas else "anonymous"
-        return f"AzureCredentials(account={self.account!r}, endpoint={self.endpoint!r}, {how})"
-
-    @classmethod
-    def resolve(
-        cls,
-        account: str | None = None,
-        *,
-        account_key: str | None = None,
-        sas_token: str | None = None,
-        connection_string: str | None = None,
-        endpoint_url: str | None = None,
-        anonymous: bool = False,
-    ) -> AzureCredentials:
-        """Resolve the account, endpoint and secret from arguments, then the environment.
-
-        Raises:
-            AccessDenied: no account name anywhere.
-        """
-        env = os.environ
-        explicit_secret = account_key or sas_token or anonymous
-        cs_text = connection_string
-        if cs_text is None and not explicit_secret:
-            cs_text = env.get("AZURE_STORAGE_CONNECTION_STRING")
-        cs = parse_connection_string(cs_text) if cs_text else {}
-        if account and cs.get("accountname") and cs["accountname"] != account:
-            cs = {}  # the environment's string is for another account
-        name = account or cs.get("accountname") or env.get("AZURE_STORAGE_ACCOUNT")
-        if not name:
-            raise AccessDenied(
-                "no Azure storage account: use az://ACCOUNT/CONTAINER/..., account=, "
-                "a connection string or AZURE_STORAGE_ACCOUNT"
-            )
-        key = sas = None
-        if not anonymous:
-            key = account_key or cs.get("accountkey")
-            sas = sas_token or cs.get("sharedaccesssignature")
-            if not (key or sas or connection_string):
-                key = env.get("AZURE_STORAGE_KEY") or env.get("AZURE_STORAGE_ACCESS_KEY")
-                sas = env.get("AZURE_STORAGE_SAS_TOKEN")
-        endpoint = endpoint_url or cs.get("blobendpoint")
-        if not endpoint:
-            protocol = cs.get("defaultendpointsprotocol", "https")
-            suffix = cs.get("endpointsuffix", "core.windows.net")
-            endpoint = f"{protocol}://{name}.blob.{suffix}"
-        if key:
-            sas = None  # one way to authenticate: the key signs every request
-        return cls(name, endpoint.rstrip("/"), key or None, (sas or "").lstrip("?") or None)
 
 
 def parse_azure_url(url: str, *, account: str | None = None) -> tuple[str | None, str, str, str]:

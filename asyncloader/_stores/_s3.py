@@ -40,7 +40,7 @@ from ._http import (
 )
 from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
-from ._sigv4 import FrozenCredentials, SigV4Signer, uri_encode_path
+from ._s3_auth import FrozenCredentials, SigV4Signer, uri_encode_path
 
 __all__ = ["S3Store"]
 

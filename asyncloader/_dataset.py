@@ -1,0 +1,161 @@
+"""The dataset of a run: a store (URL) and a labels policy → its samples and labels.
+
+The listing strategy lives here, on the loader's event loop:
+
+* a listing the cache saved for the URL, if young enough (``listing_max_age``);
+* else, for an unshuffled run on a store that lists in sorted chunks (S3, Azure), a
+  :class:`Listing` that grows while the store still lists, so the first batches start on
+  the first keys;
+* else the whole listing (in parallel where the store can), saved in the cache for the next
+  run; with a manifest (``labels="train.jsonl"``, a local file or a key beside the images)
+  the manifest names the samples and their labels.
+
+Which objects are samples and what their labels are is :mod:`asyncloader._labels` (pure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+
+from ._cache import ObjectCache
+from ._errors import AsyncLoaderError
+from ._fetch import list_objects, saved_listing
+from ._labels import Dataset, DatasetBuilder, LabelSpec, build_dataset, parse_manifest
+from ._types import ObjectInfo, ObjectStore, Sample
+
+__all__ = ["Listing", "is_manifest", "open_listing"]
+
+
+def is_manifest(labels: LabelSpec) -> bool:
+    """Whether ``labels`` names a manifest (``.jsonl`` or ``.csv``)."""
+    return isinstance(labels, str) and labels.endswith((".jsonl", ".csv"))
+
+
+class Listing:
+    """The samples of a run: complete, or growing in key order while the store still lists.
+
+    Only a run that does not shuffle can use a growing list (its first batches are the first
+    keys); :meth:`stream` fills it, and everything else waits for :meth:`wait` or
+    :meth:`complete`.  Lives on the loader's event loop.
+    """
+
+    def __init__(self, dataset: Dataset | None = None) -> None:
+        self.dataset = dataset
+        self.samples: Sequence[Sample] = dataset.samples if dataset is not None else ()
+        self.error: BaseException | None = None
+        self._grew = asyncio.Event()
+
+    @property
+    def done(self) -> bool:
+        return self.dataset is not None
+
+    def _notify(self) -> None:
+        self._grew.set()
+        self._grew = asyncio.Event()
+
+    async def stream(
+        self,
+        chunks: AsyncIterator[tuple[list[ObjectInfo], list[ObjectInfo]]],
+        builder: DatasetBuilder,
+        finished: Callable[[list[ObjectInfo], Dataset], Awaitable[None]],
+    ) -> None:
+        """Add the store's sorted chunks as they come; at the end ``finished(objects,
+        dataset)`` (which may raise, say for an empty dataset) completes the listing."""
+        self.samples = builder.samples
+        objects: list[ObjectInfo] = []
+        try:
+            async for chunk, ahead in chunks:
+                objects.extend(chunk)
+                builder.add(chunk, ahead)
+                self._notify()
+            dataset = builder.finish()
+            await finished(objects, dataset)
+            self.dataset = dataset
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            self._notify()
+
+    async def wait(self, n: int) -> int:
+        """Wait until ``n`` samples are listed or the listing is complete; how many are.
+
+        Raises:
+            The listing's error, if it failed.
+        """
+        while len(self.samples) < n and self.dataset is None:
+            if self.error is not None:
+                raise self.error
+            await self._grew.wait()
+        return len(self.samples)
+
+    async def complete(self) -> Dataset:
+        """The whole dataset, once listed."""
+        while self.dataset is None:
+            await self.wait(len(self.samples) + 1)
+        return self.dataset
+
+
+async def open_listing(
+    store: ObjectStore,
+    labels: LabelSpec,
+    extensions: Sequence[str] | None,
+    *,
+    cache: ObjectCache | None,
+    max_age: float,
+    stream: bool,
+    listed: Callable[[Sequence[ObjectInfo]], None],
+) -> tuple[Listing, asyncio.Task[None] | None]:
+    """The run's samples: complete, or (``stream``: an unshuffled run) growing in key order
+    while a task, returned with it, still lists.  ``listed(objects)`` is told of the whole
+    listing when it is complete.
+
+    Raises:
+        AsyncLoaderError: no samples under the URL (when complete; a growing listing raises
+            it from its task, and from :meth:`Listing.wait`).
+        StoreError: the listing or the manifest could not be read.
+    """
+
+    def check(objects: Sequence[ObjectInfo], dataset: Dataset) -> None:
+        listed(objects)
+        if not dataset.samples:
+            raise AsyncLoaderError(
+                f"no samples under {store.url} "
+                f"({len(objects)} objects listed; extensions={extensions})"
+            )
+
+    saved = await saved_listing(store, cache, max_age)
+    list_sorted = getattr(store, "list_sorted", None)
+    if saved is None and not is_manifest(labels) and stream and list_sorted:
+        listing = Listing()
+
+        async def finished(objects: list[ObjectInfo], dataset: Dataset) -> None:
+            check(objects, dataset)
+            if cache is not None:
+                await asyncio.to_thread(cache.save_listing, store.url, objects)
+
+        builder = DatasetBuilder(labels, extensions)
+        task = asyncio.create_task(
+            listing.stream(list_sorted(), builder, finished), name="asyncloader-listing"
+        )
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        await listing.wait(1)  # an empty or unreadable prefix fails here, at once
+        return listing, task
+    objects = saved if saved is not None else await list_objects(store, cache, 0)
+    manifest = None
+    if is_manifest(labels):
+        assert isinstance(labels, str)
+        manifest = parse_manifest(await _read_manifest(store, labels), labels)
+    dataset = build_dataset(objects, labels, extensions=extensions, manifest=manifest)
+    check(objects, dataset)
+    return Listing(dataset), None
+
+
+async def _read_manifest(store: ObjectStore, name: str) -> bytes | bytearray:
+    """A manifest from a local file, else the object of that key beside the images."""
+    if await asyncio.to_thread(os.path.exists, name):
+        return await asyncio.to_thread(Path(name).read_bytes)
+    return await store.get(name)

@@ -1,0 +1,386 @@
+"""Decode in worker processes that write into the ring's shared memory: the parent side
+(launch, dispatch, restart, shutdown).  The child side is :mod:`._worker`.
+
+A worker that dies is seen as EOF on its socket by the event loop, replaced, and its jobs are
+retried once.  Workers live as long as the loader, across epochs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing.connection as mpc
+import multiprocessing.spawn as mp_spawn
+import pickle
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import DecodeError, PipelineDeadError, shown_key
+from .._types import DecodeJob, Outcome
+from ._image import DecodeSpec
+from ._worker import READY
+
+__all__ = ["ProcessDecodePool"]
+
+
+def _launch(
+    prep: dict[str, Any], spec_bytes: bytes, shm_name: str, shape: tuple[int, ...]
+) -> _Worker:
+    """Start one decode process on a socket pair; the first message tells it what to do."""
+    parent_sock, child_sock = socket.socketpair()
+    # The parent's sys.path before anything is imported (spawn sets it only afterwards): the
+    # worker imports this very package, wherever the parent found it.
+    path = [p for p in sys.path if isinstance(p, str)]
+    fd = child_sock.fileno()
+    code = f"import sys; sys.path[:] = {path!r}; {_ENTRY}({fd})"
+    try:
+        proc = subprocess.Popen(
+            [mp_spawn.get_executable(), "-c", code],
+            pass_fds=(fd,),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # the parent decides when workers stop, Ctrl-C or not
+        )
+    finally:
+        child_sock.close()
+    conn = mpc.Connection(parent_sock.detach())
+    main = {k: prep[k] for k in ("init_main_from_name", "init_main_from_path") if k in prep}
+    bare = {k: prep[k] for k in ("sys_argv", "dir", "orig_dir") if k in prep}  # path: above
+    conn.send((bare, main, spec_bytes, shm_name, shape))
+    return _Worker(proc, conn)
+
+
+_ENTRY = "from asyncloader._decode._worker import worker_main; worker_main"
+_DIED_STARTING = (
+    "decode worker could not start (exit code {code}); its error is on stderr. A decode= "
+    "hook defined in the training script makes workers import the script: guard its entry "
+    "point with `if __name__ == '__main__':`. decode_backend='thread' decodes without "
+    "processes."
+)
+
+
+_STOP = "stop"  # ends a worker's sender thread without a message to the worker
+
+
+@dataclass
+class _Worker:
+    """A decode process, its connection, and the jobs it holds.
+
+    Messages to it go through ``outbox`` and a sender thread of its own: a chunk of fetched
+    objects is larger than the socket's buffer, and a blocking send on the event loop would
+    stall every fetch until the worker had finished its current jobs and read it.
+    """
+
+    proc: subprocess.Popen[bytes]
+    conn: mpc.Connection
+    jobs: dict[int, DecodeJob] = field(default_factory=dict)  # sent, not answered
+    ready: bool = False
+    outbox: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    sender: threading.Thread | None = None
+
+    def start_sender(self, on_broken: Callable[[], None]) -> None:
+        def run() -> None:
+            while True:
+                msg = self.outbox.get()
+                if msg is _STOP:
+                    return
+                try:
+                    self.conn.send(msg)
+                except (OSError, ValueError):  # the worker is gone
+                    on_broken()
+                    return
+                if msg is None:  # the worker was told to stop
+                    return
+
+        self.sender = threading.Thread(target=run, name="asyncloader-decode-send", daemon=True)
+        self.sender.start()
+
+    def join(self, timeout: float) -> int | None:
+        """The exit code, waiting up to ``timeout`` seconds; None while it still runs."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(max(timeout, 0))
+        return self.proc.returncode
+
+    def stop_sender(self, timeout: float = 2.0) -> None:
+        self.outbox.put(_STOP)
+        if self.sender is not None:
+            self.sender.join(timeout)
+
+
+class ProcessDecodePool:
+    """Decode in worker processes that write into the ring's shared memory.
+
+    Args:
+        workers: Number of processes.
+        spec: Decode settings (sent once per worker).
+        shm_name: Name of the ring's shared-memory segment.
+        shape: Shape of the ring's image array (slots, batch, C, H, W).
+        depth: Jobs outstanding per worker (keeps a worker busy while results travel).
+        start_timeout: How long workers may take to start [seconds].
+
+    Workers are fresh interpreters (``python -c``, as safe with threads around as ``spawn``)
+    that import this module, not the user's script: see :func:`._worker.worker_main`.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        spec: DecodeSpec,
+        shm_name: str,
+        shape: tuple[int, ...],
+        *,
+        depth: int = 4,
+        start_timeout: float = 60.0,
+    ) -> None:
+        self.workers = workers
+        self.restarts = 0
+        self._shm_name = shm_name
+        self._shape = shape
+        self._depth = depth
+        self._start_timeout = start_timeout
+        self._spec_bytes = pickle.dumps(spec)
+        self._prep = mp_spawn.get_preparation_data("asyncloader-decode")
+        self._pool: list[_Worker] = []
+        self._pending: deque[tuple[int, DecodeJob]] = deque()  # (job id, job)
+        self._futures: dict[int, asyncio.Future[Outcome]] = {}
+        self._attempts: dict[int, int] = {}
+        self._next_id = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._broken: PipelineDeadError | None = None
+
+    def _spawn(self) -> _Worker:
+        """Launch one worker with its sender thread (blocking: runs off the loop)."""
+        w = _launch(self._prep, self._spec_bytes, self._shm_name, self._shape)
+        w.start_sender(lambda: self._broken_pipe(w))
+        return w
+
+    def _watch(self, w: _Worker) -> None:
+        assert self._loop is not None
+        self._loop.add_reader(w.conn.fileno(), self._on_readable, w)
+
+    def _broken_pipe(self, w: _Worker) -> None:
+        """From a sender thread: the worker cannot be written to (it died)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_death, w)
+
+    async def start(self) -> None:
+        """Start the workers and wait until each is ready; results are then read on the
+        running loop.  Launching and waiting run in a helper thread, never on the loop.
+
+        Raises:
+            PipelineDeadError: a worker died or stayed silent while starting.
+        """
+        self._loop = asyncio.get_running_loop()
+        self._pool = await asyncio.to_thread(self._start_all, self._start_timeout)
+        for w in self._pool:
+            self._watch(w)
+
+    def _start_all(self, timeout: float) -> list[_Worker]:
+        pool = [self._spawn() for _ in range(self.workers)]
+        deadline = time.monotonic() + timeout
+        for w in pool:
+            try:
+                if not w.conn.poll(max(deadline - time.monotonic(), 0)):
+                    _stop_workers(pool)
+                    raise PipelineDeadError(f"decode worker did not start within {timeout} s")
+                w.conn.recv()
+                w.ready = True
+            except (EOFError, OSError):
+                code = w.join(5)
+                self._closed = True
+                _stop_workers(pool)
+                raise PipelineDeadError(_DIED_STARTING.format(code=code)) from None
+        return pool
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._pool]
+
+    async def decode(self, job: DecodeJob) -> Outcome:
+        if self._broken is not None:
+            raise self._broken
+        if self._closed:
+            raise PipelineDeadError("decode pool is closed")
+        assert self._loop is not None
+        job_id = self._next_id
+        self._next_id += 1
+        fut: asyncio.Future[Outcome] = self._loop.create_future()
+        self._futures[job_id] = fut
+        self._pending.append((job_id, job))
+        self._dispatch()
+        try:
+            return await fut
+        finally:
+            self._futures.pop(job_id, None)
+            self._attempts.pop(job_id, None)
+
+    async def decode_many(self, jobs: Sequence[DecodeJob]) -> list[Outcome | BaseException]:
+        """Each job as its own :meth:`decode` (results already travel in chunks here)."""
+        results = await asyncio.gather(*(self.decode(job) for job in jobs), return_exceptions=True)
+        return list(results)
+
+    async def drain(self, limit: float = 30.0) -> None:
+        """Wait until workers have finished every job sent to them (they write into slots).
+
+        Results arrive through ``_on_readable`` on this loop; a short poll is simpler than
+        an event that every result would have to check, and drain only runs on restarts.
+        """
+        deadline = time.monotonic() + limit
+        while any(w.jobs for w in self._pool) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.002)
+
+    def _dispatch(self) -> None:
+        # Fill the least loaded workers up to `depth`, several jobs per message.
+        while self._pending and self._pool:
+            w = min(self._pool, key=lambda w: len(w.jobs))
+            room = self._depth - len(w.jobs)
+            if room <= 0:
+                return
+            chunk: list[tuple[int, DecodeJob]] = []
+            while self._pending and len(chunk) < room:
+                job_id, job = self._pending.popleft()
+                fut = self._futures.get(job_id)
+                if fut is None or fut.done():
+                    continue  # cancelled while queued
+                chunk.append((job_id, job))
+                w.jobs[job_id] = job
+            if chunk:
+                w.outbox.put(chunk)
+
+    def _on_readable(self, w: _Worker) -> None:
+        try:
+            while w.conn.poll():
+                msg = w.conn.recv()
+                if msg == READY:
+                    w.ready = True
+                    continue
+                job_id, outcome, err = msg  # (job id, Outcome, None) or (job id, None, error)
+                w.jobs.pop(job_id, None)
+                fut = self._futures.get(job_id)
+                if fut is not None and not fut.done():
+                    if err is None:
+                        fut.set_result(outcome)
+                    else:
+                        fut.set_exception(err)
+        except (EOFError, OSError):
+            self._on_death(w)
+            return
+        self._dispatch()
+
+    def _on_death(self, w: _Worker) -> None:
+        """On the loop: ``w`` died.  Its jobs go back to the queue (or fail, the second
+        time); reaping it and starting a replacement happen in a helper thread."""
+        if self._closed or w not in self._pool:
+            return
+        assert self._loop is not None
+        self._loop.remove_reader(w.conn.fileno())
+        self._pool.remove(w)
+        self._retry_jobs_of(w)
+        fut = self._loop.run_in_executor(None, self._reap_and_replace, w)
+        fut.add_done_callback(lambda f: self._replaced(w, f))
+        self._dispatch()
+
+    def _reap_and_replace(self, w: _Worker) -> tuple[int | None, _Worker | None]:
+        """In a helper thread: the dead worker's exit code, and its replacement (None when
+        it died before it was ready: a replacement would die again)."""
+        w.stop_sender()  # a send to a dead worker fails at once
+        w.conn.close()
+        code = w.join(1)
+        if not w.ready or self._closed:
+            return code, None
+        return code, self._spawn()
+
+    def _replaced(
+        self, dead: _Worker, done: asyncio.Future[tuple[int | None, _Worker | None]]
+    ) -> None:
+        """On the loop, once :meth:`_reap_and_replace` is done."""
+        if done.cancelled():
+            return
+        exc = done.exception()
+        code, new = done.result() if exc is None else (None, None)
+        if new is not None and self._closed:
+            _stop_workers([new])  # closed meanwhile: rare, and the join is short
+            return
+        if new is not None:
+            self._pool.append(new)
+            self._watch(new)
+            self.restarts += 1
+            self._dispatch()
+            return
+        if self._closed:
+            return
+        # Died before it was ready, or could not be replaced: stop, don't loop.
+        self._broken = PipelineDeadError(_DIED_STARTING.format(code=code))
+        if exc is not None:
+            self._broken.__cause__ = exc
+        self._closed = True
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(self._broken)
+
+    def _retry_jobs_of(self, w: _Worker) -> None:
+        # Retry the dead worker's jobs once; a job that kills two workers is the input's fault.
+        code = w.proc.poll()
+        how = "killed by a signal" if code is not None and code < 0 else f"exit code {code}"
+        for job_id, job in w.jobs.items():
+            pending = self._futures.get(job_id)
+            if pending is None or pending.done():
+                continue
+            tries = self._attempts.get(job_id, 0) + 1
+            self._attempts[job_id] = tries
+            if tries >= 2:
+                pending.set_exception(
+                    DecodeError(
+                        f"decode worker died ({how}) twice decoding {shown_key(job.key)}",
+                        key=job.key,
+                    )
+                )
+            else:
+                self._pending.appendleft((job_id, job))
+
+    async def aclose(self) -> None:
+        """Stop the workers: ask, then terminate, then kill (each step waits up to 2 s), in a
+        helper thread; on the loop only the bookkeeping."""
+        self._closed = True
+        pool, self._pool = self._pool, []
+        if self._loop is not None and not self._loop.is_closed():
+            for w in pool:
+                with contextlib.suppress(Exception):
+                    self._loop.remove_reader(w.conn.fileno())
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.cancel()
+        try:
+            await asyncio.to_thread(_stop_workers, pool)
+        except RuntimeError:
+            # Interpreter exit: no new threads may start any more; block here instead.
+            _stop_workers(pool)
+
+
+def _stop_workers(pool: Sequence[_Worker]) -> None:
+    """Ask every worker to stop, then terminate, then kill the ones still running (each
+    step waits up to 2 s); blocking, so never on the loop."""
+    for w in pool:
+        w.outbox.put(None)  # through the sender thread: one writer per connection
+    deadline = time.monotonic() + 2
+    for w in pool:
+        w.join(deadline - time.monotonic())
+    for w in pool:
+        if w.proc.poll() is None:
+            w.proc.terminate()
+            w.join(2)
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.join(2)
+        w.stop_sender()
+        w.conn.close()

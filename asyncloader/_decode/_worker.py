@@ -1,0 +1,115 @@
+"""The child side of a decode process: a fresh ``python -c`` interpreter that attaches the
+ring's shared memory and runs the jobs its socket brings, writing pixels into the ring.
+
+It imports numpy, Pillow and this package, and the user's ``__main__`` only when the pickled
+spec needs it (a ``decode=`` hook defined there).  Only the object bytes and a few numbers
+come in; only the outcome (or a picklable error) goes back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.connection as mpc
+import multiprocessing.process as mp_process
+import multiprocessing.spawn as mp_spawn
+import pickle
+import signal
+import sys
+import traceback
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from .._errors import DecodeError
+from .._types import DecodeJob
+from ._image import DecodeSpec, U8Array
+from ._job import run_job
+
+__all__ = ["READY", "worker_main"]
+
+READY = "ready"
+"""The first message a worker sends: attached and ready for jobs."""
+
+
+def worker_main(fd: int) -> None:
+    """Entry point of a decode process, started as ``python -c`` with its socket as ``fd``.
+
+    The first message carries what the process needs: multiprocessing's preparation data
+    (working directory, argv; sys.path is set on the command line), the pickled
+    :class:`DecodeSpec`, and the ring's name and shape.  The parent's ``__main__`` (the
+    user's training script, which usually imports torch and more) is imported only when the
+    spec needs it, e.g. a ``decode_fn`` defined there: a plain worker starts with numpy and
+    Pillow alone.
+    """
+    # Ctrl-C reaches the whole process group; the parent decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = mpc.Connection(fd)
+    try:
+        prep, main, spec_bytes, shm_name, shape = conn.recv()
+    except (EOFError, OSError):
+        return
+    mp_spawn.prepare(prep)
+    try:
+        spec = pickle.loads(spec_bytes)
+    except (AttributeError, ImportError):
+        if not main:
+            raise
+        # The spec refers to the user's script: import it, as spawn does, and like spawn
+        # refuse to start processes from it meanwhile (an unguarded script that creates a
+        # loader fails with multiprocessing's clear error instead of starting workers again).
+        mp_process.current_process()._inheriting = True  # type: ignore[attr-defined]
+        try:
+            mp_spawn.prepare(main)
+        finally:
+            del mp_process.current_process()._inheriting  # type: ignore[attr-defined]
+        spec = pickle.loads(spec_bytes)
+    _serve(conn, spec, shm_name, shape)
+
+
+def _attach(name: str) -> SharedMemory:
+    """The parent's segment, not registered with a resource tracker of this process.
+
+    The parent owns and unlinks the segment. Python < 3.13 registers every attach, and a
+    tracker of the worker's own would unlink the ring when the worker exits.
+    """
+    if sys.version_info >= (3, 13):
+        return SharedMemory(name=name, track=False)  # type: ignore[call-arg,unused-ignore]
+    from multiprocessing import resource_tracker
+
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args: None  # type: ignore[assignment]
+    try:
+        return SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
+
+
+def _serve(conn: mpc.Connection, spec: DecodeSpec, shm_name: str, shape: tuple[int, ...]) -> None:
+    shm = _attach(shm_name)
+    images: U8Array = np.ndarray(shape, np.uint8, buffer=shm.buf)
+    try:
+        conn.send(READY)
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                return
+            job: DecodeJob
+            for job_id, job in msg:  # a chunk of (job id, job)
+                try:
+                    outcome = run_job(job, images[job.slot, job.index], spec)
+                    reply: tuple[Any, ...] = (job_id, outcome, None)
+                except Exception as exc:
+                    err = (
+                        exc if isinstance(exc, DecodeError) else DecodeError(repr(exc), key=job.key)
+                    )
+                    err.add_note("in a decode worker:\n" + traceback.format_exc())
+                    reply = (job_id, None, err)
+                conn.send(reply)
+            del job
+    except (EOFError, OSError):
+        return  # the parent is gone
+    finally:
+        del images
+        with contextlib.suppress(Exception):
+            shm.close()

@@ -1,0 +1,393 @@
+"""Local servers for tests, benchmarks and the demo, each a subprocess on 127.0.0.1.
+
+* :class:`S3TestServer` — our light in-memory S3-compatible server (``_s3server``) with
+  injected latency and faults; cheap enough to benchmark against.
+* :class:`MotoServer` — ``moto_server``, the reference S3 emulator.
+* :class:`Azurite` — Microsoft's Blob emulator from npm, with a small Blob REST client of
+  its own to create containers and upload (signed with our SharedKey signer).
+
+Each is a context manager that starts the subprocess and stops it on exit (and the
+subprocess stops by itself when its parent dies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from email.utils import formatdate
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote, urlencode, urlsplit
+
+from .._stores._azure import API_VERSION as AZURE_API_VERSION
+from .._stores._azure_auth import AZURITE_ACCOUNT, AZURITE_KEY, SharedKeySigner
+
+__all__ = ["TEST_ENV", "Azurite", "MotoServer", "S3TestServer", "find_azurite", "free_port"]
+
+# Credentials that local emulators accept; never real ones.
+TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _http(method: str, url: str, body: bytes | None = None, timeout: float = 30.0) -> bytes:
+    req = urllib.request.Request(url, data=body, method=method)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        data: bytes = resp.read()
+        return data
+
+
+class _Subprocess:
+    endpoint: str
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._client: Any = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop the server: terminate, then kill if it does not go within 5 s."""
+        proc, self._proc = self._proc, None
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if proc.stdin:
+                proc.stdin.close()
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def client(self) -> Any:
+        """A plain (sync) botocore S3 client for this server, with the test credentials.
+
+        botocore clients are thread-safe, so one client can upload from a thread pool.
+        """
+        if self._client is None:
+            import botocore.session
+            from botocore.config import Config
+
+            self._client = botocore.session.get_session().create_client(
+                "s3",
+                endpoint_url=self.endpoint,
+                region_name=TEST_ENV["AWS_DEFAULT_REGION"],
+                aws_access_key_id=TEST_ENV["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=TEST_ENV["AWS_SECRET_ACCESS_KEY"],
+                config=Config(
+                    max_pool_connections=16,
+                    s3={"addressing_style": "path"},
+                    retries={"max_attempts": 10},
+                ),
+            )
+        return self._client
+
+    def create_bucket(self, bucket: str) -> None:
+        self.client().create_bucket(Bucket=bucket)
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        self.client().put_object(Bucket=bucket, Key=key, Body=data)
+
+    def delete(self, bucket: str, key: str) -> None:
+        self.client().delete_object(Bucket=bucket, Key=key)
+
+    def upload_folder(
+        self, bucket: str, folder: str | os.PathLike[str], prefix: str = "", threads: int = 8
+    ) -> int:
+        """Upload every file below ``folder`` as ``prefix + relative path``; returns count."""
+        root = Path(folder)
+        files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+        with ThreadPoolExecutor(threads) as ex:
+            list(
+                ex.map(
+                    lambda p: self.put(
+                        bucket, prefix + p.relative_to(root).as_posix(), p.read_bytes()
+                    ),
+                    files,
+                )
+            )
+        return len(files)
+
+
+class S3TestServer(_Subprocess):
+    """Our light S3-compatible server (see :mod:`asyncloader.testing._s3server`).
+
+    Args:
+        latency: Time to first byte of every response [seconds].
+        load: A folder loaded into ``bucket`` at start (fast: no HTTP).
+        bucket: Bucket created at start.
+        prefix: Key prefix for the loaded folder.
+    """
+
+    def __init__(
+        self,
+        *,
+        latency: float = 0.0,
+        load: str | os.PathLike[str] | None = None,
+        bucket: str = "",
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.latency = latency
+        self.load = load
+        self.bucket = bucket
+        self.prefix = prefix
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "asyncloader.testing._s3server",
+            "--latency",
+            str(self.latency),
+        ]
+        if self.bucket:
+            cmd += ["--bucket", self.bucket, "--prefix", self.prefix]
+        if self.load:
+            cmd += ["--load", str(self.load)]
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        self._proc = proc
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        if not line.startswith("READY "):
+            self.stop()
+            raise RuntimeError(f"test S3 server did not start: {line!r}")
+        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def set_faults(
+        self,
+        rates: dict[str, float] | None = None,
+        *,
+        max_faults_per_key: int = 3,
+        seed: int = 0,
+        stall_seconds: float = 30.0,
+        latency: float | None = None,
+    ) -> None:
+        """Inject faults: ``rates`` maps a kind of FAULT_KINDS to its probability per GET."""
+        cfg: dict[str, Any] = {
+            "rates": rates or {},
+            "max_faults_per_key": max_faults_per_key,
+            "seed": seed,
+            "stall_seconds": stall_seconds,
+        }
+        if latency is not None:
+            cfg["latency"] = latency
+        _http("POST", f"{self.endpoint}/_control/faults", json.dumps(cfg).encode())
+
+    def stats(self) -> dict[str, Any]:
+        """Request counters: ``counters`` (get, head, list, fault_*) and ``gets_by_key``."""
+        out: dict[str, Any] = json.loads(_http("GET", f"{self.endpoint}/_control/stats"))
+        return out
+
+    def reset_stats(self) -> None:
+        _http("POST", f"{self.endpoint}/_control/reset-stats", b"")
+
+
+class MotoServer(_Subprocess):
+    """``moto_server`` on 127.0.0.1 as a subprocess (needs ``pip install 'moto[server]'``).
+
+    Args:
+        check_credentials: Make moto verify every request's signature and access key
+            (``INITIAL_NO_AUTH_ACTION_COUNT=0``): no key is known, so every request is
+            refused — for testing how wrong credentials are reported.
+    """
+
+    def __init__(self, *, check_credentials: bool = False) -> None:
+        super().__init__()
+        self.check_credentials = check_credentials
+
+    def start(self) -> None:
+        exe = shutil.which("moto_server")
+        cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+        port = free_port()
+        env = {**os.environ, **TEST_ENV}
+        if self.check_credentials:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+        proc = subprocess.Popen(
+            [*cmd, "-H", "127.0.0.1", "-p", str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        self._proc = proc
+        self.endpoint = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                _http("GET", f"{self.endpoint}/moto-api/", timeout=2)
+                return
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("moto_server did not start") from None
+                time.sleep(0.1)
+
+
+def find_azurite() -> str | None:
+    """The ``azurite-blob`` executable: ``$AZURITE_BLOB``, then PATH, then the copy that
+    ``.ci/run`` installs under ``.ci/node/`` of the current or package directory."""
+    exe = os.environ.get("AZURITE_BLOB") or shutil.which("azurite-blob")
+    if exe:
+        return exe
+    rel = Path(".ci", "node", "node_modules", ".bin", "azurite-blob")
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (root / rel).exists():
+            return str(root / rel)
+    return None
+
+
+class Azurite(_Subprocess):
+    """Microsoft's Azurite Blob emulator (npm ``azurite``) on 127.0.0.1, in memory.
+
+    ``endpoint`` is the Blob service URL (``http://127.0.0.1:PORT/devstoreaccount1``);
+    ``account``/``key`` are the emulator's published development credentials, and
+    ``connection_string`` joins them.  ``create_bucket``/``put``/``delete`` act on
+    containers and blobs (Put Blob, SharedKey-signed), so ``upload_folder`` works as for S3.
+    """
+
+    account = AZURITE_ACCOUNT
+    key = AZURITE_KEY
+
+    def start(self) -> None:
+        exe = find_azurite()
+        if exe is None:
+            raise FileNotFoundError(
+                "azurite-blob not found: `npm install --prefix .ci/node azurite` "
+                "(bash .ci/run does this) or set AZURITE_BLOB"
+            )
+        port = free_port()
+        self._workdir = tempfile.mkdtemp(prefix="asyncloader-azurite-")
+        proc = subprocess.Popen(
+            [
+                exe,
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(port),
+                "--inMemoryPersistence",
+                "--silent",
+                "--disableTelemetry",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=self._workdir,
+        )
+        self._proc = proc
+        self.endpoint = f"http://127.0.0.1:{port}/{self.account}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("azurite did not start") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        super().stop()
+        workdir = getattr(self, "_workdir", None)
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={self.account};"
+            f"AccountKey={self.key};BlobEndpoint={self.endpoint};"
+        )
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        body: bytes = b"",
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        headers = {
+            "x-ms-date": formatdate(usegmt=True),
+            "x-ms-version": AZURE_API_VERSION,
+            "content-length": str(len(body)),
+            **(extra or {}),
+        }
+        if body:
+            headers["content-type"] = "application/octet-stream"
+        base = urlsplit(self.endpoint)
+        full = base.path + path
+        SharedKeySigner(self.account, self.key).sign(method, full, query, headers)
+        qs = urlencode(query, quote_via=quote)
+        url = f"{base.scheme}://{base.netloc}{full}{'?' + qs if qs else ''}"
+        req = urllib.request.Request(url, data=body or None, method=method, headers=headers)
+        for attempt in range(5):
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    resp.read()
+                return
+            except urllib.error.HTTPError as exc:
+                if exc.code == 409 and method == "PUT" and query:  # container exists
+                    return
+                if exc.code < 500 or attempt == 4:
+                    raise
+            time.sleep(0.1 * 2**attempt)
+
+    def create_bucket(self, bucket: str, *, public: bool = False) -> None:
+        """Create a container (no error if it exists); ``public``: anonymous reads allowed."""
+        extra = {"x-ms-blob-public-access": "container"} if public else {}
+        self._send("PUT", "/" + quote(bucket), {"restype": "container"}, extra=extra)
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        """Put Blob (block blob), replacing any blob of that name."""
+        self._send(
+            "PUT", f"/{quote(bucket)}/{quote(key)}", {}, data, {"x-ms-blob-type": "BlockBlob"}
+        )
+
+    def delete(self, bucket: str, key: str) -> None:
+        self._send("DELETE", f"/{quote(bucket)}/{quote(key)}", {})

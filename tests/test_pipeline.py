@@ -1,0 +1,157 @@
+"""The pipeline's logic on the in-memory store (no server): order and coverage, failures and
+their budget, resume, and faults injected at the store protocol."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import asyncloader as al
+from asyncloader.testing import FaultyStore, MemoryBucket, MemoryStore
+
+from .conftest import N_CLASSES, N_IMAGES
+
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def bucket(jpeg_folder: Path) -> MemoryBucket:
+    return MemoryBucket(
+        {p.relative_to(jpeg_folder).as_posix(): p.read_bytes() for p in jpeg_folder.rglob("*.jpg")}
+    )
+
+
+def _loader(store: al.ObjectStore, **kw: object) -> al.ImageLoader:
+    kw.setdefault("batch_size", BATCH)
+    kw.setdefault("decode_workers", 2)
+    kw.setdefault("decode_backend", "thread")
+    kw.setdefault("transform", al.RandomResizedCrop(32))
+    return al.ImageLoader(store=store, **kw)  # type: ignore[arg-type]
+
+
+def _epoch(loader: al.ImageLoader) -> tuple[list[int], np.ndarray]:
+    labels, pixels = [], []
+    for images, lab in loader:
+        labels += lab.tolist()
+        pixels.append(images.numpy().copy())
+    return labels, np.concatenate(pixels)
+
+
+def test_every_sample_once_in_the_same_order_for_the_same_seed(bucket: MemoryBucket) -> None:
+    keys = bucket.sorted_keys()
+    index = {k: i for i, k in enumerate(keys)}
+    with _loader(MemoryStore(bucket), labels=index.__getitem__, seed=3) as loader:
+        assert len(loader) == -(-N_IMAGES // BATCH)
+        first, pixels = _epoch(loader)
+        second, _ = _epoch(loader)
+    assert sorted(first) == sorted(second) == list(range(N_IMAGES))
+    assert first != second  # a new permutation per epoch
+    # Another loader, other worker count and backend: the same batches, pixel for pixel.
+    with _loader(MemoryStore(bucket), labels=index.__getitem__, seed=3, decode_workers=1) as again:
+        assert _epoch(again)[0] == first
+        again.set_epoch(0)
+        assert np.array_equal(_epoch(again)[1], pixels)
+
+
+def test_unshuffled_folder_labels(bucket: MemoryBucket) -> None:
+    with _loader(MemoryStore(bucket), shuffle=False) as loader:
+        labels, _ = _epoch(loader)
+        assert loader.classes == tuple(f"class_{i:02d}" for i in range(N_CLASSES))
+    assert labels == sorted(labels)
+
+
+def test_skips_are_counted_and_the_budget_stops_the_run(bucket: MemoryBucket) -> None:
+    broken = MemoryBucket({k: bucket.get(k)[0] for k in bucket.sorted_keys()})  # type: ignore[index]
+    bad = broken.sorted_keys()[5:8]
+    for key in bad:
+        broken.put(key, b"\xff\xd8 not a JPEG")
+    with _loader(MemoryStore(broken), on_error="skip", max_failures=3) as loader:
+        labels, _ = _epoch(loader)
+        stats = loader.stats()
+    assert len(labels) == N_IMAGES - 3
+    assert stats.skipped == {"DecodeError": 3}
+    with _loader(MemoryStore(broken), on_error="skip", max_failures=2) as loader:
+        with pytest.raises(al.FailureBudgetExceeded) as info:
+            _epoch(loader)
+    failures = info.value.exceptions
+    assert len(failures) == 3 and all(isinstance(e, al.DecodeError) for e in failures)
+    notes = "\n".join(n for e in failures for n in getattr(e, "__notes__", []))
+    assert all(f"stage=decode key={k}" in notes for k in bad)
+    with _loader(MemoryStore(broken), on_error="raise") as loader:
+        with pytest.raises(al.DecodeError):
+            _epoch(loader)
+
+
+def test_missing_object_is_a_clear_error_or_a_counted_skip(
+    bucket: MemoryBucket, tmp_path: Path
+) -> None:
+    # A manifest naming an object the store does not have.
+    keys = [*bucket.sorted_keys(), "class_00/gone.jpg"]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(json.dumps({"key": k, "label": 0}) for k in keys))
+    with _loader(MemoryStore(bucket), labels=str(manifest), on_error="skip", max_failures=1) as ld:
+        assert sum(len(lab) for _, lab in ld) == N_IMAGES
+        assert ld.stats().skipped == {"ObjectNotFound": 1}
+    with _loader(MemoryStore(bucket), labels=str(manifest)) as ld:
+        with pytest.raises(al.ObjectNotFound, match=r"class_00/gone\.jpg"):
+            _epoch(ld)
+
+
+def test_resume_mid_epoch_continues_with_the_next_batch(bucket: MemoryBucket) -> None:
+    with _loader(MemoryStore(bucket), seed=5) as loader:
+        loader.set_epoch(2)
+        full, _ = _epoch(loader)
+    with _loader(MemoryStore(bucket), seed=5) as loader:
+        loader.set_epoch(2)
+        it = iter(loader)
+        head = [label for _ in range(2) for label in next(it)[1].tolist()]
+        state = loader.state_dict()
+    assert state["epoch"] == 2 and state["next_batch"] == 2
+    with _loader(MemoryStore(bucket), seed=5) as loader:
+        loader.load_state_dict(state)
+        tail, _ = _epoch(loader)
+        assert loader.epoch == 3
+    assert head + tail == full
+
+
+def test_transient_faults_are_retried_and_nothing_is_lost(bucket: MemoryBucket) -> None:
+    with _loader(MemoryStore(bucket), seed=1) as loader:
+        clean = _epoch(loader)
+    store = FaultyStore(MemoryStore(bucket), rates={"throttle": 0.2, "error": 0.2}, seed=4)
+    fetch = al.FetchConfig(backoff_base=0.001, max_attempts=10)
+    with _loader(store, seed=1, fetch=fetch) as loader:
+        faulty = _epoch(loader)
+    stats = loader.stats()  # closed: no request of the next epoch is still in flight
+    assert faulty[0] == clean[0] and np.array_equal(faulty[1], clean[1])
+    assert store.faults["throttle"] > 0 and store.faults["error"] > 0
+    assert stats.retries == {
+        "throttled": store.faults["throttle"],
+        "transient": store.faults["error"],
+    }
+    assert stats.skipped == {}
+
+
+def test_a_truncated_answer_is_caught(bucket: MemoryBucket) -> None:
+    # A body shorter than listed, that the store itself did not notice, never becomes
+    # pixels: the fetcher's length check stops it (a counted skip here).
+    store = FaultyStore(MemoryStore(bucket))
+    victim = bucket.sorted_keys()[3]
+    store.fail_next(1, victim, kind="truncate")
+    with _loader(store, on_error="skip", max_failures=1, shuffle=False) as loader:
+        labels, _ = _epoch(loader)
+        assert loader.stats().skipped == {"IntegrityError": 1}
+    assert len(labels) == N_IMAGES - 1
+
+
+def test_a_stalled_request_is_reported_by_the_timeout(bucket: MemoryBucket) -> None:
+    store = FaultyStore(MemoryStore(bucket), stall_seconds=30)
+    store.fail_next(1, bucket.sorted_keys()[0], kind="stall")
+    with _loader(store, shuffle=False, timeout=1.0) as loader:
+        t0 = time.monotonic()
+        with pytest.raises(al.AsyncLoaderError, match=r"no batch from mem://memory/ within 1\.0 s"):
+            next(iter(loader))
+        assert time.monotonic() - t0 < 10
