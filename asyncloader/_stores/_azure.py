@@ -35,12 +35,11 @@ from ._azure_auth import (
     parse_connection_string,
 )
 from ._http import (
-    get_bytes,
-    lean_get_bytes,
+    get_object,
     make_session,
     normalize_etag,
+    object_headers,
     proxy_configured,
-    range_header,
     request,
 )
 from ._lean_http import LeanHTTPClient
@@ -294,33 +293,19 @@ class AzureStore(FolderListing):
             self._ensure()
         full = self.prefix + key
         path = self._blob_path(full)
-        extra = {}
-        rng = range_header(start, end)
-        if rng:
-            extra["x-ms-range"] = rng
-        if etag:
-            extra["if-match"] = f'"{etag}"'
-        headers = self._headers("GET", path, {}, extra)
-        what = self._what(full)
-        expected = None if end is None else end - start
-        if self._lean is not None:
-            return await lean_get_bytes(
-                self._lean,
-                path + self._sas_suffix,
-                headers,
-                what=what,
-                key=key,
-                expected_len=expected,
-                etag=etag,
-            )
-        assert self._session is not None
-        return await get_bytes(
+        # SharedKey signs both (lower-case names: the signer's canonical form).
+        wanted = object_headers(start, end, etag, range_name="x-ms-range")
+        headers = self._headers("GET", path, {}, {k.lower(): v for k, v in wanted.items()})
+        return await get_object(
+            self._lean,
             self._session,
-            self._url(path, {}),
+            self._origin,
+            path + self._sas_suffix,
             headers,
-            what=what,
+            what=self._what(full),
             key=key,
-            expected_len=expected,
+            start=start,
+            end=end,
             etag=etag,
         )
 

@@ -1,8 +1,9 @@
-"""The one aiohttp GET every HTTP backend shares, and its mapping to our error tree.
+"""The HTTP every backend shares: one object GET (:func:`get_object`, on the lean client or
+aiohttp), HEAD, the control requests, and the mapping of answers to our error tree.
 
-Backends build the URL and headers (signature, range, precondition); this module sends the
-request on a shared session, reads the body, checks its length, and maps every HTTP status
-and transport exception to :mod:`asyncloader._errors` in one place.
+Backends build the target and headers (signature, range, precondition); this module sends
+the request, reads the body, checks its length and version, and maps every HTTP status and
+transport exception to :mod:`asyncloader._errors` in one place.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError
 __all__ = [
     "check_body",
     "error_for_status",
-    "get_bytes",
-    "head",
-    "lean_get_bytes",
+    "get_object",
+    "send",
     "make_session",
     "proxy_configured",
     "normalize_etag",
+    "object_headers",
     "range_header",
     "request",
 ]
@@ -132,35 +133,6 @@ async def request(
         ) from exc
 
 
-async def get_bytes(
-    session: aiohttp.ClientSession,
-    url: URL,
-    headers: Mapping[str, str],
-    *,
-    what: str,
-    key: str,
-    expected_len: int | None,
-    etag: str = "",
-) -> bytes:
-    """GET ``url`` and return the body, verified to be ``expected_len`` bytes long and, when
-    the answer names one, to carry ``etag`` (for servers that ignore ``If-Match``).
-
-    Raises:
-        The errors of :func:`request`, and IntegrityError for a body of the wrong length or
-        ETag.
-    """
-    answer_headers, data = await request(session, "GET", url, headers, what=what, key=key)
-    check_body(
-        data,
-        answer_headers.get("etag", ""),
-        what=what,
-        key=key,
-        expected_len=expected_len,
-        etag=etag,
-    )
-    return data
-
-
 def check_body(
     data: Blob, answer_etag: str, *, what: str, key: str, expected_len: int | None, etag: str
 ) -> None:
@@ -216,8 +188,48 @@ async def _lean_request(
     return resp
 
 
-async def head(
-    client: LeanHTTPClient | None,
+async def send(
+    lean: LeanHTTPClient | None,
+    session: aiohttp.ClientSession | None,
+    base: str,
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    *,
+    what: str,
+    key: str,
+) -> tuple[Mapping[str, str], Blob]:
+    """Send ``method`` for ``target`` (path and query, encoded) on the lean client when there
+    is one, else on aiohttp below ``base``; the answer's headers (lower-case names on the
+    lean client) and body.
+
+    Raises:
+        The errors of :func:`request`.
+    """
+    if lean is not None:
+        resp = await _lean_request(lean, method, target, headers, what=what, key=key)
+        return resp.headers, resp.body
+    assert session is not None
+    url = URL(base + target, encoded=True)
+    return await request(session, method, url, headers, what=what, key=key)
+
+
+def object_headers(
+    start: int, end: int | None, etag: str, *, range_name: str = "Range"
+) -> dict[str, str]:
+    """The headers of a GET of bytes ``[start, end)`` of the version ``etag``: a range (S3
+    and HTTP name it ``Range``, Azure's signed one ``x-ms-range``) and ``If-Match``."""
+    headers = {}
+    rng = range_header(start, end)
+    if rng:
+        headers[range_name] = rng
+    if etag:
+        headers["If-Match"] = f'"{etag}"'
+    return headers
+
+
+async def get_object(
+    lean: LeanHTTPClient | None,
     session: aiohttp.ClientSession | None,
     base: str,
     target: str,
@@ -225,40 +237,21 @@ async def head(
     *,
     what: str,
     key: str,
-) -> Mapping[str, str]:
-    """HEAD ``target`` (path and query, encoded) on the lean client, else on aiohttp below
-    ``base``; the answer's headers (lower-case names on the lean client).
-
-    Raises:
-        The errors of :func:`request`.
-    """
-    if client is not None:
-        return (await _lean_request(client, "HEAD", target, headers, what=what, key=key)).headers
-    assert session is not None
-    answer, _ = await request(
-        session, "HEAD", URL(base + target, encoded=True), headers, what=what, key=key
-    )
-    return answer
-
-
-async def lean_get_bytes(
-    client: LeanHTTPClient,
-    target: str,
-    headers: dict[str, str],
-    *,
-    what: str,
-    key: str,
-    expected_len: int | None,
+    start: int = 0,
+    end: int | None = None,
     etag: str = "",
 ) -> Blob:
-    """Like :func:`get_bytes`, on the lean client; the same mapping to our error tree."""
-    resp = await _lean_request(client, "GET", target, headers, what=what, key=key)
-    check_body(
-        resp.body,
-        resp.headers.get("etag", ""),
-        what=what,
-        key=key,
-        expected_len=expected_len,
-        etag=etag,
-    )
-    return resp.body
+    """GET ``target`` (path and query, encoded) below ``base`` — on the lean client when
+    there is one, else on aiohttp — and return the body, verified to be ``end - start``
+    bytes long (when ``end`` is given) and, when the answer names one, to carry ``etag``
+    (for servers that ignore ``If-Match``).  Every store's GET goes through here.
+
+    Raises:
+        The errors of :func:`request`, and IntegrityError for a body of the wrong length or
+        version.
+    """
+    expected = None if end is None else end - start
+    answer, body = await send(lean, session, base, "GET", target, headers, what=what, key=key)
+    answer_etag = answer.get("etag", "")
+    check_body(body, answer_etag, what=what, key=key, expected_len=expected, etag=etag)
+    return body

@@ -30,13 +30,12 @@ from .._errors import (
 from .._retry import retrying
 from .._types import Blob, ObjectInfo
 from ._http import (
-    get_bytes,
-    head,
-    lean_get_bytes,
+    get_object,
     make_session,
     normalize_etag,
+    object_headers,
     proxy_configured,
-    range_header,
+    send,
 )
 from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
@@ -241,38 +240,8 @@ class S3Store(FolderListing):
         )
         path = self._base_path + "/" if self._base_path else "/"
         headers = await self._auth("GET", path, query)
-        return await self._send(f"{path}?{query}", headers, what=what, key=key)
-
-    async def _send(
-        self,
-        target: str,
-        headers: dict[str, str],
-        *,
-        what: str,
-        key: str,
-        expected_len: int | None = None,
-        etag: str = "",
-    ) -> Blob:
-        """GET ``target`` (path and query, encoded) on the lean client, or on aiohttp."""
-        if self._lean is not None:
-            return await lean_get_bytes(
-                self._lean,
-                target,
-                headers,
-                what=what,
-                key=key,
-                expected_len=expected_len,
-                etag=etag,
-            )
-        assert self._session is not None
-        return await get_bytes(
-            self._session,
-            URL(self._base + target, encoded=True),
-            headers,
-            what=what,
-            key=key,
-            expected_len=expected_len,
-            etag=etag,
+        return await get_object(
+            self._lean, self._session, self._base, f"{path}?{query}", headers, what=what, key=key
         )
 
     async def _auth(self, method: str, path: str, query: str = "") -> dict[str, str]:
@@ -297,8 +266,18 @@ class S3Store(FolderListing):
         path = self._base_path + "/" + uri_encode_path(full)
         what = f"s3://{self.bucket}/{full}"
         headers = await self._auth("HEAD", path)
-        answer = await retrying(
-            partial(head, self._lean, self._session, self._base, path, headers, what=what, key=key)
+        answer, _ = await retrying(
+            partial(
+                send,
+                self._lean,
+                self._session,
+                self._base,
+                "HEAD",
+                path,
+                headers,
+                what=what,
+                key=key,
+            )
         )
         size = answer.get("content-length") or answer.get("Content-Length")
         if size is None:
@@ -312,15 +291,21 @@ class S3Store(FolderListing):
         if self._session is None and self._lean is None:
             await self._ensure()
         path = self._base_path + "/" + uri_encode_path(self.prefix + key)
-        headers = await self._auth("GET", path)
-        rng = range_header(start, end)
-        if rng:
-            headers["Range"] = rng
-        if etag:
-            headers["If-Match"] = f'"{etag}"'
+        headers = await self._auth("GET", path)  # SigV4 signs neither Range nor If-Match
+        headers.update(object_headers(start, end, etag))
         what = f"s3://{self.bucket}/{self.prefix}{key}"
-        expected = None if end is None else end - start
-        return await self._send(path, headers, what=what, key=key, expected_len=expected, etag=etag)
+        return await get_object(
+            self._lean,
+            self._session,
+            self._base,
+            path,
+            headers,
+            what=what,
+            key=key,
+            start=start,
+            end=end,
+            etag=etag,
+        )
 
     async def close(self) -> None:
         self._closed = True

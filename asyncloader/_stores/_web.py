@@ -23,12 +23,11 @@ from .._manifest import read_manifest
 from .._retry import retrying
 from .._types import Blob, ObjectInfo
 from ._http import (
-    get_bytes,
-    lean_get_bytes,
+    get_object,
     make_session,
     normalize_etag,
+    object_headers,
     proxy_configured,
-    range_header,
     request,
 )
 from ._lean_http import LeanHTTPClient
@@ -178,26 +177,18 @@ class HttpStore:
     ) -> Blob:
         session = self._session_or_open()
         url = self._target(key)
-        headers = dict(self._headers)
-        rng = range_header(start, end)
-        if rng:
-            headers["Range"] = rng
-        if etag:
-            headers["If-Match"] = f'"{etag}"'
-        what = self._what(key)
-        expected = None if end is None else end - start
-        if self._use_lean:
-            return await lean_get_bytes(
-                self._lean_client(url),
-                url.raw_path_qs,
-                headers,
-                what=what,
-                key=key,
-                expected_len=expected,
-                etag=etag,
-            )
-        return await get_bytes(
-            session, url, headers, what=what, key=key, expected_len=expected, etag=etag
+        headers = {**self._headers, **object_headers(start, end, etag)}
+        return await get_object(
+            self._lean_client(url) if self._use_lean else None,
+            session,
+            f"{url.scheme}://{url.raw_authority}",
+            url.raw_path_qs,
+            headers,
+            what=self._what(key),
+            key=key,
+            start=start,
+            end=end,
+            etag=etag,
         )
 
     async def close(self) -> None:

@@ -16,9 +16,9 @@ import asyncio
 import contextlib
 import threading
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 from urllib.parse import unquote, urlsplit
+
+from ._equipment import Equipment
 
 __all__ = ["FaultProxy"]
 
@@ -31,7 +31,7 @@ class _Rule:
     path_contains: str
 
 
-class FaultProxy:
+class FaultProxy(Equipment):
     """Forward ``127.0.0.1:port`` to ``upstream`` (``http://127.0.0.1:PORT[/base]``).
 
     ``endpoint`` is the upstream URL with the proxy's origin (the base path kept), so a store
@@ -55,15 +55,6 @@ class FaultProxy:
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         ready = threading.Event()

@@ -26,12 +26,12 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import formatdate
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from .._stores._azure import API_VERSION as AZURE_API_VERSION
 from .._stores._azure_auth import AZURITE_ACCOUNT, AZURITE_KEY, SharedKeySigner
+from ._equipment import Equipment
 
 __all__ = ["TEST_ENV", "Azurite", "MotoServer", "S3TestServer", "find_azurite", "free_port"]
 
@@ -57,24 +57,12 @@ def _http(method: str, url: str, body: bytes | None = None, timeout: float = 30.
         return data
 
 
-class _Subprocess:
+class _Subprocess(Equipment):
     endpoint: str
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._client: Any = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        raise NotImplementedError
 
     def stop(self) -> None:
         """Stop the server: terminate, then kill if it does not go within 5 s."""

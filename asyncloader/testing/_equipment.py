@@ -1,0 +1,28 @@
+"""The shape every piece of test equipment has: started and stopped, or used as a context
+manager that stops it on exit."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Self
+
+__all__ = ["Equipment"]
+
+
+class Equipment:
+    """Subclasses implement :meth:`start` and :meth:`stop` (idempotent)."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
