@@ -14,6 +14,7 @@ from ._errors import ClosedError as ClosedError
 from ._errors import DecodeError as DecodeError
 from ._errors import FailureBudgetExceeded as FailureBudgetExceeded
 from ._errors import IntegrityError as IntegrityError
+from ._errors import LengthMismatch as LengthMismatch
 from ._errors import ObjectNotFound as ObjectNotFound
 from ._errors import PipelineDeadError as PipelineDeadError
 from ._errors import StoreError as StoreError
@@ -54,6 +55,7 @@ __all__ = [
     "HttpStore",
     "ImageLoader",
     "IntegrityError",
+    "LengthMismatch",
     "LocalStore",
     "ObjectInfo",
     "ObjectCache",

@@ -12,6 +12,7 @@ Every error the library raises on purpose is an :class:`AsyncLoaderError`::
     │   ├── Throttled             503 SlowDown, 429 (retried; raised when retries run out)
     │   ├── TransientStoreError   5xx, resets, time-outs, truncated bodies (retried likewise)
     │   └── IntegrityError        length or ETag mismatch: object truncated or changed mid-read
+    │       └── LengthMismatch    an answer of the wrong length (retried: cut short on the way)
     ├── DecodeError               corrupt image, decompression bomb, bad decode hook output
     └── FailureBudgetExceeded     (also an ExceptionGroup) more per-sample failures than allowed
 
@@ -31,6 +32,7 @@ __all__ = [
     "DecodeError",
     "FailureBudgetExceeded",
     "IntegrityError",
+    "LengthMismatch",
     "ObjectNotFound",
     "PipelineDeadError",
     "StoreError",
@@ -123,6 +125,15 @@ class TransientStoreError(StoreError):
 
 class IntegrityError(StoreError):
     """The bytes received do not match the listed length or ETag (truncated or replaced)."""
+
+
+class LengthMismatch(IntegrityError):
+    """A complete answer whose length differs from the listed or requested one.
+
+    Usually cut short on the way (a middlebox that rewrote Content-Length): retried like a
+    transient error.  One that persists after the retries (the object changed size without
+    a new ETag, a stale listing) is a failure under ``on_error``.
+    """
 
 
 class DecodeError(AsyncLoaderError):

@@ -13,7 +13,7 @@ import random
 from ._cache import ObjectCache
 from ._config import FetchConfig
 from ._env import usable_cpus
-from ._errors import IntegrityError, StoreError, Throttled, shown_key
+from ._errors import LengthMismatch, StoreError, Throttled, shown_key
 from ._retry import retrying
 from ._stats import Counters
 from ._types import Blob, ObjectInfo, ObjectStore
@@ -34,8 +34,13 @@ class Fetcher:
     async def fetch(self, obj: ObjectInfo) -> Blob:
         """Return the object's bytes, verified against its listed size and ETag.
 
+        An answer of the wrong length is asked for again (a retry), like a throttled or
+        failed request; only one that persists fails.
+
         Raises:
-            StoreError: after retries ran out, or at once for non-transient errors.
+            StoreError: after retries ran out (LengthMismatch for a length that stayed
+                wrong), or at once for errors that are not transient (IntegrityError for a
+                changed ETag, ObjectNotFound, AccessDenied, ...).
         """
         c = self._c
         t0 = asyncio.get_running_loop().time()
@@ -43,12 +48,7 @@ class Fetcher:
         if size > self.config.range_threshold:
             data = await self._fetch_ranges(obj)
         else:
-            data = await self._request(obj.key, 0, None, obj.etag)
-            if size >= 0 and len(data) != size:
-                raise IntegrityError(
-                    f"{shown_key(obj.key)}: received {len(data)} bytes, listed size is {size}",
-                    key=obj.key,
-                )
+            data = await self._request(obj.key, 0, None, obj.etag, size if size >= 0 else None)
         c.objects_fetched += 1
         c.fetch_seconds += asyncio.get_running_loop().time() - t0
         return data
@@ -67,7 +67,10 @@ class Fetcher:
                 tg.create_task(one(start))
         return buf
 
-    async def _request(self, key: str, start: int, end: int | None, etag: str) -> Blob:
+    async def _request(
+        self, key: str, start: int, end: int | None, etag: str, size: int | None = None
+    ) -> Blob:
+        """One object or range, retried; ``size``: the whole object's listed length."""
         c = self._c
 
         async def attempt() -> Blob:
@@ -81,10 +84,20 @@ class Fetcher:
                 finally:
                     c.inflight -= 1
             c.bytes_fetched += len(data)
+            if size is not None and len(data) != size:
+                raise LengthMismatch(
+                    f"{shown_key(key)}: received {len(data)} bytes, listed size is {size}",
+                    key=key,
+                )
             return data
 
         def count(err: StoreError) -> None:
-            c.retries["throttled" if isinstance(err, Throttled) else "transient"] += 1
+            reason = "transient"
+            if isinstance(err, Throttled):
+                reason = "throttled"
+            elif isinstance(err, LengthMismatch):
+                reason = "short"
+            c.retries[reason] += 1
 
         return await retrying(attempt, self.config, on_retry=count, rng=self._rng)
 

@@ -12,9 +12,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ._config import FetchConfig
-from ._errors import StoreError, Throttled, TransientStoreError
+from ._errors import LengthMismatch, StoreError, Throttled, TransientStoreError
 
-__all__ = ["CONTROL_RETRIES", "retrying"]
+__all__ = ["CONTROL_RETRIES", "RETRIED", "retrying"]
+
+RETRIED = (Throttled, TransientStoreError, LengthMismatch)
+"""What is retried: throttling, transient failures, and answers cut short."""
 
 T = TypeVar("T")
 
@@ -29,8 +32,9 @@ async def retrying(
     on_retry: Callable[[StoreError], None] | None = None,
     rng: random.Random | None = None,
 ) -> T:
-    """Await ``attempt()`` until it succeeds; retry :class:`Throttled` and
-    :class:`TransientStoreError` up to ``config.max_attempts`` tries in all.
+    """Await ``attempt()`` until it succeeds; retry :class:`Throttled`,
+    :class:`TransientStoreError` and :class:`LengthMismatch` up to ``config.max_attempts``
+    tries in all.
 
     Between tries it sleeps a uniform delay below ``config.backoff(n)`` (exponential backoff
     with full jitter), outside whatever ``attempt`` holds (an in-flight slot is released
@@ -45,7 +49,7 @@ async def retrying(
     while True:
         try:
             return await attempt()
-        except (Throttled, TransientStoreError) as exc:
+        except RETRIED as exc:
             tries += 1
             if tries >= config.max_attempts:
                 exc.add_note(f"gave up after {tries} attempts")

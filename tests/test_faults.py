@@ -1,4 +1,5 @@
-"""Retries against our fault-injecting S3 server: 503 storms, 429, 500, resets, truncation."""
+"""Retries against our fault-injecting S3 server: 503 storms, 429, 500, resets, truncation,
+answers cut short."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
         {"throttle": 0.3, "error": 0.3},
         {"reset": 0.5},
         {"truncate": 0.5},
-        {"slowdown": 0.2, "reset": 0.2, "truncate": 0.2, "error": 0.1},
+        {"short": 0.5},
+        {"slowdown": 0.2, "reset": 0.2, "truncate": 0.2, "error": 0.1, "short": 0.1},
     ],
-    ids=["503-storm", "429-and-500", "resets", "truncated-bodies", "mixed"],
+    ids=["503-storm", "429-and-500", "resets", "truncated-bodies", "short-answers", "mixed"],
 )
 def test_faults_are_retried_and_nothing_is_lost(
     light_server: S3TestServer, rates: dict[str, float]
@@ -44,6 +46,30 @@ def test_faults_are_retried_and_nothing_is_lost(
     # Every injected fault was retried, except on requests abandoned in flight at close.
     assert injected - stats.max_inflight <= sum(stats.retries.values()) <= injected
     assert stats.skipped == {}
+
+
+def test_answers_cut_short_are_asked_for_again(light_server: S3TestServer) -> None:
+    # A middlebox that rewrites Content-Length: complete answers, half the bytes, on
+    # objects and on listing pages alike.  Nothing is skipped, the pixels are the same.
+    with _loader(light_server, shuffle=False) as loader:
+        clean = [images.clone() for images, _ in loader]
+    light_server.reset_stats()
+    light_server.set_faults({"short": 0.4}, max_faults_per_key=2, seed=3)
+    with _loader(light_server, shuffle=False, refresh_listing=True) as loader:
+        cut = [images.clone() for images, _ in loader]
+    stats = loader.stats()
+    counters = light_server.stats()["counters"]
+    assert counters["fault_short"] > 10 and counters["list"] > 1
+    assert stats.skipped == {} and stats.retries.get("short", 0) > 0
+    assert len(cut) == len(clean) and all((a == b).all() for a, b in zip(cut, clean, strict=True))
+
+
+def test_a_listing_page_that_stays_cut_short_is_a_clear_error(
+    light_server: S3TestServer,
+) -> None:
+    light_server.set_faults({"short": 1.0}, max_faults_per_key=100)
+    with pytest.raises(al.TransientStoreError, match="unreadable listing page of s3://b/train/"):
+        _loader(light_server)
 
 
 def test_retries_run_out_with_a_clear_error(light_server: S3TestServer) -> None:

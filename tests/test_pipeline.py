@@ -135,15 +135,22 @@ def test_transient_faults_are_retried_and_nothing_is_lost(bucket: MemoryBucket) 
     assert stats.skipped == {}
 
 
-def test_a_truncated_answer_is_caught(bucket: MemoryBucket) -> None:
+def test_an_answer_cut_short_is_asked_for_again(bucket: MemoryBucket) -> None:
     # A body shorter than listed, that the store itself did not notice, never becomes
-    # pixels: the fetcher's length check stops it (a counted skip here).
+    # pixels: the fetcher's length check sees it and asks again; only a length that stays
+    # wrong is a failure.
     store = FaultyStore(MemoryStore(bucket))
-    victim = bucket.sorted_keys()[3]
+    victim, stubborn = bucket.sorted_keys()[3], bucket.sorted_keys()[7]
     store.fail_next(1, victim, kind="truncate")
-    with _loader(store, on_error="skip", max_failures=1, shuffle=False) as loader:
+    fetch = al.FetchConfig(max_attempts=3, backoff_base=0.001)
+    with _loader(store, shuffle=False, fetch=fetch) as loader:
         labels, _ = _epoch(loader)
-        assert loader.stats().skipped == {"IntegrityError": 1}
+    assert len(labels) == N_IMAGES
+    assert loader.stats().retries == {"short": 1} and loader.stats().skipped == {}
+    store.fail_next(3, stubborn, kind="truncate")
+    with _loader(store, shuffle=False, fetch=fetch, on_error="skip", max_failures=1) as loader:
+        labels, _ = _epoch(loader)
+        assert loader.stats().skipped == {"LengthMismatch": 1}
     assert len(labels) == N_IMAGES - 1
 
 

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import os
 import time
-import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator, Mapping, MutableSequence
+from collections.abc import AsyncIterator, Callable, Mapping, MutableSequence
 from email.utils import formatdate
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
 import aiohttp
 from yarl import URL
 
-from .._errors import ClosedError, ObjectNotFound, StoreError
+from .._errors import ClosedError, ObjectNotFound
 from .._retry import retrying
 from .._types import Blob, ObjectInfo
 from ._azure_auth import (
@@ -39,6 +39,7 @@ from ._http import (
     make_session,
     normalize_etag,
     object_headers,
+    parse_xml,
     proxy_configured,
     request,
 )
@@ -46,6 +47,8 @@ from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
 
 __all__ = ["API_VERSION", "AzureStore", "azure_store_from_url", "parse_azure_url"]
+
+T = TypeVar("T")
 
 API_VERSION = "2024-11-04"
 _BLOB_HOST = ".blob.core.windows.net"
@@ -205,19 +208,28 @@ class AzureStore(FolderListing):
         return URL(f"{self._origin}{path}{'?' + qs if qs else ''}", encoded=True)
 
     async def _control(
-        self, method: str, path: str, query: Mapping[str, str], *, what: str, key: str | None
-    ) -> tuple[Mapping[str, str], bytes]:
-        """A listing or HEAD request, retried on throttling and transient failures."""
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str],
+        *,
+        what: str,
+        key: str | None,
+        parse: Callable[[bytes], T],
+    ) -> tuple[Mapping[str, str], T]:
+        """A listing or HEAD request, retried on throttling and transient failures; the
+        body goes through ``parse`` inside each try (a listing page cut short is retried)."""
         self._ensure()
         assert self._session is not None
         session = self._session
 
-        async def once() -> tuple[Mapping[str, str], bytes]:
+        async def once() -> tuple[Mapping[str, str], T]:
             headers = self._headers(method, path, query)
             try:
-                return await request(
+                answer, body = await request(
                     session, method, self._url(path, query), headers, what=what, key=key
                 )
+                return answer, parse(body)
             except ObjectNotFound as exc:
                 if self._signer is None and not self._sas:
                     exc.add_note(
@@ -247,13 +259,15 @@ class AzureStore(FolderListing):
                 query["delimiter"] = "/"
             if marker:
                 query["marker"] = marker
-            _, body = await self._control(
-                "GET", self._container_path, query, what=self._what(full), key=full
+            what = self._what(full)
+            _, root = await self._control(
+                "GET",
+                self._container_path,
+                query,
+                what=what,
+                key=full,
+                parse=partial(parse_xml, what=what, key=full),
             )
-            try:
-                root = ET.fromstring(body)
-            except ET.ParseError as exc:
-                raise StoreError(f"unreadable listing of {self._what(full)}") from exc
             blobs = root.find("Blobs")
             page: Page = []
             if blobs is not None:
@@ -280,7 +294,7 @@ class AzureStore(FolderListing):
     async def stat(self, key: str) -> ObjectInfo:
         full = self.prefix + key
         headers, _ = await self._control(
-            "HEAD", self._blob_path(full), {}, what=self._what(full), key=key
+            "HEAD", self._blob_path(full), {}, what=self._what(full), key=key, parse=len
         )
         return ObjectInfo(
             key, int(headers.get("content-length", 0)), normalize_etag(headers.get("etag", ""))

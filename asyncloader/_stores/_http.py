@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -19,6 +20,7 @@ from yarl import URL
 from .._errors import (
     AccessDenied,
     IntegrityError,
+    LengthMismatch,
     ObjectNotFound,
     StoreError,
     Throttled,
@@ -36,6 +38,7 @@ __all__ = [
     "proxy_configured",
     "normalize_etag",
     "object_headers",
+    "parse_xml",
     "range_header",
     "request",
 ]
@@ -141,11 +144,26 @@ def check_body(
     (A body shorter than its own Content-Length is a transport failure, caught earlier.)
     """
     if expected_len is not None and len(data) != expected_len:
-        raise IntegrityError(
+        raise LengthMismatch(
             f"{what}: received {len(data)} bytes, expected {expected_len}", key=key
         )
     if etag and answer_etag and normalize_etag(answer_etag) != etag:
         raise IntegrityError(f"{what} changed since it was listed (ETag differs)", key=key)
+
+
+def parse_xml(body: Blob, *, what: str, key: str | None) -> ET.Element:
+    """A listing page's XML.
+
+    Raises:
+        TransientStoreError: the page is not well-formed XML: cut short on the way, as a
+            rewritten Content-Length does (the caller retries it like a failed request).
+    """
+    try:
+        return ET.fromstring(body)
+    except ET.ParseError as exc:
+        raise TransientStoreError(
+            f"unreadable listing page of {what} ({len(body)} bytes; cut short?)", key=key
+        ) from exc
 
 
 def normalize_etag(value: str) -> str:

@@ -34,6 +34,7 @@ from ._http import (
     make_session,
     normalize_etag,
     object_headers,
+    parse_xml,
     proxy_configured,
     send,
 )
@@ -207,11 +208,7 @@ class S3Store(FolderListing):
         if folders is not None:
             params["delimiter"] = "/"
         while True:
-            body = await retrying(partial(self._control_get, params, what=what, key=full))
-            try:
-                root = ET.fromstring(body)
-            except ET.ParseError as exc:
-                raise StoreError(f"unreadable listing of {what}", key=full) from exc
+            root = await retrying(partial(self._listing_page, params, what=what, key=full))
             ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
             if folders is not None:
                 folders.extend(
@@ -231,6 +228,10 @@ class S3Store(FolderListing):
             if root.findtext(f"{ns}IsTruncated") != "true" or not token:
                 return
             params = {**params, "continuation-token": token}
+
+    async def _listing_page(self, params: dict[str, str], *, what: str, key: str) -> ET.Element:
+        """One listing page, parsed: a page cut short is a transient failure (retried)."""
+        return parse_xml(await self._control_get(params, what=what, key=key), what=what, key=key)
 
     async def _control_get(self, params: dict[str, str], *, what: str, key: str) -> Blob:
         """A signed GET of the bucket with query ``params`` (a listing page)."""

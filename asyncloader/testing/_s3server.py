@@ -11,8 +11,10 @@ It injects, per request to an object:
 * faults with a seeded probability, each key failing at most ``max_faults_per_key`` times so
   a retrying client always gets through: ``slowdown`` (503 SlowDown), ``throttle`` (429),
   ``error`` (500), ``reset`` (connection aborted without an answer), ``truncate`` (headers
-  announce the full length, half the body is sent, then the connection is closed) and
-  ``stall`` (the answer is held back ``stall_seconds``).
+  announce the full length, half the body is sent, then the connection is closed),
+  ``stall`` (the answer is held back ``stall_seconds``) and ``short`` (a complete answer
+  whose Content-Length and body are cut to half, as a middlebox that rewrote the length
+  sends it; listing pages get this one too).
 
 Control endpoints (plain JSON): ``POST /_control/faults`` sets the fault rates,
 ``GET /_control/stats`` returns request counters, ``POST /_control/reset-stats``.
@@ -40,7 +42,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-FAULT_KINDS = ("slowdown", "throttle", "error", "reset", "truncate", "stall")
+FAULT_KINDS = ("slowdown", "throttle", "error", "reset", "truncate", "stall", "short")
 _DATE = "2026-01-01T00:00:00.000Z"
 
 
@@ -81,11 +83,13 @@ class _State:
             keys = self.sorted_keys[bucket] = sorted(self.buckets.get(bucket, {}))
         return keys
 
-    def pick_fault(self, key: str) -> str | None:
+    def pick_fault(self, key: str, kinds: tuple[str, ...] = FAULT_KINDS) -> str | None:
         if not self.fault_rates or self.faults_by_key[key] >= self.max_faults_per_key:
             return None
         roll = self.rng.random()
         for kind, rate in self.fault_rates.items():
+            if kind not in kinds:
+                continue
             if roll < rate:
                 self.faults_by_key[key] += 1
                 self.counters[f"fault_{kind}"] += 1
@@ -172,7 +176,9 @@ class _Protocol(asyncio.Protocol):
             if fault == "reset":
                 t.abort()
                 return
-            hdrs = {"Content-Length": str(len(body)), "Date": formatdate(usegmt=True)}
+            # "short": a complete answer cut to half, its Content-Length rewritten to match.
+            payload = body[: len(body) // 2] if fault == "short" else body
+            hdrs = {"Content-Length": str(len(payload)), "Date": formatdate(usegmt=True)}
             hdrs.update(headers or {})
             lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'X')}"]
             lines += [f"{k}: {v}" for k, v in hdrs.items()]
@@ -181,7 +187,7 @@ class _Protocol(asyncio.Protocol):
                 t.write(out + body[: len(body) // 2])
                 t.close()
                 return
-            t.write(out if head else out + body)
+            t.write(out if head else out + payload)
             self.busy = False
             self._maybe_handle()
 
@@ -212,7 +218,8 @@ class _Protocol(asyncio.Protocol):
                 self._respond(200, headers={"x-amz-bucket-region": "us-east-1"}, head=True)
             else:
                 st.counters["list"] += 1
-                self._respond(200, self._list(bucket, objects, query))
+                fault = st.pick_fault(f"list?{parts.query}", kinds=("short",))
+                self._respond(200, self._list(bucket, objects, query), fault=fault)
             return
         if objects is None:
             self._respond(404, _error_xml("NoSuchBucket", bucket))
