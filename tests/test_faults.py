@@ -3,6 +3,8 @@ answers cut short."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import asyncloader as al
@@ -97,6 +99,31 @@ def test_stalled_server_times_out_and_retries(light_server: S3TestServer) -> Non
         n = sum(len(images) for images, _ in loader)
         assert n == N_IMAGES
         assert loader.stats().retries.get("transient", 0) > 0
+
+
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+def test_a_body_that_stalls_midway_is_abandoned_and_retried(
+    light_server: S3TestServer, client: str
+) -> None:
+    # Headers and half the body, then nothing for 30 s: no request may hang the run.
+    light_server.set_faults({"stall_body": 0.3}, max_faults_per_key=1, stall_seconds=30)
+    t0 = time.monotonic()
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=32,
+        decode_workers=2,
+        store_options={
+            "endpoint_url": light_server.endpoint,
+            "read_timeout": 0.5,
+            "http_client": client,
+        },
+        fetch=al.FetchConfig(backoff_base=0.001),
+    ) as loader:
+        assert sum(len(images) for images, _ in loader) == N_IMAGES
+    stalled = light_server.stats()["counters"]["fault_stall_body"]
+    assert stalled > 0
+    assert loader.stats().retries.get("transient", 0) > 0 and loader.stats().skipped == {}
+    assert time.monotonic() - t0 < 25  # far less than one stall: they were abandoned
 
 
 def test_latency_is_hidden_by_requests_in_flight(light_server: S3TestServer) -> None:

@@ -102,7 +102,9 @@ class AzureStore(FolderListing):
             (``http://127.0.0.1:10000/devstoreaccount1``).
         anonymous: Send no credentials (public containers).
         max_connections: Connection pool size for listing/HEAD (and GETs with aiohttp).
-        read_timeout: Time-out for one GET's answer [seconds].
+        read_timeout: Longest wait for an answer to start, and then between two reads
+            of it: a stalled connection is abandoned (and the request retried), a slow but
+            moving one is not [seconds].
         http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway behind a proxy).
         list_concurrency: Sub-folders listed at once.
         page_size: Blobs per listing page (Azure allows up to 5000).

@@ -34,10 +34,19 @@ class LeanResponse:
 
 
 class _Conn(asyncio.BufferedProtocol):
-    """One keep-alive connection; at most one request at a time."""
+    """One keep-alive connection; at most one request at a time.
+
+    Deadline: an answer must start within ``read_timeout`` and then keep coming — no gap
+    between two reads may exceed it (aiohttp's ``sock_read``, the same rule).  A connection
+    that stops sending mid-body is abandoned then, whatever the object's size, and the
+    request fails with TimeoutError (retried by the caller).
+    """
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
+        self._progress = 0.0  # loop time of the last bytes received [seconds]
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._read_timeout = 60.0
         self.closed = False
         self._head = bytearray()
         self._scratch = bytearray(_MAX_HEAD)
@@ -65,6 +74,24 @@ class _Conn(asyncio.BufferedProtocol):
         self._fail(ProtocolError("connection closed by the server before the answer ended"))
         return False
 
+    def _watch(self) -> None:
+        """Timer callback: fail the request if nothing arrived for ``read_timeout``."""
+        self._watchdog = None
+        if self._waiter is None or self._waiter.done():
+            return
+        loop = self._waiter.get_loop()
+        idle = loop.time() - self._progress
+        if idle >= self._read_timeout:
+            self.closed = True
+            waiter, self._waiter = self._waiter, None
+            if self.transport is not None:
+                self.transport.abort()
+            waiter.set_exception(
+                TimeoutError(f"no bytes received for {self._read_timeout:g} s (stalled)")
+            )
+            return
+        self._watchdog = loop.call_later(self._read_timeout - idle, self._watch)
+
     def get_buffer(self, sizehint: int) -> memoryview:
         body = self._body
         if body is not None and not self._chunked:
@@ -73,6 +100,8 @@ class _Conn(asyncio.BufferedProtocol):
         return memoryview(self._scratch)
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._waiter is not None:
+            self._progress = self._waiter.get_loop().time()
         if self._body is not None and not self._chunked:
             self._got += nbytes
             if self._got >= self._body_len:
@@ -147,6 +176,7 @@ class _Conn(asyncio.BufferedProtocol):
         self._head = buf[pos:]
 
     def _finish(self) -> None:
+        self._cancel_watchdog()
         waiter, self._waiter = self._waiter, None
         body, self._body = self._body, None
         self._chunked = False
@@ -158,7 +188,13 @@ class _Conn(asyncio.BufferedProtocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(LeanResponse(self._status, self._headers, body or b""))
 
+    def _cancel_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
     def _fail(self, exc: Exception) -> None:
+        self._cancel_watchdog()
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
@@ -171,11 +207,17 @@ class _Conn(asyncio.BufferedProtocol):
 
     # --- use -----------------------------------------------------------------------------
 
-    def request(self, data: bytes, want_body: bool) -> asyncio.Future[LeanResponse]:
+    def request(
+        self, data: bytes, want_body: bool, read_timeout: float
+    ) -> asyncio.Future[LeanResponse]:
         assert self.transport is not None
         assert self._waiter is None
-        fut: asyncio.Future[LeanResponse] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[LeanResponse] = loop.create_future()
         self._waiter = fut
+        self._read_timeout = read_timeout
+        self._progress = loop.time()
+        self._watchdog = loop.call_later(read_timeout, self._watch)
         self._want_body = want_body
         self._head = bytearray()
         self._body = None
@@ -194,7 +236,8 @@ class LeanHTTPClient:
     Args:
         scheme: ``http`` or ``https``.
         host, port: The origin.
-        read_timeout: Longest wait for a whole answer [seconds].
+        read_timeout: Longest wait for the answer to start, and then between two reads of
+            it: a stalled connection is abandoned, a slow but moving one is not [seconds].
         connect_timeout: Longest wait for a connection [seconds].
     """
 
@@ -235,7 +278,7 @@ class LeanHTTPClient:
         Raises:
             ProtocolError: the connection broke or the answer was malformed (the request may
                 be retried on a new connection).
-            TimeoutError: no complete answer within ``read_timeout``.
+            TimeoutError: no answer within ``read_timeout``, or it stalled that long.
         """
         if self._closed:
             raise ProtocolError("client is closed")
@@ -252,8 +295,9 @@ class LeanHTTPClient:
         lines.append("\r\n")
         ok = False
         try:
-            async with asyncio.timeout(self._read_timeout):
-                resp = await conn.request("".join(lines).encode("latin-1"), method != "HEAD")
+            resp = await conn.request(
+                "".join(lines).encode("latin-1"), method != "HEAD", self._read_timeout
+            )
             ok = True
             return resp
         finally:

@@ -59,8 +59,9 @@ class S3Store(FolderListing):
         profile: An AWS profile name.
         anonymous: Send unsigned requests (public buckets).
         max_connections: Connection pool size of the hot GET session (aiohttp).
-        read_timeout: Time-out for one GET's whole answer (lean client) or for each socket
-            read (aiohttp) [seconds].
+        read_timeout: Longest wait for an answer to start, and then between two reads
+            of it: a stalled connection is abandoned (and the request retried), a slow but
+            moving one is not [seconds].
         http_client: ``"lean"`` (default: our keep-alive HTTP/1.1 client, about half the
             CPU of aiohttp per GET) or ``"aiohttp"`` (used anyway when a proxy is set).
         list_concurrency: Sub-folders listed at once.

@@ -45,7 +45,9 @@ class HttpStore:
             Required to list; ``stat``/``get`` work without it.
         headers: Extra headers for every request (``Authorization``: never shown or logged).
         max_connections: Connection pool size for HEADs (and GETs with aiohttp).
-        read_timeout: Time-out for one answer [seconds].
+        read_timeout: Longest wait for an answer to start, and then between two reads
+            of it: a stalled connection is abandoned (and the request retried), a slow but
+            moving one is not [seconds].
         http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway behind a proxy).
         head_concurrency: HEAD requests at once while listing objects of unknown size.
     """

@@ -14,7 +14,8 @@ It injects, per request to an object:
   announce the full length, half the body is sent, then the connection is closed),
   ``stall`` (the answer is held back ``stall_seconds``) and ``short`` (a complete answer
   whose Content-Length and body are cut to half, as a middlebox that rewrote the length
-  sends it; listing pages get this one too).
+  sends it; listing pages get this one too) and ``stall_body`` (headers and half the body
+  are sent, the rest ``stall_seconds`` later).
 
 Control endpoints (plain JSON): ``POST /_control/faults`` sets the fault rates,
 ``GET /_control/stats`` returns request counters, ``POST /_control/reset-stats``.
@@ -42,7 +43,16 @@ from pathlib import Path
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-FAULT_KINDS = ("slowdown", "throttle", "error", "reset", "truncate", "stall", "short")
+FAULT_KINDS = (
+    "slowdown",
+    "throttle",
+    "error",
+    "reset",
+    "truncate",
+    "stall",
+    "short",
+    "stall_body",
+)
 _DATE = "2026-01-01T00:00:00.000Z"
 
 
@@ -186,6 +196,18 @@ class _Protocol(asyncio.Protocol):
             if fault == "truncate":
                 t.write(out + body[: len(body) // 2])
                 t.close()
+                return
+            if fault == "stall_body" and not head:
+                half = len(body) // 2
+                t.write(out + body[:half])
+
+                def rest() -> None:
+                    if not t.is_closing():
+                        t.write(body[half:])
+                        self.busy = False
+                        self._maybe_handle()
+
+                asyncio.get_running_loop().call_later(self.state.stall_seconds, rest)
                 return
             t.write(out if head else out + payload)
             self.busy = False
