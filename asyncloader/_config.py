@@ -45,6 +45,16 @@ class FetchConfig:
         backoff_cap: Longest retry delay [seconds].
         range_threshold: Objects larger than this are fetched as parallel ranges [bytes].
         part_size: Size of each range [bytes].
+        hedge: Send a second, identical request when one is not answered within a deadline
+            learned from this run's latencies; the first complete, verified answer wins.
+        hedge_quantile, hedge_factor, hedge_floor: The deadline: ``hedge_factor`` × the
+            ``hedge_quantile`` of recent request latencies, at least ``hedge_floor``
+            [seconds].
+        hedge_share: Hedges sent stay below this share of the requests sent (plus a burst
+            of ``hedge_min_inflight``), so they can never double the load.
+        hedge_min_inflight: Hedges in flight at once: at least this, at most 1/16 of
+            ``max_inflight`` when that is more.
+        hedge_min_samples: Latencies observed before any hedge (the deadline needs them).
     """
 
     max_inflight: int | None = None
@@ -53,6 +63,13 @@ class FetchConfig:
     backoff_cap: float = 5.0
     range_threshold: int = 16 << 20
     part_size: int = 8 << 20
+    hedge: bool = True
+    hedge_quantile: float = 0.95
+    hedge_factor: float = 2.0
+    hedge_floor: float = 0.02
+    hedge_share: float = 0.05
+    hedge_min_inflight: int = 4
+    hedge_min_samples: int = 64
 
     def __post_init__(self) -> None:
         if self.max_inflight is not None and self.max_inflight < 1:
@@ -61,6 +78,10 @@ class FetchConfig:
             raise ValueError("max_attempts must be at least 1")
         if self.part_size < 1 or self.range_threshold < self.part_size:
             raise ValueError("need 0 < part_size <= range_threshold")
+        if not 0 < self.hedge_quantile < 1 or self.hedge_factor < 1 or self.hedge_floor < 0:
+            raise ValueError("need 0 < hedge_quantile < 1, hedge_factor >= 1, hedge_floor >= 0")
+        if not 0 <= self.hedge_share <= 1 or self.hedge_min_inflight < 1:
+            raise ValueError("need 0 <= hedge_share <= 1 and hedge_min_inflight >= 1")
 
     def for_workers(self, workers: int) -> FetchConfig:
         """This config with ``max_inflight`` set (its default for ``workers`` if None)."""

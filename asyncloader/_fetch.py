@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from functools import partial
 
 from ._cache import ObjectCache
 from ._config import FetchConfig
@@ -22,7 +23,15 @@ __all__ = ["Fetcher", "list_objects", "saved_listing"]
 
 
 class Fetcher:
-    """Fetches whole objects with bounded concurrency, retries, ranges and checks."""
+    """Fetches whole objects with bounded concurrency, retries, hedges, ranges and checks.
+
+    Hedging: a request not answered within a deadline learned from this run — ``hedge_factor``
+    × the ``hedge_quantile`` of recent request latencies, at least ``hedge_floor`` — gets a
+    second, identical request (same range, same ETag precondition); the first complete,
+    verified answer wins and the other request is cancelled.  Hedges have a bound of their
+    own (a share of the requests sent, and a count in flight) outside ``max_inflight``, so a
+    slow store is never hit with twice the load.  Ranged parts are hedged one by one.
+    """
 
     def __init__(self, store: ObjectStore, counters: Counters, config: FetchConfig) -> None:
         self.store = store
@@ -30,6 +39,8 @@ class Fetcher:
         self._c = counters
         self._sem = asyncio.Semaphore(self.config.inflight)
         self._rng = random.Random()
+        self._hedges_inflight = 0
+        self._max_hedges_inflight = max(self.config.hedge_min_inflight, self.config.inflight // 16)
 
     async def fetch(self, obj: ObjectInfo) -> Blob:
         """Return the object's bytes, verified against its listed size and ETag.
@@ -74,22 +85,12 @@ class Fetcher:
         c = self._c
 
         async def attempt() -> Blob:
-            # One try holds an in-flight slot; the backoff between tries does not.
+            # One try holds an in-flight slot (its hedge does not); the backoff between
+            # tries holds none.
             async with self._sem:
-                c.requests += 1
-                c.inflight += 1
-                c.inflight_peak = max(c.inflight_peak, c.inflight)
-                try:
-                    data = await self.store.get(key, start=start, end=end, etag=etag)
-                finally:
-                    c.inflight -= 1
-            c.bytes_fetched += len(data)
-            if size is not None and len(data) != size:
-                raise LengthMismatch(
-                    f"{shown_key(key)}: received {len(data)} bytes, listed size is {size}",
-                    key=key,
-                )
-            return data
+                if not self.config.hedge:
+                    return await self._one(key, start, end, etag, size)
+                return await self._hedged(key, start, end, etag, size)
 
         def count(err: StoreError) -> None:
             reason = "transient"
@@ -100,6 +101,116 @@ class Fetcher:
             c.retries[reason] += 1
 
         return await retrying(attempt, self.config, on_retry=count, rng=self._rng)
+
+    async def _one(
+        self, key: str, start: int, end: int | None, etag: str, size: int | None
+    ) -> Blob:
+        """One request, counted, its answer's length checked and its latency learned."""
+        c = self._c
+        loop = asyncio.get_running_loop()
+        c.requests += 1
+        c.inflight += 1
+        c.inflight_peak = max(c.inflight_peak, c.inflight)
+        t0 = loop.time()
+        try:
+            data = await self.store.get(key, start=start, end=end, etag=etag)
+        finally:
+            c.inflight -= 1
+        c.bytes_fetched += len(data)
+        if size is not None and len(data) != size:
+            raise LengthMismatch(
+                f"{shown_key(key)}: received {len(data)} bytes, listed size is {size}",
+                key=key,
+            )
+        c.latency.add(loop.time() - t0)
+        return data
+
+    def _hedge_deadline(self) -> float | None:
+        """How long a request may take before it is hedged; None: no hedging now."""
+        cfg = self.config
+        if not cfg.hedge or self._c.latency.count < cfg.hedge_min_samples:
+            return None
+        return max(cfg.hedge_floor, cfg.hedge_factor * self._c.latency.quantile(cfg.hedge_quantile))
+
+    def _may_hedge(self) -> bool:
+        c, cfg = self._c, self.config
+        if self._hedges_inflight >= self._max_hedges_inflight:
+            return False
+        return c.hedges_sent < cfg.hedge_share * c.requests + cfg.hedge_min_inflight
+
+    async def _hedged(
+        self, key: str, start: int, end: int | None, etag: str, size: int | None
+    ) -> Blob:
+        """The request, and a second one if the first is not answered by the hedge
+        deadline: the first complete, verified answer wins, the other is cancelled.
+
+        The deadline is looked at again when it passes, not fixed when the request starts:
+        requests sent before enough latencies were known can still be hedged.
+        """
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        first = loop.create_task(self._one(key, start, end, etag, size))
+        tasks = [first]
+        timer: list[asyncio.TimerHandle] = []
+        try:
+            # Wake at the first answer or when the deadline has passed, whichever comes
+            # first (what asyncio.wait does with a timeout, at a fraction of its cost).
+            wake: asyncio.Future[None] = loop.create_future()
+            first.add_done_callback(partial(_settle, wake))
+
+            def check() -> None:
+                deadline = self._hedge_deadline()
+                if deadline is None:  # not enough latencies known yet: look again later
+                    timer[0] = loop.call_later(self.config.hedge_floor, check)
+                    return
+                left = t0 + deadline - loop.time()
+                if left > 0:
+                    timer[0] = loop.call_later(left, check)
+                else:
+                    _settle(wake, None)
+
+            timer.append(loop.call_later(self._hedge_deadline() or self.config.hedge_floor, check))
+            await wake
+            if first.done() or not self._may_hedge():
+                return await first
+            c = self._c
+            c.hedges_sent += 1
+            self._hedges_inflight += 1
+            second = loop.create_task(self._one(key, start, end, etag, size))
+            second.add_done_callback(self._hedge_done)
+            tasks.append(second)
+            pending: set[asyncio.Future[Blob]] = {first, second}
+            while True:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is None:
+                        if task is second:
+                            c.hedges_won += 1
+                        return task.result()
+                if not pending:
+                    # Both failed: the first request's error decides (retried or not).
+                    return first.result()
+        finally:
+            if timer:
+                timer[0].cancel()
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+                    task.add_done_callback(_consume)
+
+    def _hedge_done(self, _task: asyncio.Future[Blob]) -> None:
+        self._hedges_inflight -= 1
+
+
+def _settle(wake: asyncio.Future[None], _: object) -> None:
+    if not wake.done():
+        wake.set_result(None)
+
+
+def _consume(task: asyncio.Future[Blob]) -> None:
+    """Retrieve a cancelled loser's outcome, so an error it raised anyway is not logged."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def saved_listing(

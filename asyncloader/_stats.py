@@ -14,9 +14,43 @@ from typing import Literal
 
 from ._types import CacheEvent, Outcome
 
-__all__ = ["Counters", "Stats"]
+__all__ = ["Counters", "LatencyWindow", "Stats"]
 
 Bound = Literal["fetch", "decode", "consumer", "unknown"]
+
+
+class LatencyWindow:
+    """The last ``size`` request latencies, and their quantiles (sorted at most once per
+    ``every`` new samples: a quantile costs nothing per request)."""
+
+    __slots__ = ("_every", "_fresh", "_next", "_samples", "_size", "_sorted", "count")
+
+    def __init__(self, size: int = 1024, every: int = 32) -> None:
+        self._size = size
+        self._every = every
+        self._samples: list[float] = []
+        self._next = 0
+        self._sorted: list[float] = []
+        self._fresh = 0  # samples added since the last sort
+        self.count = 0  # samples ever added
+
+    def add(self, seconds: float) -> None:
+        if len(self._samples) < self._size:
+            self._samples.append(seconds)
+        else:
+            self._samples[self._next] = seconds
+            self._next = (self._next + 1) % self._size
+        self._fresh += 1
+        self.count += 1
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of the window (0 when empty) [seconds]."""
+        if self._fresh >= self._every or (self._fresh and len(self._sorted) < self._every):
+            self._sorted = sorted(self._samples)
+            self._fresh = 0
+        if not self._sorted:
+            return 0.0
+        return self._sorted[min(int(q * len(self._sorted)), len(self._sorted) - 1)]
 
 
 @dataclass(slots=True)
@@ -31,6 +65,9 @@ class Counters:
     fetch_seconds: float = 0.0  # summed wall time of object fetches [seconds]
     inflight: int = 0
     inflight_peak: int = 0
+    hedges_sent: int = 0  # second requests for answers later than the learned deadline
+    hedges_won: int = 0  # hedges whose answer came first
+    latency: LatencyWindow = field(default_factory=LatencyWindow)  # of answered requests
     decoded: int = 0
     decode_seconds: float = 0.0  # summed busy time of decode workers [seconds]
     decode_queue: int = 0  # jobs handed to the pool and not yet finished
@@ -104,6 +141,11 @@ class Counters:
             inflight=self.inflight,
             inflight_peak=self.inflight_peak,
             max_inflight=max_inflight,
+            hedges_sent=self.hedges_sent,
+            hedges_won=self.hedges_won,
+            request_p50=self.latency.quantile(0.50),
+            request_p90=self.latency.quantile(0.90),
+            request_p99=self.latency.quantile(0.99),
             decoded=self.decoded,
             decode_utilization=decode_util,
             decode_queue=self.decode_queue,
@@ -141,6 +183,10 @@ class Stats:
         objects_fetched: Objects fully fetched and verified.
         mean_fetch_seconds: Mean wall time of one object fetch, retries included [seconds].
         inflight: Requests in flight right now; ``inflight_peak`` the most seen at once.
+        hedges_sent, hedges_won: Second requests sent for answers later than the deadline
+            learned from this run's latencies, and those whose answer came first.
+        request_p50, request_p90, request_p99: Latency quantiles of recent requests, from
+            sending to the whole verified answer [seconds].
         decoded: Samples decoded into batch slots.
         decode_utilization: Busy fraction of the decode workers since start (0..1).
         decode_queue: Decode jobs handed to the pool and not finished.
@@ -173,6 +219,11 @@ class Stats:
     inflight: int
     inflight_peak: int
     max_inflight: int
+    hedges_sent: int
+    hedges_won: int
+    request_p50: float
+    request_p90: float
+    request_p99: float
     decoded: int
     decode_utilization: float
     decode_queue: int
@@ -215,7 +266,10 @@ class Stats:
             f"{self.cache_damaged} damaged, {self.cache_store_failed} store failures"
             if self.cache_hits or self.cache_misses
             else "cache: off",
-            f"requests {self.requests}, retries {sum(self.retries.values())} "
+            f"requests {self.requests} (p50/p90/p99 {self.request_p50 * 1e3:.0f}/"
+            f"{self.request_p90 * 1e3:.0f}/{self.request_p99 * 1e3:.0f} ms; hedges "
+            f"{self.hedges_sent} sent, {self.hedges_won} won), "
+            f"retries {sum(self.retries.values())} "
             f"{dict(self.retries) or ''}, skipped {sum(self.skipped.values())} "
             f"{dict(self.skipped) or ''}, worker restarts {self.worker_restarts}",
         ]

@@ -122,7 +122,8 @@ def test_transient_faults_are_retried_and_nothing_is_lost(bucket: MemoryBucket) 
     with _loader(MemoryStore(bucket), seed=1) as loader:
         clean = _epoch(loader)
     store = FaultyStore(MemoryStore(bucket), rates={"throttle": 0.2, "error": 0.2}, seed=4)
-    fetch = al.FetchConfig(backoff_base=0.001, max_attempts=10)
+    # No hedges: each injected fault is then exactly one retry.
+    fetch = al.FetchConfig(backoff_base=0.001, max_attempts=10, hedge=False)
     with _loader(store, seed=1, fetch=fetch) as loader:
         faulty = _epoch(loader)
     stats = loader.stats()  # closed: no request of the next epoch is still in flight
@@ -142,7 +143,7 @@ def test_an_answer_cut_short_is_asked_for_again(bucket: MemoryBucket) -> None:
     store = FaultyStore(MemoryStore(bucket))
     victim, stubborn = bucket.sorted_keys()[3], bucket.sorted_keys()[7]
     store.fail_next(1, victim, kind="truncate")
-    fetch = al.FetchConfig(max_attempts=3, backoff_base=0.001)
+    fetch = al.FetchConfig(max_attempts=3, backoff_base=0.001, hedge=False)
     with _loader(store, shuffle=False, fetch=fetch) as loader:
         labels, _ = _epoch(loader)
     assert len(labels) == N_IMAGES
@@ -157,7 +158,8 @@ def test_an_answer_cut_short_is_asked_for_again(bucket: MemoryBucket) -> None:
 def test_a_stalled_request_is_reported_by_the_timeout(bucket: MemoryBucket) -> None:
     store = FaultyStore(MemoryStore(bucket), stall_seconds=30)
     store.fail_next(1, bucket.sorted_keys()[0], kind="stall")
-    with _loader(store, shuffle=False, timeout=1.0) as loader:
+    no_hedges = al.FetchConfig(hedge=False)  # a hedge would answer in its place
+    with _loader(store, shuffle=False, timeout=1.0, fetch=no_hedges) as loader:
         t0 = time.monotonic()
         with pytest.raises(al.AsyncLoaderError, match=r"no batch from mem://memory/ within 1\.0 s"):
             next(iter(loader))

@@ -74,6 +74,21 @@ class _State:
     counters: Counter[str] = field(default_factory=Counter)
     gets_by_key: Counter[str] = field(default_factory=Counter)
     sorted_keys: dict[str, list[str]] = field(default_factory=dict)  # bucket → keys, in order
+    rate_limit: float = 0.0  # object requests per second before 503 SlowDown (0: none)
+    burst: float = 0.0  # the token bucket's size
+    _tokens: float = 0.0
+    _refilled: float = 0.0
+
+    def admit(self, now: float) -> bool:
+        """A token-bucket rate limit on object requests, as a store throttles a prefix."""
+        if self.rate_limit <= 0:
+            return True
+        self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.rate_limit)
+        self._refilled = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
 
     def put(self, bucket: str, key: str, data: bytes) -> str:
         etag = hashlib.md5(data, usedforsecurity=False).hexdigest()
@@ -257,6 +272,10 @@ class _Protocol(asyncio.Protocol):
         st.counters["get" if method == "GET" else "head"] += 1
         if method == "GET":
             st.gets_by_key[key] += 1
+        if not st.admit(asyncio.get_running_loop().time()):
+            st.counters["rate_limited"] += 1
+            self._respond(503, _error_xml("SlowDown", "rate limit"), head=method == "HEAD")
+            return
         fault = st.pick_fault(key)
         if fault in ("slowdown", "throttle", "error"):
             status, code = {
@@ -357,6 +376,9 @@ class _Protocol(asyncio.Protocol):
             st.max_faults_per_key = int(cfg.get("max_faults_per_key", 3))
             st.stall_seconds = float(cfg.get("stall_seconds", st.stall_seconds))
             st.latency = float(cfg.get("latency", st.latency))
+            st.rate_limit = float(cfg.get("rate_limit", st.rate_limit))
+            st.burst = float(cfg.get("burst", max(st.rate_limit / 10, 1.0)))
+            st._tokens, st._refilled = st.burst, asyncio.get_running_loop().time()
             st.rng = random.Random(int(cfg.get("seed", 0)))
             st.faults_by_key.clear()
             self._respond(200, b"{}")

@@ -194,8 +194,13 @@ class S3TestServer(_Subprocess):
         seed: int = 0,
         stall_seconds: float = 30.0,
         latency: float | None = None,
+        rate_limit: float | None = None,
+        burst: float | None = None,
     ) -> None:
-        """Inject faults: ``rates`` maps a kind of FAULT_KINDS to its probability per GET."""
+        """Inject faults: ``rates`` maps a kind of FAULT_KINDS to its probability per GET;
+        ``latency`` (time to first byte [seconds]) and ``rate_limit`` (object requests per
+        second above which the server answers 503 SlowDown, a token bucket of ``burst``;
+        0: none) change only when given."""
         cfg: dict[str, Any] = {
             "rates": rates or {},
             "max_faults_per_key": max_faults_per_key,
@@ -204,6 +209,10 @@ class S3TestServer(_Subprocess):
         }
         if latency is not None:
             cfg["latency"] = latency
+        if rate_limit is not None:
+            cfg["rate_limit"] = rate_limit
+        if burst is not None:
+            cfg["burst"] = burst
         _http("POST", f"{self.endpoint}/_control/faults", json.dumps(cfg).encode())
 
     def stats(self) -> dict[str, Any]:

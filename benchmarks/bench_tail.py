@@ -1,0 +1,178 @@
+"""asyncloader against a store that behaves like a real cloud store, each case against a
+no-fault baseline measured in the same run.
+
+Our light S3 server at 20 ms time to first byte, with:
+
+* ``tail-1pct-2s`` — 1 % of requests wait 2 s more;
+* ``tail-0.1pct-10s`` — 0.1 % of requests wait 10 s more;
+* ``step-20-100ms`` — the latency steps from 20 to 100 ms mid-epoch (rate before the step,
+  and over the part of the epoch starting 2 s after it);
+* ``rate-limit`` — a token bucket answers 503 SlowDown above ``--rate-limit`` requests/s.
+
+Printed per case: images/s and its ratio to the baseline, hedges as a share of requests,
+request p50/p99, 503s received (throttled retries) as a share of requests, CPU per image
+and peak RSS.  Each case runs in its own process (one warm-up epoch, then one measured);
+rounds interleave the cases; medians over rounds.  Run: ``python benchmarks/bench_tail.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_loader as bl
+
+BASE_LATENCY = 0.02
+CASES = {
+    "baseline": {},
+    "tail-1pct-2s": {"rates": {"stall": 0.01}, "stall_seconds": 2.0},
+    "tail-0.1pct-10s": {"rates": {"stall": 0.001}, "stall_seconds": 10.0},
+    "step-20-100ms": {},  # the step happens mid-epoch, from the case itself
+    "rate-limit": {},  # set from --rate-limit
+}
+
+
+def _set_faults(endpoint: str, **cfg: object) -> None:
+    cfg.setdefault("rates", {})
+    cfg.setdefault("max_faults_per_key", 1000)
+    cfg.setdefault("latency", BASE_LATENCY)
+    cfg.setdefault("rate_limit", 0)
+    req = urllib.request.Request(
+        f"{endpoint}/_control/faults", data=json.dumps(cfg).encode(), method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        resp.read()
+
+
+def case(endpoint: str, name: str, batch: int, workers: int) -> dict[str, float]:
+    import torch  # noqa: F401  (a training script has it: not part of the measured epoch)
+
+    import asyncloader as al
+
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=batch,
+        decode_workers=workers,
+        decode_backend="thread",
+        transform=al.RandomResizedCrop(224),
+        store_options={"endpoint_url": endpoint},
+    ) as loader:
+        for _ in loader:  # warm-up epoch: connections, learned latencies
+            pass
+        before = loader.stats()
+        half = len(loader) // 2
+        times: list[tuple[float, int]] = []
+        step_at = None
+        t0, c0 = time.perf_counter(), bl._cpu()
+        n = 0
+        for i, (images, _) in enumerate(loader):
+            n += len(images)
+            times.append((time.perf_counter(), n))
+            if name == "step-20-100ms" and i == half:
+                _set_faults(endpoint, latency=0.1)
+                step_at = time.perf_counter()
+        wall = time.perf_counter() - t0
+        cpu = bl._cpu() - c0
+        after = loader.stats()
+    out = {
+        "images": n,
+        "wall": wall,
+        "cpu": cpu,
+        "requests": after.requests - before.requests,
+        "hedges": after.hedges_sent - before.hedges_sent,
+        "throttled": after.retries.get("throttled", 0) - before.retries.get("throttled", 0),
+        "p50": after.request_p50,
+        "p99": after.request_p99,
+    }
+    if step_at is not None:
+        pre = [(t, k) for t, k in times if t <= step_at]
+        post = [(t, k) for t, k in times if t >= step_at + 2.0]
+        out["rate_before"] = (pre[-1][1] - pre[0][1]) / max(pre[-1][0] - pre[0][0], 1e-9)
+        if len(post) > 1:
+            out["rate_after"] = (post[-1][1] - post[0][1]) / max(post[-1][0] - post[0][0], 1e-9)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=3000)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--rate-limit", type=float, default=300.0, help="requests/s (case d)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated")
+    p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs-tail"))
+    p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.case:
+        endpoint, name = args.case
+        res = case(endpoint, name, args.batch_size, args.workers)
+        res["rss_mb"] = bl._peak_rss_mb()
+        print(json.dumps(res))
+        return
+
+    from asyncloader._demo import make_jpeg_folder
+    from asyncloader.testing import TEST_ENV, S3TestServer
+
+    os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
+    folder = Path(args.data_dir)
+    make_jpeg_folder(folder, images=args.images, classes=10, seed=0)
+    names = [n for n in args.cases.split(",") if n]
+    common = ["--workers", str(args.workers), "--batch-size", str(args.batch_size)]
+    rows: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    with S3TestServer(latency=BASE_LATENCY, load=folder, bucket="b", prefix="train/") as srv:
+        for r in range(args.repeat):
+            order = names if r % 2 == 0 else names[::-1]
+            for name in order:
+                cfg = dict(CASES[name])
+                if name == "rate-limit":
+                    cfg["rate_limit"] = args.rate_limit
+                _set_faults(srv.endpoint, seed=r, **cfg)
+                rows[name].append(bl.run_case([srv.endpoint, name, *common], script=__file__))
+                _set_faults(srv.endpoint)
+                print(f"round {r + 1} {name}: {json.dumps(rows[name][-1])}", flush=True)
+    med = statistics.median
+    base = [x["images"] / x["wall"] for x in rows.get("baseline", [])]
+    print(
+        f"\n{args.images} JPEGs, {args.workers} workers, batch {args.batch_size}, "
+        f"{os.cpu_count()} cores, {args.repeat} round(s), {BASE_LATENCY * 1e3:.0f} ms; medians, "
+        "ratios to each round's baseline\n"
+    )
+    print(
+        f"{'case':18s} {'img/s':>7s} {'x base':>7s} {'hedges':>7s} {'p50 ms':>7s} "
+        f"{'p99 ms':>7s} {'503s':>6s} {'CPU ms/img':>10s} {'RSS MB':>7s}  other"
+    )
+    for name in names:
+        rs = rows[name]
+        ips = [x["images"] / x["wall"] for x in rs]
+        ratio = [a / b for a, b in zip(ips, base, strict=False)] if base else []
+        other = ""
+        if name == "step-20-100ms":
+            before = [x["rate_before"] for x in rs]
+            after = [x.get("rate_after", 0.0) for x in rs]
+            other = (
+                f"rate 2 s after the step / before: "
+                f"{med([a / b for a, b in zip(after, before, strict=True)]):.2f}"
+            )
+        if name == "rate-limit":
+            other = f"goodput / limit: {med(ips) / args.rate_limit:.2f}"
+        print(
+            f"{name:18s} {med(ips):7.0f} {med(ratio) if ratio else float('nan'):7.2f} "
+            f"{med([x['hedges'] / max(x['requests'], 1) for x in rs]):7.1%} "
+            f"{med([x['p50'] for x in rs]) * 1e3:7.0f} {med([x['p99'] for x in rs]) * 1e3:7.0f} "
+            f"{med([x['throttled'] / max(x['requests'], 1) for x in rs]):6.1%} "
+            f"{med([x['cpu'] / x['images'] for x in rs]) * 1e3:10.2f} "
+            f"{max(x['rss_mb'] for x in rs):7.0f}  {other}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Hedged requests: a request not answered within a deadline learned from this run gets a
+second, identical one; the first complete, verified answer wins.  Hedges are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import asyncloader as al
+from asyncloader._fetch import Fetcher
+from asyncloader._stats import Counters
+from asyncloader.testing import FaultyStore, MemoryBucket, MemoryStore, S3TestServer
+
+from .conftest import N_IMAGES
+
+
+@pytest.fixture(scope="module")
+def bucket(jpeg_folder: Path) -> MemoryBucket:
+    return MemoryBucket(
+        {p.relative_to(jpeg_folder).as_posix(): p.read_bytes() for p in jpeg_folder.rglob("*.jpg")}
+    )
+
+
+def _pixels(loader: al.ImageLoader) -> np.ndarray:
+    return np.concatenate([images.numpy().copy() for images, _ in loader])
+
+
+def _loader(store: al.ObjectStore, **kw: object) -> al.ImageLoader:
+    kw.setdefault("transform", al.RandomResizedCrop(32))
+    return al.ImageLoader(
+        store=store, batch_size=16, decode_workers=2, decode_backend="thread", **kw
+    )  # type: ignore[arg-type]
+
+
+def test_a_stalled_request_is_hedged_and_the_epoch_is_exact(bucket: MemoryBucket) -> None:
+    with _loader(MemoryStore(bucket), shuffle=False) as loader:
+        clean = _pixels(loader)
+    store = FaultyStore(MemoryStore(bucket), stall_seconds=60)
+    # The first request of two objects, one early (before any latency is known) and one
+    # late, never answers in time.
+    keys = bucket.sorted_keys()
+    store.fail_next(1, keys[2], kind="stall")
+    store.fail_next(1, keys[80], kind="stall")
+    fetch = al.FetchConfig(hedge_min_samples=16)
+    t0 = time.monotonic()
+    with _loader(store, shuffle=False, fetch=fetch) as loader:
+        hedged = _pixels(loader)
+    stats = loader.stats()
+    assert np.array_equal(hedged, clean)  # every sample once, byte-exact, in order
+    assert store.faults["stall"] == 2
+    assert stats.hedges_won >= 2 and stats.hedges_sent >= stats.hedges_won
+    assert stats.skipped == {} and stats.retries == {}
+    assert time.monotonic() - t0 < 30  # far less than one stall (60 s)
+
+
+def test_hedges_are_bounded_by_their_share(bucket: MemoryBucket) -> None:
+    # After a few quick answers, every first request stalls: hedging them all would double
+    # the load; their share stops them.
+    store = FaultyStore(MemoryStore(bucket), latency=0.002, stall_seconds=0.3)
+    for key in bucket.sorted_keys()[16:]:
+        store.fail_next(1, key, kind="stall")
+    fetch = al.FetchConfig(
+        hedge_min_samples=8, hedge_share=0.1, hedge_min_inflight=2, max_inflight=8
+    )
+    with _loader(store, fetch=fetch, shuffle=False) as loader:
+        assert sum(len(lab) for _, lab in loader) == N_IMAGES
+    stats = loader.stats()
+    assert 0 < stats.hedges_sent <= 0.1 * stats.requests + 2
+    assert stats.request_p50 > 0 and stats.request_p99 >= stats.request_p90 >= stats.request_p50
+
+
+def test_each_range_of_a_large_object_is_hedged_on_its_own() -> None:
+    blob = hashlib.sha256(b"seed").digest() * 40_000  # 1.28 MB: 5 ranges of 256 KiB
+    bucket = MemoryBucket({"big.bin": blob, **{f"small/{i}.bin": b"x" * 100 for i in range(40)}})
+    store = FaultyStore(MemoryStore(bucket), stall_seconds=60)
+    cfg = al.FetchConfig(
+        range_threshold=256 << 10, part_size=256 << 10, hedge_min_samples=20, max_inflight=8
+    )
+
+    async def main() -> tuple[bytes, Counters]:
+        counters = Counters()
+        fetcher = Fetcher(store, counters, cfg)
+        for i in range(40):  # latencies to learn the deadline from
+            await fetcher.fetch(al.ObjectInfo(f"small/{i}.bin", 100))
+        store.fail_next(1, "big.bin", kind="stall")  # one of the five ranges stalls
+        data = await asyncio.wait_for(fetcher.fetch(al.ObjectInfo("big.bin", len(blob))), 20)
+        return bytes(data), counters
+
+    data, counters = asyncio.run(main())
+    assert data == blob
+    assert counters.hedges_sent == counters.hedges_won == 1
+
+
+def test_a_tail_on_a_real_server_is_hedged(light_server: S3TestServer) -> None:
+    light_server.set_faults({"stall": 0.05}, max_faults_per_key=1, stall_seconds=30, seed=2)
+    t0 = time.monotonic()
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=16,
+        decode_workers=2,
+        decode_backend="thread",
+        transform=al.RandomResizedCrop(32),
+        store_options={"endpoint_url": light_server.endpoint},
+        fetch=al.FetchConfig(hedge_min_samples=16, hedge_share=0.2),
+    ) as loader:
+        assert sum(len(lab) for _, lab in loader) == N_IMAGES
+    stats = loader.stats()
+    assert light_server.stats()["counters"]["fault_stall"] > 0
+    assert stats.hedges_won > 0 and stats.hedges_sent <= 0.2 * stats.requests + 4
+    assert time.monotonic() - t0 < 25  # no sample of the epoch waited for its 30 s stall
