@@ -5,8 +5,8 @@ Our light S3 server at 20 ms time to first byte, with:
 
 * ``tail-1pct-2s`` — 1 % of requests wait 2 s more;
 * ``tail-0.1pct-10s`` — 0.1 % of requests wait 10 s more;
-* ``step-20-100ms`` — the latency steps from 20 to 100 ms mid-epoch (rate before the step,
-  and over the part of the epoch starting 2 s after it);
+* ``step-20-100ms`` — the latency steps from 20 to 100 ms a third into the epoch (the rate
+  before the step, and over the rest of the epoch from 2 s after it);
 * ``rate-limit`` — a token bucket answers 503 SlowDown above ``--rate-limit`` requests/s.
 
 Printed per case: images/s and its ratio to the baseline, hedges as a share of requests,
@@ -68,7 +68,7 @@ def case(endpoint: str, name: str, batch: int, workers: int) -> dict[str, float]
         for _ in loader:  # warm-up epoch: connections, learned latencies
             pass
         before = loader.stats()
-        half = len(loader) // 2
+        step_batch = len(loader) // 3  # the step early enough to see the recovery
         times: list[tuple[float, int]] = []
         step_at = None
         t0, c0 = time.perf_counter(), bl._cpu()
@@ -76,7 +76,7 @@ def case(endpoint: str, name: str, batch: int, workers: int) -> dict[str, float]
         for i, (images, _) in enumerate(loader):
             n += len(images)
             times.append((time.perf_counter(), n))
-            if name == "step-20-100ms" and i == half:
+            if name == "step-20-100ms" and i == step_batch:
                 _set_faults(endpoint, latency=0.1)
                 step_at = time.perf_counter()
         wall = time.perf_counter() - t0
