@@ -6,6 +6,8 @@ from ._config import IMAGENET_MEAN as IMAGENET_MEAN
 from ._config import IMAGENET_STD as IMAGENET_STD
 from ._config import FetchConfig as FetchConfig
 from ._config import RunConfig as RunConfig
+from ._describe import Inventory as Inventory
+from ._describe import describe as describe
 from ._env import shard_from_env as shard_from_env
 from ._errors import AccessDenied as AccessDenied
 from ._errors import AsyncLoaderError as AsyncLoaderError
@@ -55,6 +57,7 @@ __all__ = [
     "HttpStore",
     "ImageLoader",
     "IntegrityError",
+    "Inventory",
     "LengthMismatch",
     "LocalStore",
     "ObjectInfo",
@@ -74,6 +77,7 @@ __all__ = [
     "TransientStoreError",
     "WarmReport",
     "__version__",
+    "describe",
     "open_store",
     "shard_from_env",
     "warm",

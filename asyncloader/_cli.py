@@ -154,6 +154,31 @@ def _warm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ls(args: argparse.Namespace) -> int:
+    import json
+
+    import asyncloader as al
+
+    options: dict[str, object] = {}
+    if args.endpoint_url:
+        options["endpoint_url"] = args.endpoint_url
+    extra: dict[str, object] = {"extensions": None} if args.all_objects else {}
+    inv = al.describe(
+        args.url,
+        cache_dir=args.cache_dir,
+        refresh_listing=args.refresh_listing,
+        store_options=options,
+        **extra,  # type: ignore[arg-type]
+    )
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps(asdict(inv)))
+    else:
+        print(inv.summary())
+    return 0
+
+
 def _cache_cmd(args: argparse.Namespace) -> int:
     from asyncloader import ObjectCache
 
@@ -228,6 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     warm.add_argument("--refresh-listing", action="store_true", help="list the store again")
     warm.add_argument("--all-objects", action="store_true", help="not only image files")
+    ls = sub.add_parser("ls", help="objects, bytes, classes, sizes and extensions under a URL")
+    ls.add_argument("url", help="s3://bucket/prefix/, az://container/prefix/, a path, ...")
+    ls.add_argument(
+        "--cache-dir", default=None, help="read (and save) the listing saved in this cache"
+    )
+    ls.add_argument("--endpoint-url", default=None, help="an S3-compatible or Azure endpoint")
+    ls.add_argument("--refresh-listing", action="store_true", help="list the store again")
+    ls.add_argument("--all-objects", action="store_true", help="count every object as a sample")
+    ls.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     cache = sub.add_parser("cache", help="inspect, check or empty a cache folder")
     cache.add_argument("action", choices=("stats", "verify", "clear"))
     cache.add_argument("dir", help="the cache folder")
@@ -239,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             return _warm(args)
         if args.command == "cache":
             return _cache_cmd(args)
+        if args.command == "ls":
+            return _ls(args)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

@@ -1,0 +1,137 @@
+"""``describe``: what is under a URL — objects, bytes, classes, sizes, extensions — from the
+listing the cache saved when there is one (``asyncloader ls``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ._cache import ObjectCache
+from ._fetch import list_objects, saved_listing
+from ._labels import IMAGE_EXTENSIONS, KeyFilter
+from ._types import ObjectInfo, ObjectStore
+
+__all__ = ["Inventory", "describe", "inventory"]
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """What a URL holds.
+
+    Attributes:
+        url: The store's canonical URL.
+        objects, bytes: Every object listed, and their total size [bytes].
+        samples, sample_bytes: The objects the loader would read (image extensions, unless
+            every object was asked for), and their size [bytes].
+        classes: ImageFolder classes (the samples' parent folders) → sample count, sorted.
+        size_percentiles: p50, p90, p99 and max of the samples' sizes [bytes].
+        extensions: Extension (lower case, ``""`` for none) → objects, most common first.
+        from_saved_listing: The listing came from the cache, not from the store.
+    """
+
+    url: str
+    objects: int
+    bytes: int
+    samples: int
+    sample_bytes: int
+    classes: dict[str, int] = field(default_factory=dict)
+    size_percentiles: dict[str, int] = field(default_factory=dict)
+    extensions: dict[str, int] = field(default_factory=dict)
+    from_saved_listing: bool = False
+
+    def summary(self) -> str:
+        """A few human lines."""
+        p = self.size_percentiles
+        lines = [
+            f"{self.url}: {self.objects} objects, {self.bytes / 1e9:.3f} GB"
+            + (" (saved listing)" if self.from_saved_listing else ""),
+            f"samples: {self.samples} ({self.sample_bytes / 1e9:.3f} GB); sizes p50 "
+            f"{p.get('p50', 0) / 1e3:.0f} KB, p90 {p.get('p90', 0) / 1e3:.0f} KB, p99 "
+            f"{p.get('p99', 0) / 1e3:.0f} KB, max {p.get('max', 0) / 1e3:.0f} KB",
+            "extensions: "
+            + (", ".join(f"{e or '(none)'} {n}" for e, n in self.extensions.items()) or "none"),
+            f"classes: {len(self.classes)}",
+        ]
+        lines += [f"  {name or '(top level)'}: {n}" for name, n in self.classes.items()]
+        return "\n".join(lines)
+
+
+def inventory(
+    url: str,
+    objects: Sequence[ObjectInfo],
+    extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
+    *,
+    from_saved_listing: bool = False,
+) -> Inventory:
+    """The :class:`Inventory` of a listing (pure)."""
+    wanted = KeyFilter(extensions)
+    samples = [o for o in objects if wanted(o.key)]
+    sizes = sorted(max(o.size, 0) for o in samples)
+
+    def pct(q: float) -> int:
+        return sizes[min(int(q * len(sizes)), len(sizes) - 1)] if sizes else 0
+
+    exts: Counter[str] = Counter()
+    for o in objects:
+        name = posixpath.basename(o.key.split("?", 1)[0] if "://" in o.key else o.key)
+        exts[os.path.splitext(name)[1].lower()] += 1
+    classes = Counter(posixpath.dirname(o.key) for o in samples)
+    return Inventory(
+        url=url,
+        objects=len(objects),
+        bytes=sum(max(o.size, 0) for o in objects),
+        samples=len(samples),
+        sample_bytes=sum(sizes),
+        classes=dict(sorted(classes.items())),
+        size_percentiles={"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "max": pct(1.0)},
+        extensions=dict(exts.most_common()),
+        from_saved_listing=from_saved_listing,
+    )
+
+
+async def describe_store(
+    store: ObjectStore,
+    cache: ObjectCache | None = None,
+    *,
+    extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
+    listing_max_age: float = 3600.0,
+) -> Inventory:
+    """The inventory of ``store``: from the cache's saved listing if young enough, else
+    listed (and saved when there is a cache)."""
+    saved = await saved_listing(store, cache, listing_max_age)
+    objects = saved if saved is not None else await list_objects(store, cache, 0)
+    return inventory(store.url, objects, extensions, from_saved_listing=saved is not None)
+
+
+def describe(
+    url: str,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
+    refresh_listing: bool = False,
+    store_options: dict[str, object] | None = None,
+) -> Inventory:
+    """What is under ``url``: objects, bytes, classes and their counts, sample sizes, the
+    extensions found — from the listing saved in ``cache_dir`` when there is a young one.
+    Blocking; runs its own event loop.
+
+    Raises:
+        StoreError: the store could not be listed.
+    """
+    from ._stores import open_store
+
+    async def main() -> Inventory:
+        store = open_store(url, **(store_options or {}))
+        try:
+            cache = ObjectCache(cache_dir) if cache_dir is not None else None
+            return await describe_store(
+                store, cache, extensions=extensions, listing_max_age=0 if refresh_listing else 3600
+            )
+        finally:
+            await store.close()
+
+    return asyncio.run(main())

@@ -1,0 +1,63 @@
+"""``asyncloader ls`` / ``describe``: what is under a URL, from the saved listing when there
+is one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncloader as al
+from asyncloader._describe import inventory
+from asyncloader.testing import S3TestServer
+
+from .conftest import N_CLASSES, N_IMAGES
+
+
+def test_describe_a_folder(jpeg_folder: Path) -> None:
+    inv = al.describe(str(jpeg_folder))
+    sizes = sorted(p.stat().st_size for p in jpeg_folder.rglob("*.jpg"))
+    assert inv.samples == N_IMAGES and inv.sample_bytes == sum(sizes)
+    assert inv.classes == {f"class_{i:02d}": N_IMAGES // N_CLASSES for i in range(N_CLASSES)}
+    assert inv.extensions[".jpg"] == N_IMAGES
+    p = inv.size_percentiles
+    assert sizes[0] <= p["p50"] <= p["p90"] <= p["p99"] <= p["max"] == sizes[-1]
+    assert not inv.from_saved_listing
+    assert f"samples: {N_IMAGES}" in inv.summary()
+
+
+def test_presigned_keys_are_counted_by_their_path() -> None:
+    objects = [
+        al.ObjectInfo("https://h/b/a/1.jpg?X-Amz-Signature=abc", 10),
+        al.ObjectInfo("https://h/b/a/2.JPG?X-Amz-Signature=def", 30),
+        al.ObjectInfo("https://h/b/notes.txt?X-Amz-Signature=ghi", 5),
+    ]
+    inv = inventory("https://h/b/", objects)
+    assert inv.samples == 2 and inv.sample_bytes == 40 and inv.bytes == 45
+    assert inv.extensions == {".jpg": 2, ".txt": 1}
+
+
+def test_ls_reads_the_saved_listing(light_server: S3TestServer, tmp_path: Path) -> None:
+    def ls(*extra: str) -> dict[str, object]:
+        out = subprocess.run(
+            [
+                *(sys.executable, "-m", "asyncloader", "ls", "s3://b/train/", "--json"),
+                *("--endpoint-url", light_server.endpoint, "--cache-dir", str(tmp_path)),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        result: dict[str, object] = json.loads(out.stdout)
+        return result
+
+    first = ls()
+    lists = light_server.stats()["counters"]["list"]
+    second = ls()
+    assert light_server.stats()["counters"]["list"] == lists  # no LIST request this time
+    assert second["from_saved_listing"] and not first["from_saved_listing"]
+    assert first["samples"] == second["samples"] == N_IMAGES
+    assert first["classes"] == second["classes"]
+    assert ls("--refresh-listing")["from_saved_listing"] is False
