@@ -40,20 +40,9 @@ def _cpu() -> float:
 
 
 def _live_children_cpu() -> float:
-    from asyncloader._cli import _proc_cpu_seconds
+    from asyncloader._cli import _children_cpu_seconds
 
-    me = os.getpid()
-    total = 0.0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == me:
-            total += _proc_cpu_seconds(int(d.name))
-    return total
+    return _children_cpu_seconds()
 
 
 def _peak_rss_mb() -> float:

@@ -40,8 +40,9 @@ def test_demo_runs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "96 samples in 6 batches" in out.stdout
     assert "images/s" in out.stdout
-    assert "ms of loader CPU per image" in out.stdout
+    assert "ms of loader CPU per image, all its processes" in out.stdout
     assert "bound by:" in out.stdout
+    assert "what limited this run: " in out.stdout
     # (Epochs stream back to back, so epoch 1 may be fetched before epoch 0 is stored.)
     assert re.search(r"cache: \d+ hits .* [1-9]\d* stored", out.stdout), out.stdout
     # A later run (a fresh emulator with the same objects) reads everything from the cache.
@@ -56,3 +57,21 @@ def test_demo_on_azurite(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "streaming az://devstoreaccount1/asyncloader-demo/train/ from Azurite" in out.stdout
     assert "96 samples in 6 batches" in out.stdout
+
+
+def test_the_demo_counts_the_cpu_of_its_child_processes() -> None:
+    # Decode processes are children: their CPU is the loader's too (the emulator's is not).
+    from asyncloader._cli import _children_cpu_seconds
+
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nprint('BURNT', flush=True)\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "BURNT"
+        # Other children (the session's emulators) only add between the two readings.
+        without = _children_cpu_seconds(exclude=child.pid)
+        assert _children_cpu_seconds() - without >= 0.28  # its 0.3 s, in 10 ms clock ticks
+    finally:
+        child.kill()
+        child.wait()
+        assert child.stdout is not None
+        child.stdout.close()
