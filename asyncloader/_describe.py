@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ._cache import ObjectCache
 from ._fetch import list_objects, saved_listing
-from ._labels import IMAGE_EXTENSIONS, KeyFilter
+from ._labels import IMAGE_EXTENSIONS, KeyFilter, key_path
 from ._types import ObjectInfo, ObjectStore
 
 __all__ = ["Inventory", "describe", "inventory"]
@@ -77,7 +77,7 @@ def inventory(
 
     exts: Counter[str] = Counter()
     for o in objects:
-        name = posixpath.basename(o.key.split("?", 1)[0] if "://" in o.key else o.key)
+        name = posixpath.basename(key_path(o.key))
         exts[os.path.splitext(name)[1].lower()] += 1
     classes = Counter(posixpath.dirname(o.key) for o in samples)
     return Inventory(

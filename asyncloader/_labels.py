@@ -25,6 +25,7 @@ __all__ = [
     "Dataset",
     "DatasetBuilder",
     "KeyFilter",
+    "key_path",
     "build_dataset",
     "parse_manifest",
 ]
@@ -60,6 +61,14 @@ def _label_index(values: Sequence[str]) -> tuple[list[int], tuple[str, ...]]:
         return [index[v] for v in values], classes
 
 
+def key_path(key: str) -> str:
+    """The object's name in ``key``: an absolute URL (a presigned one) without its query
+    string or fragment, which are no part of the name; any other key as it is."""
+    if "://" in key:
+        return key.split("?", 1)[0].split("#", 1)[0]
+    return key
+
+
 class KeyFilter:
     """Which keys count as samples: those ending with one of ``extensions`` (any case).
 
@@ -75,9 +84,7 @@ class KeyFilter:
     def __call__(self, key: str) -> bool:
         if self._exts is None:
             return True
-        if "://" in key:
-            key = key.split("?", 1)[0].split("#", 1)[0]
-        return key.lower().endswith(self._exts)
+        return key_path(key).lower().endswith(self._exts)
 
 
 def build_dataset(

@@ -39,6 +39,7 @@ from ._http import (
     make_session,
     normalize_etag,
     object_headers,
+    object_info,
     parse_xml,
     proxy_configured,
     request,
@@ -296,11 +297,9 @@ class AzureStore(FolderListing):
     async def stat(self, key: str) -> ObjectInfo:
         full = self.prefix + key
         headers, _ = await self._control(
-            "HEAD", self._blob_path(full), {}, what=self._what(full), key=key, parse=len
+            "HEAD", self._blob_path(full), {}, what=self._what(full), key=key, parse=bytes
         )
-        return ObjectInfo(
-            key, int(headers.get("content-length", 0)), normalize_etag(headers.get("etag", ""))
-        )
+        return object_info(key, headers, what=self._what(full))
 
     async def get(
         self, key: str, *, start: int = 0, end: int | None = None, etag: str = ""

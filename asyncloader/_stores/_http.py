@@ -26,7 +26,7 @@ from .._errors import (
     Throttled,
     TransientStoreError,
 )
-from .._types import Blob
+from .._types import Blob, ObjectInfo
 from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "proxy_configured",
     "normalize_etag",
     "object_headers",
+    "object_info",
     "parse_xml",
     "range_header",
     "request",
@@ -230,6 +231,18 @@ async def send(
     assert session is not None
     url = URL(base + target, encoded=True)
     return await request(session, method, url, headers, what=what, key=key)
+
+
+def object_info(key: str, headers: Mapping[str, str], *, what: str) -> ObjectInfo:
+    """An object's size and ETag from the headers of a HEAD answer (either client's).
+
+    Raises:
+        StoreError: the answer has no Content-Length.
+    """
+    size = headers.get("content-length")
+    if size is None:
+        raise StoreError(f"{what}: the answer gave no Content-Length", key=key)
+    return ObjectInfo(key, int(size), normalize_etag(headers.get("etag", "")))
 
 
 def object_headers(

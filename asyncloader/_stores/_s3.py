@@ -34,6 +34,7 @@ from ._http import (
     make_session,
     normalize_etag,
     object_headers,
+    object_info,
     parse_xml,
     proxy_configured,
     send,
@@ -281,11 +282,7 @@ class S3Store(FolderListing):
                 key=key,
             )
         )
-        size = answer.get("content-length") or answer.get("Content-Length")
-        if size is None:
-            raise StoreError(f"{what}: the answer gave no Content-Length", key=key)
-        etag = answer.get("etag") or answer.get("ETag") or ""
-        return ObjectInfo(key, int(size), normalize_etag(etag))
+        return object_info(key, answer, what=what)
 
     async def get(
         self, key: str, *, start: int = 0, end: int | None = None, etag: str = ""

@@ -27,6 +27,7 @@ from ._http import (
     make_session,
     normalize_etag,
     object_headers,
+    object_info,
     proxy_configured,
     request,
 )
@@ -159,10 +160,7 @@ class HttpStore:
                 session, "HEAD", self._target(key), self._headers, what=self._what(key), key=key
             )
         )
-        size = headers.get("content-length")
-        if size is None:
-            raise StoreError(f"{self._what(key)}: the server gave no Content-Length", key=key)
-        return ObjectInfo(key, int(size), normalize_etag(headers.get("etag", "")))
+        return object_info(key, headers, what=self._what(key))
 
     def _lean_client(self, url: URL) -> LeanHTTPClient:
         assert url.host is not None
