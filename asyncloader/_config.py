@@ -38,8 +38,19 @@ class FetchConfig:
     """How objects are fetched.
 
     Attributes:
-        max_inflight: Requests in flight at once (throughput ≈ max_inflight / latency);
-            None: :func:`default_max_inflight` of the worker count.
+        max_inflight: The most requests in flight at once (throughput ≈ requests in flight
+            / latency); None: :func:`default_max_inflight` of the worker count.  With
+            ``adaptive``, the ceiling of the adaptive budget.
+        adaptive: Adapt the requests in flight between ``min_inflight`` and
+            ``max_inflight``: sized by Little's law (``inflight_headroom`` × the rate decode
+            absorbs × the time a request takes), multiplied by ``throttle_decrease`` on a
+            throttled answer (503 SlowDown, 429) and grown by one per window of answers.
+            False: always ``max_inflight``.
+        min_inflight: The fewest requests in flight the adaptive budget goes down to.
+            It starts at 16 (at most ``max_inflight``) and doubles per round of answers up
+            to ``max_inflight`` until the first throttled answer (as TCP's slow start).
+        throttle_decrease: Factor of the budget on throttling (once per round of requests).
+        inflight_headroom: Requests in flight over what Little's law says is needed.
         max_attempts: Tries per request for throttling and transient errors.
         backoff_base: First retry's mean delay; doubles per attempt, full jitter [seconds].
         backoff_cap: Longest retry delay [seconds].
@@ -58,6 +69,10 @@ class FetchConfig:
     """
 
     max_inflight: int | None = None
+    adaptive: bool = True
+    min_inflight: int = 2
+    throttle_decrease: float = 0.5
+    inflight_headroom: float = 2.0
     max_attempts: int = 10
     backoff_base: float = 0.05
     backoff_cap: float = 5.0
@@ -74,6 +89,10 @@ class FetchConfig:
     def __post_init__(self) -> None:
         if self.max_inflight is not None and self.max_inflight < 1:
             raise ValueError("max_inflight must be at least 1")
+        if self.min_inflight < 1 or not 0 < self.throttle_decrease < 1:
+            raise ValueError("need min_inflight >= 1 and 0 < throttle_decrease < 1")
+        if self.inflight_headroom < 1:
+            raise ValueError("inflight_headroom must be at least 1")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.part_size < 1 or self.range_threshold < self.part_size:

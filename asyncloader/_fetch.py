@@ -11,6 +11,7 @@ import asyncio
 import random
 from functools import partial
 
+from ._budget import InflightBudget
 from ._cache import ObjectCache
 from ._config import FetchConfig
 from ._env import usable_cpus
@@ -31,13 +32,34 @@ class Fetcher:
     verified answer wins and the other request is cancelled.  Hedges have a bound of their
     own (a share of the requests sent, and a count in flight) outside ``max_inflight``, so a
     slow store is never hit with twice the load.  Ranged parts are hedged one by one.
+
+    Requests in flight: an :class:`~asyncloader._budget.InflightBudget` with
+    ``max_inflight`` as its ceiling (exactly ``max_inflight`` when not ``adaptive``).  Given
+    ``decode_workers``, its need follows Little's law from the rate they decode at.
     """
 
-    def __init__(self, store: ObjectStore, counters: Counters, config: FetchConfig) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        counters: Counters,
+        config: FetchConfig,
+        *,
+        decode_workers: int | None = None,
+    ) -> None:
         self.store = store
-        self.config = config.for_workers(usable_cpus())  # unless the caller sized it
+        self.config = cfg = config.for_workers(usable_cpus())  # unless the caller sized it
         self._c = counters
-        self._sem = asyncio.Semaphore(self.config.inflight)
+        self._workers = decode_workers
+        if cfg.adaptive:
+            self.budget = InflightBudget(
+                cfg.inflight,
+                floor=cfg.min_inflight,
+                decrease=cfg.throttle_decrease,
+                headroom=cfg.inflight_headroom,
+                rate=self._request_rate if decode_workers else None,
+            )
+        else:
+            self.budget = InflightBudget(cfg.inflight, floor=cfg.inflight)
         self._rng = random.Random()
         self._hedges_inflight = 0
         self._max_hedges_inflight = max(self.config.hedge_min_inflight, self.config.inflight // 16)
@@ -84,13 +106,23 @@ class Fetcher:
         """One object or range, retried; ``size``: the whole object's listed length."""
         c = self._c
 
+        budget = self.budget
+
         async def attempt() -> Blob:
             # One try holds an in-flight slot (its hedge does not); the backoff between
             # tries holds none.
-            async with self._sem:
+            permit = await budget.acquire()
+            answered = False
+            try:
                 if not self.config.hedge:
-                    return await self._one(key, start, end, etag, size)
-                return await self._hedged(key, start, end, etag, size)
+                    data = await self._one(key, start, end, etag, size)
+                else:
+                    data = await self._hedged(key, start, end, etag, size)
+                answered = True
+                return data
+            finally:
+                budget.release(permit, answered=answered)
+                c.inflight_limit = budget.limit
 
         def count(err: StoreError) -> None:
             reason = "transient"
@@ -111,9 +143,15 @@ class Fetcher:
         c.requests += 1
         c.inflight += 1
         c.inflight_peak = max(c.inflight_peak, c.inflight)
+        generation = self.budget.generation
         t0 = loop.time()
         try:
             data = await self.store.get(key, start=start, end=end, etag=etag)
+        except Throttled:
+            if self.budget.throttled(generation):
+                c.backoffs += 1
+                c.inflight_limit = self.budget.limit
+            raise
         finally:
             c.inflight -= 1
         c.bytes_fetched += len(data)
@@ -124,6 +162,15 @@ class Fetcher:
             )
         c.latency.add(loop.time() - t0)
         return data
+
+    def _request_rate(self) -> float | None:
+        """Requests per second the decode workers can absorb: the objects they decode per
+        second of busy time, times the requests an object takes (ranges, retries)."""
+        c = self._c
+        if self._workers is None or c.decoded < 32 or c.decode_seconds <= 0:
+            return None
+        per_object = max(1.0, (c.requests - c.hedges_sent) / max(c.objects_fetched, 1))
+        return self._workers * c.decoded / c.decode_seconds * per_object
 
     def _hedge_deadline(self) -> float | None:
         """How long a request may take before it is hedged; None: no hedging now."""

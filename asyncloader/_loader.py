@@ -305,7 +305,7 @@ class ImageLoader:
         else:
             pool = ThreadDecodePool(self._workers, self._spec, ring.images)
         self._rt.pool = pool
-        fetcher = Fetcher(store, c, self._fetch_config)
+        fetcher = Fetcher(store, c, self._fetch_config, decode_workers=self._workers)
         self._rt.pipeline = Pipeline(
             listing,
             fetcher,

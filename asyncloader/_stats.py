@@ -67,6 +67,8 @@ class Counters:
     inflight_peak: int = 0
     hedges_sent: int = 0  # second requests for answers later than the learned deadline
     hedges_won: int = 0  # hedges whose answer came first
+    inflight_limit: int = 0  # the adaptive budget's limit now (0: not fetched yet)
+    backoffs: int = 0  # times the budget backed off on a throttled answer
     latency: LatencyWindow = field(default_factory=LatencyWindow)  # of answered requests
     decoded: int = 0
     decode_seconds: float = 0.0  # summed busy time of decode workers [seconds]
@@ -141,6 +143,8 @@ class Counters:
             inflight=self.inflight,
             inflight_peak=self.inflight_peak,
             max_inflight=max_inflight,
+            inflight_limit=self.inflight_limit or max_inflight,
+            backoffs=self.backoffs,
             hedges_sent=self.hedges_sent,
             hedges_won=self.hedges_won,
             request_p50=self.latency.quantile(0.50),
@@ -183,6 +187,9 @@ class Stats:
         objects_fetched: Objects fully fetched and verified.
         mean_fetch_seconds: Mean wall time of one object fetch, retries included [seconds].
         inflight: Requests in flight right now; ``inflight_peak`` the most seen at once.
+        max_inflight: The ceiling of requests in flight; ``inflight_limit`` the adaptive
+            budget's limit now (see :class:`~asyncloader.FetchConfig`).
+        backoffs: Times the budget backed off on a throttled answer (503, 429).
         hedges_sent, hedges_won: Second requests sent for answers later than the deadline
             learned from this run's latencies, and those whose answer came first.
         request_p50, request_p90, request_p99: Latency quantiles of recent requests, from
@@ -219,6 +226,8 @@ class Stats:
     inflight: int
     inflight_peak: int
     max_inflight: int
+    inflight_limit: int
+    backoffs: int
     hedges_sent: int
     hedges_won: int
     request_p50: float
@@ -259,7 +268,8 @@ class Stats:
             f"({self.samples_per_second:.0f} samples/s, {mb / self.wall_seconds:.1f} MB/s)",
             f"bound by: {self.bound}  (consumer waited {self.consumer_wait_seconds:.1f} s, "
             f"decode busy {self.decode_utilization:.0%}, peak in flight "
-            f"{self.inflight_peak}/{self.max_inflight}, mean fetch "
+            f"{self.inflight_peak}/{self.max_inflight} (limit now {self.inflight_limit}, "
+            f"{self.backoffs} back-offs), mean fetch "
             f"{self.mean_fetch_seconds * 1e3:.1f} ms)",
             f"cache: {self.cache_hits} hits ({self.bytes_from_cache / 1e6:.0f} MB from disk), "
             f"{self.cache_misses} misses, {self.cache_stored} stored, "

@@ -10,8 +10,10 @@ Our light S3 server at 20 ms time to first byte, with:
 * ``rate-limit`` — a token bucket answers 503 SlowDown above ``--rate-limit`` requests/s.
 
 Printed per case: images/s and its ratio to the baseline, hedges as a share of requests,
-request p50/p99, 503s received (throttled retries) as a share of requests, CPU per image
-and peak RSS.  Each case runs in its own process (one warm-up epoch, then one measured);
+request p50/p99, 503s received (throttled retries) as a share of requests, the p99 and
+longest gap between two batches as the training loop sees them, CPU per image and peak
+RSS; for the rate limit, the adaptive budget's back-offs and its limit at the end.  Each
+case runs in its own process (one warm-up epoch, then one measured);
 rounds interleave the cases; medians over rounds.  Run: ``python benchmarks/bench_tail.py``.
 """
 
@@ -91,7 +93,14 @@ def case(endpoint: str, name: str, batch: int, workers: int) -> dict[str, float]
         "throttled": after.retries.get("throttled", 0) - before.retries.get("throttled", 0),
         "p50": after.request_p50,
         "p99": after.request_p99,
+        "backoffs": after.backoffs - before.backoffs,
+        "limit": after.inflight_limit,
     }
+    # The gaps between batches, as the training loop sees them (a straggler that stalls the
+    # stream shows as a long one).
+    gaps = sorted(b[0] - a[0] for a, b in zip([(t0, 0), *times], times, strict=False))
+    out["gap_p99"] = gaps[min(int(0.99 * len(gaps)), len(gaps) - 1)]
+    out["gap_max"] = gaps[-1]
     if step_at is not None:
         pre = [(t, k) for t, k in times if t <= step_at]
         post = [(t, k) for t, k in times if t >= step_at + 2.0]
@@ -148,7 +157,8 @@ def main() -> None:
     )
     print(
         f"{'case':18s} {'img/s':>7s} {'x base':>7s} {'hedges':>7s} {'p50 ms':>7s} "
-        f"{'p99 ms':>7s} {'503s':>6s} {'CPU ms/img':>10s} {'RSS MB':>7s}  other"
+        f"{'p99 ms':>7s} {'503s':>6s} {'gap p99/max ms':>14s} {'CPU ms/img':>10s} "
+        f"{'RSS MB':>7s}  other"
     )
     for name in names:
         rs = rows[name]
@@ -163,12 +173,18 @@ def main() -> None:
                 f"{med([a / b for a, b in zip(after, before, strict=True)]):.2f}"
             )
         if name == "rate-limit":
-            other = f"goodput / limit: {med(ips) / args.rate_limit:.2f}"
+            other = (
+                f"goodput / limit: {med(ips) / args.rate_limit:.2f}; back-offs "
+                f"{med([x['backoffs'] for x in rs]):.0f}, in-flight limit at the end "
+                f"{med([x['limit'] for x in rs]):.0f}"
+            )
         print(
             f"{name:18s} {med(ips):7.0f} {med(ratio) if ratio else float('nan'):7.2f} "
             f"{med([x['hedges'] / max(x['requests'], 1) for x in rs]):7.1%} "
             f"{med([x['p50'] for x in rs]) * 1e3:7.0f} {med([x['p99'] for x in rs]) * 1e3:7.0f} "
             f"{med([x['throttled'] / max(x['requests'], 1) for x in rs]):6.1%} "
+            f"{med([x['gap_p99'] for x in rs]) * 1e3:7.0f}/"
+            f"{max(x['gap_max'] for x in rs) * 1e3:<6.0f} "
             f"{med([x['cpu'] / x['images'] for x in rs]) * 1e3:10.2f} "
             f"{max(x['rss_mb'] for x in rs):7.0f}  {other}"
         )

@@ -165,3 +165,22 @@ def test_a_stalled_request_is_reported_by_the_timeout(bucket: MemoryBucket) -> N
         with pytest.raises(al.AsyncLoaderError, match=r"no batch from mem://memory/ within 1\.0 s"):
             next(iter(loader))
         assert time.monotonic() - t0 < 10
+
+
+def test_a_late_sample_does_not_stop_the_batches_after_it(bucket: MemoryBucket) -> None:
+    # The first sample of batch 0 never answers (no hedging here).  Every other slot of
+    # the ring fills meanwhile; nothing is announced out of order.
+    store = FaultyStore(MemoryStore(bucket), stall_seconds=120)
+    store.fail_next(1, bucket.sorted_keys()[0], kind="stall")
+    fetch = al.FetchConfig(hedge=False)
+    t0 = time.monotonic()
+    with _loader(store, shuffle=False, fetch=fetch, prefetch_batches=4) as loader:
+        expected = 4 * BATCH - 1  # batch 0 but its late sample, and batches 1, 2, 3
+        deadline = time.monotonic() + 60
+        while loader.stats().decoded < expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stats = loader.stats()
+        assert stats.decoded == expected
+        assert stats.batches_produced == 0  # batch 0 is first, whatever finished before it
+        assert store.faults["stall"] == 1
+    assert time.monotonic() - t0 < 60  # closing does not wait for the stalled answer

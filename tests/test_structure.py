@@ -20,6 +20,7 @@ LEAVES = {
     "_lease",
     "_retry",
     "_env",
+    "_budget",
 }
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
 ALLOWED = {
