@@ -7,6 +7,9 @@ S3, against our light S3 server (a subprocess):
 * ``botocore presigned URL + aiohttp`` — a common shortcut.
 * ``S3Store (aiohttp)`` — our store, lean SigV4 signing, aiohttp transport.
 * ``S3Store (lean)`` — our store, lean SigV4 signing, our HTTP/1.1 client (the default).
+* ``... (HTTPS)`` — the plain aiohttp GET and our store against the same server in its TLS
+  mode (a certificate from a CA made for the run, trusted through ``ca_bundle``).
+* ``... (uvloop)`` — our store on uvloop's event loop instead of asyncio's, if installed.
 
 Azure, against Azurite (Microsoft's emulator, a node subprocess) with a public container:
 
@@ -90,6 +93,31 @@ async def run(endpoint: str, keys: list[str], n: int, inflight: int) -> dict[str
     return out
 
 
+async def run_tls(
+    endpoint: str, tls_endpoint: str, ca_file: str, keys: list[str], n: int, inflight: int
+) -> dict[str, float]:
+    """The plain aiohttp GET and our store over HTTPS (and our store over HTTP, for the
+    ratio in the same loop)."""
+    import aiohttp
+
+    from asyncloader._stores._lean_http import tls_context
+
+    out: dict[str, float] = {}
+    k = len(keys)
+    connector = aiohttp.TCPConnector(limit=inflight, ssl=tls_context(ca_file))
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def plain(i: int) -> None:
+            async with http.get(f"{tls_endpoint}/b/{keys[i % k]}") as r:
+                await r.read()
+
+        out["aiohttp plain GET (HTTPS)"] = await _measure(n, inflight, plain)
+    out["S3Store (lean)"] = await _measure_store(S3Store("b", endpoint_url=endpoint), n, inflight)
+    store = S3Store("b", endpoint_url=tls_endpoint, ca_bundle=ca_file)
+    out["S3Store (lean, HTTPS)"] = await _measure_store(store, n, inflight)
+    return out
+
+
 async def _measure_store(store: ObjectStore, n: int, inflight: int) -> float:
     try:
         objs = [o async for o in store.list()]
@@ -137,13 +165,15 @@ async def run_azure(az: Azurite, keys: list[str], n: int, inflight: int) -> dict
     return out
 
 
-def _report(title: str, runs: list[dict[str, float]], floor_name: str) -> None:
-    floor = statistics.median(r[floor_name] for r in runs)
+def _report(
+    title: str, runs: list[dict[str, float]], floor_name: str, what: str = "x plain aiohttp"
+) -> None:
     print(f"\n{title}, median of {len(runs)}")
-    print(f"{'path':40s} {'ms/GET':>8s} {'x plain aiohttp':>16s}")
+    print(f"{'path':40s} {'ms/GET':>8s} {what:>16s}")
     for name in runs[0]:
         med = statistics.median(r[name] for r in runs)
-        print(f"{name:40s} {med * 1e3:8.3f} {med / floor:16.2f}")
+        ratio = statistics.median(r[name] / r[floor_name] for r in runs)
+        print(f"{name:40s} {med * 1e3:8.3f} {ratio:16.2f}")
 
 
 def main() -> None:
@@ -161,11 +191,28 @@ def main() -> None:
     what = f"client CPU per GET, ~110 KB objects, {args.inflight} in flight"
     if args.store in ("s3", "both"):
         runs: list[dict[str, float]] = []
-        with S3TestServer(load=folder, bucket="b") as srv:
+        tls_runs: list[dict[str, float]] = []
+        with (
+            S3TestServer(load=folder, bucket="b") as srv,
+            S3TestServer(load=folder, bucket="b", tls=True) as tls,
+        ):
             keys = [k for k in srv.stats()["keys"] if k.endswith(".jpg")]
+            pair = (srv.endpoint, tls.endpoint, tls.ca_file, keys, args.requests, args.inflight)
             for _ in range(args.repeat):
                 runs.append(asyncio.run(run(srv.endpoint, keys, args.requests, args.inflight)))
+                row = asyncio.run(run_tls(*pair))
+                try:
+                    import uvloop
+                except ImportError:
+                    pass
+                else:
+                    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                        fast = runner.run(run_tls(*pair))
+                    for name in ("S3Store (lean)", "S3Store (lean, HTTPS)"):
+                        row[f"{name[:-1]}, uvloop)"] = fast[name]
+                tls_runs.append(row)
         _report(f"S3: {what}", runs, "aiohttp plain GET (unsigned)")
+        _report(f"S3 over HTTPS: {what}", tls_runs, "S3Store (lean)", "x lean HTTP")
     if args.store in ("azure", "both"):
         runs = []
         with Azurite() as az:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import TypeVar
@@ -48,14 +49,29 @@ T = TypeVar("T")
 _CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
 
 
-def make_session(max_connections: int, *, read_timeout: float = 60.0) -> aiohttp.ClientSession:
+def make_session(
+    max_connections: int, *, read_timeout: float = 60.0, ssl_context: ssl.SSLContext | None = None
+) -> aiohttp.ClientSession:
     """A session tuned for many small GETs to few hosts: keep-alive, no decompression."""
     connector = aiohttp.TCPConnector(
-        limit=max_connections, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60
+        limit=max_connections,
+        limit_per_host=0,
+        ttl_dns_cache=300,
+        keepalive_timeout=60,
+        ssl=ssl_context if ssl_context is not None else True,
     )
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout)
     return aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False, raise_for_status=False
+    )
+
+
+def _untrusted(what: str, key: str | None, exc: Exception) -> StoreError:
+    """A server certificate that does not verify: not transient, and not retried."""
+    return StoreError(
+        f"the TLS certificate of the server of {what} is not trusted ({exc}); for a private "
+        "CA, pass its PEM file as ca_bundle= (S3: or set AWS_CA_BUNDLE)",
+        key=key,
     )
 
 
@@ -131,6 +147,8 @@ async def request(
         raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
     except TimeoutError as exc:  # before OSError, of which it is a subclass
         raise TransientStoreError(f"request for {what} timed out", key=key) from exc
+    except (ssl.SSLCertVerificationError, aiohttp.ClientConnectorCertificateError) as exc:
+        raise _untrusted(what, key, exc) from exc
     except (aiohttp.ClientError, OSError) as exc:
         raise TransientStoreError(
             f"request for {what} failed: {type(exc).__name__}", key=key
@@ -194,6 +212,8 @@ async def _lean_request(
         resp = await client.get(target, headers, method=method)
     except TimeoutError as exc:
         raise TransientStoreError(f"request for {what} timed out", key=key) from exc
+    except ssl.SSLCertVerificationError as exc:
+        raise _untrusted(what, key, exc) from exc
     except (ProtocolError, OSError) as exc:
         raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
     if resp.status >= 300:

@@ -12,6 +12,7 @@ the ``Authorization`` header and the canonical request at DEBUG level.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, MutableSequence
@@ -39,7 +40,7 @@ from ._http import (
     proxy_configured,
     send,
 )
-from ._lean_http import LeanHTTPClient
+from ._lean_http import LeanHTTPClient, tls_context
 from ._listing import FolderListing, Page
 from ._s3_auth import FrozenCredentials, SigV4Signer, uri_encode_path
 
@@ -66,6 +67,8 @@ class S3Store(FolderListing):
         http_client: ``"lean"`` (default: our keep-alive HTTP/1.1 client, about half the
             CPU of aiohttp per GET) or ``"aiohttp"`` (used anyway when a proxy is set).
         list_concurrency: Sub-folders listed at once.
+        ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's (a
+            private endpoint's own CA).  Default: ``AWS_CA_BUNDLE``, as the AWS tools.
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class S3Store(FolderListing):
         read_timeout: float = 60.0,
         http_client: str = "lean",
         list_concurrency: int = 32,
+        ca_bundle: str | None = None,
     ) -> None:
         if http_client not in ("lean", "aiohttp"):
             raise ValueError(f"http_client must be 'lean' or 'aiohttp', not {http_client!r}")
@@ -99,6 +103,7 @@ class S3Store(FolderListing):
         self._session: aiohttp.ClientSession | None = None
         self._use_lean = http_client == "lean" and not proxy_configured()
         self._list_concurrency = list_concurrency
+        self._ca_bundle = ca_bundle or os.environ.get("AWS_CA_BUNDLE") or None
         self._lean: LeanHTTPClient | None = None
         self._signer: SigV4Signer | None = None
         self._botocore_creds: Any = None
@@ -175,16 +180,19 @@ class S3Store(FolderListing):
                 raise AccessDenied(f"no AWS credentials found for {self.url}")
             self._signer = SigV4Signer(await self._frozen(), region)
             self._creds_checked = time.monotonic()
+        tls = tls_context(self._ca_bundle)
         if self._use_lean:
             scheme = "https" if self._base.startswith("https:") else "http"
             base = URL(self._base)
             assert base.host is not None
             assert base.port is not None
             self._lean = LeanHTTPClient(
-                scheme, base.host, base.port, read_timeout=self._read_timeout
+                scheme, base.host, base.port, read_timeout=self._read_timeout, ssl_context=tls
             )
         else:
-            self._session = make_session(self._max_connections, read_timeout=self._read_timeout)
+            self._session = make_session(
+                self._max_connections, read_timeout=self._read_timeout, ssl_context=tls
+            )
 
     async def _frozen(self) -> FrozenCredentials:
         c = self._botocore_creds

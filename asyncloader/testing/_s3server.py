@@ -21,7 +21,8 @@ Control endpoints (plain JSON): ``POST /_control/faults`` sets the fault rates,
 ``GET /_control/stats`` returns request counters, ``POST /_control/reset-stats``.
 
 Run: ``python -m asyncloader.testing._s3server --port 0 [--latency 0.02] [--load DIR
---bucket NAME]``; it prints ``READY <port>`` once listening.
+--bucket NAME] [--tls-cert PEM]``; it prints ``READY <port>`` once listening, and serves
+HTTPS when given a certificate (``S3TestServer(tls=True)`` makes one).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import json
 import os
 import random
 import signal
+import ssl
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -415,7 +417,13 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.load:
         load_folder(state, args.bucket, Path(args.load), args.prefix)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Protocol(state), args.host, args.port, backlog=1024)
+    tls = None
+    if args.tls_cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.tls_cert, args.tls_key or None)
+    server = await loop.create_server(
+        lambda: _Protocol(state), args.host, args.port, backlog=1024, ssl=tls
+    )
     port = server.sockets[0].getsockname()[1]
     print(f"READY {port}", flush=True)
     stop = asyncio.Event()
@@ -435,6 +443,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bucket", default="")
     p.add_argument("--prefix", default="")
     p.add_argument("--load", default="", help="folder to load into --bucket")
+    p.add_argument("--tls-cert", default="", help="serve HTTPS with this PEM certificate")
+    p.add_argument("--tls-key", default="", help="its private key (PEM), if not in the cert")
     args = p.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args))

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -50,9 +51,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _http(method: str, url: str, body: bytes | None = None, timeout: float = 30.0) -> bytes:
+def _http(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    timeout: float = 30.0,
+    context: ssl.SSLContext | None = None,
+) -> bytes:
     req = urllib.request.Request(url, data=body, method=method)
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
         data: bytes = resp.read()
         return data
 
@@ -101,6 +108,7 @@ class _Subprocess(Equipment):
             self._client = botocore.session.get_session().create_client(
                 "s3",
                 endpoint_url=self.endpoint,
+                verify=getattr(self, "ca_file", "") or None,
                 region_name=TEST_ENV["AWS_DEFAULT_REGION"],
                 aws_access_key_id=TEST_ENV["AWS_ACCESS_KEY_ID"],
                 aws_secret_access_key=TEST_ENV["AWS_SECRET_ACCESS_KEY"],
@@ -108,6 +116,9 @@ class _Subprocess(Equipment):
                     max_pool_connections=16,
                     s3={"addressing_style": "path"},
                     retries={"max_attempts": 10},
+                    # No aws-chunked bodies with checksum trailers (botocore's HTTPS default):
+                    # the light server reads plain Content-Length bodies.
+                    request_checksum_calculation="when_required",
                 ),
             )
         return self._client
@@ -147,6 +158,9 @@ class S3TestServer(_Subprocess):
         load: A folder loaded into ``bucket`` at start (fast: no HTTP).
         bucket: Bucket created at start.
         prefix: Key prefix for the loaded folder.
+        tls: Serve HTTPS with a certificate for 127.0.0.1 from a CA made for this server
+            (``trustme``); ``ca_file`` is that CA's PEM file, for clients to trust
+            (``AWS_CA_BUNDLE``, ``ca_bundle=``).
     """
 
     def __init__(
@@ -156,12 +170,30 @@ class S3TestServer(_Subprocess):
         load: str | os.PathLike[str] | None = None,
         bucket: str = "",
         prefix: str = "",
+        tls: bool = False,
     ) -> None:
         super().__init__()
         self.latency = latency
         self.load = load
         self.bucket = bucket
         self.prefix = prefix
+        self.tls = tls
+        self.ca_file = ""
+        self._tls_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._context: ssl.SSLContext | None = None
+
+    def _make_certificate(self) -> list[str]:
+        import trustme
+
+        self._tls_dir = tempfile.TemporaryDirectory(prefix="asyncloader-tls-")
+        folder = Path(self._tls_dir.name)
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1", "localhost")
+        self.ca_file = str(folder / "ca.pem")
+        ca.cert_pem.write_to_path(self.ca_file)
+        cert.private_key_and_cert_chain_pem.write_to_path(str(folder / "server.pem"))
+        self._context = ssl.create_default_context(cafile=self.ca_file)
+        return ["--tls-cert", str(folder / "server.pem")]
 
     def start(self) -> None:
         cmd = [
@@ -175,6 +207,8 @@ class S3TestServer(_Subprocess):
             cmd += ["--bucket", self.bucket, "--prefix", self.prefix]
         if self.load:
             cmd += ["--load", str(self.load)]
+        if self.tls:
+            cmd += self._make_certificate()
         proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
@@ -184,7 +218,14 @@ class S3TestServer(_Subprocess):
         if not line.startswith("READY "):
             self.stop()
             raise RuntimeError(f"test S3 server did not start: {line!r}")
-        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+        scheme = "https" if self.tls else "http"
+        self.endpoint = f"{scheme}://127.0.0.1:{int(line.split()[1])}"
+
+    def stop(self) -> None:
+        super().stop()
+        if self._tls_dir is not None:
+            self._tls_dir.cleanup()
+            self._tls_dir = None
 
     def set_faults(
         self,
@@ -213,15 +254,22 @@ class S3TestServer(_Subprocess):
             cfg["rate_limit"] = rate_limit
         if burst is not None:
             cfg["burst"] = burst
-        _http("POST", f"{self.endpoint}/_control/faults", json.dumps(cfg).encode())
+        _http(
+            "POST",
+            f"{self.endpoint}/_control/faults",
+            json.dumps(cfg).encode(),
+            context=self._context,
+        )
 
     def stats(self) -> dict[str, Any]:
         """Request counters: ``counters`` (get, head, list, fault_*) and ``gets_by_key``."""
-        out: dict[str, Any] = json.loads(_http("GET", f"{self.endpoint}/_control/stats"))
+        out: dict[str, Any] = json.loads(
+            _http("GET", f"{self.endpoint}/_control/stats", context=self._context)
+        )
         return out
 
     def reset_stats(self) -> None:
-        _http("POST", f"{self.endpoint}/_control/reset-stats", b"")
+        _http("POST", f"{self.endpoint}/_control/reset-stats", b"", context=self._context)
 
 
 class MotoServer(_Subprocess):

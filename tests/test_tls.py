@@ -1,0 +1,86 @@
+"""HTTPS on the lean client: our own TLS transport against the light server in its TLS mode
+(a certificate from a CA made for the test), byte-exact, with faults retried; a server the
+client does not trust is a clear error at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import asyncloader as al
+from asyncloader.testing import S3TestServer
+
+from .conftest import N_IMAGES
+
+
+def _pixels(endpoint: str, **options: object) -> tuple[np.ndarray, al.Stats]:
+    with al.ImageLoader(
+        "s3://data/train/",
+        batch_size=16,
+        decode_workers=2,
+        decode_backend="thread",
+        transform=al.RandomResizedCrop(32),
+        shuffle=False,
+        store_options={"endpoint_url": endpoint, "read_timeout": 2.0, **options},
+    ) as loader:
+        pixels = np.concatenate([images.numpy().copy() for images, _ in loader])
+    return pixels, loader.stats()
+
+
+@pytest.fixture(scope="module")
+def servers(jpeg_folder: Path) -> object:
+    with (
+        S3TestServer(load=jpeg_folder, bucket="data", prefix="train/") as plain,
+        S3TestServer(load=jpeg_folder, bucket="data", prefix="train/", tls=True) as tls,
+    ):
+        yield plain, tls
+
+
+def test_a_loader_over_https_gets_the_same_pixels_and_retries_faults(
+    servers: tuple[S3TestServer, S3TestServer],
+) -> None:
+    plain, tls = servers
+    assert tls.endpoint.startswith("https://")
+    expected, _ = _pixels(plain.endpoint)
+    rates = {"reset": 0.05, "truncate": 0.05, "short": 0.05, "stall_body": 0.03}
+    tls.set_faults(rates, max_faults_per_key=1, stall_seconds=10)
+    try:
+        got, stats = _pixels(tls.endpoint, ca_bundle=tls.ca_file)
+    finally:
+        tls.set_faults()
+    assert len(got) == N_IMAGES and np.array_equal(got, expected)  # byte-exact, in order
+    assert stats.skipped == {} and sum(stats.retries.values()) > 0
+    faults = tls.stats()["counters"]
+    assert sum(faults.get(f"fault_{k}", 0) for k in rates) > 0
+
+
+def test_aws_ca_bundle_is_honoured(
+    servers: tuple[S3TestServer, S3TestServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, tls = servers
+    monkeypatch.setenv("AWS_CA_BUNDLE", tls.ca_file)
+    got, stats = _pixels(tls.endpoint)
+    assert len(got) == N_IMAGES and stats.retries == {}
+
+
+def test_an_untrusted_server_is_a_clear_error_at_once(
+    servers: tuple[S3TestServer, S3TestServer],
+) -> None:
+    _, tls = servers
+
+    async def listing() -> None:
+        store = al.S3Store("data", "train/", endpoint_url=tls.endpoint)
+        try:
+            [o async for o in store.list()]
+        finally:
+            await store.close()
+
+    t0 = time.monotonic()
+    with pytest.raises(al.StoreError, match="not trusted.*ca_bundle") as info:
+        asyncio.run(listing())
+    assert not isinstance(info.value, al.TransientStoreError)  # not retried
+    assert time.monotonic() - t0 < 10
