@@ -80,7 +80,7 @@ def test_an_untrusted_server_is_a_clear_error_at_once(
             await store.close()
 
     t0 = time.monotonic()
-    with pytest.raises(al.StoreError, match="not trusted.*ca_bundle") as info:
+    with pytest.raises(al.StoreError, match=r"not trusted.*ca_bundle") as info:
         asyncio.run(listing())
     assert not isinstance(info.value, al.TransientStoreError)  # not retried
     assert time.monotonic() - t0 < 10

@@ -107,7 +107,7 @@ def test_draft_decode_matches_the_full_decode(
 
     monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", spy)
     h, w = transform.output_size
-    spec = DecodeSpec((3, h, w), transform)
+    spec = DecodeSpec((3, h, w), transform, roi=False)  # the Pillow path (tests/test_roi_decode)
     for seed in range(4):
         out = np.empty((3, h, w), np.uint8)
         decode_into(data, out, spec, seed, "k.jpg")

@@ -7,10 +7,12 @@ Two pools with one async interface (:class:`DecodePool`: ``await pool.decode(job
 * :class:`ProcessDecodePool` (``_processes``, child side ``_worker``) — fresh interpreters
   attached to the ring's shared memory.
 
-``_image`` turns bytes into pixels; ``_job`` runs one job as a worker does (cache read or
+``_image`` turns bytes into pixels (JPEGs by region through the ``_jpegroi`` C extension
+where it is built: ``ROI_DECODE``); ``_job`` runs one job as a worker does (cache read or
 write-back, then pixels).
 """
 
+from ._image import ROI_DECODE as ROI_DECODE
 from ._image import DecodeSpec as DecodeSpec
 from ._image import decode_into as decode_into
 from ._job import DecodePool as DecodePool
@@ -19,6 +21,7 @@ from ._processes import ProcessDecodePool as ProcessDecodePool
 from ._threads import ThreadDecodePool as ThreadDecodePool
 
 __all__ = [
+    "ROI_DECODE",
     "DecodePool",
     "DecodeSpec",
     "ProcessDecodePool",

@@ -1,8 +1,13 @@
 """Pixels: an image's bytes decoded, cropped, resized and flipped into a ring slot's sample.
 
-The transform plans the crop from the image's size alone; JPEGs are decoded at 1/2, 1/4 or
-1/8 scale (libjpeg's ``draft``) when the crop is at least twice the output.  A ``decode=``
-hook replaces all of it for other blobs.
+The transform plans the crop from the image's size alone (Pillow reads the header only);
+JPEGs are decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling, Pillow's ``draft`` rule)
+when the crop is at least twice the output.  With the ``_jpegroi`` extension (built with the
+package where libjpeg-turbo's headers are), a JPEG in YCbCr, RGB or grayscale is decoded only
+where the crop needs it — its rows, its iMCU columns, plus the resize filter's reach — and
+the resize reads only that region: exactly the pixels of a whole decode at the same scale,
+then the same crop and resize (tested).  Everything else goes through Pillow as before.  A
+``decode=`` hook replaces all of it for other blobs.
 """
 
 from __future__ import annotations
@@ -20,7 +25,15 @@ from .._errors import DecodeError, shown_key
 from .._transforms import Transform
 from .._types import Blob, BlobCache, DecodeFn
 
-__all__ = ["DecodeSpec", "U8Array", "decode_into"]
+try:
+    from . import _jpegroi  # type: ignore[attr-defined]
+except ImportError:  # built without libjpeg-turbo's headers: Pillow decodes everything
+    _jpegroi = None
+
+__all__ = ["ROI_DECODE", "DecodeSpec", "U8Array", "decode_into"]
+
+ROI_DECODE = _jpegroi is not None
+"""Whether JPEGs can be decoded by region here (the ``_jpegroi`` extension is built)."""
 
 U8Array = npt.NDArray[np.uint8]
 
@@ -35,6 +48,7 @@ class DecodeSpec:
         decode_fn: A hook turning bytes into a uint8 array of ``sample_shape``.
         max_pixels: Refuse sources with more pixels (decompression bombs).
         cache: The SSD cache workers read hits from and store fetched bytes into.
+        roi: Decode JPEGs by region where the extension is built (False: whole, by Pillow).
     """
 
     sample_shape: tuple[int, int, int]
@@ -42,6 +56,7 @@ class DecodeSpec:
     decode_fn: DecodeFn | None = None
     max_pixels: int = 89_478_485
     cache: BlobCache | None = None
+    roi: bool = True
 
 
 def decode_into(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str) -> None:
@@ -79,19 +94,27 @@ def decode_into(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str)
         plan = spec.transform.plan(width, height, random.Random(seed))
         left, top, right, bottom = plan.box
         out_w, out_h = plan.size
+        region = None
         if img.format == "JPEG":
             # Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the crop is at least twice
-            # the output: it skips most of the IDCT work.  draft() picks the largest scale
+            # the output: it skips most of the IDCT work.  draft()'s rule: the largest scale
             # that keeps the crop at least as large as the output.
             want = (
                 math.ceil(width * out_w / max(right - left, 1)),
                 math.ceil(height * out_h / max(bottom - top, 1)),
             )
+            scale = 1
             if want[0] * 2 <= width and want[1] * 2 <= height:
+                scale = _dct_scale(width, height, want)
+            if spec.roi and _jpegroi is not None and img.mode in ("RGB", "L"):
+                region = _decode_region(data, scale, width, height, plan.box, (out_w, out_h))
+            if region is None and scale > 1:
                 img.draft("RGB", want)
                 sx, sy = img.size[0] / width, img.size[1] / height
                 left, top, right, bottom = left * sx, top * sy, right * sx, bottom * sy
-        if img.mode != "RGB":
+        if region is not None:
+            img, (left, top, right, bottom) = region
+        elif img.mode != "RGB":
             img = img.convert("RGB")
         img = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=(left, top, right, bottom))
         arr = np.asarray(img)
@@ -105,3 +128,41 @@ def decode_into(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str)
         arr = arr[:, ::-1]
     # One strided copy HWC → CHW into shared memory; numpy releases the GIL for it.
     np.copyto(out, arr.transpose(2, 0, 1))
+
+
+def _dct_scale(width: int, height: int, want: tuple[int, int]) -> int:
+    """The DCT scale Pillow's ``draft`` picks for a decode of at least ``want`` pixels."""
+    scale = min(width // want[0], height // want[1])
+    return next(s for s in (8, 4, 2, 1) if scale >= s)
+
+
+def _decode_region(
+    data: Blob,
+    scale: int,
+    width: int,
+    height: int,
+    box: tuple[float, float, float, float],
+    size: tuple[int, int],
+) -> tuple[Image.Image, tuple[float, float, float, float]] | None:
+    """The part of the JPEG, at 1/``scale``, that a BILINEAR resize of ``box`` to ``size``
+    reads, and the box within it; None when libjpeg-turbo leaves it to Pillow."""
+    assert _jpegroi is not None
+    sw, sh = -(-width // scale), -(-height // scale)  # libjpeg's scaled size
+    sx, sy = sw / width, sh / height
+    left, top, right, bottom = box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
+    # The filter reaches (box / size) / 2 source pixels past the box when shrinking, a
+    # pixel when enlarging; one more for rounding.
+    mx = math.ceil(max((right - left) / size[0], 1.0)) + 1
+    my = math.ceil(max((bottom - top) / size[1], 1.0)) + 1
+    x0, x1 = max(int(left) - mx, 0), min(math.ceil(right) + mx, sw)
+    y0, y1 = max(int(top) - my, 0), min(math.ceil(bottom) + my, sh)
+    got = _jpegroi.decode(data, scale, x0, y0, x1, y1)
+    if got is None:
+        return None
+    pixels, rx, ry, rw, rh = got
+    # The region in place in an image of the scaled size (pages never touched are never
+    # backed), so the resize sees the same box, in the same coordinates, as a whole decode:
+    # the same filter weights, the same pixels.
+    img = Image.new("RGB", (sw, sh))
+    img.paste(Image.frombuffer("RGB", (rw, rh), pixels, "raw", "RGB", 0, 1), (rx, ry))
+    return img, (left, top, right, bottom)

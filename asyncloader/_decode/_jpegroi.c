@@ -1,0 +1,218 @@
+/* Region-of-interest JPEG decoding over libjpeg-turbo's libjpeg API.
+ *
+ * decode(data, scale, x0, y0, x1, y1) decodes, at 1/scale (1, 2, 4 or 8: libjpeg's DCT
+ * scaling), only the rows y0..y1 and (at least) the columns x0..x1 of the scaled image:
+ * rows above the region are skipped (entropy-decoded, not transformed: jpeg_skip_scanlines),
+ * rows below it are never read (the decompression is aborted), and columns are cropped to
+ * the iMCU columns that hold the region (jpeg_crop_scanline).  The pixels are libjpeg's own
+ * (ISLOW IDCT, fancy upsampling, YCbCr or grayscale to RGB), the same as a full decode at
+ * the same scale.
+ *
+ * Returns (pixels, left, top, width, height): RGB rows of the region actually decoded (its
+ * left edge aligned down to an iMCU column), or None for what the caller should decode
+ * another way (CMYK/YCCK, any libjpeg warning such as extraneous bytes).  Raises ValueError
+ * for data libjpeg cannot decode.  The GIL is released while libjpeg works.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <setjmp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+#ifndef LIBJPEG_TURBO_VERSION_NUMBER
+#error "libjpeg-turbo's headers are needed (jpeg_crop_scanline, jpeg_skip_scanlines)"
+#endif
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    int warned;
+    char message[JMSG_LENGTH_MAX];
+} roi_error;
+
+static void roi_error_exit(j_common_ptr cinfo) {
+    roi_error *err = (roi_error *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+static void roi_emit_message(j_common_ptr cinfo, int level) {
+    roi_error *err = (roi_error *)cinfo->err;
+    if (level < 0 && !err->warned) { /* a warning: corrupt data libjpeg would paper over */
+        err->warned = 1;
+        (*cinfo->err->format_message)(cinfo, err->message);
+    }
+}
+
+typedef struct {
+    struct jpeg_decompress_struct cinfo;
+    roi_error err;
+    const unsigned char *data;
+    unsigned long len;
+    int scale, x0, y0, x1, y1;
+    JDIMENSION left, top, width, height;
+    int unsupported, bad_region;
+} roi_job;
+
+/* Phase 1, without the GIL: the header, the scale, the region's columns.  0: failed. */
+static int roi_start(roi_job *job) {
+    struct jpeg_decompress_struct *cinfo = &job->cinfo;
+    if (setjmp(job->err.jump)) {
+        return 0;
+    }
+    jpeg_mem_src(cinfo, job->data, job->len);
+    jpeg_read_header(cinfo, TRUE);
+    if (cinfo->jpeg_color_space != JCS_YCbCr && cinfo->jpeg_color_space != JCS_GRAYSCALE &&
+        cinfo->jpeg_color_space != JCS_RGB) {
+        job->unsupported = 1;
+        return 1;
+    }
+    cinfo->out_color_space = JCS_RGB;
+    cinfo->scale_num = 1;
+    cinfo->scale_denom = (unsigned int)job->scale;
+    jpeg_start_decompress(cinfo);
+    if (job->x0 < 0 || job->y0 < 0 || job->x1 <= job->x0 || job->y1 <= job->y0 ||
+        (JDIMENSION)job->x1 > cinfo->output_width || (JDIMENSION)job->y1 > cinfo->output_height) {
+        job->bad_region = 1;
+        return 1;
+    }
+    /* One iMCU column more on each side: fancy upsampling makes a cropped edge's columns
+       from their own samples only, so the region's own columns stay as a full decode's. */
+#if JPEG_LIB_VERSION >= 70
+    int margin = cinfo->max_h_samp_factor * cinfo->min_DCT_h_scaled_size;
+#else
+    int margin = cinfo->max_h_samp_factor * cinfo->min_DCT_scaled_size;
+#endif
+    int x0 = job->x0 > margin ? job->x0 - margin : 0;
+    int x1 = job->x1 + margin < (int)cinfo->output_width ? job->x1 + margin
+                                                         : (int)cinfo->output_width;
+    job->left = (JDIMENSION)x0;
+    job->width = (JDIMENSION)(x1 - x0);
+    job->top = (JDIMENSION)job->y0;
+    job->height = (JDIMENSION)(job->y1 - job->y0);
+    if (job->left > 0 || job->width < cinfo->output_width) {
+        jpeg_crop_scanline(cinfo, &job->left, &job->width); /* left aligned down, width up */
+    }
+    return 1;
+}
+
+/* Phase 2, without the GIL: skip the rows above, read the region's rows.  0: failed. */
+static int roi_read(roi_job *job, unsigned char *pixels) {
+    struct jpeg_decompress_struct *cinfo = &job->cinfo;
+    if (setjmp(job->err.jump)) {
+        return 0;
+    }
+    /* Skip whole iMCU rows only, and one fewer than fits above the region: fancy upsampling
+       needs the rows beside the first one read, and the rows between are read and dropped,
+       so every row of the region is what a full decode gives. */
+#if JPEG_LIB_VERSION >= 70
+    JDIMENSION imcu = (JDIMENSION)(cinfo->max_v_samp_factor * cinfo->min_DCT_v_scaled_size);
+#else
+    JDIMENSION imcu = (JDIMENSION)(cinfo->max_v_samp_factor * cinfo->min_DCT_scaled_size);
+#endif
+    JDIMENSION skip = job->top / imcu;
+    skip = skip > 0 ? (skip - 1) * imcu : 0;
+    if (skip > 0) {
+        jpeg_skip_scanlines(cinfo, skip);
+    }
+    while (cinfo->output_scanline < job->top) {
+        JSAMPROW row = pixels; /* dropped: overwritten by the region's first row */
+        jpeg_read_scanlines(cinfo, &row, 1);
+    }
+    JSAMPROW rows[16];
+    while (cinfo->output_scanline < job->top + job->height) {
+        JDIMENSION first = cinfo->output_scanline - job->top;
+        JDIMENSION n = job->height - first < 16 ? job->height - first : 16;
+        for (JDIMENSION i = 0; i < n; i++) {
+            rows[i] = pixels + (size_t)(first + i) * job->width * 3;
+        }
+        jpeg_read_scanlines(cinfo, rows, n);
+    }
+    return 1;
+}
+
+static PyObject *roi_decode(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer data;
+    roi_job job;
+    memset(&job, 0, sizeof(job));
+    if (!PyArg_ParseTuple(args, "y*iiiii", &data, &job.scale, &job.x0, &job.y0, &job.x1,
+                          &job.y1)) {
+        return NULL;
+    }
+    if (job.scale != 1 && job.scale != 2 && job.scale != 4 && job.scale != 8) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "scale must be 1, 2, 4 or 8");
+        return NULL;
+    }
+    job.data = (const unsigned char *)data.buf;
+    job.len = (unsigned long)data.len;
+    job.cinfo.err = jpeg_std_error(&job.err.pub);
+    job.err.pub.error_exit = roi_error_exit;
+    job.err.pub.emit_message = roi_emit_message;
+    jpeg_create_decompress(&job.cinfo);
+
+    PyObject *out = NULL;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = roi_start(&job);
+    Py_END_ALLOW_THREADS
+    if (ok && !job.unsupported && !job.bad_region && !job.err.warned) {
+        out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)job.width * job.height * 3);
+        if (out == NULL) {
+            jpeg_destroy_decompress(&job.cinfo);
+            PyBuffer_Release(&data);
+            return NULL;
+        }
+        unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
+        Py_BEGIN_ALLOW_THREADS
+        ok = roi_read(&job, pixels);
+        Py_END_ALLOW_THREADS
+    }
+    JDIMENSION out_w = job.cinfo.output_width, out_h = job.cinfo.output_height;
+    jpeg_destroy_decompress(&job.cinfo); /* also ends a decompression stopped early */
+    PyBuffer_Release(&data);
+    if (!ok) {
+        Py_XDECREF(out);
+        PyErr_Format(PyExc_ValueError, "%s", job.err.message);
+        return NULL;
+    }
+    if (job.bad_region) {
+        PyErr_Format(PyExc_ValueError, "region %d,%d-%d,%d is outside the %ux%u image", job.x0,
+                     job.y0, job.x1, job.y1, out_w, out_h);
+        return NULL;
+    }
+    if (job.unsupported || job.err.warned) {
+        Py_XDECREF(out);
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(NIIII)", out, job.left, job.top, job.width, job.height);
+}
+
+static PyMethodDef roi_methods[] = {
+    {"decode", roi_decode, METH_VARARGS,
+     "decode(data, scale, x0, y0, x1, y1) -> (pixels, left, top, width, height) | None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef roi_module = {
+    PyModuleDef_HEAD_INIT,
+    "_jpegroi",
+    "Region-of-interest JPEG decoding over libjpeg-turbo (see the C source).",
+    -1,
+    roi_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__jpegroi(void) {
+    PyObject *m = PyModule_Create(&roi_module);
+    if (m != NULL) {
+        PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER", LIBJPEG_TURBO_VERSION_NUMBER);
+    }
+    return m;
+}

@@ -1,0 +1,133 @@
+"""Decode + transform per image: the whole-image Pillow path against the region decode.
+
+Sets, each decoded from bytes in RAM in this one process (CPU time is per core):
+
+* ``imagenet-rrc`` — the ImageNet-like folder (~110 KB, ~476×426), RandomResizedCrop(224);
+* ``photo12mp-rrc`` — 12-megapixel photos (4000×3000, made from the demo's real photos as
+  the demo makes its folder: random crops, upscaled, colour and grain), RandomResizedCrop(224);
+* ``imagenet-center`` — the ImageNet-like folder, CenterCrop(224) after resize 256 (eval).
+
+Paths: ``pillow`` (today's: Pillow decodes the whole image, at 1/2–1/8 scale where the crop
+allows) and ``roi`` (``_decode/_jpegroi``: only the crop's rows and iMCU columns, same
+scale rule).  Rounds interleave the paths (the order flips each round); printed: CPU ms per
+image and images/s per core (medians), and the median of each round's roi/pillow CPU ratio.
+Run: ``python benchmarks/bench_decode.py [--rounds 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageEnhance
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_loader import ROOT, _files
+
+
+def make_photos(root: Path, count: int, size: tuple[int, int] = (4000, 3000)) -> list[Path]:
+    """``count`` 12-megapixel JPEGs from the demo's real photos (made once)."""
+    from asyncloader._demo import source_photos
+
+    root.mkdir(parents=True, exist_ok=True)
+    marker = root / ".complete.json"
+    params = {"count": count, "size": list(size), "version": 1}
+    paths = [root / f"photo_{i:03d}.jpg" for i in range(count)]
+    if marker.exists() and json.loads(marker.read_text()) == params:
+        return paths
+    photos = source_photos()
+    for i, path in enumerate(paths):
+        rng = random.Random(i)
+        src = photos[i % len(photos)]
+        sw, sh = src.size
+        cw = round(sw * rng.uniform(0.6, 1.0))
+        ch = min(sh, round(cw * size[1] / size[0]))
+        cw = round(ch * size[0] / size[1])
+        left, top = rng.randint(0, sw - cw), rng.randint(0, sh - ch)
+        img = src.resize(size, Image.Resampling.BICUBIC, box=(left, top, left + cw, top + ch))
+        img = ImageEnhance.Color(img).enhance(rng.uniform(0.7, 1.3))
+        grain = np.random.default_rng(i).integers(-6, 7, (size[1], size[0], 1), dtype=np.int16)
+        img = Image.fromarray(np.clip(np.asarray(img, np.int16) + grain, 0, 255).astype(np.uint8))
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=92)
+        path.write_bytes(buf.getvalue())
+    marker.write_text(json.dumps(params))
+    return paths
+
+
+def measure(datas: list[bytes], transform: object, roi: bool, passes: int) -> float:
+    """CPU seconds per image of decode + transform into a sample (one core)."""
+    from asyncloader._decode import DecodeSpec, decode_into
+
+    h, w = transform.output_size  # type: ignore[attr-defined]
+    spec = DecodeSpec((3, h, w), transform=transform, roi=roi)  # type: ignore[arg-type]
+    out = np.empty((3, h, w), np.uint8)
+    c0 = time.process_time()
+    for p in range(passes):
+        for i, data in enumerate(datas):
+            decode_into(data, out, spec, p * 100_003 + i, "k")
+    return (time.process_time() - c0) / (passes * len(datas))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--images", type=int, default=300, help="ImageNet-like files used")
+    p.add_argument("--photos", type=int, default=12, help="12-megapixel photos")
+    args = p.parse_args()
+
+    import asyncloader as al
+    from asyncloader._decode import ROI_DECODE
+    from asyncloader._demo import make_jpeg_folder
+
+    if not ROI_DECODE:
+        sys.exit("the _jpegroi extension is not built here (libjpeg-turbo headers missing?)")
+    folder = make_jpeg_folder(ROOT / "cache" / "bench-jpegs", images=1500, classes=10, seed=0)
+    imagenet = [f.read_bytes() for f in _files(folder)[: args.images]]
+    photos = [f.read_bytes() for f in make_photos(ROOT / "cache" / "bench-12mp", args.photos)]
+    sets = {
+        "imagenet-rrc": (imagenet, al.RandomResizedCrop(224), 2),
+        "photo12mp-rrc": (photos, al.RandomResizedCrop(224), 2),
+        "imagenet-center": (imagenet, al.CenterCrop(224), 2),
+    }
+    for datas, tf, _ in sets.values():  # warm up: imports, allocator, caches
+        measure(datas[:10], tf, True, 1)
+        measure(datas[:10], tf, False, 1)
+    cpu: dict[tuple[str, bool], list[float]] = {}
+    for r in range(args.rounds):
+        for name, (datas, tf, passes) in sets.items():
+            for roi in (False, True) if r % 2 == 0 else (True, False):
+                cpu.setdefault((name, roi), []).append(measure(datas, tf, roi, passes))
+        print(f"round {r + 1} done", file=sys.stderr, flush=True)
+    kb = {n: statistics.mean(len(d) for d in s[0]) / 1e3 for n, s in sets.items()}
+    print(
+        f"\ndecode + transform from RAM, one core, {args.rounds} interleaved rounds; medians; "
+        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB\n"
+    )
+    print(
+        f"{'set':16s} {'~KB':>6s} {'path':7s} {'CPU ms/img':>10s} {'img/s/core':>10s} "
+        f"{'x pillow':>9s}"
+    )
+    for name in sets:
+        base = cpu[(name, False)]
+        for roi in (False, True):
+            xs = cpu[(name, roi)]
+            ratio = statistics.median(a / b for a, b in zip(xs, base, strict=True))
+            med = statistics.median(xs)
+            print(
+                f"{name:16s} {kb[name]:6.0f} {'roi' if roi else 'pillow':7s} {med * 1e3:10.2f} "
+                f"{1 / med:10.0f} {ratio:9.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The optional C extension: region-of-interest JPEG decoding over libjpeg-turbo.
+
+Everything else is in pyproject.toml.  The extension builds where libjpeg-turbo's headers
+are (Debian/Ubuntu: ``libjpeg62-turbo-dev`` / ``libjpeg-turbo8-dev``; ``.ci/run`` installs
+them when it can); where they are not, the package installs without it and Pillow decodes
+every JPEG whole (``asyncloader._decode.ROI_DECODE`` says which).
+"""
+
+from __future__ import annotations
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """Build the extension if this machine can; never fail the install over it."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # a missing header or library, no compiler
+            self.warn(f"{ext.name} not built ({exc}); JPEGs will be decoded whole, through Pillow")
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "asyncloader._decode._jpegroi",
+            ["asyncloader/_decode/_jpegroi.c"],
+            libraries=["jpeg"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        )
+    ],
+    cmdclass={"build_ext": OptionalBuildExt},
+)
