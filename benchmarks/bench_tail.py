@@ -151,7 +151,8 @@ def main() -> None:
     med = statistics.median
     base = [x["images"] / x["wall"] for x in rows.get("baseline", [])]
     print(
-        f"\n{args.images} JPEGs, {args.workers} workers, batch {args.batch_size}, "
+        f"\n{int(med([x['images'] for x in rows[names[0]]]))} JPEGs, {args.workers} workers, "
+        f"batch {args.batch_size}, "
         f"{os.cpu_count()} cores, {args.repeat} round(s), {BASE_LATENCY * 1e3:.0f} ms; medians, "
         "ratios to each round's baseline\n"
     )
