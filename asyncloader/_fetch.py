@@ -200,26 +200,34 @@ class Fetcher:
         tasks = [first]
         timer: list[asyncio.TimerHandle] = []
         try:
-            # Wake at the first answer or when the deadline has passed, whichever comes
-            # first (what asyncio.wait does with a timeout, at a fraction of its cost).
-            wake: asyncio.Future[None] = loop.create_future()
-            first.add_done_callback(partial(_settle, wake))
+            while True:
+                # Wake at the first answer, or once the deadline has passed and a hedge is
+                # allowed, whichever comes first (what asyncio.wait does with a timeout, at a
+                # fraction of its cost).  While the hedges' bounds are reached, look again
+                # every hedge_floor: a late request gets its hedge as soon as one is free.
+                wake: asyncio.Future[None] = loop.create_future()
+                first.add_done_callback(partial(_settle, wake))
 
-            def check() -> None:
-                deadline = self._hedge_deadline()
-                if deadline is None:  # not enough latencies known yet: look again later
-                    timer[0] = loop.call_later(self.config.hedge_floor, check)
-                    return
-                left = t0 + deadline - loop.time()
-                if left > 0:
-                    timer[0] = loop.call_later(left, check)
-                else:
-                    _settle(wake, None)
+                def check(wake: asyncio.Future[None] = wake) -> None:
+                    deadline = self._hedge_deadline()
+                    left = self.config.hedge_floor  # not enough latencies known yet
+                    if deadline is not None:
+                        left = t0 + deadline - loop.time()
+                        if left <= 0 and not self._may_hedge():
+                            left = self.config.hedge_floor
+                    if left > 0:
+                        timer[:] = [loop.call_later(left, check)]
+                    else:
+                        _settle(wake, None)
 
-            timer.append(loop.call_later(self._hedge_deadline() or self.config.hedge_floor, check))
-            await wake
-            if first.done() or not self._may_hedge():
-                return await first
+                timer[:] = [
+                    loop.call_later(self._hedge_deadline() or self.config.hedge_floor, check)
+                ]
+                await wake
+                if first.done():
+                    return await first
+                if self._may_hedge():
+                    break  # (else another request took the last hedge meanwhile)
             c = self._c
             c.hedges_sent += 1
             self._hedges_inflight += 1

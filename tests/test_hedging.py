@@ -113,3 +113,47 @@ def test_a_tail_on_a_real_server_is_hedged(light_server: S3TestServer) -> None:
     assert light_server.stats()["counters"]["fault_stall"] > 0
     assert stats.hedges_won > 0 and stats.hedges_sent <= 0.2 * stats.requests + 4
     assert time.monotonic() - t0 < 25  # no sample of the epoch waited for its 30 s stall
+
+
+def test_batches_are_the_same_under_delays_throttling_and_hedges(bucket: MemoryBucket) -> None:
+    # Answers come back in another order (stalls, throttles with their back-off, hedges
+    # winning), the in-flight budget moves: the batches must not.
+    def epoch_pixels(store: al.ObjectStore, **kw: object) -> tuple[np.ndarray, list[int]]:
+        with _loader(store, seed=5, **kw) as loader:
+            loader.set_epoch(2)
+            batches = [(images.numpy().copy(), labels.tolist()) for images, labels in loader]
+        return np.concatenate([b[0] for b in batches]), [x for b in batches for x in b[1]]
+
+    clean = epoch_pixels(MemoryStore(bucket), fetch=al.FetchConfig(hedge=False, adaptive=False))
+    store = FaultyStore(
+        MemoryStore(bucket),
+        rates={"stall": 0.15, "throttle": 0.15},
+        stall_seconds=0.05,
+        max_faults_per_key=2,
+        seed=11,
+    )
+    fetch = al.FetchConfig(hedge_min_samples=8, hedge_floor=0.005, backoff_base=0.005)
+    delayed = epoch_pixels(store, fetch=fetch)
+    assert store.faults["stall"] > 0 and store.faults["throttle"] > 0
+    assert delayed[1] == clean[1]
+    assert np.array_equal(delayed[0], clean[0])
+
+
+def test_a_late_request_gets_its_hedge_once_one_is_free(bucket: MemoryBucket) -> None:
+    # One hedge in flight at most; two requests pass their deadline together.  The one that
+    # finds the hedge taken must get its own as soon as that one is answered, not wait out
+    # its stall.
+    store = FaultyStore(MemoryStore(bucket), latency=0.002, stall_seconds=60)
+    keys = bucket.sorted_keys()
+    for key in keys[40:42]:
+        store.fail_next(1, key, kind="stall")
+    fetch = al.FetchConfig(
+        hedge_min_samples=16, hedge_min_inflight=1, hedge_share=1.0, max_inflight=16
+    )
+    t0 = time.monotonic()
+    with _loader(store, shuffle=False, fetch=fetch) as loader:
+        assert sum(len(lab) for _, lab in loader) == N_IMAGES
+    stats = loader.stats()
+    assert store.faults["stall"] == 2
+    assert stats.hedges_won == 2
+    assert time.monotonic() - t0 < 30  # far less than one stall (60 s)

@@ -100,10 +100,15 @@ SCRIPT = textwrap.dedent(
         loader = al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2,
                                 decode_backend=sys.argv[2], shuffle=False, prefetch_batches=2,
                                 store_options={"endpoint_url": sys.argv[1]})
-        for i, _ in enumerate(loader):
-            if i == 1:
-                print("STREAMING", flush=True)
-            time.sleep(0.05)  # a slow training step: the epoch lasts over a second
+        # Epochs until a decode worker was replaced (at most argv[3]): whatever the machine's
+        # speed, the run is still going when the test interrupts it or kills a worker.
+        for epoch in range(int(sys.argv[3])):
+            for i, _ in enumerate(loader):
+                if epoch == 0 and i == 1:
+                    print("STREAMING", flush=True)
+                time.sleep(0.05)  # a slow training step: an epoch lasts over a second
+            if loader.stats().worker_restarts:
+                break
         print("EPOCH DONE", loader.stats().worker_restarts, flush=True)
     if __name__ == "__main__":
         main()
@@ -111,11 +116,13 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _start(tmp_path: Path, server: S3TestServer, backend: str) -> subprocess.Popen[str]:
+def _start(
+    tmp_path: Path, server: S3TestServer, backend: str, epochs: int
+) -> subprocess.Popen[str]:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     proc = subprocess.Popen(
-        [sys.executable, str(script), server.endpoint, backend],
+        [sys.executable, str(script), server.endpoint, backend, str(epochs)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -140,7 +147,7 @@ def _cmdline(pid: str) -> bytes:
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: str) -> None:
     light_server.set_faults({}, latency=0.05)  # keep the epoch going long enough
-    proc = _start(tmp_path, light_server, backend)
+    proc = _start(tmp_path, light_server, backend, epochs=100)  # interrupted long before
     if backend == "process":
         assert len(_shm(proc.pid)) == 1  # the script's ring
     workers = _decode_workers(proc.pid)
@@ -161,7 +168,7 @@ def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: s
 
 def test_killed_decode_worker_is_replaced(light_server: S3TestServer, tmp_path: Path) -> None:
     light_server.set_faults({}, latency=0.02)
-    proc = _start(tmp_path, light_server, "process")
+    proc = _start(tmp_path, light_server, "process", epochs=20)
     workers = _decode_workers(proc.pid)
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
