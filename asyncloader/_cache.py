@@ -242,7 +242,7 @@ class ObjectCache:
                     found[key] = None
         return found
 
-    def put(self, key: str, data: bytes | bytearray) -> None:
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` under ``key`` (atomically visible once complete)."""
         blob = bytes(data)
         self._db().set(key, blob, tag=zlib.crc32(blob), retry=True)

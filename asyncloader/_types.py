@@ -16,6 +16,7 @@ __all__ = [
     "Blob",
     "BlobCache",
     "CacheEvent",
+    "ArenaSlice",
     "CachedAt",
     "DecodeFn",
     "DecodeJob",
@@ -107,6 +108,14 @@ class CachedAt(NamedTuple):
     crc: int
 
 
+class ArenaSlice(NamedTuple):
+    """An object's bytes in the decode processes' shared-memory arena: ``size`` bytes at
+    ``offset`` (see ``_decode/_arena``)."""
+
+    offset: int
+    size: int
+
+
 class BlobCache(Protocol):
     """Where decode workers read and store object bytes (the SSD cache); picklable."""
 
@@ -119,7 +128,7 @@ class BlobCache(Protocol):
         query); None when the entry went (evicted) or is damaged (dropped)."""
         ...
 
-    def put(self, key: str, data: Blob) -> None:
+    def put(self, key: str, data: Blob | memoryview) -> None:
         """Store bytes; visible to readers only once complete."""
         ...
 
@@ -151,8 +160,9 @@ class DecodeJob:
     """One sample for a decode worker: bytes (or where the cache has them) → a ring slot.
 
     Attributes:
-        data: Fetched bytes; a :class:`CachedAt` (read the cache there); or None (look the
-            key up in the cache).
+        data: Fetched bytes (a view of them in a decode process); an :class:`ArenaSlice`
+            (on their way to a decode process); a :class:`CachedAt` (read the cache there);
+            or None (look the key up in the cache).
         slot, index: Where in the ring the pixels go.
         seed: The sample's augmentation seed.
         key: The object's key (for messages).
@@ -160,7 +170,7 @@ class DecodeJob:
         size: The listed size [bytes] (-1: unknown).
     """
 
-    data: Blob | CachedAt | None
+    data: Blob | memoryview | ArenaSlice | CachedAt | None
     slot: int
     index: int
     seed: int

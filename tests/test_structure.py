@@ -45,11 +45,12 @@ ALLOWED = {
 # imports the parent's (it starts with numpy, Pillow and what it runs, nothing more).
 # ``_jpegroi`` is the C extension beside ``_image``.
 DECODE_SIBLINGS = {
+    "_arena": set(),
     "_image": {"_jpegroi"},
     "_job": {"_image"},
     "_threads": {"_image", "_job"},
-    "_worker": {"_image", "_job"},
-    "_processes": {"_image", "_worker"},
+    "_worker": {"_arena", "_image", "_job"},
+    "_processes": {"_arena", "_image", "_worker"},
 }
 
 

@@ -59,7 +59,9 @@ class DecodeSpec:
     roi: bool = True
 
 
-def decode_into(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str) -> None:
+def decode_into(
+    data: Blob | memoryview, out: U8Array, spec: DecodeSpec, seed: int, key: str
+) -> None:
     """Decode ``data`` into ``out`` (a CHW uint8 view of a batch slot).
 
     Raises:
@@ -69,7 +71,7 @@ def decode_into(data: Blob, out: U8Array, spec: DecodeSpec, seed: int, key: str)
     if spec.decode_fn is not None:
         what = shown_key(key)
         try:
-            arr = np.asarray(spec.decode_fn(data))
+            arr = np.asarray(spec.decode_fn(bytes(data) if isinstance(data, memoryview) else data))
         except Exception as exc:
             raise DecodeError(f"decode hook failed on {what}: {exc!r}", key=key) from exc
         if arr.shape != out.shape or arr.dtype != np.uint8:
@@ -137,7 +139,7 @@ def _dct_scale(width: int, height: int, want: tuple[int, int]) -> int:
 
 
 def _decode_region(
-    data: Blob,
+    data: Blob | memoryview,
     scale: int,
     width: int,
     height: int,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .._errors import DecodeError, shown_key
-from .._types import CachedAt, CacheEvent, DecodeJob, Outcome
+from .._types import ArenaSlice, CachedAt, CacheEvent, DecodeJob, Outcome
 from ._image import DecodeSpec, U8Array, decode_into
 
 __all__ = ["DecodePool", "run_job"]
@@ -28,6 +28,8 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
     events = CacheEvent.NONE
     data, cache_key, size = job.data, job.cache_key, job.size
     cache = spec.cache if cache_key else None
+    if isinstance(data, ArenaSlice):  # the worker resolves these before running the job
+        raise DecodeError(f"bytes of {shown_key(job.key)} left in the arena", key=job.key)
     if data is None or isinstance(data, CachedAt):
         if cache is None:
             raise DecodeError(f"no cache to read {shown_key(job.key)} from", key=job.key)

@@ -2,13 +2,15 @@
 (launch, dispatch, restart, shutdown).  The child side is :mod:`._worker`.
 
 A worker that dies is seen as EOF on its socket by the event loop, replaced, and its jobs are
-retried once.  Workers live as long as the loader, across epochs.
+retried once.  Workers live as long as the loader, across epochs.  Fetched bytes reach them
+through a shared-memory arena (:mod:`._arena`), not the socket, when an extent is free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import multiprocessing.connection as mpc
 import multiprocessing.spawn as mp_spawn
 import pickle
@@ -21,10 +23,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 from .._errors import DecodeError, PipelineDeadError, shown_key
 from .._types import DecodeJob, Outcome
+from ._arena import ArenaSlice, Extents
 from ._image import DecodeSpec
 from ._worker import READY
 
@@ -32,7 +36,11 @@ __all__ = ["ProcessDecodePool"]
 
 
 def _launch(
-    prep: dict[str, Any], spec_bytes: bytes, shm_name: str, shape: tuple[int, ...]
+    prep: dict[str, Any],
+    spec_bytes: bytes,
+    shm_name: str,
+    shape: tuple[int, ...],
+    arena_name: str | None,
 ) -> _Worker:
     """Start one decode process on a socket pair; the first message tells it what to do."""
     parent_sock, child_sock = socket.socketpair()
@@ -53,7 +61,7 @@ def _launch(
     conn = mpc.Connection(parent_sock.detach())
     main = {k: prep[k] for k in ("init_main_from_name", "init_main_from_path") if k in prep}
     bare = {k: prep[k] for k in ("sys_argv", "dir", "orig_dir") if k in prep}  # path: above
-    conn.send((bare, main, spec_bytes, shm_name, shape))
+    conn.send((bare, main, spec_bytes, shm_name, shape, arena_name))
     return _Worker(proc, conn)
 
 
@@ -124,6 +132,8 @@ class ProcessDecodePool:
         shape: Shape of the ring's image array (slots, batch, C, H, W).
         depth: Jobs outstanding per worker (keeps a worker busy while results travel).
         start_timeout: How long workers may take to start [seconds].
+        arena_bytes: Size of the shared-memory arena fetched bytes travel through (0: the
+            socket only); pages are backed only once used [bytes].
 
     Workers are fresh interpreters (``python -c``, as safe with threads around as ``spawn``)
     that import this module, not the user's script: see :func:`._worker.worker_main`.
@@ -138,6 +148,7 @@ class ProcessDecodePool:
         *,
         depth: int = 4,
         start_timeout: float = 60.0,
+        arena_bytes: int = 64 << 20,
     ) -> None:
         self.workers = workers
         self.restarts = 0
@@ -155,10 +166,16 @@ class ProcessDecodePool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._broken: PipelineDeadError | None = None
+        self._arena_bytes = arena_bytes
+        self._arena: SharedMemory | None = None
+        self._arena_view: memoryview | None = None
+        self._extents: Extents | None = None
+        self.arena_jobs = 0  # jobs whose bytes went through the arena
 
     def _spawn(self) -> _Worker:
         """Launch one worker with its sender thread (blocking: runs off the loop)."""
-        w = _launch(self._prep, self._spec_bytes, self._shm_name, self._shape)
+        name = self._arena.name if self._arena is not None else None
+        w = _launch(self._prep, self._spec_bytes, self._shm_name, self._shape, name)
         w.start_sender(lambda: self._broken_pipe(w))
         return w
 
@@ -181,7 +198,15 @@ class ProcessDecodePool:
             PipelineDeadError: a worker died or stayed silent while starting.
         """
         self._loop = asyncio.get_running_loop()
-        self._pool = await asyncio.to_thread(self._start_all, self._start_timeout)
+        if self._arena_bytes > 0 and self._arena is None:
+            self._arena = SharedMemory(create=True, size=self._arena_bytes)
+            self._arena_view = self._arena.buf
+            self._extents = Extents(self._arena_bytes)
+        try:
+            self._pool = await asyncio.to_thread(self._start_all, self._start_timeout)
+        except BaseException:
+            self._close_arena()
+            raise
         for w in self._pool:
             self._watch(w)
 
@@ -251,7 +276,9 @@ class ProcessDecodePool:
                 job_id, job = self._pending.popleft()
                 fut = self._futures.get(job_id)
                 if fut is None or fut.done():
+                    self._release(job)
                     continue  # cancelled while queued
+                job = self._to_arena(job)
                 chunk.append((job_id, job))
                 w.jobs[job_id] = job
             if chunk:
@@ -265,7 +292,9 @@ class ProcessDecodePool:
                     w.ready = True
                     continue
                 job_id, outcome, err = msg  # (job id, Outcome, None) or (job id, None, error)
-                w.jobs.pop(job_id, None)
+                done = w.jobs.pop(job_id, None)
+                if done is not None:
+                    self._release(done)
                 fut = self._futures.get(job_id)
                 if fut is not None and not fut.done():
                     if err is None:
@@ -339,6 +368,7 @@ class ProcessDecodePool:
             tries = self._attempts.get(job_id, 0) + 1
             self._attempts[job_id] = tries
             if tries >= 2:
+                self._release(job)
                 pending.set_exception(
                     DecodeError(
                         f"decode worker died ({how}) twice decoding {shown_key(job.key)}",
@@ -365,6 +395,39 @@ class ProcessDecodePool:
         except RuntimeError:
             # Interpreter exit: no new threads may start any more; block here instead.
             _stop_workers(pool)
+        self._close_arena()  # no worker reads it any more
+
+    def _to_arena(self, job: DecodeJob) -> DecodeJob:
+        """The job with its bytes copied into a free extent of the arena (as is when it
+        has none free, or its data is not bytes)."""
+        data = job.data
+        if self._extents is None or not isinstance(data, bytes | bytearray | memoryview):
+            return job
+        size = len(data)
+        offset = self._extents.alloc(size)
+        if offset is None:
+            return job
+        assert self._arena_view is not None
+        self._arena_view[offset : offset + size] = data
+        self.arena_jobs += 1
+        return dataclasses.replace(job, data=ArenaSlice(offset, size))
+
+    def _release(self, job: DecodeJob) -> None:
+        """The job is answered (or given up): its extent is free again."""
+        data = job.data
+        if isinstance(data, ArenaSlice) and self._extents is not None:
+            self._extents.free(data.offset, data.size)
+
+    def _close_arena(self) -> None:
+        arena, self._arena = self._arena, None
+        self._extents = None
+        if self._arena_view is not None:
+            self._arena_view.release()
+            self._arena_view = None
+        if arena is not None:
+            arena.close()
+            with contextlib.suppress(FileNotFoundError):
+                arena.unlink()
 
 
 def _stop_workers(pool: Sequence[_Worker]) -> None:

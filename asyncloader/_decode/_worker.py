@@ -2,13 +2,15 @@
 ring's shared memory and runs the jobs its socket brings, writing pixels into the ring.
 
 It imports numpy, Pillow and this package, and the user's ``__main__`` only when the pickled
-spec needs it (a ``decode=`` hook defined there).  Only the object bytes and a few numbers
-come in; only the outcome (or a picklable error) goes back.
+spec needs it (a ``decode=`` hook defined there).  Only a few numbers come in (the object's
+bytes are read in place from the parent's shared-memory arena; through the socket only when
+the arena had no room); only the outcome (or a picklable error) goes back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing.connection as mpc
 import multiprocessing.process as mp_process
 import multiprocessing.spawn as mp_spawn
@@ -23,6 +25,7 @@ import numpy as np
 
 from .._errors import DecodeError
 from .._types import DecodeJob
+from ._arena import ArenaSlice
 from ._image import DecodeSpec, U8Array
 from ._job import run_job
 
@@ -46,7 +49,7 @@ def worker_main(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = mpc.Connection(fd)
     try:
-        prep, main, spec_bytes, shm_name, shape = conn.recv()
+        prep, main, spec_bytes, shm_name, shape, arena_name = conn.recv()
     except (EOFError, OSError):
         return
     mp_spawn.prepare(prep)
@@ -64,7 +67,7 @@ def worker_main(fd: int) -> None:
         finally:
             del mp_process.current_process()._inheriting  # type: ignore[attr-defined]
         spec = pickle.loads(spec_bytes)
-    _serve(conn, spec, shm_name, shape)
+    _serve(conn, spec, shm_name, shape, arena_name)
 
 
 def _attach(name: str) -> SharedMemory:
@@ -85,9 +88,17 @@ def _attach(name: str) -> SharedMemory:
         resource_tracker.register = register
 
 
-def _serve(conn: mpc.Connection, spec: DecodeSpec, shm_name: str, shape: tuple[int, ...]) -> None:
+def _serve(
+    conn: mpc.Connection,
+    spec: DecodeSpec,
+    shm_name: str,
+    shape: tuple[int, ...],
+    arena_name: str | None,
+) -> None:
     shm = _attach(shm_name)
     images: U8Array = np.ndarray(shape, np.uint8, buffer=shm.buf)
+    arena = _attach(arena_name) if arena_name else None
+    view = arena.buf if arena is not None else None
     try:
         conn.send(READY)
         while True:
@@ -96,6 +107,10 @@ def _serve(conn: mpc.Connection, spec: DecodeSpec, shm_name: str, shape: tuple[i
                 return
             job: DecodeJob
             for job_id, job in msg:  # a chunk of (job id, job)
+                if isinstance(job.data, ArenaSlice):
+                    assert view is not None
+                    at = job.data
+                    job = dataclasses.replace(job, data=view[at.offset : at.offset + at.size])
                 try:
                     outcome = run_job(job, images[job.slot, job.index], spec)
                     reply: tuple[Any, ...] = (job_id, outcome, None)
@@ -110,6 +125,9 @@ def _serve(conn: mpc.Connection, spec: DecodeSpec, shm_name: str, shape: tuple[i
     except (EOFError, OSError):
         return  # the parent is gone
     finally:
-        del images
+        del images, view
         with contextlib.suppress(Exception):
             shm.close()
+        if arena is not None:
+            with contextlib.suppress(Exception):
+                arena.close()
