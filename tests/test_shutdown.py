@@ -94,7 +94,10 @@ def test_nothing_left_behind(light_server: S3TestServer, backend: str, how: str)
 
 SCRIPT = textwrap.dedent(
     """
-    import sys, time, asyncloader as al
+    import signal, sys, time, asyncloader as al
+    # Ctrl-C as in a terminal, even when the tests run as a shell's background job (which
+    # starts its children with SIGINT ignored, so Python would install no handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print("SCRIPT RAN", flush=True)  # once: decode processes do not import the script
     def main():
         loader = al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2,
@@ -157,6 +160,7 @@ def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: s
         out, err = proc.communicate(timeout=20)
     finally:
         proc.kill()
+        proc.communicate()  # reaped, pipes closed, whatever happened above
     assert "KeyboardInterrupt" in err
     assert proc.returncode != 0
     assert "SCRIPT RAN" not in out
@@ -172,7 +176,11 @@ def test_killed_decode_worker_is_replaced(light_server: S3TestServer, tmp_path: 
     workers = _decode_workers(proc.pid)
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.communicate()
     assert proc.returncode == 0, err
     assert "EPOCH DONE 1" in out
 
