@@ -52,10 +52,10 @@ def _region(data: bytes, scale: int, box: tuple[int, int, int, int]) -> np.ndarr
     x0, y0, x1, y1 = box
     got = _jpegroi.decode(data, scale, x0, y0, x1, y1)
     assert got is not None
-    pixels, left, top, width, height = got
+    canvas, left, top, width, height, cw, ch = got
     assert left <= x0 and top == y0 and left + width >= x1 and height == y1 - y0
-    arr = np.frombuffer(pixels, np.uint8).reshape(height, width, 3)
-    return arr[:, x0 - left : x1 - left]
+    arr = np.frombuffer(canvas, np.uint8).reshape(ch, cw, 4)  # RGBX
+    return arr[y0:y1, x0:x1, :3]
 
 
 KINDS = {

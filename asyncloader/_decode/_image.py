@@ -126,6 +126,7 @@ def decode_into(
         raise DecodeError(
             f"cannot decode {shown_key(key)}: {type(exc).__name__}: {exc}", key=key
         ) from exc
+    arr = arr[:, :, :3]  # RGB of RGB or RGBX
     if plan.flip:
         arr = arr[:, ::-1]
     # One strided copy HWC → CHW into shared memory; numpy releases the GIL for it.
@@ -161,10 +162,10 @@ def _decode_region(
     got = _jpegroi.decode(data, scale, x0, y0, x1, y1)
     if got is None:
         return None
-    pixels, rx, ry, rw, rh = got
-    # The region in place in an image of the scaled size (pages never touched are never
-    # backed), so the resize sees the same box, in the same coordinates, as a whole decode:
-    # the same filter weights, the same pixels.
-    img = Image.new("RGB", (sw, sh))
-    img.paste(Image.frombuffer("RGB", (rw, rh), pixels, "raw", "RGB", 0, 1), (rx, ry))
+    # The region is in place in a canvas of the scaled size, in Pillow's own RGBX layout
+    # (mapped, not copied; pages never written are never backed), so the resize sees the
+    # same box, in the same coordinates, as a whole decode: the same filter weights, the
+    # same pixels.  X is dropped when the sample is copied out.
+    canvas, _, _, _, _, cw, ch = got
+    img = Image.frombuffer("RGBX", (cw, ch), canvas, "raw", "RGBX", 0, 1)
     return img, (left, top, right, bottom)

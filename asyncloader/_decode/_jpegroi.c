@@ -8,8 +8,9 @@
  * (ISLOW IDCT, fancy upsampling, YCbCr or grayscale to RGB), the same as a full decode at
  * the same scale.
  *
- * Returns (pixels, left, top, width, height): RGB rows of the region actually decoded (its
- * left edge aligned down to an iMCU column), or None for what the caller should decode
+ * Returns (canvas, left, top, width, height, canvas_width, canvas_height): the scaled image's
+ * size in RGBX pixels (Pillow's layout), of which only the region actually decoded is
+ * written (its left edge aligned down to an iMCU column), or None for what the caller should decode
  * another way (CMYK/YCCK, any libjpeg warning such as extraneous bytes).  Raises ValueError
  * for data libjpeg cannot decode.  The GIL is released while libjpeg works.
  */
@@ -54,6 +55,7 @@ typedef struct {
     unsigned long len;
     int scale, x0, y0, x1, y1;
     JDIMENSION left, top, width, height;
+    JDIMENSION full_w, full_h; /* the scaled image (jpeg_crop_scanline narrows output_width) */
     int unsupported, bad_region;
 } roi_job;
 
@@ -70,7 +72,7 @@ static int roi_start(roi_job *job) {
         job->unsupported = 1;
         return 1;
     }
-    cinfo->out_color_space = JCS_RGB;
+    cinfo->out_color_space = JCS_EXT_RGBX; /* Pillow's own pixel layout: no conversion */
     cinfo->scale_num = 1;
     cinfo->scale_denom = (unsigned int)job->scale;
     jpeg_start_decompress(cinfo);
@@ -89,6 +91,8 @@ static int roi_start(roi_job *job) {
     int x0 = job->x0 > margin ? job->x0 - margin : 0;
     int x1 = job->x1 + margin < (int)cinfo->output_width ? job->x1 + margin
                                                          : (int)cinfo->output_width;
+    job->full_w = cinfo->output_width;
+    job->full_h = cinfo->output_height;
     job->left = (JDIMENSION)x0;
     job->width = (JDIMENSION)(x1 - x0);
     job->top = (JDIMENSION)job->y0;
@@ -118,16 +122,20 @@ static int roi_read(roi_job *job, unsigned char *pixels) {
     if (skip > 0) {
         jpeg_skip_scanlines(cinfo, skip);
     }
+    /* Rows go to their place in the canvas (the scaled image, 4 bytes a pixel), from the
+       region's left edge; a dropped row goes where the region's first row will. */
+    size_t stride = (size_t)job->full_w * 4;
+    unsigned char *base = pixels + (size_t)job->left * 4;
     while (cinfo->output_scanline < job->top) {
-        JSAMPROW row = pixels; /* dropped: overwritten by the region's first row */
+        JSAMPROW row = base + job->top * stride;
         jpeg_read_scanlines(cinfo, &row, 1);
     }
     JSAMPROW rows[16];
     while (cinfo->output_scanline < job->top + job->height) {
-        JDIMENSION first = cinfo->output_scanline - job->top;
-        JDIMENSION n = job->height - first < 16 ? job->height - first : 16;
+        JDIMENSION first = cinfo->output_scanline;
+        JDIMENSION n = job->top + job->height - first < 16 ? job->top + job->height - first : 16;
         for (JDIMENSION i = 0; i < n; i++) {
-            rows[i] = pixels + (size_t)(first + i) * job->width * 3;
+            rows[i] = base + (first + i) * stride;
         }
         jpeg_read_scanlines(cinfo, rows, n);
     }
@@ -160,7 +168,9 @@ static PyObject *roi_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     ok = roi_start(&job);
     Py_END_ALLOW_THREADS
     if (ok && !job.unsupported && !job.bad_region && !job.err.warned) {
-        out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)job.width * job.height * 3);
+        /* Not initialised: only the region's rows are written (and read by the caller). */
+        out = PyByteArray_FromStringAndSize(
+            NULL, (Py_ssize_t)job.full_w * job.full_h * 4);
         if (out == NULL) {
             jpeg_destroy_decompress(&job.cinfo);
             PyBuffer_Release(&data);
@@ -188,12 +198,13 @@ static PyObject *roi_decode(PyObject *Py_UNUSED(self), PyObject *args) {
         Py_XDECREF(out);
         Py_RETURN_NONE;
     }
-    return Py_BuildValue("(NIIII)", out, job.left, job.top, job.width, job.height);
+    return Py_BuildValue(
+        "(NIIIIII)", out, job.left, job.top, job.width, job.height, job.full_w, job.full_h);
 }
 
 static PyMethodDef roi_methods[] = {
     {"decode", roi_decode, METH_VARARGS,
-     "decode(data, scale, x0, y0, x1, y1) -> (pixels, left, top, width, height) | None"},
+     "decode(data, scale, x0, y0, x1, y1) -> (canvas, left, top, width, height, cw, ch) | None"},
     {NULL, NULL, 0, NULL},
 };
 
