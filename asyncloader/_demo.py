@@ -51,14 +51,17 @@ def source_photos() -> list[Image.Image]:
     return [Image.open(folder / name).convert("RGB") for name in ("china.jpg", "flower.jpg")]
 
 
-def make_jpeg(photos: list[Image.Image], seed: int) -> bytes:
-    """One ImageNet-like JPEG from a random crop of one of ``photos``."""
+def make_jpeg(photos: list[Image.Image], seed: int, size: tuple[int, int] | None = None) -> bytes:
+    """One ImageNet-like JPEG from a random crop of one of ``photos``; ``size``: (width,
+    height) instead of an ImageNet-like size (a camera's 4000×3000, say)."""
     rng = random.Random(seed)
     src = photos[rng.randrange(len(photos))]
     sw, sh = src.size
     short = rng.randint(320, 460)
     aspect = rng.uniform(0.75, 1.78)
     out_w, out_h = (round(short * aspect), short) if aspect >= 1 else (short, round(short / aspect))
+    if size is not None:
+        out_w, out_h = size
     # A crop of 60–100 % of the source with the output's aspect ratio.
     frac = rng.uniform(0.6, 1.0)
     cw = min(sw, round(sw * frac))

@@ -3,8 +3,8 @@
 Sets, each decoded from bytes in RAM in this one process (CPU time is per core):
 
 * ``imagenet-rrc`` — the ImageNet-like folder (~110 KB, ~476×426), RandomResizedCrop(224);
-* ``photo12mp-rrc`` — 12-megapixel photos (4000×3000, made from the demo's real photos as
-  the demo makes its folder: random crops, upscaled, colour and grain), RandomResizedCrop(224);
+* ``photo12mp-rrc`` — 12-megapixel photos (4000×3000, made from the demo's real photos by
+  the demo's ``make_jpeg``: random crops, upscaled, colour and grain), RandomResizedCrop(224);
 * ``imagenet-center`` — the ImageNet-like folder, CenterCrop(224) after resize 256 (eval).
 
 Paths: ``pillow`` (today's: Pillow decodes the whole image, at 1/2–1/8 scale where the crop
@@ -17,9 +17,7 @@ Run: ``python benchmarks/bench_decode.py [--rounds 5]``.
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import random
 import resource
 import statistics
 import sys
@@ -27,7 +25,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageEnhance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -35,31 +32,19 @@ from bench_loader import ROOT, _files
 
 
 def make_photos(root: Path, count: int, size: tuple[int, int] = (4000, 3000)) -> list[Path]:
-    """``count`` 12-megapixel JPEGs from the demo's real photos (made once)."""
-    from asyncloader._demo import source_photos
+    """``count`` 12-megapixel JPEGs made from the demo's real photos as the demo makes its
+    folder (made once)."""
+    from asyncloader._demo import make_jpeg, source_photos
 
     root.mkdir(parents=True, exist_ok=True)
     marker = root / ".complete.json"
-    params = {"count": count, "size": list(size), "version": 1}
+    params = {"count": count, "size": list(size), "version": 2}
     paths = [root / f"photo_{i:03d}.jpg" for i in range(count)]
     if marker.exists() and json.loads(marker.read_text()) == params:
         return paths
     photos = source_photos()
     for i, path in enumerate(paths):
-        rng = random.Random(i)
-        src = photos[i % len(photos)]
-        sw, sh = src.size
-        cw = round(sw * rng.uniform(0.6, 1.0))
-        ch = min(sh, round(cw * size[1] / size[0]))
-        cw = round(ch * size[0] / size[1])
-        left, top = rng.randint(0, sw - cw), rng.randint(0, sh - ch)
-        img = src.resize(size, Image.Resampling.BICUBIC, box=(left, top, left + cw, top + ch))
-        img = ImageEnhance.Color(img).enhance(rng.uniform(0.7, 1.3))
-        grain = np.random.default_rng(i).integers(-6, 7, (size[1], size[0], 1), dtype=np.int16)
-        img = Image.fromarray(np.clip(np.asarray(img, np.int16) + grain, 0, 255).astype(np.uint8))
-        buf = io.BytesIO()
-        img.save(buf, "JPEG", quality=92)
-        path.write_bytes(buf.getvalue())
+        path.write_bytes(make_jpeg(photos, i, size=size))
     marker.write_text(json.dumps(params))
     return paths
 

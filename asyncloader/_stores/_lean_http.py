@@ -5,7 +5,8 @@ multidicts, a stream reader that joins chunks).  A training loader only ever sen
 a handful of headers and reads bodies of a known length, so this client writes one request
 line, parses the status and headers once, and lets the kernel ``recv_into`` the body's own
 preallocated buffer (``asyncio.BufferedProtocol``).  Connections are kept alive and reused;
-any failure closes the connection and raises, so callers can retry on a fresh one.
+any failure closes the connection and raises, so callers can retry on a fresh one.  Over
+HTTPS the connection runs on :mod:`._tls`'s transport (OpenSSL decrypts into the body).
 
 Not supported (callers fall back to aiohttp): proxies, redirects, HTTP/2, compression.
 """
@@ -13,16 +14,16 @@ Not supported (callers fall back to aiohttp): proxies, redirects, HTTP/2, compre
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 from collections import deque
 from dataclasses import dataclass
 from typing import cast
 
+from ._tls import connect_tls
+
 __all__ = ["LeanHTTPClient", "LeanResponse", "ProtocolError", "tls_context"]
 
 _MAX_HEAD = 64 * 1024
-_RECV_SIZE = 256 * 1024  # what one read of a TLS socket takes at most
 
 
 def tls_context(ca_bundle: str | None = None) -> ssl.SSLContext:
@@ -240,176 +241,6 @@ class _Conn(asyncio.BufferedProtocol):
             self.transport.close()
 
 
-class _TLSTransport(asyncio.Transport):
-    """TLS over a non-blocking socket, driven by the loop's reader callback.
-
-    asyncio's own TLS (``sslproto``) runs a state machine in Python for every chunk it
-    receives.  Here one ``recv_into`` takes what the socket has (usually a whole answer),
-    one memory-BIO write hands it to OpenSSL, and OpenSSL decrypts record after record
-    straight into the protocol's buffer (the body).  Enough of a transport for
-    :class:`_Conn`: write, close, abort.
-    """
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        sock: socket.socket,
-        tls: ssl.SSLObject,
-        incoming: ssl.MemoryBIO,
-        outgoing: ssl.MemoryBIO,
-        protocol: _Conn,
-    ) -> None:
-        super().__init__()
-        self._loop = loop
-        self._sock = sock
-        self._fd = sock.fileno()
-        self._tls = tls
-        self._in = incoming
-        self._out = outgoing
-        self._protocol = protocol
-        self._closing = False
-        self._pending = bytearray()  # encrypted, not yet taken by the socket
-        self._buf = bytearray(_RECV_SIZE)
-        self._view = memoryview(self._buf)
-        loop.add_reader(self._fd, self._on_readable)
-
-    def _on_readable(self) -> None:
-        try:
-            n = self._sock.recv_into(self._buf)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._lost(exc)
-            return
-        if n == 0:
-            self._in.write_eof()
-        else:
-            self._in.write(self._view[:n])
-        protocol = self._protocol
-        while not self._closing:
-            buf = protocol.get_buffer(-1)
-            try:
-                got = cast(int, self._tls.read(len(buf), buf))  # into buf: a count
-            except ssl.SSLWantReadError:
-                break
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                got = 0
-            except ssl.SSLError as exc:
-                self._lost(exc)
-                return
-            if got == 0:
-                protocol.eof_received()
-                self._lost(None)
-                return
-            protocol.buffer_updated(got)
-        if self._out.pending:  # a key update or session ticket answered
-            self._send(self._out.read())
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:  # type: ignore[override]
-        if self._closing:
-            return
-        try:
-            self._tls.write(data)
-        except ssl.SSLError as exc:
-            self._lost(exc)
-            return
-        self._send(self._out.read())
-
-    def _send(self, data: bytes) -> None:
-        if not self._pending:
-            try:
-                sent = self._sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                self._lost(exc)
-                return
-            if sent == len(data):
-                return
-            data = data[sent:]
-            self._loop.add_writer(self._fd, self._on_writable)
-        self._pending += data
-
-    def _on_writable(self) -> None:
-        try:
-            sent = self._sock.send(self._pending)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._lost(exc)
-            return
-        del self._pending[:sent]
-        if not self._pending:
-            self._loop.remove_writer(self._fd)
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        self._lost(None)
-
-    def abort(self) -> None:
-        self._lost(None)
-
-    def _lost(self, exc: Exception | None) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._loop.remove_reader(self._fd)
-        self._loop.remove_writer(self._fd)
-        self._sock.close()
-        self._loop.call_soon(self._protocol.connection_lost, exc)
-
-
-async def _connect_tls(
-    host: str, port: int, context: ssl.SSLContext
-) -> tuple[_TLSTransport, _Conn]:
-    """A TCP connection, its TLS handshake, and a :class:`_Conn` on it."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    error: OSError | None = None
-    for family, type_, proto, _, address in infos:
-        sock = socket.socket(family, type_, proto)
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await loop.sock_connect(sock, address)
-        except BaseException as exc:
-            sock.close()
-            if not isinstance(exc, OSError):
-                raise
-            error = exc
-            continue
-        break
-    else:
-        raise error or OSError(f"cannot resolve {host}")
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = context.wrap_bio(incoming, outgoing, server_hostname=host)
-    try:
-        while True:
-            try:
-                tls.do_handshake()
-                break
-            except ssl.SSLWantReadError:
-                if outgoing.pending:
-                    await loop.sock_sendall(sock, outgoing.read())
-                data = await loop.sock_recv(sock, _RECV_SIZE)
-                if not data:
-                    raise ConnectionResetError(
-                        "connection closed during the TLS handshake"
-                    ) from None
-                incoming.write(data)
-        if outgoing.pending:
-            await loop.sock_sendall(sock, outgoing.read())
-    except BaseException:
-        sock.close()
-        raise
-    conn = _Conn()
-    transport = _TLSTransport(loop, sock, tls, incoming, outgoing, conn)
-    conn.connection_made(transport)
-    return transport, conn
-
-
 class LeanHTTPClient:
     """Keep-alive GET/HEAD to one origin (``scheme://host[:port]``).
 
@@ -450,7 +281,7 @@ class LeanHTTPClient:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout):
             if self._ssl is not None:
-                _, conn = await _connect_tls(self._host, self._port, self._ssl)
+                _, conn = await connect_tls(_Conn, self._host, self._port, self._ssl)
             else:
                 _, conn = await loop.create_connection(_Conn, self._host, self._port)
         return conn

@@ -180,9 +180,10 @@ class S3Store(FolderListing):
                 raise AccessDenied(f"no AWS credentials found for {self.url}")
             self._signer = SigV4Signer(await self._frozen(), region)
             self._creds_checked = time.monotonic()
-        tls = tls_context(self._ca_bundle)
+        https = self._base.startswith("https:")
+        tls = tls_context(self._ca_bundle) if https else None  # loads the CA file: once
         if self._use_lean:
-            scheme = "https" if self._base.startswith("https:") else "http"
+            scheme = "https" if https else "http"
             base = URL(self._base)
             assert base.host is not None
             assert base.port is not None

@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import formatdate
 from pathlib import Path
@@ -70,6 +71,21 @@ class _Subprocess(Equipment):
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._client: Any = None
+
+    def _wait_ready(self, probe: Callable[[], object], seconds: float, what: str) -> None:
+        """Call ``probe`` until it stops raising OSError: the server answers.  Stop it and
+        raise if it exits or stays silent for ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                probe()
+                return
+            except OSError:
+                proc = self._proc
+                if proc is None or proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{what} did not start") from None
+                time.sleep(0.1)
 
     def stop(self) -> None:
         """Stop the server: terminate, then kill if it does not go within 5 s."""
@@ -301,16 +317,9 @@ class MotoServer(_Subprocess):
         )
         self._proc = proc
         self.endpoint = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                _http("GET", f"{self.endpoint}/moto-api/", timeout=2)
-                return
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("moto_server did not start") from None
-                time.sleep(0.1)
+        self._wait_ready(
+            lambda: _http("GET", f"{self.endpoint}/moto-api/", timeout=2), 30, "moto_server"
+        )
 
 
 def find_azurite() -> str | None:
@@ -365,16 +374,9 @@ class Azurite(_Subprocess):
         )
         self._proc = proc
         self.endpoint = f"http://127.0.0.1:{port}/{self.account}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    return
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("azurite did not start") from None
-                time.sleep(0.1)
+        self._wait_ready(
+            lambda: socket.create_connection(("127.0.0.1", port), 1).close(), 60, "azurite"
+        )
 
     def stop(self) -> None:
         super().stop()
