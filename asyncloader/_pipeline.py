@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ._cache import ObjectCache
+from ._cache import CacheWriter, ObjectCache
 from ._config import RunConfig
 from ._dataset import Listing
 from ._decode import DecodePool
@@ -44,6 +44,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# Fetched bytes waiting for the cache writer at most (a few hundred JPEGs).
+_WRITE_BEHIND = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,14 @@ class Pipeline:
         self.output = output
         self._decode_window = decode_window
         self.cache = cache
+        # Fetched bytes go to the cache off the decode path, written in batches by one
+        # thread; when the disk falls behind by _WRITE_BEHIND bytes, objects are not
+        # cached this time (counted), rather than slowing the epoch down.
+        self._writer = (
+            CacheWriter(cache, max_bytes=_WRITE_BEHIND, done=self._written)
+            if cache is not None
+            else None
+        )
         self._free: asyncio.Queue[int] = asyncio.Queue()
         # Slots published and not yet given back: announced on `output`, or delivered and
         # still referenced by the consumer's batch (the ring tells, through `release`).
@@ -131,6 +142,18 @@ class Pipeline:
         self._window = asyncio.Semaphore(decode_window)
         self._failures: dict[int, list[Exception]] = {}
         self._epoch_samples: int | None = None
+
+    def _written(self, keys: list[str], error: Exception | None) -> None:
+        # On the writer thread; it alone changes these two counters.
+        if error is None:
+            self.counters.cache_stored += len(keys)
+        else:
+            self.counters.cache_store_failed += len(keys)
+
+    def close_writer(self) -> None:
+        """Write what the cache writer holds, then stop it (blocks: call off the loop)."""
+        if self._writer is not None:
+            self._writer.close()
 
     def epoch_samples(self, epoch: int) -> int:
         """Samples this rank sees in ``epoch`` (the same for every epoch); the listing must
@@ -172,8 +195,14 @@ class Pipeline:
     # --- control (called on the loop) ---------------------------------------------------
 
     async def start(self, epoch: int, first_batch: int = 0) -> None:
-        """(Re)start producing at batch ``first_batch`` of ``epoch``, dropping anything made."""
+        """(Re)start producing at batch ``first_batch`` of ``epoch``, dropping anything made.
+
+        Objects fetched before are in the cache by then (or failed to be): a restarted
+        epoch reads them from disk.
+        """
         await self.stop()
+        if self._writer is not None:
+            await self._writer.drain()
         # Nothing is filling any slot now.  Batches announced but never taken are dropped;
         # slots whose batch the consumer still references stay out until it lets go.
         while True:
@@ -477,7 +506,12 @@ class Pipeline:
             async with self._window:
                 data = await self.fetcher.fetch(obj)
                 stage = "decode"
-                job = DecodeJob(data, slot, j, seed, obj.key, cache_key, obj.size)
+                if self._writer is not None:
+                    if self._writer.full():
+                        self.counters.cache_store_skipped += 1
+                    else:
+                        self._writer.submit(obj.key, cache_key, data)
+                job = DecodeJob(data, slot, j, seed, obj.key, "", obj.size)
                 del data  # the job holds the bytes until the worker is done with them
                 outcome = await self._decode(job)
                 del job

@@ -87,6 +87,8 @@ class Runtime:
         if self.pipeline is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.pipeline.stop(), 10)
+            with contextlib.suppress(Exception):  # what waits for the disk (64 MB at most)
+                await asyncio.wait_for(asyncio.to_thread(self.pipeline.close_writer), 20)
         if self.pool is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.pool.aclose(), 20)

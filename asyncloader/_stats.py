@@ -84,6 +84,7 @@ class Counters:
     bytes_from_cache: int = 0
     cache_stored: int = 0
     cache_store_failed: int = 0
+    cache_store_skipped: int = 0
     cache_damaged: int = 0
     # Written by the consumer thread only.
     consumer_batches: int = 0
@@ -111,10 +112,6 @@ class Counters:
                 self.bytes_from_cache += max(size, 0)
             elif caching:
                 self.cache_misses += 1
-        if events & CacheEvent.STORED:
-            self.cache_stored += 1
-        if events & CacheEvent.STORE_FAILED:
-            self.cache_store_failed += 1
         if events & CacheEvent.DAMAGED:
             self.cache_damaged += 1
 
@@ -166,6 +163,7 @@ class Counters:
             bytes_from_cache=self.bytes_from_cache,
             cache_stored=self.cache_stored,
             cache_store_failed=self.cache_store_failed,
+            cache_store_skipped=self.cache_store_skipped,
             cache_damaged=self.cache_damaged,
             batches=self.consumer_batches,
             samples=self.consumer_samples,
@@ -207,7 +205,10 @@ class Stats:
         cache_hits, cache_misses: Samples read from the SSD cache / not found there.
         bytes_from_cache: Bytes read from the SSD cache (``bytes_fetched``: from the network).
         cache_stored, cache_store_failed: Fetched objects written to the cache / not written
-            (disk full, ...; not fatal).
+            (disk full, ...; not fatal).  Written by a thread of their own, in batches: a
+            few may still be on their way when the epoch ends.
+        cache_store_skipped: Fetched objects not cached because the disk was behind (64 MB
+            waiting to be written): fetched again when next needed.
         cache_damaged: Cache entries that failed their length/CRC check, dropped and fetched.
         batches, samples: Delivered to the consumer.
         consumer_wait_seconds: Time the consumer spent waiting for a batch [seconds].
@@ -249,6 +250,7 @@ class Stats:
     bytes_from_cache: int
     cache_stored: int
     cache_store_failed: int
+    cache_store_skipped: int
     cache_damaged: int
     batches: int
     samples: int
@@ -273,7 +275,8 @@ class Stats:
             f"{self.mean_fetch_seconds * 1e3:.1f} ms)",
             f"cache: {self.cache_hits} hits ({self.bytes_from_cache / 1e6:.0f} MB from disk), "
             f"{self.cache_misses} misses, {self.cache_stored} stored, "
-            f"{self.cache_damaged} damaged, {self.cache_store_failed} store failures"
+            f"{self.cache_damaged} damaged, {self.cache_store_failed} store failures, "
+            f"{self.cache_store_skipped} not stored (disk behind)"
             if self.cache_hits or self.cache_misses
             else "cache: off",
             f"requests {self.requests} (p50/p90/p99 {self.request_p50 * 1e3:.0f}/"

@@ -102,10 +102,13 @@ class ObjectStore(Protocol):
 
 class CachedAt(NamedTuple):
     """Where a cache entry's bytes are, as one index query for a whole batch found them:
-    the value file (relative to the cache's object folder) and its CRC32."""
+    the value file (relative to the cache's object folder) and its CRC32; for an entry in a
+    pack file (``offset >= 0``), the pack's name and the entry's place in it."""
 
     filename: str
     crc: int
+    offset: int = -1
+    length: int = -1
 
 
 class ArenaSlice(NamedTuple):
@@ -117,7 +120,7 @@ class ArenaSlice(NamedTuple):
 
 
 class BlobCache(Protocol):
-    """Where decode workers read and store object bytes (the SSD cache); picklable."""
+    """Where decode workers read object bytes (the SSD cache); picklable."""
 
     def get(self, key: str, size: int) -> bytes | None:
         """Verified bytes, or None on a miss or a damaged entry (which is dropped)."""
@@ -126,10 +129,6 @@ class BlobCache(Protocol):
     def read(self, key: str, size: int, where: CachedAt) -> bytes | None:
         """Like :meth:`get`, from a location :meth:`ObjectCache.locate` found (no index
         query); None when the entry went (evicted) or is damaged (dropped)."""
-        ...
-
-    def put(self, key: str, data: Blob | memoryview) -> None:
-        """Store bytes; visible to readers only once complete."""
         ...
 
     def take_damaged(self) -> int:
@@ -150,9 +149,7 @@ class CacheEvent(enum.IntFlag):
     NONE = 0
     HIT = 1  # the bytes came from the cache
     MISS = 2  # not in the cache (or damaged): nothing decoded, the loop must fetch
-    STORED = 4  # fetched bytes were written to the cache
-    STORE_FAILED = 8  # writing to the cache failed (disk full, ...): counted, not fatal
-    DAMAGED = 16  # a damaged cache entry was found and dropped
+    DAMAGED = 4  # a damaged cache entry was found and dropped
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,24 +2,21 @@
 
 Objects already cached are skipped after a quick index check, so an interrupted warm resumes
 where it stopped.  Fetched bytes are verified (length, ETag) like any other fetch and written
-by a writer thread (a new value file and its index row cost 0.3–0.8 ms of CPU here; the
-event loop never waits on the disk).  ``shard=(i, n)`` warms every n-th object of the
+by the cache's writer thread (appended to a pack file, indexed 32 at a time; the event loop
+never waits on the disk).  ``shard=(i, n)`` warms every n-th object of the
 sorted listing, so the nodes of a cluster can each warm their part.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import queue
-import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ._cache import ObjectCache
+from ._cache import CacheWriter, ObjectCache
 from ._config import FetchConfig
 from ._env import local_world_size, shard_from_env
 from ._errors import AsyncLoaderError, shown_key
@@ -27,9 +24,12 @@ from ._fetch import Fetcher, list_objects
 from ._labels import IMAGE_EXTENSIONS, KeyFilter
 from ._sampler import node_subset
 from ._stats import Counters
-from ._types import Blob, ObjectStore
+from ._types import ObjectStore
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
+
+# Fetched bytes waiting for the cache writer at most; fetches wait beyond it.
+_QUEUED_BYTES = 64 * 2**20
 
 
 @dataclass(slots=True)
@@ -65,85 +65,6 @@ class WarmReport:
             f"{self.bytes_fetched / secs / 1e6:.1f} MB/s; {self.already_cached} already "
             f"cached, {len(self.failed)} failed, retries {sum(self.retries.values())}"
         )
-
-
-class _Writer:
-    """One thread writing fetched objects to the cache, a batch per index transaction.
-
-    One writer measured fastest: two, each storing an entry per transaction so that their
-    file writes overlap, gave 1327 objects/s against one writer's 1555 (6 interleaved
-    rounds, 256 in flight, 20 ms): they contend on SQLite's lock and spend more CPU per
-    entry.
-    The loop hands objects over through a plain queue, without a future per object.
-    """
-
-    def __init__(self, cache: ObjectCache, report: WarmReport, *, max_queued: int) -> None:
-        self._cache = cache
-        self._report = report
-        self._max_queued = max_queued
-        self._queue: queue.SimpleQueue[tuple[str, str, Blob] | None] = queue.SimpleQueue()
-        self._loop = asyncio.get_running_loop()
-        self._room = asyncio.Event()
-        self._waiting = False  # a fetch waits for room: wake it once the queue is half empty
-        self._thread = threading.Thread(target=self._run, name="asyncloader-warm-write")
-        self._thread.start()
-
-    def backlog(self) -> bool:
-        return self._queue.qsize() >= self._max_queued
-
-    async def room(self) -> None:
-        """Wait until the queue is below its bound (bounded memory: the disk catches up).
-
-        One wake-up from the writer thread serves every waiting fetch, and only once half
-        the queue is written; polling instead cost a timer per fetch every few ms.
-        """
-        while self.backlog():
-            self._room.clear()
-            self._waiting = True
-            if not self.backlog():  # the writer emptied it before it saw the flag
-                break
-            await self._room.wait()
-
-    def _wake(self) -> None:
-        if self._waiting and self._queue.qsize() < self._max_queued // 2 + 1:
-            self._waiting = False
-            with contextlib.suppress(RuntimeError):  # the loop is gone
-                self._loop.call_soon_threadsafe(self._room.set)
-
-    def submit(self, obj_key: str, cache_key: str, data: Blob) -> None:
-        self._queue.put((obj_key, cache_key, data))
-
-    def _run(self) -> None:
-        try:
-            self._write_all()
-        finally:
-            self._report.write_cpu_seconds = time.thread_time()
-
-    def _write_all(self) -> None:
-        done = False
-        while not done:
-            batch = [self._queue.get()]
-            while len(batch) < 32 and not self._queue.empty():
-                batch.append(self._queue.get())
-            if batch[-1] is None:
-                done = True
-                batch.pop()
-            items = [b for b in batch if b is not None]
-            if not items:
-                continue
-            try:
-                self._cache.put_many([(ck, data) for _, ck, data in items])
-                self._report.warmed += len(items)  # only this thread writes it
-            except Exception as exc:  # disk full, permissions: every object of the batch
-                self._report.failed.extend(
-                    (shown_key(k), f"cache write failed: {exc}") for k, _, _ in items
-                )
-            finally:
-                self._wake()
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
 
 
 async def warm_cache(
@@ -197,7 +118,14 @@ async def warm_cache(
     counters = Counters()
     fetcher = Fetcher(store, counters, FetchConfig(max_inflight=max_inflight))
     inflight = fetcher.config.inflight
-    writer = _Writer(cache, report, max_queued=4 * inflight)
+
+    def written(objs: list[str], error: Exception | None) -> None:  # on the writer thread
+        if error is None:
+            report.warmed += len(objs)  # only this thread writes it
+        else:
+            report.failed.extend((shown_key(k), f"cache write failed: {error}") for k in objs)
+
+    writer = CacheWriter(cache, max_bytes=_QUEUED_BYTES, done=written)
     pending = iter(todo)
     t0 = time.perf_counter()
 
@@ -208,7 +136,7 @@ async def warm_cache(
             except AsyncLoaderError as exc:
                 report.failed.append((shown_key(obj.key), str(exc).splitlines()[0]))
                 continue
-            if writer.backlog():
+            if writer.full():
                 await writer.room()
             writer.submit(obj.key, keys[obj.key], data)
             if on_object is not None:
@@ -220,6 +148,7 @@ async def warm_cache(
                 tg.create_task(worker())
     finally:
         await asyncio.to_thread(writer.close)
+        report.write_cpu_seconds = writer.cpu_seconds
     report.seconds = time.perf_counter() - t0
     report.bytes_fetched = counters.bytes_fetched
     report.retries = dict(counters.retries)

@@ -43,7 +43,7 @@ def case_loader(
         batch_size=batch,
         decode_workers=workers,
         decode_backend=backend,  # type: ignore[arg-type]
-        cache_dir=cache_dir,
+        cache_dir=cache_dir or None,
         store_options={"endpoint_url": endpoint},
     ) as loader:
         out: dict[str, float] = {}
@@ -120,15 +120,18 @@ def main() -> None:
                 latency=args.latency, load=folder, bucket="b", prefix="train/"
             ) as srv:
                 ep = srv.endpoint
+                nocache = _sub("loader", ep, "", args.backend, *common)
                 run1 = _sub("loader", ep, str(tmp / "epochs"), args.backend, *common)
                 run2 = _sub("loader", ep, str(tmp / "epochs"), args.backend, *common)
                 warms = {
                     n: _sub("warm", ep, str(tmp / f"warm{n}"), str(n), *common)
-                    for n in (int(x) for x in args.inflight.split(","))
+                    for n in (int(x) for x in args.inflight.split(",") if x)
                 }
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        rounds.append((max(ceilings, key=lambda r: r["images"] / r["wall"]), run1, run2, warms))
+        rounds.append(
+            (max(ceilings, key=lambda r: r["images"] / r["wall"]), run1, run2, warms, nocache)
+        )
     lat = args.latency * 1e3
     print(
         f"\n{args.images} JPEGs, {args.workers} workers, {os.cpu_count()} cores, {lat:.0f} ms, "
@@ -144,6 +147,8 @@ def main() -> None:
 
     names = [
         "decode ceiling (RAM)",
+        "no cache: 1st epoch",
+        "no cache: 2nd epoch",
         "cold: 1st epoch, 1st run",
         "warm: 2nd epoch (disk)",
         "later run: 1st epoch (disk)",
@@ -152,8 +157,9 @@ def main() -> None:
     med = statistics.median
     for i, name in enumerate(names):
         ips, xc, cpu, xcpu, gets = [], [], [], [], []
-        for ceiling, run1, run2, _ in rounds:
-            r = [ceiling, part(run1, "first"), part(run1, "second")]
+        for ceiling, run1, run2, _, nocache in rounds:
+            r = [ceiling, part(nocache, "first"), part(nocache, "second")]
+            r += [part(run1, "first"), part(run1, "second")]
             r += [part(run2, "first"), part(run2, "second")]
             ips.append(r[i]["images"] / r[i]["wall"])
             cpu.append(r[i]["cpu"] / r[i]["images"])
@@ -164,13 +170,29 @@ def main() -> None:
             f"{name:28s} {med(ips):7.0f} {med(xc):7.2f} {med(cpu) * 1e3:10.2f} "
             f"{med(xcpu):7.2f}  {max(gets):4d}  {' '.join(f'{x:.2f}' for x in xc)}"
         )
+    # What filling the cache costs: the cold epoch against the same epoch without a cache.
+    speed = [
+        (run1["first_images"] / run1["first_wall"]) / (nc["first_images"] / nc["first_wall"])
+        for _, run1, _, _, nc in rounds
+    ]
+    cpu_x = [
+        (run1["first_cpu"] / run1["first_images"]) / (nc["first_cpu"] / nc["first_images"])
+        for _, run1, _, _, nc in rounds
+    ]
+    print(
+        f"\ncold epoch filling the cache / the same epoch without a cache: img/s "
+        f"{med(speed):.2f} x ({' '.join(f'{x:.2f}' for x in speed)}), CPU per image "
+        f"{med(cpu_x):.2f} x ({' '.join(f'{x:.2f}' for x in cpu_x)})"
+    )
+    if not rounds[0][3]:
+        return
     print(f"\nasyncloader warm @{lat:.0f} ms (fresh cache each), medians")
     print(
         f"{'in flight':>9s} {'objects/s':>10s} {'MB/s':>7s} {'CPU ms/obj':>11s} "
         f"{'loop+GET':>9s} {'write':>7s}  objects/s per round"
     )
     for n in rounds[0][3]:
-        rs = [w[n] for *_, w in rounds]
+        rs = [w[n] for *_, w, _ in rounds]
         per = [r["objects"] / r["wall"] for r in rs]
         o = [max(r["objects"], 1) for r in rs]
         cpu = med(r["cpu"] / k for r, k in zip(rs, o, strict=True))

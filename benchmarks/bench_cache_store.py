@@ -1,12 +1,14 @@
-"""How the SSD cache stores JPEG-sized values: files, inside SQLite, or FanoutCache shards;
-and what least-recently-used eviction would cost on every hit.
+"""How the SSD cache stores JPEG-sized values: pack files, a file per value, inside SQLite,
+or FanoutCache shards; and what least-recently-used eviction would cost on every hit.
 
 Cases, on the JPEGs of ``bench_cache.py`` (~110 KB), each process a fresh subprocess so its
-CPU time is its own; 1 and 2 processes at once (two decode workers, or two ranks):
+CPU time is its own; 1 and 2 processes at once (two writer threads' processes, two ranks):
 
-* write: ``set`` of every value (the loader's cold path stores one object per transaction),
-  CPU per object and objects/s, with values as files (``disk_min_file_size`` 32 KB, the
-  cache's setting), inside SQLite (1 MB), and as files in a ``FanoutCache`` of 8 shards;
+* write: every value stored, CPU per object and objects/s: ``packs`` is the cache itself
+  (``ObjectCache.put_many``, 32 entries per index transaction, as its writer thread does);
+  the others are diskcache ``set`` per value: as a file each (``disk_min_file_size`` 32 KB,
+  written in one call into one of 256 folders, the cache's layout before packs), inside
+  SQLite (1 MB), and as files in a ``FanoutCache`` of 8 shards;
 * read: a verified hit (``get`` + length and CRC check) from each layout, and the loader's
   own path for files (one index query per 128 keys, then the file read straight);
 * eviction: hits through ``get`` under ``least-recently-stored`` (a read) and
@@ -33,17 +35,40 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-LAYOUTS = {"files": (32 * 1024, 1), "sqlite": (1 << 20, 1), "fanout8": (32 * 1024, 8)}
+LAYOUTS = {
+    "packs": (32 * 1024, 0),
+    "files": (32 * 1024, 1),
+    "sqlite": (1 << 20, 1),
+    "fanout8": (32 * 1024, 8),
+}
+
+
+def _file_disk() -> type:
+    """diskcache's ``Disk`` writing a value file in one call into one of 256 folders (as
+    diskcache writes it: line by line, into 65 536 folders, it costs three times more)."""
+    import diskcache
+
+    class Disk(diskcache.Disk):  # type: ignore[misc]
+        def filename(self, key: Any = None, value: Any = None) -> tuple[str, str]:
+            hex_name = os.urandom(16).hex()
+            name = os.path.join(hex_name[:2], hex_name[2:] + ".val")
+            return name, os.path.join(self._directory, name)
+
+        def _write(self, full_path: str, iterator: Any, mode: str, encoding: Any = None) -> int:
+            os.makedirs(os.path.dirname(full_path), exist_ok=True)
+            with open(full_path, mode) as writer, iterator.getbuffer() as view:
+                writer.write(view)
+                return len(view)
+
+    return Disk
 
 
 def _open(directory: str, layout: str, policy: str = "least-recently-stored") -> Any:
     import diskcache
 
-    from asyncloader._cache import _disk_class
-
     min_file, shards = LAYOUTS[layout]
     options: dict[str, Any] = {
-        "disk": _disk_class(),
+        "disk": _file_disk(),
         "size_limit": 10**12,
         "eviction_policy": policy,
         "disk_min_file_size": min_file,
@@ -64,6 +89,8 @@ def case(kind: str, directory: str, layout: str, folder: str, part: str, policy:
     i, n = (int(x) for x in part.split("/"))
     values = _values(folder)
     mine = list(range(i, len(values), n))
+    if layout == "packs":
+        return case_packs(kind, directory, values, mine)
     db = _open(directory, layout, policy)
     t0, c0 = time.perf_counter(), time.process_time()
     if kind == "write":
@@ -78,15 +105,36 @@ def case(kind: str, directory: str, layout: str, folder: str, part: str, policy:
     else:  # "located": the loader's path, one index query per batch, then the file
         from asyncloader._cache import ObjectCache
 
-        cache = ObjectCache(Path(directory).parent)
-        for b in range(0, len(mine), 128):
-            keys = [f"k{j}" for j in mine[b : b + 128]]
-            where = cache.locate(keys)
-            for key, j in zip(keys, mine[b : b + 128], strict=True):
-                at = where[key]
-                assert at is not None
-                assert cache.read(key, len(values[j]), at) is not None
+        _located(ObjectCache(Path(directory).parent), values, mine)
     return {"n": len(mine), "cpu": time.process_time() - c0, "wall": time.perf_counter() - t0}
+
+
+def case_packs(kind: str, directory: str, values: list[bytes], mine: list[int]) -> dict:
+    """The cache itself: writes as its writer thread makes them, reads as decode workers."""
+    from asyncloader._cache import ObjectCache
+
+    cache = ObjectCache(Path(directory).parent, size_limit=10**12)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if kind == "write":
+        for b in range(0, len(mine), 32):
+            cache.put_many([(f"k{j}", values[j]) for j in mine[b : b + 32]])
+    elif kind == "read":
+        for j in mine:
+            assert cache.get(f"k{j}", len(values[j])) is not None
+    else:
+        _located(cache, values, mine)
+    return {"n": len(mine), "cpu": time.process_time() - c0, "wall": time.perf_counter() - t0}
+
+
+def _located(cache: Any, values: list[bytes], mine: list[int]) -> None:
+    """The loader's read path: one index query per batch of 128, then the bytes."""
+    for b in range(0, len(mine), 128):
+        keys = [f"k{j}" for j in mine[b : b + 128]]
+        where = cache.locate(keys)
+        for key, j in zip(keys, mine[b : b + 128], strict=True):
+            at = where[key]
+            assert at is not None
+            assert cache.read(key, len(values[j]), at) is not None
 
 
 def _together(kind: str, directory: str, layout: str, folder: str, procs: int, policy: str):
@@ -127,7 +175,8 @@ def main() -> None:
     lrs, lru = "least-recently-stored", "least-recently-used"
     names = list(LAYOUTS)
     for rnd in range(args.repeat):
-        for layout in names[rnd % 3 :] + names[: rnd % 3]:  # each layout first in one round
+        k = rnd % len(names)
+        for layout in names[k:] + names[:k]:  # each layout first in one round
             for procs in (1, 2):
                 tmp = tempfile.mkdtemp(prefix="asyncloader-bench-", dir=ROOT / "cache")
                 d = os.path.join(tmp, "objects")
@@ -136,9 +185,11 @@ def main() -> None:
                     results.setdefault(("write", layout, str(procs)), []).append(w)
                     r = _together("read", d, layout, folder, procs, lrs)
                     results.setdefault(("read", layout, str(procs)), []).append(r)
-                    if layout == "files":
+                    if layout in ("files", "packs"):
                         loc = _together("located", d, layout, folder, procs, lrs)
-                        results.setdefault(("read", "files, located", str(procs)), []).append(loc)
+                        where = f"{layout}, located"
+                        results.setdefault(("read", where, str(procs)), []).append(loc)
+                    if layout == "files":
                         lru_r = _together("read", d, layout, folder, procs, lru)
                         results.setdefault(("LRU hit", "files", str(procs)), []).append(lru_r)
                         results.setdefault(("LRS hit", "files", str(procs)), []).append(r)

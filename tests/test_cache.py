@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -77,13 +76,20 @@ def test_damaged_entry_is_dropped_and_refetched(light_server: S3TestServer, tmp_
     cache_dir = tmp_path / "c"
     with _loader(light_server, cache_dir, shuffle=False, prefetch_batches=2) as loader:
         _, first = _epoch(loader, 0)
-    files = sorted(cache_dir.rglob("*.val"))
-    assert len(files) == N_IMAGES  # JPEG-sized values are stored as files
-    for victim in files[:3]:
-        data = bytearray(victim.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        victim.write_bytes(bytes(data))
-    files[3].write_bytes(files[3].read_bytes()[:100])  # truncated on disk
+    cache = ObjectCache(cache_dir)
+    where = cache.locate(list(cache.entry_keys()))
+    places = sorted(
+        (w for w in where.values() if w is not None), key=lambda w: (w.filename, w.offset)
+    )
+    assert len(places) == N_IMAGES and all(w.offset >= 0 for w in places)  # all in packs
+    for w in places[:3]:  # a flipped byte inside three entries
+        with open(cache_dir / "packs" / w.filename, "r+b") as f:
+            f.seek(w.offset + w.length // 2)
+            byte = f.read(1)[0]
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte ^ 0xFF]))
+    last = places[-1]  # the last entry of a pack, truncated on disk
+    os.truncate(cache_dir / "packs" / last.filename, last.offset + 100)
     light_server.reset_stats()
     with _loader(light_server, cache_dir, shuffle=False, prefetch_batches=2) as loader:
         _, again = _epoch(loader, 0)
@@ -104,10 +110,11 @@ def test_eviction_keeps_the_cache_under_its_limit(
             labels, _ = _epoch(loader, epoch)
             assert len(labels) == N_IMAGES
     stats = ObjectCache(cache_dir, size_limit=limit).stats()
-    assert stats.volume <= limit * 1.2  # diskcache culls a few entries per write
+    # Whole packs (a 16th of the limit each) go, oldest first; the one being written stays.
+    assert stats.volume <= limit * (1 + 1 / 16) + 200_000
     assert 0 < stats.entries < N_IMAGES
-    on_disk = sum(p.stat().st_size for p in cache_dir.rglob("*.val"))
-    assert on_disk <= limit * 1.2
+    on_disk = sum(p.stat().st_size for p in (cache_dir / "packs").glob("*.pack"))
+    assert on_disk <= limit * (1 + 1 / 16) + 200_000
 
 
 def test_parse_size() -> None:
@@ -164,22 +171,9 @@ def test_warm_for_node_local_covers_exactly_what_the_node_reads(
         assert loader.stats().requests == 0  # everything this node reads was warmed
 
 
-def test_value_folder_removed_by_another_process_is_made_again(tmp_path: Path) -> None:
-    """The cache remembers the value folders it made; one removed meanwhile (another process
-    cleared the cache) is made again rather than failing the write."""
-    from asyncloader._cache import _disk_class
-
-    disk = _disk_class()(str(tmp_path))
-    target = tmp_path / "ab" / "cd" / "one.val"
-    assert disk._write(str(target), iter([b"x" * 10]), "xb") == 10
-    shutil.rmtree(tmp_path / "ab")
-    assert disk._write(str(target), iter([b"y" * 5]), "xb") == 5
-    assert target.read_bytes() == b"yyyyy"
-
-
 def test_entries_of_the_older_value_layout_are_still_read(tmp_path: Path) -> None:
-    """Value files used to sit two folder levels deep; rows keep each file's name, so a cache
-    written that way is read, verified and cleared by the one-level layout."""
+    """Values used to be a file each (diskcache's own layout); a cache written that way is
+    read, verified and cleared beside entries in packs."""
     import zlib
 
     import diskcache
@@ -193,9 +187,115 @@ def test_entries_of_the_older_value_layout_are_still_read(tmp_path: Path) -> Non
     where = cache.locate(["old", "new"])
     old_at, new_at = where["old"], where["new"]
     assert old_at is not None and new_at is not None
-    assert old_at.filename.count(os.sep) == 2 and new_at.filename.count(os.sep) == 1
+    assert old_at.offset < 0 and old_at.filename.endswith(".val")
+    assert new_at.offset >= 0 and new_at.filename.endswith(".pack")
     assert cache.read("old", len(value), old_at) == value
+    assert cache.get("old", len(value)) == value
     assert cache.get("new", len(value)) == value
+    assert cache.read("new", len(value), new_at) == value
     assert cache.verify() == (2, 0)
     assert cache.clear() == 2
     assert list((tmp_path / "objects").rglob("*.val")) == []
+    assert list((tmp_path / "packs").glob("*.pack")) == []
+
+
+def _value(i: int, size: int = 40_000) -> bytes:
+    return i.to_bytes(4, "big") * (size // 4)
+
+
+def test_eviction_drops_the_oldest_pack_whole(tmp_path: Path) -> None:
+    """Least-recently-stored, a pack at a time: what goes is always the oldest entries, the
+    rest stays readable, and the folder stays within the limit plus the pack being filled."""
+    limit = 1_000_000  # packs of 62 500 bytes: an entry or two each
+    cache = ObjectCache(tmp_path, size_limit=limit)
+    for i in range(100):
+        cache.put_many([(f"k{i}", _value(i))])
+    kept = [i for i in range(100) if cache.get(f"k{i}", 40_000) is not None]
+    assert kept == list(range(100 - len(kept), 100))  # the newest, in one run
+    assert 15 <= len(kept) < 100
+    assert all(cache.get(f"k{i}", 40_000) == _value(i) for i in kept)
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "packs").glob("*.pack"))
+    assert on_disk <= limit + cache.pack_size + 40_000
+    assert cache.stats().entries == len(kept)
+    assert cache.verify() == (len(kept), 0)
+
+
+def test_a_pack_evicted_under_its_writer_is_left_for_a_new_one(tmp_path: Path) -> None:
+    """Another process evicts (or clears) the pack this one appends to: the next batch goes
+    to a new pack, nothing is indexed into the removed one."""
+    writer = ObjectCache(tmp_path, size_limit=10**9)
+    writer.put_many([("a", _value(1))])
+    other = ObjectCache(tmp_path, size_limit=10**9)
+    assert other.clear() == 1  # removes the writer's pack file and its row
+    assert not list((tmp_path / "packs").glob("*.pack"))
+    writer.put_many([("b", _value(2)), ("c", _value(3))])
+    assert writer.get("a", 40_000) is None
+    assert writer.get("b", 40_000) == _value(2) and other.get("c", 40_000) == _value(3)
+    where = other.locate(["b", "c"])
+    assert all(w is not None and (tmp_path / "packs" / w.filename).exists() for w in where.values())
+    assert other.verify() == (2, 0)
+
+
+def _put_range(directory: str, start: int) -> None:
+    cache = ObjectCache(directory)
+    for i in range(start, start + 40, 4):
+        cache.put_many([(f"k{j}", _value(j)) for j in range(i, i + 4)])
+    cache.close()
+
+
+def test_processes_append_to_their_own_packs_and_share_the_index(tmp_path: Path) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_put_range, args=(str(tmp_path), 40 * n)) for n in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    cache = ObjectCache(tmp_path)
+    assert all(cache.get(f"k{i}", 40_000) == _value(i) for i in range(120))
+    assert len(list((tmp_path / "packs").glob("*.pack"))) == 3
+    assert cache.verify() == (120, 0)
+
+
+def test_cache_writer_batches_reports_and_fails_loudly(tmp_path: Path) -> None:
+    """The write-behind thread: every object is reported written or failed (never dropped
+    silently), ``full`` bounds what waits, and ``drain`` waits for what was handed over."""
+    import asyncio
+
+    from asyncloader._cache import CacheWriter
+
+    written: list[str] = []
+    failed: list[tuple[str, str]] = []
+
+    def done(keys: list[str], error: Exception | None) -> None:
+        if error is None:
+            written.extend(keys)
+        else:
+            failed.extend((k, type(error).__name__) for k in keys)
+
+    async def main(cache: ObjectCache, n: int) -> CacheWriter:
+        writer = CacheWriter(cache, max_bytes=200_000, done=done)
+        for i in range(n):
+            if writer.full():
+                await writer.room()
+            writer.submit(f"obj{i}", f"k{i}", _value(i))
+            assert not writer.full() or i >= 4  # 5 values of 40 000 bytes reach the bound
+        await writer.drain()
+        return writer
+
+    cache = ObjectCache(tmp_path / "ok")
+    writer = asyncio.run(main(cache, 100))
+    assert sorted(written) == sorted(f"obj{i}" for i in range(100)) and not failed
+    writer.close()
+    assert all(cache.get(f"k{i}", 40_000) == _value(i) for i in range(100))
+
+    written.clear()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "packs").write_bytes(b"a file where the pack folder goes")
+    writer = asyncio.run(main(ObjectCache(tmp_path / "broken"), 10))
+    writer.close()
+    assert not written
+    assert sorted(k for k, _ in failed) == sorted(f"obj{i}" for i in range(10))
+    assert {e for _, e in failed} == {"NotADirectoryError"}

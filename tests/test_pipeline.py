@@ -149,7 +149,9 @@ def test_an_answer_cut_short_is_asked_for_again(bucket: MemoryBucket) -> None:
     assert len(labels) == N_IMAGES
     assert loader.stats().retries == {"short": 1} and loader.stats().skipped == {}
     store = FaultyStore(MemoryStore(bucket))  # the loader closed the last one
-    store.fail_next(3, stubborn, kind="truncate")
+    # Cut short on every attempt: three faults would not do, the stream fetches the key
+    # again for the next epoch meanwhile and that fetch would take some of them.
+    store.fail_next(10**6, stubborn, kind="truncate")
     with _loader(store, shuffle=False, fetch=fetch, on_error="skip", max_failures=1) as loader:
         labels, _ = _epoch(loader)
         assert loader.stats().skipped == {"LengthMismatch": 1}

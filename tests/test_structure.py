@@ -21,6 +21,7 @@ LEAVES = {
     "_retry",
     "_env",
     "_budget",
+    "_lazy",
 }
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
 ALLOWED = {

@@ -8,17 +8,35 @@ Two pools with one async interface (:class:`DecodePool`: ``await pool.decode(job
   attached to the ring's shared memory.
 
 ``_image`` turns bytes into pixels (JPEGs by region through the ``_jpegroi`` C extension
-where it is built: ``ROI_DECODE``); ``_job`` runs one job as a worker does (cache read or
-write-back, then pixels).
+where it is built: ``ROI_DECODE``); ``_job`` runs one job as a worker does (a cache read if
+need be, then pixels).  The names below are imported on first use, so that a worker process
+imports its side only.
 """
 
-from ._image import ROI_DECODE as ROI_DECODE
-from ._image import DecodeSpec as DecodeSpec
-from ._image import decode_into as decode_into
-from ._job import DecodePool as DecodePool
-from ._job import run_job as run_job
-from ._processes import ProcessDecodePool as ProcessDecodePool
-from ._threads import ThreadDecodePool as ThreadDecodePool
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ._image import ROI_DECODE as ROI_DECODE
+    from ._image import DecodeSpec as DecodeSpec
+    from ._image import decode_into as decode_into
+    from ._job import DecodePool as DecodePool
+    from ._job import run_job as run_job
+    from ._processes import ProcessDecodePool as ProcessDecodePool
+    from ._threads import ThreadDecodePool as ThreadDecodePool
+
+_WHERE = {
+    "ROI_DECODE": "._image",
+    "DecodeSpec": "._image",
+    "decode_into": "._image",
+    "DecodePool": "._job",
+    "run_job": "._job",
+    "ProcessDecodePool": "._processes",
+    "ThreadDecodePool": "._threads",
+}
 
 __all__ = [
     "ROI_DECODE",
@@ -29,3 +47,6 @@ __all__ = [
     "decode_into",
     "run_job",
 ]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

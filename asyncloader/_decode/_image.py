@@ -47,7 +47,7 @@ class DecodeSpec:
         transform: Geometry planner, or None with a ``decode_fn``.
         decode_fn: A hook turning bytes into a uint8 array of ``sample_shape``.
         max_pixels: Refuse sources with more pixels (decompression bombs).
-        cache: The SSD cache workers read hits from and store fetched bytes into.
+        cache: The SSD cache workers read hits from.
         roi: Decode JPEGs by region where the extension is built (False: whole, by Pillow).
     """
 

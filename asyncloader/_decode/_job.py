@@ -1,5 +1,5 @@
-"""A decode job as a worker runs it (cache read or write-back, then pixels), and the
-protocol both pools implement."""
+"""A decode job as a worker runs it (cache read, then pixels), and the protocol both pools
+implement."""
 
 from __future__ import annotations
 
@@ -15,22 +15,21 @@ __all__ = ["DecodePool", "run_job"]
 
 
 def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
-    """One decode job as workers run it: cache read or write-back, then decode into ``out``
+    """One decode job as workers run it: a cache read if need be, then decode into ``out``
     (the job's sample of the ring).
 
     ``data=None`` means "look in the cache", a :class:`CachedAt` "read the cache at this
-    file" (found by the batch's one index query): a miss returns ``MISS`` without decoding.
-    Fetched bytes (``data`` given) are stored under ``cache_key`` before decoding: they were
-    verified against the listed length and ETag, and a corrupt image then fails the same
-    way from the cache, without another download.
+    place" (found by the batch's one index query): a miss returns ``MISS`` without
+    decoding.  Fetched bytes reach the cache another way (the pipeline's
+    :class:`~asyncloader._cache.CacheWriter`), off the decode path.
     """
     t0 = time.perf_counter()
     events = CacheEvent.NONE
     data, cache_key, size = job.data, job.cache_key, job.size
-    cache = spec.cache if cache_key else None
     if isinstance(data, ArenaSlice):  # the worker resolves these before running the job
         raise DecodeError(f"bytes of {shown_key(job.key)} left in the arena", key=job.key)
     if data is None or isinstance(data, CachedAt):
+        cache = spec.cache if cache_key else None
         if cache is None:
             raise DecodeError(f"no cache to read {shown_key(job.key)} from", key=job.key)
         data = cache.get(cache_key, size) if data is None else cache.read(cache_key, size, data)
@@ -39,12 +38,6 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
         if data is None:
             return Outcome(time.perf_counter() - t0, events | CacheEvent.MISS)
         events |= CacheEvent.HIT
-    elif cache is not None:
-        try:
-            cache.put(cache_key, data)
-            events |= CacheEvent.STORED
-        except Exception:  # a full or broken disk must not stop training
-            events |= CacheEvent.STORE_FAILED
     decode_into(data, out, spec, job.seed, job.key)
     return Outcome(time.perf_counter() - t0, events)
 
