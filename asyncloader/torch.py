@@ -74,6 +74,11 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         self._resume: dict[str, Any] | None = None
         self._loader: ImageLoader | None = None
         self._pid = -1
+        # In shared memory, so that DataLoader workers (forked or spawned: the tensor travels
+        # by handle) can tell the training process that they delivered batches of an epoch:
+        # epoch + 1, 0 before any.  Its state_dict() cannot see how far they got.
+        flag = torch.zeros(1, dtype=torch.int64)
+        self._workers_in = flag.share_memory_()  # type: ignore[no-untyped-call]
 
     def __getstate__(self) -> dict[str, Any]:
         # Workers get the recipe, never a live loader (threads and sockets do not travel).
@@ -115,8 +120,10 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         else:
             loader.set_epoch(self.epoch)
         in_worker = get_worker_info() is not None
+        epoch = self.epoch  # load_state_dict set it to the state's
         for images, labels in loader:
             if in_worker:
+                self._workers_in[0] = epoch + 1  # the same value from every worker
                 # A DataLoader worker hands results to its parent process: copy them once,
                 # straight into shared memory (torch would copy a private tensor into shared
                 # memory again when it pickles it), and let go of the ring slot at once.
@@ -129,8 +136,24 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             yield batch.pop()
 
     def state_dict(self) -> dict[str, Any]:
-        """This process's position (a DataLoader worker's own, under StatefulDataLoader)."""
+        """This process's position (a DataLoader worker's own, under StatefulDataLoader).
+
+        Raises:
+            RuntimeError: called in the training process while DataLoader workers iterate
+                this epoch: where they are is known to the DataLoader only.  Use torchdata's
+                ``StatefulDataLoader`` (its ``state_dict()`` holds every worker's position)
+                or ``num_workers=0``.
+        """
         if self._loader is None:
+            if int(self._workers_in[0]) == self.epoch + 1:
+                raise RuntimeError(
+                    f"ImageDataset.state_dict() in the training process cannot see how far "
+                    f"the DataLoader workers got in epoch {self.epoch}: resuming from it "
+                    "would deliver their batches again.  Save the state of "
+                    "torchdata.stateful_dataloader.StatefulDataLoader(dataset, "
+                    "batch_size=None, num_workers=...) instead (it holds every worker's "
+                    "position), or iterate with num_workers=0."
+                )
             return {"epoch": self.epoch, "next_batch": 0}
         return self._loader.state_dict()
 

@@ -155,3 +155,37 @@ def test_stateful_dataloader_resumes_mid_epoch(light_server: S3TestServer) -> No
     rest = [x for _, labels in second for x in labels.tolist()]  # type: ignore[attr-defined]
     assert len(seen) == 40
     assert sorted(seen + rest) == list(range(N_IMAGES))
+
+
+def test_the_training_process_state_under_dataloader_workers_is_refused(
+    light_server: S3TestServer,
+) -> None:
+    """A plain DataLoader's workers iterate copies of the dataset: the training process's
+    ``state_dict()`` cannot know how far they got, and resuming from ``next_batch: 0`` would
+    deliver their batches twice.  It says so (naming StatefulDataLoader) instead; before the
+    workers deliver anything, and once the next epoch is set, the state is right again."""
+    import torch.utils.data
+
+    from asyncloader.torch import ImageDataset
+
+    ds = ImageDataset(
+        "s3://b/train/",
+        batch_size=8,
+        decode_workers=1,
+        store_options={"endpoint_url": light_server.endpoint},
+    )
+    ds.set_epoch(3)
+    assert ds.state_dict() == {"epoch": 3, "next_batch": 0}
+    for context in ("fork", "spawn"):
+        dl = torch.utils.data.DataLoader(
+            ds, batch_size=None, num_workers=2, multiprocessing_context=context
+        )
+        it = iter(dl)
+        for _ in range(5):
+            next(it)
+        with pytest.raises(RuntimeError, match="StatefulDataLoader"):
+            ds.state_dict()
+        del it
+        ds.set_epoch(4)  # the next epoch, from its start: nothing delivered of it yet
+        assert ds.state_dict() == {"epoch": 4, "next_batch": 0}
+        ds.set_epoch(3)
