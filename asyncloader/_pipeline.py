@@ -24,14 +24,14 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ._cache import CacheWriter, ObjectCache
+from ._cache import ADMIT_ALL, CacheWriter, ObjectCache, admission, admitted
 from ._config import RunConfig
 from ._dataset import Listing
 from ._decode import DecodePool
 from ._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
 from ._fetch import Fetcher
 from ._ring import BatchRing
-from ._sampler import epoch_indices, mix_seed, num_batches, unshuffled_batch
+from ._sampler import epoch_indices, mix_seed, node_subset, num_batches, unshuffled_batch
 from ._stats import Counters
 from ._types import CachedAt, CacheEvent, DecodeJob, Outcome, Sample
 
@@ -134,6 +134,7 @@ class Pipeline:
             if cache is not None
             else None
         )
+        self._admit: int | None = None  # see _admission
         self._free: asyncio.Queue[int] = asyncio.Queue()
         # Slots published and not yet given back: announced on `output`, or delivered and
         # still referenced by the consumer's batch (the ring tells, through `release`).
@@ -142,6 +143,30 @@ class Pipeline:
         self._window = asyncio.Semaphore(decode_window)
         self._failures: dict[int, list[Exception]] = {}
         self._epoch_samples: int | None = None
+
+    def _admission(self) -> int:
+        """The cache's admission threshold for this node's objects (see
+        :func:`~asyncloader._cache.admission`); everything is cached while the listing
+        grows."""
+        threshold = self._admit
+        if threshold is None:
+            dataset = self.listing.dataset
+            if dataset is None or self.cache is None:
+                return ADMIT_ALL
+            r = self.run
+            objects = [s.obj for s in dataset.samples]
+            part = 1.0  # shuffled globally: over the epochs, this node reads everything
+            if r.shuffle == "node" and r.local_world_size:
+                nodes = max(r.world_size // r.local_world_size, 1)
+                node = r.rank // r.local_world_size
+                mine = node_subset(len(objects), seed=r.seed, node=node, nodes=nodes)
+                objects = [objects[int(i)] for i in mine]
+            elif not r.shuffle:  # the fixed shards of this node's ranks
+                part = min((r.local_world_size or r.world_size) / r.world_size, 1.0)
+            sizes = ((o.key, o.size) for o in objects)
+            threshold, self.counters.cache_share = admission(sizes, self.cache.size_limit, part)
+            self._admit = threshold
+        return threshold
 
     def _written(self, keys: list[str], error: Exception | None) -> None:
         # On the writer thread; it alone changes these two counters.
@@ -203,6 +228,8 @@ class Pipeline:
         await self.stop()
         if self._writer is not None:
             await self._writer.drain()
+            if self._admit is None and self.listing.done:  # a hash per key: off the loop
+                await asyncio.to_thread(self._admission)
         # Nothing is filling any slot now.  Batches announced but never taken are dropped;
         # slots whose batch the consumer still references stay out until it lets go.
         while True:
@@ -506,7 +533,7 @@ class Pipeline:
             async with self._window:
                 data = await self.fetcher.fetch(obj)
                 stage = "decode"
-                if self._writer is not None:
+                if self._writer is not None and admitted(obj.key, self._admission()):
                     if self._writer.full():
                         self.counters.cache_store_skipped += 1
                     else:

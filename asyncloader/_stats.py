@@ -85,6 +85,7 @@ class Counters:
     cache_stored: int = 0
     cache_store_failed: int = 0
     cache_store_skipped: int = 0
+    cache_share: float = 1.0
     cache_damaged: int = 0
     # Written by the consumer thread only.
     consumer_batches: int = 0
@@ -164,6 +165,7 @@ class Counters:
             cache_stored=self.cache_stored,
             cache_store_failed=self.cache_store_failed,
             cache_store_skipped=self.cache_store_skipped,
+            cache_share=self.cache_share,
             cache_damaged=self.cache_damaged,
             batches=self.consumer_batches,
             samples=self.consumer_samples,
@@ -209,6 +211,9 @@ class Stats:
             few may still be on their way when the epoch ends.
         cache_store_skipped: Fetched objects not cached because the disk was behind (64 MB
             waiting to be written): fetched again when next needed.
+        cache_share: The share of the objects this node reads that the cache keeps: 1.0
+            when they fit, else a fixed subset (picked by a hash of the key) that fills 90 %
+            of ``cache_size``; the others are never written.
         cache_damaged: Cache entries that failed their length/CRC check, dropped and fetched.
         batches, samples: Delivered to the consumer.
         consumer_wait_seconds: Time the consumer spent waiting for a batch [seconds].
@@ -251,6 +256,7 @@ class Stats:
     cache_stored: int
     cache_store_failed: int
     cache_store_skipped: int
+    cache_share: float
     cache_damaged: int
     batches: int
     samples: int
@@ -277,6 +283,11 @@ class Stats:
             f"{self.cache_misses} misses, {self.cache_stored} stored, "
             f"{self.cache_damaged} damaged, {self.cache_store_failed} store failures, "
             f"{self.cache_store_skipped} not stored (disk behind)"
+            + (
+                f"; the data does not fit: {self.cache_share:.0%} of it is kept"
+                if self.cache_share < 1.0
+                else ""
+            )
             if self.cache_hits or self.cache_misses
             else "cache: off",
             f"requests {self.requests} (p50/p90/p99 {self.request_p50 * 1e3:.0f}/"

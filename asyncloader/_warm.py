@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ._cache import CacheWriter, ObjectCache
+from ._cache import ADMIT_ALL, CacheWriter, ObjectCache, admission, admitted
 from ._config import FetchConfig
 from ._env import local_world_size, shard_from_env
 from ._errors import AsyncLoaderError, shown_key
@@ -46,6 +46,8 @@ class WarmReport:
         seconds: Wall time of the fetch phase [seconds].
         retries: Retries by reason.
         write_cpu_seconds: CPU time of the thread writing the cache [seconds].
+        not_admitted: Left out: the shard does not fit the cache, which keeps a fixed
+            subset of it (the one loaders keep; counted in ``listed``).
     """
 
     listed: int = 0
@@ -56,6 +58,7 @@ class WarmReport:
     seconds: float = 0.0
     retries: dict[str, int] = field(default_factory=dict)
     write_cpu_seconds: float = 0.0
+    not_admitted: int = 0
 
     def summary(self) -> str:
         secs = max(self.seconds, 1e-9)
@@ -64,6 +67,12 @@ class WarmReport:
             f"{self.seconds:.1f} s: {self.warmed / secs:.0f} objects/s, "
             f"{self.bytes_fetched / secs / 1e6:.1f} MB/s; {self.already_cached} already "
             f"cached, {len(self.failed)} failed, retries {sum(self.retries.values())}"
+            + (
+                f"; {self.not_admitted} left out: the data does not fit the cache, which "
+                "keeps a fixed subset"
+                if self.not_admitted
+                else ""
+            )
         )
 
 
@@ -107,7 +116,15 @@ async def warm_cache(
         mine = ordered[i::n]
     else:
         mine = [ordered[j] for j in node_subset(len(ordered), seed=node_seed, node=i, nodes=n)]
+    # A cache too small for this shard keeps a fixed subset, the loader's (see admission).
+    threshold, _ = await asyncio.to_thread(
+        admission, [(o.key, o.size) for o in mine], cache.size_limit
+    )
     report = WarmReport(listed=len(mine))
+    if threshold < ADMIT_ALL:
+        kept = [o for o in mine if admitted(o.key, threshold)]
+        report.not_admitted = len(mine) - len(kept)
+        mine = kept
     url = store.url
     keys = {o.key: ObjectCache.entry_key(url, o.key, o.etag) for o in mine}
     present = await asyncio.to_thread(cache.contains, keys.values())

@@ -8,8 +8,11 @@ In one run, against our light S3 server at ``--latency`` (20 ms):
    after it is served from disk.  torch is imported before the clock starts, as in a
    training script (the loader imports it at the first batch otherwise: 2.4 s of CPU here);
 3. ``asyncloader warm`` into a fresh cache at several request counts in flight: objects/s,
-   MB/s, and CPU per object split into the event loop (GETs) and the writer thread (files +
-   index).
+   MB/s, and CPU per object split into the event loop (GETs) and the writer thread (packs +
+   index);
+4. with ``--small-cache``: shuffled epochs through a cache a third of the data's size: hits
+   per epoch against the cache's share of the data, objects stored per epoch, the folder's
+   size against its limit.
 
 Run: ``python benchmarks/bench_cache.py``.
 """
@@ -25,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -55,6 +59,44 @@ def case_loader(
             out[f"{epoch}_wall"] = time.perf_counter() - t0
             out[f"{epoch}_cpu"] = bl._cpu() - c0
             out[f"{epoch}_requests"] = loader.stats().requests - requests0
+    return out
+
+
+def case_small(endpoint: str, cache_dir: str, batch: int, workers: int, epochs: int) -> dict:
+    """Shuffled epochs through a cache a third of the data's size (one loader)."""
+    import asyncloader as al
+
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=batch,
+        decode_workers=workers,
+        store_options={"endpoint_url": endpoint},
+    ) as probe:
+        total = sum(s.obj.size for s in probe.dataset.samples)
+    limit = total // 3
+    out: dict[str, Any] = {"limit": limit, "total": total, "epochs": []}
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=batch,
+        decode_workers=workers,
+        cache_dir=cache_dir,
+        cache_size=limit,
+        store_options={"endpoint_url": endpoint},
+    ) as loader:
+        for epoch in range(epochs):
+            before = loader.stats()
+            loader.set_epoch(epoch)
+            n = sum(len(x) for x, _ in loader)
+            after = loader.stats()
+            out["epochs"].append(
+                {
+                    "samples": n,
+                    "hits": after.cache_hits - before.cache_hits,
+                    "stored": after.cache_stored - before.cache_stored,
+                }
+            )
+        out["share"] = loader.stats().cache_share
+    out["volume"] = al.ObjectCache(cache_dir, size_limit=limit).stats().volume
     return out
 
 
@@ -93,12 +135,21 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
     p.add_argument("--backend", default="auto", choices=("auto", "thread", "process"))
     p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs"))
+    p.add_argument(
+        "--small-cache",
+        type=int,
+        default=0,
+        metavar="EPOCHS",
+        help="also run EPOCHS shuffled epochs through a cache a third of the data's size",
+    )
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.case:
         kind, endpoint, cache_dir, *rest = args.case
         if kind == "loader":
             res = case_loader(endpoint, cache_dir, args.batch_size, args.workers, *rest)
+        elif kind == "small":
+            res = case_small(endpoint, cache_dir, args.batch_size, args.workers, int(rest[0]))
         else:
             res = case_warm(endpoint, cache_dir, int(rest[0]))
         print(json.dumps(res))
@@ -111,7 +162,7 @@ def main() -> None:
     folder = make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0)
     common = ["--data-dir", str(folder), "--workers", str(args.workers)]
     common += ["--batch-size", str(args.batch_size)]
-    rounds = []
+    rounds: list[Any] = []
     for _ in range(args.repeat):  # every case once per round; ratios to the round's ceiling
         ceilings = [bl.run_case(["ceiling", kind, *common]) for kind in ("thread", "process")]
         tmp = Path(tempfile.mkdtemp(prefix="asyncloader-bench-"))
@@ -123,6 +174,11 @@ def main() -> None:
                 nocache = _sub("loader", ep, "", args.backend, *common)
                 run1 = _sub("loader", ep, str(tmp / "epochs"), args.backend, *common)
                 run2 = _sub("loader", ep, str(tmp / "epochs"), args.backend, *common)
+                small = (
+                    _sub("small", ep, str(tmp / "small"), str(args.small_cache), *common)
+                    if args.small_cache
+                    else None
+                )
                 warms = {
                     n: _sub("warm", ep, str(tmp / f"warm{n}"), str(n), *common)
                     for n in (int(x) for x in args.inflight.split(",") if x)
@@ -130,7 +186,14 @@ def main() -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         rounds.append(
-            (max(ceilings, key=lambda r: r["images"] / r["wall"]), run1, run2, warms, nocache)
+            (
+                max(ceilings, key=lambda r: r["images"] / r["wall"]),
+                run1,
+                run2,
+                warms,
+                nocache,
+                small,
+            )
         )
     lat = args.latency * 1e3
     print(
@@ -157,7 +220,7 @@ def main() -> None:
     med = statistics.median
     for i, name in enumerate(names):
         ips, xc, cpu, xcpu, gets = [], [], [], [], []
-        for ceiling, run1, run2, _, nocache in rounds:
+        for ceiling, run1, run2, _, nocache, _ in rounds:
             r = [ceiling, part(nocache, "first"), part(nocache, "second")]
             r += [part(run1, "first"), part(run1, "second")]
             r += [part(run2, "first"), part(run2, "second")]
@@ -173,17 +236,38 @@ def main() -> None:
     # What filling the cache costs: the cold epoch against the same epoch without a cache.
     speed = [
         (run1["first_images"] / run1["first_wall"]) / (nc["first_images"] / nc["first_wall"])
-        for _, run1, _, _, nc in rounds
+        for _, run1, _, _, nc, _ in rounds
     ]
     cpu_x = [
         (run1["first_cpu"] / run1["first_images"]) / (nc["first_cpu"] / nc["first_images"])
-        for _, run1, _, _, nc in rounds
+        for _, run1, _, _, nc, _ in rounds
     ]
     print(
         f"\ncold epoch filling the cache / the same epoch without a cache: img/s "
         f"{med(speed):.2f} x ({' '.join(f'{x:.2f}' for x in speed)}), CPU per image "
         f"{med(cpu_x):.2f} x ({' '.join(f'{x:.2f}' for x in cpu_x)})"
     )
+    if args.small_cache:
+        print("\nshuffled epochs through a cache a third of the data's size")
+        print(f"{'epoch':>5s} {'hits':>6s} {'hits / (share x samples)':>25s} {'stored':>7s}")
+        smalls = [r[5] for r in rounds]
+        for e in range(args.small_cache):
+            hits = [sm["epochs"][e]["hits"] for sm in smalls]
+            rel = [
+                sm["epochs"][e]["hits"] / (sm["share"] * sm["epochs"][e]["samples"])
+                for sm in smalls
+            ]
+            stored = [sm["epochs"][e]["stored"] for sm in smalls]
+            print(
+                f"{e:5d} {med(hits):6.0f} {med(rel):25.2f} {med(stored):7.0f}  "
+                f"({' '.join(f'{x:.2f}' for x in rel)})"
+            )
+        sm = smalls[0]
+        print(
+            f"cache share of the data {med(x['share'] for x in smalls):.2f}; folder "
+            f"{sm['volume'] / 1e6:.0f} MB of a {sm['limit'] / 1e6:.0f} MB limit "
+            f"(data {sm['total'] / 1e6:.0f} MB)"
+        )
     if not rounds[0][3]:
         return
     print(f"\nasyncloader warm @{lat:.0f} ms (fresh cache each), medians")
@@ -192,7 +276,7 @@ def main() -> None:
         f"{'loop+GET':>9s} {'write':>7s}  objects/s per round"
     )
     for n in rounds[0][3]:
-        rs = [w[n] for *_, w, _ in rounds]
+        rs = [r[3][n] for r in rounds]
         per = [r["objects"] / r["wall"] for r in rs]
         o = [max(r["objects"], 1) for r in rs]
         cpu = med(r["cpu"] / k for r, k in zip(rs, o, strict=True))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import asyncloader as al
 from asyncloader._cache import ObjectCache, parse_size
@@ -299,3 +301,75 @@ def test_cache_writer_batches_reports_and_fails_loudly(tmp_path: Path) -> None:
     assert not written
     assert sorted(k for k, _ in failed) == sorted(f"obj{i}" for i in range(10))
     assert {e for _, e in failed} == {"NotADirectoryError"}
+
+
+def test_a_cache_smaller_than_the_data_keeps_a_fixed_subset(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """Shuffled epochs through a cache a third of the data's size: a fixed subset (a hash of
+    the key) is stored once and hit in every later epoch; nothing else is ever written, so
+    nothing is evicted (storing everything kept almost nothing: 6 % hits)."""
+    import asyncio
+
+    from asyncloader._cache import admission, admitted
+
+    async def sizes() -> dict[str, int]:  # keys as the loader sees them: under train/
+        store = al.S3Store("b", prefix="train/", endpoint_url=light_server.endpoint)
+        try:
+            return {o.key: o.size async for o in store.list() if o.key.endswith(".jpg")}
+        finally:
+            await store.close()
+
+    listed = asyncio.run(sizes())
+    total = sum(listed.values())
+    limit = total // 3
+    threshold, share = admission(listed.items(), limit)
+    assert 0.25 < share <= 0.3  # 90 % of a third
+    kept = {k for k in listed if admitted(k, threshold)}
+    assert sum(listed[k] for k in kept) == pytest.approx(share * total)
+    assert 0 < len(kept) < N_IMAGES / 2
+    cache = ObjectCache(tmp_path / "c", size_limit=limit)
+    for epoch in range(3):  # a run per epoch: each starts from what the last one stored
+        light_server.reset_stats()
+        with _loader(light_server, tmp_path / "c", cache_size=limit) as loader:
+            labels, _ = _epoch(loader, epoch)
+            stats = loader.stats()  # (the stream has started on the next epoch, too)
+        assert len(labels) == N_IMAGES
+        assert stats.cache_share == pytest.approx(share)
+        assert {k.split("\x00")[1] for k in cache.entry_keys()} == kept
+        fetched = {k[len("train/") :] for k in light_server.stats()["gets_by_key"]}
+        if epoch > 0:  # the subset from disk, the rest from the store and never written
+            assert stats.cache_stored == 0 and not fetched & kept
+            assert stats.cache_hits >= len(kept)
+            assert fetched == set(listed) - kept
+    assert cache.stats().volume <= limit
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=10**6), min_size=1, max_size=200),
+    limits=st.tuples(st.integers(1, 10**8), st.integers(1, 10**8)),
+)
+def test_admission_fills_the_cache_with_a_stable_subset(
+    sizes: list[int], limits: tuple[int, int]
+) -> None:
+    """Everything when it fits; else the objects of lowest hash rank that fit in 90 % of
+    the limit (the next one would not); a larger cache keeps a superset."""
+    from asyncloader._cache import ADMIT_ALL, ADMIT_HEADROOM, _rank, admission, admitted
+
+    objects = {f"k{i}": n for i, n in enumerate(sizes)}
+    small, large = sorted(limits)
+    kept = {}
+    for limit in (small, large):
+        threshold, share = admission(objects.items(), limit)
+        kept[limit] = {k for k in objects if admitted(k, threshold)}
+        total, got = sum(sizes), sum(objects[k] for k in kept[limit])
+        if total <= limit:
+            assert threshold == ADMIT_ALL and len(kept[limit]) == len(objects)
+        else:
+            assert got <= ADMIT_HEADROOM * limit
+            assert got == pytest.approx(share * total)
+            left = [k for k in objects if k not in kept[limit]]
+            assert all(_rank(k) < _rank(x) for k in kept[limit] for x in left)
+            assert got + objects[min(left, key=_rank)] > ADMIT_HEADROOM * limit
+    assert kept[small] <= kept[large]

@@ -142,3 +142,36 @@ def test_bad_shard_is_refused() -> None:
     out = _cli("warm", "s3://b/x/", "--cache-dir", "/tmp/never", "--shard", "2/2")
     assert out.returncode == 2
     assert "does not exist" in out.stderr
+
+
+def test_warm_into_a_cache_too_small_keeps_the_loaders_subset(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """``warm`` of data three times the size of the cache: the fixed subset a
+    loader keeps, nothing else, and the loader then reads that subset from disk."""
+    opts = {"endpoint_url": light_server.endpoint}
+    full = al.warm("s3://b/train/", tmp_path / "all", store_options=opts)
+    total = al.ObjectCache(tmp_path / "all").stats().volume
+    limit = total // 3
+    report = al.warm("s3://b/train/", tmp_path / "c", cache_size=limit, store_options=opts)
+    assert full.warmed == N_IMAGES and not report.failed
+    assert 0 < report.warmed < N_IMAGES // 2
+    assert report.warmed + report.not_admitted == report.listed == N_IMAGES
+    assert "left out: the data does not fit the cache" in report.summary()
+    warmed = _object_keys(tmp_path / "c")
+    light_server.reset_stats()
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=16,
+        decode_backend="thread",
+        cache_dir=tmp_path / "c",
+        cache_size=limit,
+        store_options=opts,
+    ) as loader:
+        n = sum(len(labels) for _, labels in loader)
+        stats = loader.stats()
+    assert n == N_IMAGES
+    assert stats.cache_hits >= len(warmed) and stats.cache_stored == 0
+    fetched = {k[len("train/") :] for k in light_server.stats()["gets_by_key"]}
+    assert not fetched & warmed
+    assert _object_keys(tmp_path / "c") == warmed
