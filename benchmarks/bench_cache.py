@@ -66,13 +66,7 @@ def case_small(endpoint: str, cache_dir: str, batch: int, workers: int, epochs: 
     """Shuffled epochs through a cache a third of the data's size (one loader)."""
     import asyncloader as al
 
-    with al.ImageLoader(
-        "s3://b/train/",
-        batch_size=batch,
-        decode_workers=workers,
-        store_options={"endpoint_url": endpoint},
-    ) as probe:
-        total = sum(s.obj.size for s in probe.dataset.samples)
+    total = al.describe("s3://b/train/", store_options={"endpoint_url": endpoint}).sample_bytes
     limit = total // 3
     out: dict[str, Any] = {"limit": limit, "total": total, "epochs": []}
     with al.ImageLoader(
