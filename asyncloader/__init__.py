@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ._config import RunConfig as RunConfig
     from ._describe import Inventory as Inventory
     from ._describe import describe as describe
+    from ._describe import listing as listing
     from ._env import shard_from_env as shard_from_env
     from ._errors import AccessDenied as AccessDenied
     from ._errors import AsyncLoaderError as AsyncLoaderError
@@ -60,6 +61,7 @@ _WHERE = {
     "RunConfig": "._config",
     "Inventory": "._describe",
     "describe": "._describe",
+    "listing": "._describe",
     "shard_from_env": "._env",
     "AccessDenied": "._errors",
     "AsyncLoaderError": "._errors",
@@ -131,6 +133,7 @@ __all__ = [
     "WarmReport",
     "__version__",
     "describe",
+    "listing",
     "open_store",
     "shard_from_env",
     "warm",

@@ -41,10 +41,16 @@ from typing import Any
 
 from ._types import Blob, CachedAt, ObjectInfo
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover (not POSIX)
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = [
     "ADMIT_ALL",
     "CacheStats",
     "CacheWriter",
+    "ListingTurn",
     "ObjectCache",
     "admission",
     "admitted",
@@ -525,6 +531,10 @@ class ObjectCache:
             json.dump(doc, f)
         os.replace(tmp, path)
 
+    def listing_turn(self, url: str) -> ListingTurn:
+        """The node-wide lock on listing ``url`` (see :class:`ListingTurn`)."""
+        return ListingTurn(self._listing_path(url).with_suffix(".lock"))
+
     def load_listing(self, url: str, max_age: float) -> list[ObjectInfo] | None:
         """The saved object list of ``url`` if younger than ``max_age`` [seconds], else None."""
         path = self._listing_path(url)
@@ -543,6 +553,46 @@ class ObjectCache:
         if db is not None:
             db.close()
             self._local.db = None
+
+
+class ListingTurn:
+    """An exclusive lock on listing one URL into a cache folder, so that the processes of a
+    node that start together (ranks, DataLoader workers) list it once: the first lists and
+    saves, the others wait their turn and read what it saved.
+
+    An advisory ``flock`` on a file beside the saved listing: the kernel drops it when its
+    holder exits, however it exits.  Waiting polls (every 20 ms), so a waiting loader can
+    still be closed.  Without ``fcntl`` (not POSIX) everyone lists, as before.
+    """
+
+    _POLL = 0.02
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd: int | None = None
+
+    async def acquire(self) -> None:
+        if fcntl is None:
+            return
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(self._POLL)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def release(self) -> None:
+        """Idempotent; closing the file drops the lock."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class CacheWriter:

@@ -22,16 +22,12 @@ from pathlib import Path
 
 from ._cache import ObjectCache
 from ._errors import AsyncLoaderError
-from ._fetch import list_objects, saved_listing
+from ._fetch import list_and_save, listing_turn
 from ._labels import Dataset, DatasetBuilder, LabelSpec, build_dataset, parse_manifest
+from ._manifest import is_manifest
 from ._types import ObjectInfo, ObjectStore, Sample
 
-__all__ = ["Listing", "is_manifest", "open_listing"]
-
-
-def is_manifest(labels: LabelSpec) -> bool:
-    """Whether ``labels`` names a manifest (``.jsonl`` or ``.csv``)."""
-    return isinstance(labels, str) and labels.endswith((".jsonl", ".csv"))
+__all__ = ["Listing", "open_listing"]
 
 
 class Listing:
@@ -108,10 +104,11 @@ async def open_listing(
     max_age: float,
     stream: bool,
     listed: Callable[[Sequence[ObjectInfo]], None],
+    objects: Sequence[ObjectInfo] | None = None,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """The run's samples: complete, or (``stream``: an unshuffled run) growing in key order
     while a task, returned with it, still lists.  ``listed(objects)`` is told of the whole
-    listing when it is complete.
+    listing when it is complete.  ``objects``: listed already (nothing is listed).
 
     Raises:
         AsyncLoaderError: no samples under the URL (when complete; a growing listing raises
@@ -127,24 +124,35 @@ async def open_listing(
                 f"({len(objects)} objects listed; extensions={extensions})"
             )
 
-    saved = await saved_listing(store, cache, max_age)
-    list_sorted = getattr(store, "list_sorted", None)
-    if saved is None and not is_manifest(labels) and stream and list_sorted:
-        listing = Listing()
+    saved: list[ObjectInfo] | None = list(objects) if objects is not None else None
+    turn = None
+    if saved is None:
+        saved, turn = await listing_turn(store, cache, max_age)
+    try:
+        list_sorted = getattr(store, "list_sorted", None)
+        if saved is None and not is_manifest(labels) and stream and list_sorted:
+            listing = Listing()
 
-        async def finished(objects: list[ObjectInfo], dataset: Dataset) -> None:
-            check(objects, dataset)
-            if cache is not None:
-                await asyncio.to_thread(cache.save_listing, store.url, objects)
+            async def finished(objects: list[ObjectInfo], dataset: Dataset) -> None:
+                check(objects, dataset)
+                if cache is not None:
+                    await asyncio.to_thread(cache.save_listing, store.url, objects)
 
-        builder = DatasetBuilder(labels, extensions)
-        task = asyncio.create_task(
-            listing.stream(list_sorted(), builder, finished), name="asyncloader-listing"
-        )
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        await listing.wait(1)  # an empty or unreadable prefix fails here, at once
-        return listing, task
-    objects = saved if saved is not None else await list_objects(store, cache, 0)
+            builder = DatasetBuilder(labels, extensions)
+            task = asyncio.create_task(
+                listing.stream(list_sorted(), builder, finished), name="asyncloader-listing"
+            )
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            if turn is not None:  # the turn ends with the listing, saved or failed
+                release = turn.release
+                task.add_done_callback(lambda _: release())
+                turn = None
+            await listing.wait(1)  # an empty or unreadable prefix fails here, at once
+            return listing, task
+        objects = saved if saved is not None else await list_and_save(store, cache)
+    finally:
+        if turn is not None:
+            turn.release()
     manifest = None
     if is_manifest(labels):
         assert isinstance(labels, str)

@@ -4,18 +4,24 @@ listing the cache saved when there is one (``asyncloader ls``)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import posixpath
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from ._cache import ObjectCache
 from ._fetch import list_objects, saved_listing
 from ._labels import IMAGE_EXTENSIONS, KeyFilter, key_path
+from ._stores import open_store
+from ._stores import store_options as store_options_for
 from ._types import ObjectInfo, ObjectStore
 
-__all__ = ["Inventory", "describe", "inventory"]
+__all__ = ["Inventory", "describe", "inventory", "listing"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +128,6 @@ def describe(
     Raises:
         StoreError: the store could not be listed.
     """
-    from ._stores import open_store
 
     async def main() -> Inventory:
         store = open_store(url, **(store_options or {}))
@@ -134,4 +139,42 @@ def describe(
         finally:
             await store.close()
 
-    return asyncio.run(main())
+    return _blocking(main())
+
+
+def listing(
+    url: str,
+    *,
+    labels: object = "folder",
+    store_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str = "100GB",
+    listing_max_age: float = 3600.0,
+    refresh_listing: bool = False,
+) -> list[ObjectInfo]:
+    """Every object under ``url``, as a loader with these options lists it: from the
+    listing saved in ``cache_dir`` when there is a young one, else listed (in parallel
+    where the store can) and saved there, once per node.  Pass it to loaders as
+    ``objects=`` so that they do not list again (``asyncloader.torch.ImageDataset`` does,
+    for its DataLoader workers and across ranks).  Blocking; runs its own event loop, in a
+    thread of its own (so it can be called where a loop runs, as in a notebook).
+
+    Raises:
+        StoreError: the store could not be listed.
+    """
+
+    async def main() -> list[ObjectInfo]:
+        store = open_store(url, **store_options_for(url, labels, store_options))
+        try:
+            cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
+            return await list_objects(store, cache, 0.0 if refresh_listing else listing_max_age)
+        finally:
+            await store.close()
+
+    return _blocking(main())
+
+
+def _blocking(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to the end on an event loop of its own, in a thread of its own."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="asyncloader") as pool:
+        return pool.submit(asyncio.run, coro).result()

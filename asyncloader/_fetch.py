@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from functools import partial
 
 from ._budget import InflightBudget
-from ._cache import ObjectCache
+from ._cache import ListingTurn, ObjectCache
 from ._config import FetchConfig
 from ._env import usable_cpus
 from ._errors import LengthMismatch, StoreError, Throttled, shown_key
@@ -20,7 +21,7 @@ from ._retry import retrying
 from ._stats import Counters
 from ._types import Blob, ObjectInfo, ObjectStore
 
-__all__ = ["Fetcher", "list_objects", "saved_listing"]
+__all__ = ["Fetcher", "list_and_save", "list_objects", "listing_turn", "saved_listing"]
 
 
 class Fetcher:
@@ -281,11 +282,49 @@ async def list_objects(
     store: ObjectStore, cache: ObjectCache | None, max_age: float
 ) -> list[ObjectInfo]:
     """The store's object list: from the cache's saved listing if young enough, else listed
-    (in parallel where the store can) and saved for the next run."""
-    saved = await saved_listing(store, cache, max_age)
+    (in parallel where the store can) and saved for the next run, once per node (see
+    :func:`listing_turn`)."""
+    saved, turn = await listing_turn(store, cache, max_age)
     if saved is not None:
         return saved
+    try:
+        return await list_and_save(store, cache)
+    finally:
+        if turn is not None:
+            turn.release()
+
+
+async def list_and_save(store: ObjectStore, cache: ObjectCache | None) -> list[ObjectInfo]:
+    """List ``store`` (in parallel where it can) and save the list in ``cache``."""
     objects = [o async for o in store.list()]
     if cache is not None:
         await asyncio.to_thread(cache.save_listing, store.url, objects)
     return objects
+
+
+async def listing_turn(
+    store: ObjectStore, cache: ObjectCache | None, max_age: float
+) -> tuple[list[ObjectInfo] | None, ListingTurn | None]:
+    """A saved listing young enough, or this process's turn to list.
+
+    Processes of a node that start together on one cache folder take turns: the first to
+    find no saved listing lists (the caller: then it saves and releases the turn), the
+    others wait and read the listing it saved, even under ``max_age=0``
+    (``refresh_listing``: it was made after they asked).  Returns ``(saved, None)`` or
+    ``(None, turn)``; ``(None, None)`` without a cache.
+    """
+    saved = await saved_listing(store, cache, max_age)
+    if saved is not None or cache is None:
+        return saved, None
+    asked = time.time()
+    turn = cache.listing_turn(store.url)
+    await turn.acquire()
+    try:
+        saved = await saved_listing(store, cache, max(max_age, time.time() - asked))
+    except BaseException:
+        turn.release()
+        raise
+    if saved is not None:
+        turn.release()
+        return saved, None
+    return None, turn

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ._cache import ObjectCache
 from ._config import IMAGENET_MEAN, IMAGENET_STD, FetchConfig, OnError, RunConfig
-from ._dataset import is_manifest, open_listing
+from ._dataset import open_listing
 from ._decode import DecodePool, DecodeSpec, ProcessDecodePool, ThreadDecodePool
 from ._env import usable_cpus
 from ._errors import (
@@ -44,7 +44,8 @@ from ._ring import BatchRing
 from ._runtime import Runtime
 from ._sampler import num_batches
 from ._stats import Counters, Stats
-from ._stores import lists_from_manifest, open_store
+from ._stores import open_store
+from ._stores import store_options as store_options_for
 from ._transforms import RandomResizedCrop, Transform
 from ._types import DecodeFn, ObjectInfo, ObjectStore
 
@@ -132,6 +133,9 @@ class ImageLoader:
         listing_max_age: With a cache, reuse the saved object list of the URL if younger
             than this [seconds]; objects replaced since then fail their ETag check clearly.
         refresh_listing: List the store again even if a saved list is young enough.
+        objects: The URL's object list, listed already (by the training process for its
+            DataLoader workers, by rank 0 for every rank: see ``asyncloader.torch``): the
+            store is not listed.
         device: Where batches are delivered: ``None`` (default) gives uint8 CPU tensors that
             are views of the ring; ``"cuda"`` (this process's GPU: ``LOCAL_RANK`` under
             torchrun), ``"cuda:1"`` or ``"cpu"`` give ``dtype`` tensors normalised with
@@ -179,6 +183,7 @@ class ImageLoader:
         cache_size: int | str = "100GB",
         listing_max_age: float = 3600.0,
         refresh_listing: bool = False,
+        objects: Sequence[ObjectInfo] | None = None,
         device: str | None = None,
         dtype: str = "float32",
         mean: Sequence[float] | None = IMAGENET_MEAN,
@@ -229,6 +234,7 @@ class ImageLoader:
         )
         self.cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
         self._listing_max_age = 0.0 if refresh_listing else listing_max_age
+        self._objects = objects
         self._spec = DecodeSpec(shape, transform, decode, max_pixels, self.cache)
         # One slot more than the work in flight needs: a plain `for` loop still holds the
         # previous batch while it asks for the next.
@@ -253,9 +259,7 @@ class ImageLoader:
         self._rt = Runtime()
         self._finalizer = weakref.finalize(self, self._rt.close)
         try:
-            options = dict(store_options or {})
-            if lists_from_manifest(url) and is_manifest(labels):
-                options.setdefault("manifest", labels)  # a web server has no listing
+            options = store_options_for(url, labels, store_options)
             the_store = store if store is not None else open_store(url, **options)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
             self._rt.store = the_store
@@ -286,7 +290,9 @@ class ImageLoader:
             max_age=self._listing_max_age,
             stream=self._run_config.shuffle is False,
             listed=listed,
+            objects=self._objects,
         )
+        self._objects = None  # the dataset holds what it needs
         self._rt.listing_task = task
         ring = BatchRing(
             self._slots,

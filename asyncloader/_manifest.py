@@ -10,7 +10,12 @@ import csv
 import io
 import json
 
-__all__ = ["read_manifest"]
+__all__ = ["is_manifest", "read_manifest"]
+
+
+def is_manifest(labels: object) -> bool:
+    """Whether ``labels`` names a manifest (``.jsonl`` or ``.csv``)."""
+    return isinstance(labels, str) and labels.endswith((".jsonl", ".csv"))
 
 
 def read_manifest(data: bytes | bytearray, name: str) -> list[dict[str, str]]:

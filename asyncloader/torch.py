@@ -14,6 +14,11 @@ the GPU already normalised, when the dataset is iterated in the training process
 (``num_workers=0``, or directly).  With DataLoader workers, leave ``device`` out of the
 dataset and wrap the DataLoader: ``for images, labels in to_device(dl, device="cuda")``.
 
+The dataset lists the URL once, where it is made (the training process): its DataLoader
+workers get the list with it, and under ``torch.distributed`` rank 0 lists and broadcasts
+it to every rank (so make the dataset on every rank, as a training script does).  One
+listing per job, instead of one per rank and worker.
+
 The shard is ``(rank, world size)`` from ``torch.distributed`` when it is initialised, else
 from the torchrun environment (``RANK``, ``WORLD_SIZE``), times the DataLoader worker. Every
 rank sees the same number of batches per epoch (``even="pad"`` repeats samples to fill the
@@ -32,7 +37,14 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from asyncloader import IMAGENET_MEAN, IMAGENET_STD, ImageLoader, shard_from_env
+from asyncloader import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageLoader,
+    ObjectInfo,
+    listing,
+    shard_from_env,
+)
 from asyncloader._upload import DeviceSpec, Uploader
 
 __all__ = ["ImageDataset", "dist_shard", "to_device"]
@@ -43,6 +55,27 @@ def dist_shard() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return shard_from_env()
+
+
+def _list_once(url: str, options: dict[str, Any]) -> list[ObjectInfo]:
+    """The URL's object list, listed by this process (rank 0 under torch.distributed, which
+    broadcasts it to the others)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    distributed = distributed and torch.distributed.get_world_size() > 1
+    objects = None
+    if not distributed or torch.distributed.get_rank() == 0:
+        names = ("labels", "store_options", "cache_dir", "cache_size", "listing_max_age")
+        objects = listing(
+            url,
+            refresh_listing=bool(options.get("refresh_listing")),
+            **{name: options[name] for name in names if name in options},
+        )
+    if distributed:
+        box = [objects]
+        torch.distributed.broadcast_object_list(box, src=0)
+        objects = box[0]
+    assert objects is not None
+    return objects
 
 
 def _shared_copy(t: torch.Tensor) -> torch.Tensor:
@@ -62,6 +95,9 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         **options: Any :class:`~asyncloader.ImageLoader` option but the shard ones.
             ``decode_workers`` defaults to the usable CPUs divided among DataLoader
             workers.
+
+    Raises:
+        AsyncLoaderError: the URL cannot be listed (raised here, where the dataset is made).
     """
 
     def __init__(self, url: str, **options: Any) -> None:
@@ -70,6 +106,8 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 raise TypeError(f"{name} is set by the dataset itself (torch.distributed/env)")
         self.url = url
         self.options = options
+        if "objects" not in options and "store" not in options:
+            options["objects"] = _list_once(url, options)
         self.epoch = 0
         self._resume: dict[str, Any] | None = None
         self._loader: ImageLoader | None = None

@@ -373,3 +373,50 @@ def test_admission_fills_the_cache_with_a_stable_subset(
             assert all(_rank(k) < _rank(x) for k in kept[limit] for x in left)
             assert got + objects[min(left, key=_rank)] > ADMIT_HEADROOM * limit
     assert kept[small] <= kept[large]
+
+
+LIST_AND_COUNT = """
+import sys, asyncloader as al
+if __name__ == "__main__":
+    endpoint, cache_dir, stream = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    with al.ImageLoader(
+        "s3://b/train/", batch_size=8, decode_workers=1, decode_backend="thread",
+        shuffle=not stream, cache_dir=cache_dir, store_options={"endpoint_url": endpoint},
+    ) as loader:
+        print(sum(len(labels) for _, labels in loader))
+"""
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_loaders_of_a_node_starting_together_list_once(
+    light_server: S3TestServer, tmp_path: Path, stream: bool
+) -> None:
+    """Four processes start on one cache folder at once: one lists (and saves), the others
+    wait their turn and read its listing; the store sees one listing's LIST requests.
+    Unshuffled, the first streams its listing and the others wait for the end of it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "count.py"
+    script.write_text(LIST_AND_COUNT)
+    args = [light_server.endpoint, str(tmp_path / "solo"), str(int(stream))]
+    light_server.reset_stats()
+    solo = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    assert solo.returncode == 0, solo.stderr
+    one_listing = light_server.stats()["counters"]["list"]
+    assert one_listing >= 1
+    light_server.reset_stats()
+    args[1] = str(tmp_path / "shared")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    assert [int(out) for out, _ in outs] == [N_IMAGES] * 4
+    assert light_server.stats()["counters"]["list"] == one_listing

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from asyncloader.testing import MotoServer, free_port
+from asyncloader.testing import MotoServer, S3TestServer, free_port
 
 from .conftest import N_IMAGES
 
@@ -88,3 +88,63 @@ def test_torchrun_two_ranks(moto: MotoServer, moto_dataset: str, tmp_path: Path)
         else:
             assert len(seen) == len(set(seen)) == N_IMAGES
     assert sorted(result) == ["drop", "pad"]
+
+
+LIST_JOB = textwrap.dedent(
+    """
+    import sys
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from asyncloader.torch import ImageDataset
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        ds = ImageDataset("s3://b/train/", batch_size=10, decode_workers=1,
+                          store_options={"endpoint_url": sys.argv[1]})
+        n = sum(len(lab) for _, lab in DataLoader(ds, batch_size=None, num_workers=2))
+        total = [None] * dist.get_world_size()
+        dist.all_gather_object(total, n)
+        if dist.get_rank() == 0:
+            print("samples", sum(total))
+        dist.barrier()
+        dist.destroy_process_group()
+    """
+)
+
+
+def test_a_job_of_two_ranks_and_two_workers_each_lists_once(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """Rank 0 lists and broadcasts; each rank's dataset carries the list to its DataLoader
+    workers: the store sees the LIST requests of one listing, not of 2 × 2 (and no cache is
+    needed for it)."""
+    import asyncloader as al
+
+    light_server.reset_stats()
+    with al.ImageLoader(
+        "s3://b/train/", batch_size=10, store_options={"endpoint_url": light_server.endpoint}
+    ):
+        one_listing = light_server.stats()["counters"]["list"]
+    assert one_listing >= 1
+    light_server.reset_stats()
+    script = tmp_path / "job.py"
+    script.write_text(LIST_JOB)
+    torchrun = shutil.which("torchrun")
+    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+    proc = subprocess.run(
+        [
+            *cmd,
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            str(script),
+            light_server.endpoint,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"samples {N_IMAGES}" in proc.stdout
+    assert light_server.stats()["counters"]["list"] == one_listing

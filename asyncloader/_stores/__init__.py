@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from .._manifest import is_manifest
 from .._types import ObjectStore
 from ._azure import AzureStore, azure_store_from_url
 from ._local import LocalStore
@@ -25,6 +26,7 @@ __all__ = [
     "S3Store",
     "lists_from_manifest",
     "open_store",
+    "store_options",
 ]
 
 
@@ -38,6 +40,15 @@ def lists_from_manifest(url: str) -> bool:
     """Whether ``url`` names a plain HTTP(S) location, whose objects a manifest lists."""
     parts = urlsplit(url)
     return parts.scheme in ("http", "https") and not _is_azure(parts)
+
+
+def store_options(url: str, labels: object, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The store options a loader of ``url`` with ``labels`` opens its store with: a plain
+    web server has no listing, its manifest lists the objects."""
+    out = dict(options or {})
+    if lists_from_manifest(url) and is_manifest(labels):
+        out.setdefault("manifest", labels)
+    return out
 
 
 def open_store(url: str, **options: Any) -> ObjectStore:
