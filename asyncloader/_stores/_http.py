@@ -8,11 +8,13 @@ transport exception to :mod:`asyncloader._errors` in one place.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import re
 import ssl
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TypeVar
 
 import aiohttp
@@ -178,11 +180,29 @@ def parse_xml(body: Blob, *, what: str, key: str | None) -> ET.Element:
             rewritten Content-Length does (the caller retries it like a failed request).
     """
     try:
-        return ET.fromstring(body)
+        with _gc_paused():
+            return ET.fromstring(body)
     except ET.ParseError as exc:
         raise TransientStoreError(
             f"unreadable listing page of {what} ({len(body)} bytes; cut short?)", key=key
         ) from exc
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a listing page becomes a tree: its ~6 elements
+    per key set off collection after collection, each going through every object alive,
+    the keys listed so far among them — half the client CPU of listing 60 000 keys
+    (10.7-12.1 µs per key against 5.8-6.2 µs with the tree built paused).  A page's tree
+    holds no cycles; the next collection sees what is left of it after the pause."""
+    if not gc.isenabled():  # paused already (another page, or the application's choice)
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def normalize_etag(value: str) -> str:
