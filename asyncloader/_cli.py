@@ -211,6 +211,7 @@ def _ls(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         refresh_listing=args.refresh_listing,
         store_options=options,
+        write_manifest=args.write_manifest,
         **extra,  # type: ignore[arg-type]
     )
     if args.json:
@@ -305,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     ls.add_argument("--refresh-listing", action="store_true", help="list the store again")
     ls.add_argument("--all-objects", action="store_true", help="count every object as a sample")
     ls.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    ls.add_argument(
+        "--write-manifest",
+        metavar="PATH.jsonl",
+        default=None,
+        help="write the samples (key, ImageFolder label, size, ETag) there: a loader given "
+        "it as labels= lists nothing",
+    )
     cache = sub.add_parser("cache", help="inspect, check or empty a cache folder")
     cache.add_argument("action", choices=("stats", "verify", "clear"))
     cache.add_argument("dir", help="the cache folder")

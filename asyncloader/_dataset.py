@@ -16,14 +16,19 @@ Which objects are samples and what their labels are is :mod:`asyncloader._labels
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from pathlib import Path
 
 from ._cache import ObjectCache
 from ._errors import AsyncLoaderError
-from ._fetch import list_and_save, listing_turn
-from ._labels import Dataset, DatasetBuilder, LabelSpec, build_dataset, parse_manifest
+from ._fetch import list_and_save, listing_turn, read_manifest_file
+from ._labels import (
+    Dataset,
+    DatasetBuilder,
+    LabelSpec,
+    build_dataset,
+    manifest_objects,
+    parse_manifest,
+)
 from ._manifest import is_manifest
 from ._types import ObjectInfo, ObjectStore, Sample
 
@@ -124,6 +129,12 @@ async def open_listing(
                 f"({len(objects)} objects listed; extensions={extensions})"
             )
 
+    manifest_data = None
+    if is_manifest(labels):
+        assert isinstance(labels, str)
+        manifest_data = await read_manifest_file(store, labels)
+        if objects is None:  # a manifest with every size and ETag is a listing: no LIST
+            objects = manifest_objects(manifest_data, labels)
     saved: list[ObjectInfo] | None = list(objects) if objects is not None else None
     turn = None
     if saved is None:
@@ -154,16 +165,9 @@ async def open_listing(
         if turn is not None:
             turn.release()
     manifest = None
-    if is_manifest(labels):
+    if manifest_data is not None:
         assert isinstance(labels, str)
-        manifest = parse_manifest(await _read_manifest(store, labels), labels)
+        manifest = parse_manifest(manifest_data, labels)
     dataset = build_dataset(objects, labels, extensions=extensions, manifest=manifest)
     check(objects, dataset)
     return Listing(dataset), None
-
-
-async def _read_manifest(store: ObjectStore, name: str) -> bytes | bytearray:
-    """A manifest from a local file, else the object of that key beside the images."""
-    if await asyncio.to_thread(os.path.exists, name):
-        return await asyncio.to_thread(Path(name).read_bytes)
-    return await store.get(name)

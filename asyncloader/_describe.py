@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import posixpath
 from collections import Counter
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ._cache import ObjectCache
-from ._fetch import list_objects, saved_listing
-from ._labels import IMAGE_EXTENSIONS, KeyFilter, key_path
+from ._fetch import list_objects, read_manifest_file, saved_listing
+from ._labels import IMAGE_EXTENSIONS, KeyFilter, key_path, manifest_objects
+from ._manifest import is_manifest
 from ._stores import open_store
 from ._stores import store_options as store_options_for
 from ._types import ObjectInfo, ObjectStore
@@ -105,12 +108,33 @@ async def describe_store(
     *,
     extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
     listing_max_age: float = 3600.0,
+    write_manifest: str | os.PathLike[str] | None = None,
 ) -> Inventory:
     """The inventory of ``store``: from the cache's saved listing if young enough, else
-    listed (and saved when there is a cache)."""
+    listed (and saved when there is a cache); with ``write_manifest``, its samples written
+    there as a listing manifest (see :func:`describe`)."""
     saved = await saved_listing(store, cache, listing_max_age)
     objects = saved if saved is not None else await list_objects(store, cache, 0)
+    if write_manifest is not None:
+        await asyncio.to_thread(_write_manifest, Path(write_manifest), objects, extensions)
     return inventory(store.url, objects, extensions, from_saved_listing=saved is not None)
+
+
+def _write_manifest(
+    path: Path, objects: Sequence[ObjectInfo], extensions: Sequence[str] | None
+) -> None:
+    """The samples as JSONL rows ``{key, label, size, etag}`` (label: the ImageFolder
+    class), sorted by key; written whole or not at all."""
+    if path.suffix != ".jsonl":
+        raise ValueError(f"write the manifest to a .jsonl file, not {str(path)!r}")
+    wanted = KeyFilter(extensions)
+    rows = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for o in rows:
+            row = {"key": o.key, "label": posixpath.dirname(o.key), "size": o.size}
+            f.write(json.dumps({**row, "etag": o.etag}) + "\n")
+    os.replace(tmp, path)
 
 
 def describe(
@@ -120,10 +144,16 @@ def describe(
     extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
     refresh_listing: bool = False,
     store_options: dict[str, object] | None = None,
+    write_manifest: str | os.PathLike[str] | None = None,
 ) -> Inventory:
     """What is under ``url``: objects, bytes, classes and their counts, sample sizes, the
     extensions found — from the listing saved in ``cache_dir`` when there is a young one.
     Blocking; runs its own event loop.
+
+    ``write_manifest``: a ``.jsonl`` file to write the samples to, with their ImageFolder
+    label, size and ETag.  A loader given it as ``labels=`` reads the objects from it and
+    lists nothing (one file read instead of a listing, for every later job; list again and
+    write it anew when the data changes).
 
     Raises:
         StoreError: the store could not be listed.
@@ -134,7 +164,11 @@ def describe(
         try:
             cache = ObjectCache(cache_dir) if cache_dir is not None else None
             return await describe_store(
-                store, cache, extensions=extensions, listing_max_age=0 if refresh_listing else 3600
+                store,
+                cache,
+                extensions=extensions,
+                listing_max_age=0 if refresh_listing else 3600,
+                write_manifest=write_manifest,
             )
         finally:
             await store.close()
@@ -152,7 +186,8 @@ def listing(
     listing_max_age: float = 3600.0,
     refresh_listing: bool = False,
 ) -> list[ObjectInfo]:
-    """Every object under ``url``, as a loader with these options lists it: from the
+    """Every object under ``url``, as a loader with these options lists it: from a manifest
+    given as ``labels`` with every size and ETag (``ls --write-manifest``), from the
     listing saved in ``cache_dir`` when there is a young one, else listed (in parallel
     where the store can) and saved there, once per node.  Pass it to loaders as
     ``objects=`` so that they do not list again (``asyncloader.torch.ImageDataset`` does,
@@ -166,6 +201,11 @@ def listing(
     async def main() -> list[ObjectInfo]:
         store = open_store(url, **store_options_for(url, labels, store_options))
         try:
+            if is_manifest(labels):  # one with every size and ETag is the listing
+                assert isinstance(labels, str)
+                objects = manifest_objects(await read_manifest_file(store, labels), labels)
+                if objects is not None:
+                    return objects
             cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
             return await list_objects(store, cache, 0.0 if refresh_listing else listing_max_age)
         finally:

@@ -8,9 +8,11 @@ decode workers write fetched bytes back, ``warm``'s writer thread stores them.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from functools import partial
+from pathlib import Path
 
 from ._budget import InflightBudget
 from ._cache import ListingTurn, ObjectCache
@@ -21,7 +23,14 @@ from ._retry import retrying
 from ._stats import Counters
 from ._types import Blob, ObjectInfo, ObjectStore
 
-__all__ = ["Fetcher", "list_and_save", "list_objects", "listing_turn", "saved_listing"]
+__all__ = [
+    "Fetcher",
+    "list_and_save",
+    "list_objects",
+    "listing_turn",
+    "read_manifest_file",
+    "saved_listing",
+]
 
 
 class Fetcher:
@@ -328,3 +337,10 @@ async def listing_turn(
         turn.release()
         return saved, None
     return None, turn
+
+
+async def read_manifest_file(store: ObjectStore, name: str) -> bytes | bytearray:
+    """A manifest from a local file, else the object of that key beside the images."""
+    if await asyncio.to_thread(os.path.exists, name):
+        return await asyncio.to_thread(Path(name).read_bytes)
+    return await store.get(name)

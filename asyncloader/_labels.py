@@ -27,6 +27,7 @@ __all__ = [
     "KeyFilter",
     "key_path",
     "build_dataset",
+    "manifest_objects",
     "parse_manifest",
 ]
 
@@ -50,6 +51,22 @@ def parse_manifest(data: bytes | bytearray, name: str) -> list[tuple[str, str]]:
         ValueError: a malformed line, naming the manifest and line number.
     """
     return [(row["key"], row.get("label", "-1")) for row in read_manifest(data, name)]
+
+
+def manifest_objects(data: bytes | bytearray, name: str) -> list[ObjectInfo] | None:
+    """The objects of a manifest whose every row has its size and ETag (one written by
+    ``asyncloader ls --write-manifest``): a listing, read from one file.  None otherwise.
+
+    Raises:
+        ValueError: a malformed line, naming the manifest and line number.
+    """
+    rows = read_manifest(data, name)
+    if not rows or not all("size" in r and "etag" in r for r in rows):
+        return None
+    try:
+        return [ObjectInfo(r["key"], int(r["size"]), r["etag"]) for r in rows]
+    except ValueError as exc:
+        raise ValueError(f"{name}: a size that is not a number") from exc
 
 
 def _label_index(values: Sequence[str]) -> tuple[list[int], tuple[str, ...]]:

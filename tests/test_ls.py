@@ -61,3 +61,45 @@ def test_ls_reads_the_saved_listing(light_server: S3TestServer, tmp_path: Path) 
     assert first["samples"] == second["samples"] == N_IMAGES
     assert first["classes"] == second["classes"]
     assert ls("--refresh-listing")["from_saved_listing"] is False
+
+
+def test_a_written_manifest_is_read_instead_of_a_listing(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """``ls --write-manifest``: the samples with their folder label, size and ETag; a loader
+    given it as ``labels=`` lists nothing and delivers what a folder-labelled loader does."""
+    import numpy as np
+
+    manifest = tmp_path / "train.jsonl"
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "asyncloader", "ls", "s3://b/train/"),
+            *("--endpoint-url", light_server.endpoint, "--write-manifest", str(manifest)),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert len(rows) == N_IMAGES and all(set(r) == {"key", "label", "size", "etag"} for r in rows)
+    assert {r["label"] for r in rows} == {f"class_{i:02d}" for i in range(N_CLASSES)}
+
+    def epoch(labels: str) -> tuple[list[int], np.ndarray]:
+        with al.ImageLoader(
+            "s3://b/train/",
+            labels=labels,
+            batch_size=16,
+            seed=4,
+            store_options={"endpoint_url": light_server.endpoint},
+        ) as loader:
+            got = [(lab.tolist(), img.numpy().copy()) for img, lab in loader]
+        return [x for lab, _ in got for x in lab], np.concatenate([img for _, img in got])
+
+    light_server.reset_stats()
+    labels, pixels = epoch(str(manifest))
+    assert light_server.stats()["counters"].get("list", 0) == 0  # no LIST request
+    folder_labels, folder_pixels = epoch("folder")
+    assert labels == folder_labels and np.array_equal(pixels, folder_pixels)
+    assert al.listing("s3://b/train/", labels=str(manifest)) == [
+        al.ObjectInfo(r["key"], r["size"], r["etag"]) for r in rows
+    ]
