@@ -35,6 +35,7 @@ from ._azure_auth import (
     parse_connection_string,
 )
 from ._http import (
+    gc_paused,
     get_object,
     make_session,
     normalize_etag,
@@ -263,31 +264,17 @@ class AzureStore(FolderListing):
             if marker:
                 query["marker"] = marker
             what = self._what(full)
-            _, root = await self._control(
+            _, (page, prefixes, marker) = await self._control(
                 "GET",
                 self._container_path,
                 query,
                 what=what,
                 key=full,
-                parse=partial(parse_xml, what=what, key=full),
+                parse=partial(_listing_page, cut=cut, what=what, key=full),
             )
-            blobs = root.find("Blobs")
-            page: Page = []
-            if blobs is not None:
-                if folders is not None:
-                    folders.extend(p.findtext("Name") or "" for p in blobs.iterfind("BlobPrefix"))
-                for blob in blobs.iterfind("Blob"):
-                    name = blob.findtext("Name") or ""
-                    props = blob.find("Properties")
-                    if props is None or name.endswith("/"):
-                        continue
-                    if props.findtext("ResourceType") == "directory":
-                        continue  # hierarchical-namespace folders
-                    size = int(props.findtext("Content-Length") or 0)
-                    etag = normalize_etag(props.findtext("Etag") or "")
-                    page.append(ObjectInfo(name[cut:], size, etag))
+            if folders is not None:
+                folders.extend(prefixes)
             yield page
-            marker = root.findtext("NextMarker") or ""
             if not marker:
                 return
 
@@ -347,3 +334,28 @@ def azure_store_from_url(url: str, **options: Any) -> AzureStore:
     if sas:
         options.setdefault("sas_token", sas)
     return AzureStore(container, prefix, **options)
+
+
+def _listing_page(body: Blob, *, cut: int, what: str, key: str) -> tuple[Page, list[str], str]:
+    """One List Blobs page: its objects, its sub-folders (``BlobPrefix``) and the next
+    marker ("" on the last page).  Raises TransientStoreError on a page cut short."""
+    with gc_paused():  # (see there) from the tree to the objects, and the tree dropped
+        root = parse_xml(body, what=what, key=key)
+        blobs = root.find("Blobs")
+        page: Page = []
+        prefixes: list[str] = []
+        if blobs is not None:
+            prefixes = [p.findtext("Name") or "" for p in blobs.iterfind("BlobPrefix")]
+            for blob in blobs.iterfind("Blob"):
+                name = blob.findtext("Name") or ""
+                props = blob.find("Properties")
+                if props is None or name.endswith("/"):
+                    continue
+                if props.findtext("ResourceType") == "directory":
+                    continue  # hierarchical-namespace folders
+                size = int(props.findtext("Content-Length") or 0)
+                etag = normalize_etag(props.findtext("Etag") or "")
+                page.append(ObjectInfo(name[cut:], size, etag))
+        marker = root.findtext("NextMarker") or ""
+        del root, blobs
+    return page, prefixes, marker

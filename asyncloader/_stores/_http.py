@@ -180,7 +180,7 @@ def parse_xml(body: Blob, *, what: str, key: str | None) -> ET.Element:
             rewritten Content-Length does (the caller retries it like a failed request).
     """
     try:
-        with _gc_paused():
+        with gc_paused():
             return ET.fromstring(body)
     except ET.ParseError as exc:
         raise TransientStoreError(
@@ -189,12 +189,13 @@ def parse_xml(body: Blob, *, what: str, key: str | None) -> ET.Element:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a listing page becomes a tree: its ~6 elements
-    per key set off collection after collection, each going through every object alive,
-    the keys listed so far among them — half the client CPU of listing 60 000 keys
-    (10.7-12.1 µs per key against 5.8-6.2 µs with the tree built paused).  A page's tree
-    holds no cycles; the next collection sees what is left of it after the pause."""
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a listing page becomes a tree, then objects, and
+    the tree is dropped: its ~6 elements per key set off collection after collection, each
+    going through every object alive, the keys listed so far among them.  Paused, the tree
+    (it holds no cycles) goes by reference counting and the next collection sees only the
+    page's objects.  Listing 60 000 keys: 10.7-12.1 µs of client CPU per key, 5.8-6.2 µs
+    with the parse paused, 5.4 µs with the whole page paused."""
     if not gc.isenabled():  # paused already (another page, or the application's choice)
         yield
         return

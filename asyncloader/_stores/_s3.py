@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, MutableSequence
 from functools import partial
 from typing import Any
@@ -31,6 +30,7 @@ from .._errors import (
 from .._retry import retrying
 from .._types import Blob, ObjectInfo
 from ._http import (
+    gc_paused,
     get_object,
     make_session,
     normalize_etag,
@@ -219,30 +219,41 @@ class S3Store(FolderListing):
         if folders is not None:
             params["delimiter"] = "/"
         while True:
-            root = await retrying(partial(self._listing_page, params, what=what, key=full))
-            ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            page, prefixes, token = await retrying(
+                partial(self._listing_page, params, cut=cut, what=what, key=full)
+            )
             if folders is not None:
-                folders.extend(
-                    p.findtext(f"{ns}Prefix") or "" for p in root.iterfind(f"{ns}CommonPrefixes")
-                )
-            page: Page = []
-            for item in root.iterfind(f"{ns}Contents"):
-                key = item.findtext(f"{ns}Key") or ""
-                if key.endswith("/"):
-                    continue  # folder placeholder objects
-                size = int(item.findtext(f"{ns}Size") or 0)
-                page.append(
-                    ObjectInfo(key[cut:], size, normalize_etag(item.findtext(f"{ns}ETag") or ""))
-                )
+                folders.extend(prefixes)
             yield page
-            token = root.findtext(f"{ns}NextContinuationToken")
-            if root.findtext(f"{ns}IsTruncated") != "true" or not token:
+            if token is None:
                 return
             params = {**params, "continuation-token": token}
 
-    async def _listing_page(self, params: dict[str, str], *, what: str, key: str) -> ET.Element:
-        """One listing page, parsed: a page cut short is a transient failure (retried)."""
-        return parse_xml(await self._control_get(params, what=what, key=key), what=what, key=key)
+    async def _listing_page(
+        self, params: dict[str, str], *, cut: int, what: str, key: str
+    ) -> tuple[Page, list[str], str | None]:
+        """One listing page: its objects, its sub-folders, and the continuation token (None
+        on the last page).  A page cut short is a transient failure (retried)."""
+        body = await self._control_get(params, what=what, key=key)
+        with gc_paused():  # (see there) from the tree to the objects, and the tree dropped
+            root = parse_xml(body, what=what, key=key)
+            ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            prefixes = [
+                p.findtext(f"{ns}Prefix") or "" for p in root.iterfind(f"{ns}CommonPrefixes")
+            ]
+            page: Page = []
+            for item in root.iterfind(f"{ns}Contents"):
+                name = item.findtext(f"{ns}Key") or ""
+                if name.endswith("/"):
+                    continue  # folder placeholder objects
+                size = int(item.findtext(f"{ns}Size") or 0)
+                etag = normalize_etag(item.findtext(f"{ns}ETag") or "")
+                page.append(ObjectInfo(name[cut:], size, etag))
+            token = root.findtext(f"{ns}NextContinuationToken")
+            if root.findtext(f"{ns}IsTruncated") != "true" or not token:
+                token = None
+            del root
+        return page, prefixes, token
 
     async def _control_get(self, params: dict[str, str], *, what: str, key: str) -> Blob:
         """A signed GET of the bucket with query ``params`` (a listing page)."""
