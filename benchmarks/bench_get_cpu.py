@@ -10,6 +10,9 @@ S3, against our light S3 server (a subprocess):
 * ``... (HTTPS)`` — the plain aiohttp GET and our store against the same server in its TLS
   mode (a certificate from a CA made for the run, trusted through ``ca_bundle``).
 * ``... (uvloop)`` — our store on uvloop's event loop instead of asyncio's, if installed.
+* ``TLS floor: decrypt only`` — what no HTTPS client can avoid: the records of a ~110 KB
+  answer handed to OpenSSL and decrypted into a buffer, in-process over memory BIOs (the
+  same TLS version and cipher the server negotiates), no socket and no HTTP.
 
 Azure, against Azurite (Microsoft's emulator, a node subprocess) with a public container:
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import time
@@ -118,6 +122,43 @@ async def run_tls(
     return out
 
 
+def tls_floor(size: int, n: int) -> float:
+    """CPU per ``size``-byte answer of TLS alone: its records written to the client's
+    incoming BIO and decrypted into one buffer (a server encrypted them beforehand)."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    client = client_ctx.wrap_bio(c_in, c_out, server_hostname="localhost")
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+    for _ in range(10):  # the handshake, both ways over the BIOs
+        for side in (client, server):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                side.do_handshake()
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+    body = os.urandom(size)
+    records = []
+    for _ in range(n):
+        server.write(body)
+        records.append(s_out.read())
+    buf = bytearray(size)
+    view = memoryview(buf)
+    c0 = time.process_time()
+    for data in records:
+        c_in.write(data)
+        got = 0
+        while got < size:
+            got += client.read(size - got, view[got:])
+    return (time.process_time() - c0) / n
+
+
 async def _measure_store(store: ObjectStore, n: int, inflight: int) -> float:
     try:
         objs = [o async for o in store.list()]
@@ -197,6 +238,7 @@ def main() -> None:
             S3TestServer(load=folder, bucket="b", tls=True) as tls,
         ):
             keys = [k for k in srv.stats()["keys"] if k.endswith(".jpg")]
+            size = int(statistics.median(p.stat().st_size for p in folder.rglob("*.jpg")))
             pair = (srv.endpoint, tls.endpoint, tls.ca_file, keys, args.requests, args.inflight)
             for _ in range(args.repeat):
                 runs.append(asyncio.run(run(srv.endpoint, keys, args.requests, args.inflight)))
@@ -210,9 +252,14 @@ def main() -> None:
                         fast = runner.run(run_tls(*pair))
                     for name in ("S3Store (lean)", "S3Store (lean, HTTPS)"):
                         row[f"{name[:-1]}, uvloop)"] = fast[name]
+                row["TLS floor: decrypt only"] = tls_floor(size, args.requests)
                 tls_runs.append(row)
         _report(f"S3: {what}", runs, "aiohttp plain GET (unsigned)")
         _report(f"S3 over HTTPS: {what}", tls_runs, "S3Store (lean)", "x lean HTTP")
+        floor = statistics.median(
+            1 + r["TLS floor: decrypt only"] / r["S3Store (lean)"] for r in tls_runs
+        )
+        print(f"HTTPS with nothing but its decryption on top of lean HTTP: {floor:.2f} x")
     if args.store in ("azure", "both"):
         runs = []
         with Azurite() as az:
