@@ -651,11 +651,11 @@ class CacheWriter:
     async def _wait(self, ready: Callable[[], bool]) -> None:
         # The writer thread sets the event after each batch, waking every waiting task at
         # once; polling instead cost a timer per fetch every few ms.
-        while not ready():
+        while not ready() and self._thread.is_alive():  # a dead writer writes no more
             if self._room is None:
                 self._room, self._loop = asyncio.Event(), asyncio.get_running_loop()
             self._room.clear()
-            if ready():  # the writer got there before it could see the event
+            if ready() or not self._thread.is_alive():  # it got there before the event
                 break
             await self._room.wait()
 
@@ -680,6 +680,14 @@ class CacheWriter:
                     self._write(items)
         finally:
             self.cpu_seconds = time.thread_time()
+            self._cache.close()  # this thread's pack file and index connection
+            self._wake()  # whoever waits sees the thread gone
+
+    def _wake(self) -> None:
+        room, loop = self._room, self._loop
+        if room is not None and loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone
+                loop.call_soon_threadsafe(room.set)
 
     def _write(self, items: list[tuple[str, str, Blob]]) -> None:
         error: Exception | None = None
@@ -689,10 +697,7 @@ class CacheWriter:
             error = exc
         self._written += sum(len(data) for _, _, data in items)
         self._done([k for k, _, _ in items], error)
-        room, loop = self._room, self._loop
-        if room is not None and loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone
-                loop.call_soon_threadsafe(room.set)
+        self._wake()
 
     def close(self) -> None:
         """Write what is queued, then stop the thread (blocks: call it off the loop)."""

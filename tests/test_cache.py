@@ -292,6 +292,9 @@ def test_cache_writer_batches_reports_and_fails_loudly(tmp_path: Path) -> None:
     assert sorted(written) == sorted(f"obj{i}" for i in range(100)) and not failed
     writer.close()
     assert all(cache.get(f"k{i}", 40_000) == _value(i) for i in range(100))
+    if os.path.isdir("/proc/self/fd"):  # the thread's pack file is closed with it
+        open_files = [os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")]
+        assert not [f for f in open_files if f.startswith(str(tmp_path / "ok" / "packs"))]
 
     written.clear()
     (tmp_path / "broken").mkdir()
