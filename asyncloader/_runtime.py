@@ -42,8 +42,10 @@ class Runtime:
     close it without keeping the loader alive.
     """
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(
+        self, loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+    ) -> None:
+        self.loop = loop_factory()
         _live.add(self)
         self.thread = threading.Thread(target=self._main, name="asyncloader-loop", daemon=False)
         self.closed = False

@@ -17,9 +17,12 @@ from asyncloader.testing import S3TestServer
 from .conftest import N_IMAGES
 
 
-def _pixels(endpoint: str, **options: object) -> tuple[np.ndarray, al.Stats]:
+def _pixels(
+    endpoint: str, event_loop: str = "asyncio", **options: object
+) -> tuple[np.ndarray, al.Stats]:
     with al.ImageLoader(
         "s3://data/train/",
+        event_loop=event_loop,  # type: ignore[arg-type]
         batch_size=16,
         decode_workers=2,
         decode_backend="thread",
@@ -56,6 +59,27 @@ def test_a_loader_over_https_gets_the_same_pixels_and_retries_faults(
     assert stats.skipped == {} and sum(stats.retries.values()) > 0
     faults = tls.stats()["counters"]
     assert sum(faults.get(f"fault_{k}", 0) for k in rates) > 0
+
+
+def test_the_loader_on_uvloop_over_https_and_http(
+    servers: tuple[S3TestServer, S3TestServer],
+) -> None:
+    """``event_loop="uvloop"``: our TLS transport and HTTP client on uvloop's loop, the same
+    pixels as on asyncio's, faults retried."""
+    pytest.importorskip("uvloop")
+    plain, tls = servers
+    expected, _ = _pixels(plain.endpoint)
+    got, _ = _pixels(plain.endpoint, event_loop="uvloop")
+    assert np.array_equal(got, expected)
+    tls.set_faults({"reset": 0.05, "truncate": 0.05}, max_faults_per_key=1)
+    try:
+        got, stats = _pixels(tls.endpoint, event_loop="uvloop", ca_bundle=tls.ca_file)
+    finally:
+        tls.set_faults()
+    assert np.array_equal(got, expected) and stats.skipped == {}
+    assert sum(stats.retries.values()) > 0
+    with pytest.raises(ValueError, match="event_loop must be"):
+        _pixels(plain.endpoint, event_loop="trio")
 
 
 def test_aws_ca_bundle_is_honoured(
