@@ -29,7 +29,6 @@ import gzip
 import hashlib
 import json
 import os
-import queue
 import re
 import threading
 import time
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._types import Blob, CachedAt, ObjectInfo
+from ._types import CachedAt, ObjectInfo
 
 try:
     import fcntl
@@ -47,19 +46,12 @@ except ImportError:  # pragma: no cover (not POSIX)
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "ADMIT_ALL",
     "CacheStats",
-    "CacheWriter",
     "ListingTurn",
     "ObjectCache",
-    "admission",
-    "admitted",
     "parse_size",
 ]
 
-# Of a cache too small for the data a node reads, the share the admitted subset fills: the
-# rest is room for the index, and for the pack being filled when the oldest is dropped.
-ADMIT_HEADROOM = 0.9
 
 _UNITS = {
     "": 1,
@@ -112,47 +104,6 @@ _MAX_PACK = 256 * 2**20
 
 class _PackGone(Exception):
     """The pack this thread appends to was evicted or cleared by another process."""
-
-
-ADMIT_ALL = 2**64
-"""The admission threshold that admits every object."""
-
-
-def admission(
-    objects: Iterable[tuple[str, int]], size_limit: int, part: float = 1.0
-) -> tuple[int, float]:
-    """The admission threshold of a cache of ``size_limit`` bytes for a node that reads
-    ``objects`` ((key, size) pairs), or ``part`` of them (a share the node reads of a
-    listing, picked independently of the key's hash), and the share of their bytes it
-    keeps: ``(ADMIT_ALL, 1.0)`` when they fit, else the hash rank below which the objects
-    fill ``ADMIT_HEADROOM`` of the limit.
-
-    A shuffled scan of data larger than the cache, with every object written and the least
-    recently stored evicted, keeps almost nothing that is read again before it goes (3000
-    objects through a cache of a third of their size hit 6 %); a fixed subset is hit at its
-    share, every epoch, and nothing outside it is ever written.
-    """
-    pairs = [(key, max(size, 0)) for key, size in objects]
-    total = sum(size for _, size in pairs)
-    if total * part <= size_limit:
-        return ADMIT_ALL, 1.0
-    ranked = sorted((_rank(key), size) for key, size in pairs)  # ~1.5 s per million keys
-    budget, filled = ADMIT_HEADROOM * size_limit / max(part, 1e-9), 0
-    for rank, size in ranked:
-        if filled + size > budget:
-            return rank, filled / total
-        filled += size
-    return ADMIT_ALL, 1.0
-
-
-def admitted(key: str, threshold: int) -> bool:
-    """Whether object ``key`` is in the cached subset (see :func:`admission`): a hash of the
-    key, so every process, epoch and run (loaders and ``warm``) keeps the same objects."""
-    return threshold >= ADMIT_ALL or _rank(key) < threshold
-
-
-def _rank(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
 
 
 @dataclass(slots=True)
@@ -593,117 +544,6 @@ class ListingTurn:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
-
-
-class CacheWriter:
-    """One thread writing fetched objects to the cache, a batch per index transaction, so
-    that neither the event loop nor a decode worker waits on the disk.
-
-    One writer measured fastest for ``warm``: two, each storing an entry per transaction so
-    that their file writes overlap, gave 1327 objects/s against one writer's 1555 (6
-    interleaved rounds, 256 in flight, 20 ms): they contend on SQLite's lock.  Objects come
-    through a plain queue, without a future per object; at most ``max_bytes`` wait in it.
-
-    Args:
-        cache: Where the objects go.
-        max_bytes: Most bytes waiting to be written (:meth:`full` says when it is reached).
-        done: Called on the writer thread with the object keys of each batch and None once
-            written, or the exception that failed them (disk full, permissions).
-    """
-
-    _BATCH = 32  # entries per index transaction
-
-    def __init__(
-        self,
-        cache: ObjectCache,
-        *,
-        max_bytes: int,
-        done: Callable[[list[str], Exception | None], None],
-    ) -> None:
-        self._cache = cache
-        self._max_bytes = max_bytes
-        self._done = done
-        self._queue: queue.SimpleQueue[tuple[str, str, Blob] | None] = queue.SimpleQueue()
-        # Bytes handed over (counted by the submitting thread) and written (by the writer):
-        # each counter has one writer, so no lock.
-        self._submitted = 0
-        self._written = 0
-        self._room: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.cpu_seconds = 0.0  # the writer thread's, once closed
-        self._thread = threading.Thread(target=self._run, name="asyncloader-cache-write")
-        self._thread.daemon = True  # never holds up the interpreter's exit
-        self._thread.start()
-
-    def full(self) -> bool:
-        """Whether ``max_bytes`` are waiting to be written."""
-        return self._submitted - self._written >= self._max_bytes
-
-    async def room(self) -> None:
-        """Wait until less than ``max_bytes`` waits (the disk catches up)."""
-        await self._wait(lambda: not self.full())
-
-    async def drain(self) -> None:
-        """Wait until everything submitted so far is written (or failed)."""
-        target = self._submitted
-        await self._wait(lambda: self._written >= target)
-
-    async def _wait(self, ready: Callable[[], bool]) -> None:
-        # The writer thread sets the event after each batch, waking every waiting task at
-        # once; polling instead cost a timer per fetch every few ms.
-        while not ready() and self._thread.is_alive():  # a dead writer writes no more
-            if self._room is None:
-                self._room, self._loop = asyncio.Event(), asyncio.get_running_loop()
-            self._room.clear()
-            if ready() or not self._thread.is_alive():  # it got there before the event
-                break
-            await self._room.wait()
-
-    def submit(self, key: str, cache_key: str, data: Blob) -> None:
-        """Queue ``data`` (verified fetched bytes, never changed afterwards) for
-        ``cache_key``; ``key`` names it to ``done``."""
-        self._submitted += len(data)
-        self._queue.put((key, cache_key, data))
-
-    def _run(self) -> None:
-        try:
-            done = False
-            while not done:
-                batch = [self._queue.get()]
-                while len(batch) < self._BATCH and not self._queue.empty():
-                    batch.append(self._queue.get())
-                if batch[-1] is None:
-                    done = True
-                    batch.pop()
-                items = [b for b in batch if b is not None]
-                if items:
-                    self._write(items)
-        finally:
-            self.cpu_seconds = time.thread_time()
-            self._cache.close()  # this thread's pack file and index connection
-            self._wake()  # whoever waits sees the thread gone
-
-    def _wake(self) -> None:
-        room, loop = self._room, self._loop
-        if room is not None and loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone
-                loop.call_soon_threadsafe(room.set)
-
-    def _write(self, items: list[tuple[str, str, Blob]]) -> None:
-        error: Exception | None = None
-        try:
-            self._cache.put_many([(ck, data) for _, ck, data in items])
-        except Exception as exc:  # disk full, permissions: every object of the batch
-            error = exc
-        self._written += sum(len(data) for _, _, data in items)
-        self._done([k for k, _, _ in items], error)
-        self._wake()
-
-    def close(self) -> None:
-        """Write what is queued, then stop the thread (blocks: call it off the loop)."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
 
 
 def _where(filename: str | None, tag: Any, mode: int, value: Any) -> CachedAt | None:

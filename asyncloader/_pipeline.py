@@ -24,7 +24,9 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ._cache import ADMIT_ALL, CacheWriter, ObjectCache, admission, admitted
+from ._admission import ADMIT_ALL, admission, admitted
+from ._cache import ObjectCache
+from ._cache_writer import CacheWriter
 from ._config import RunConfig
 from ._dataset import Listing
 from ._decode import DecodePool
@@ -44,9 +46,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-# Fetched bytes waiting for the cache writer at most (a few hundred JPEGs).
-_WRITE_BEHIND = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +126,9 @@ class Pipeline:
         self._decode_window = decode_window
         self.cache = cache
         # Fetched bytes go to the cache off the decode path, written in batches by one
-        # thread; when the disk falls behind by _WRITE_BEHIND bytes, objects are not
+        # thread; when the disk falls behind (CacheWriter.full), objects are not
         # cached this time (counted), rather than slowing the epoch down.
-        self._writer = (
-            CacheWriter(cache, max_bytes=_WRITE_BEHIND, done=self._written)
-            if cache is not None
-            else None
-        )
+        self._writer = CacheWriter(cache, done=self._written) if cache is not None else None
         self._admit: int | None = None  # see _admission
         self._free: asyncio.Queue[int] = asyncio.Queue()
         # Slots published and not yet given back: announced on `output`, or delivered and
@@ -146,7 +141,7 @@ class Pipeline:
 
     def _admission(self) -> int:
         """The cache's admission threshold for this node's objects (see
-        :func:`~asyncloader._cache.admission`); everything is cached while the listing
+        :func:`~asyncloader._admission.admission`); everything is cached while the listing
         grows."""
         threshold = self._admit
         if threshold is None:

@@ -16,7 +16,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ._cache import ADMIT_ALL, CacheWriter, ObjectCache, admission, admitted
+from ._admission import ADMIT_ALL, admission, admitted
+from ._cache import ObjectCache
+from ._cache_writer import CacheWriter
 from ._config import FetchConfig
 from ._env import local_world_size, shard_from_env
 from ._errors import AsyncLoaderError, shown_key
@@ -27,9 +29,6 @@ from ._stats import Counters
 from ._types import ObjectStore
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
-
-# Fetched bytes waiting for the cache writer at most; fetches wait beyond it.
-_QUEUED_BYTES = 64 * 2**20
 
 
 @dataclass(slots=True)
@@ -142,7 +141,7 @@ async def warm_cache(
         else:
             report.failed.extend((shown_key(k), f"cache write failed: {error}") for k in objs)
 
-    writer = CacheWriter(cache, max_bytes=_QUEUED_BYTES, done=written)
+    writer = CacheWriter(cache, done=written)  # fetches wait while it is full
     pending = iter(todo)
     t0 = time.perf_counter()
 

@@ -266,7 +266,7 @@ def test_cache_writer_batches_reports_and_fails_loudly(tmp_path: Path) -> None:
     silently), ``full`` bounds what waits, and ``drain`` waits for what was handed over."""
     import asyncio
 
-    from asyncloader._cache import CacheWriter
+    from asyncloader._cache_writer import CacheWriter
 
     written: list[str] = []
     failed: list[tuple[str, str]] = []
@@ -314,7 +314,7 @@ def test_a_cache_smaller_than_the_data_keeps_a_fixed_subset(
     nothing is evicted (storing everything kept almost nothing: 6 % hits)."""
     import asyncio
 
-    from asyncloader._cache import admission, admitted
+    from asyncloader._admission import admission, admitted
 
     async def sizes() -> dict[str, int]:  # keys as the loader sees them: under train/
         store = al.S3Store("b", prefix="train/", endpoint_url=light_server.endpoint)
@@ -358,7 +358,7 @@ def test_admission_fills_the_cache_with_a_stable_subset(
 ) -> None:
     """Everything when it fits; else the objects of lowest hash rank that fit in 90 % of
     the limit (the next one would not); a larger cache keeps a superset."""
-    from asyncloader._cache import ADMIT_ALL, ADMIT_HEADROOM, _rank, admission, admitted
+    from asyncloader._admission import ADMIT_ALL, ADMIT_HEADROOM, _rank, admission, admitted
 
     objects = {f"k{i}": n for i, n in enumerate(sizes)}
     small, large = sorted(limits)

@@ -22,17 +22,20 @@ LEAVES = {
     "_env",
     "_budget",
     "_lazy",
+    "_admission",
 }
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
 ALLOWED = {
     # module: modules of the package it may import
     **{m: LEAVES for m in LEAVES},
     **{m: LEAVES for m in RESOURCES},
+    # The cache's writer thread, over the cache.
+    "_cache_writer": LEAVES | {"_cache"},
     "_fetch": LEAVES | RESOURCES,
     "_dataset": LEAVES | RESOURCES | {"_fetch"},
-    "_pipeline": LEAVES | RESOURCES | {"_fetch", "_dataset"},
+    "_pipeline": LEAVES | RESOURCES | {"_fetch", "_dataset", "_cache_writer"},
     "_runtime": LEAVES | RESOURCES | {"_pipeline"},
-    "_warm": LEAVES | RESOURCES | {"_fetch"},
+    "_warm": LEAVES | RESOURCES | {"_fetch", "_cache_writer"},
     "_describe": LEAVES | RESOURCES | {"_fetch"},
     "_loader": LEAVES | RESOURCES | {"_fetch", "_dataset", "_pipeline", "_runtime"},
     # Test equipment: stores, the fetcher (the conformance suite retries through it), the

@@ -21,7 +21,7 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
     ``data=None`` means "look in the cache", a :class:`CachedAt` "read the cache at this
     place" (found by the batch's one index query): a miss returns ``MISS`` without
     decoding.  Fetched bytes reach the cache another way (the pipeline's
-    :class:`~asyncloader._cache.CacheWriter`), off the decode path.
+    :class:`~asyncloader._cache_writer.CacheWriter`), off the decode path.
     """
     t0 = time.perf_counter()
     events = CacheEvent.NONE

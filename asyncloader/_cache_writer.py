@@ -1,0 +1,131 @@
+"""The cache's writer thread: fetched objects to the SSD cache off the event loop and off
+the decode path, a batch per index transaction."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from ._cache import ObjectCache
+from ._types import Blob
+
+__all__ = ["WRITE_BEHIND", "CacheWriter"]
+
+WRITE_BEHIND = 64 * 2**20
+"""Fetched bytes waiting for the writer at most, by default (a few hundred JPEGs)."""
+
+
+class CacheWriter:
+    """One thread writing fetched objects to the cache, a batch per index transaction, so
+    that neither the event loop nor a decode worker waits on the disk.
+
+    One writer measured fastest for ``warm``: two, each storing an entry per transaction so
+    that their file writes overlap, gave 1327 objects/s against one writer's 1555 (6
+    interleaved rounds, 256 in flight, 20 ms): they contend on SQLite's lock.  Objects come
+    through a plain queue, without a future per object; at most ``max_bytes`` wait in it.
+
+    Args:
+        cache: Where the objects go.
+        max_bytes: Most bytes waiting to be written (:meth:`full` says when it is reached):
+            ``warm`` waits for room, the loader leaves objects uncached.
+        done: Called on the writer thread with the object keys of each batch and None once
+            written, or the exception that failed them (disk full, permissions).
+    """
+
+    _BATCH = 32  # entries per index transaction
+
+    def __init__(
+        self,
+        cache: ObjectCache,
+        *,
+        max_bytes: int = WRITE_BEHIND,
+        done: Callable[[list[str], Exception | None], None],
+    ) -> None:
+        self._cache = cache
+        self._max_bytes = max_bytes
+        self._done = done
+        self._queue: queue.SimpleQueue[tuple[str, str, Blob] | None] = queue.SimpleQueue()
+        # Bytes handed over (counted by the submitting thread) and written (by the writer):
+        # each counter has one writer, so no lock.
+        self._submitted = 0
+        self._written = 0
+        self._room: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.cpu_seconds = 0.0  # the writer thread's, once closed
+        self._thread = threading.Thread(target=self._run, name="asyncloader-cache-write")
+        self._thread.daemon = True  # never holds up the interpreter's exit
+        self._thread.start()
+
+    def full(self) -> bool:
+        """Whether ``max_bytes`` are waiting to be written."""
+        return self._submitted - self._written >= self._max_bytes
+
+    async def room(self) -> None:
+        """Wait until less than ``max_bytes`` waits (the disk catches up)."""
+        await self._wait(lambda: not self.full())
+
+    async def drain(self) -> None:
+        """Wait until everything submitted so far is written (or failed)."""
+        target = self._submitted
+        await self._wait(lambda: self._written >= target)
+
+    async def _wait(self, ready: Callable[[], bool]) -> None:
+        # The writer thread sets the event after each batch, waking every waiting task at
+        # once; polling instead cost a timer per fetch every few ms.
+        while not ready() and self._thread.is_alive():  # a dead writer writes no more
+            if self._room is None:
+                self._room, self._loop = asyncio.Event(), asyncio.get_running_loop()
+            self._room.clear()
+            if ready() or not self._thread.is_alive():  # it got there before the event
+                break
+            await self._room.wait()
+
+    def submit(self, key: str, cache_key: str, data: Blob) -> None:
+        """Queue ``data`` (verified fetched bytes, never changed afterwards) for
+        ``cache_key``; ``key`` names it to ``done``."""
+        self._submitted += len(data)
+        self._queue.put((key, cache_key, data))
+
+    def _run(self) -> None:
+        try:
+            done = False
+            while not done:
+                batch = [self._queue.get()]
+                while len(batch) < self._BATCH and not self._queue.empty():
+                    batch.append(self._queue.get())
+                if batch[-1] is None:
+                    done = True
+                    batch.pop()
+                items = [b for b in batch if b is not None]
+                if items:
+                    self._write(items)
+        finally:
+            self.cpu_seconds = time.thread_time()
+            self._cache.close()  # this thread's pack file and index connection
+            self._wake()  # whoever waits sees the thread gone
+
+    def _wake(self) -> None:
+        room, loop = self._room, self._loop
+        if room is not None and loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone
+                loop.call_soon_threadsafe(room.set)
+
+    def _write(self, items: list[tuple[str, str, Blob]]) -> None:
+        error: Exception | None = None
+        try:
+            self._cache.put_many([(ck, data) for _, ck, data in items])
+        except Exception as exc:  # disk full, permissions: every object of the batch
+            error = exc
+        self._written += sum(len(data) for _, _, data in items)
+        self._done([k for k, _, _ in items], error)
+        self._wake()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread (blocks: call it off the loop)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
