@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ._loader import ImageLoader as ImageLoader
     from ._stats import Stats as Stats
     from ._stores import AzureStore as AzureStore
+    from ._stores import GCSStore as GCSStore
     from ._stores import HttpStore as HttpStore
     from ._stores import LocalStore as LocalStore
     from ._stores import S3Store as S3Store
@@ -79,6 +80,7 @@ _WHERE = {
     "ImageLoader": "._loader",
     "Stats": "._stats",
     "AzureStore": "._stores",
+    "GCSStore": "._stores",
     "HttpStore": "._stores",
     "LocalStore": "._stores",
     "S3Store": "._stores",
@@ -109,6 +111,7 @@ __all__ = [
     "DecodeError",
     "FailureBudgetExceeded",
     "FetchConfig",
+    "GCSStore",
     "HttpStore",
     "ImageLoader",
     "IntegrityError",

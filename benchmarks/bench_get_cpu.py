@@ -1,4 +1,4 @@
-"""Client CPU per GET of a ~110 KB object, S3 and Azure Blob, in one run, several ways.
+"""Client CPU per GET of a ~110 KB object, S3, Azure Blob and GCS, in one run, several ways.
 
 S3, against our light S3 server (a subprocess):
 
@@ -20,10 +20,17 @@ Azure, against Azurite (Microsoft's emulator, a node subprocess) with a public c
 * ``aiohttp plain GET (anonymous)`` — unsigned, one shared session: the floor for aiohttp.
 * ``AzureStore (aiohttp)`` / ``AzureStore (lean)`` — our store, SharedKey-signed.
 
+Google Cloud Storage, against fake-gcs-server (a Go subprocess):
+
+* ``aiohttp plain GET (anonymous)`` — the media download URL, one shared session.
+* ``GCSStore (aiohttp, bearer)`` / ``GCSStore (lean, bearer)`` — our store with a token from
+  google-auth (a service-account key exchanged at a local token endpoint), as on Google.
+* ``GCSStore (lean, anonymous)`` — our store with no token (public buckets).
+
 All at the same number of requests in flight; server CPU is not counted (another process);
 CPU is this process's user + system time per GET.  The ratio column compares each path to
 the plain aiohttp GET of its own service, measured in the same run.
-Run: ``python benchmarks/bench_get_cpu.py [--store s3|azure|both] [--requests 3000]``.
+Run: ``python benchmarks/bench_get_cpu.py [--store s3|azure|gcs|all] [--requests 3000]``.
 """
 
 from __future__ import annotations
@@ -36,9 +43,9 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
-from asyncloader import AzureStore, ObjectInfo, ObjectStore, S3Store
+from asyncloader import AzureStore, GCSStore, ObjectInfo, ObjectStore, S3Store
 from asyncloader._types import Blob
-from asyncloader.testing import TEST_ENV, Azurite, S3TestServer
+from asyncloader.testing import TEST_ENV, Azurite, GCSEmulator, S3TestServer, TokenServer
 
 
 async def _bounded(n: int, inflight: int, fn: Callable[[int], Awaitable[object]]) -> None:
@@ -206,6 +213,31 @@ async def run_azure(az: Azurite, keys: list[str], n: int, inflight: int) -> dict
     return out
 
 
+async def run_gcs(
+    gcs: GCSEmulator, key_file: str, keys: list[str], n: int, inflight: int
+) -> dict[str, float]:
+    import aiohttp
+
+    out: dict[str, float] = {}
+    k = len(keys)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=inflight)) as http:
+
+        async def plain(i: int) -> None:
+            url = f"{gcs.endpoint}/download/storage/v1/b/bench/o/{keys[i % k]}?alt=media"
+            async with http.get(url) as r:
+                await r.read()
+
+        out["aiohttp plain GET (anonymous)"] = await _measure(n, inflight, plain)
+    for name, http_client in (("(aiohttp, bearer)", "aiohttp"), ("(lean, bearer)", "lean")):
+        store = GCSStore(
+            "bench", endpoint_url=gcs.endpoint, credentials_file=key_file, http_client=http_client
+        )
+        out[f"GCSStore {name}"] = await _measure_store(store, n, inflight)
+    store = GCSStore("bench", endpoint_url=gcs.endpoint, anonymous=True)
+    out["GCSStore (lean, anonymous)"] = await _measure_store(store, n, inflight)
+    return out
+
+
 def _report(
     title: str, runs: list[dict[str, float]], floor_name: str, what: str = "x plain aiohttp"
 ) -> None:
@@ -223,14 +255,14 @@ def main() -> None:
     p.add_argument("--inflight", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--data-dir", default=os.path.join("cache", "bench-jpegs"))
-    p.add_argument("--store", choices=("s3", "azure", "both"), default="both")
+    p.add_argument("--store", choices=("s3", "azure", "gcs", "all"), default="all")
     args = p.parse_args()
     from asyncloader._demo import make_jpeg_folder
 
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     folder = make_jpeg_folder(args.data_dir, images=1000, classes=10, seed=0)
     what = f"client CPU per GET, ~110 KB objects, {args.inflight} in flight"
-    if args.store in ("s3", "both"):
+    if args.store in ("s3", "all"):
         runs: list[dict[str, float]] = []
         tls_runs: list[dict[str, float]] = []
         with (
@@ -260,7 +292,7 @@ def main() -> None:
             1 + r["TLS floor: decrypt only"] / r["S3Store (lean)"] for r in tls_runs
         )
         print(f"HTTPS with nothing but its decryption on top of lean HTTP: {floor:.2f} x")
-    if args.store in ("azure", "both"):
+    if args.store in ("azure", "all"):
         runs = []
         with Azurite() as az:
             az.create_bucket("bench", public=True)
@@ -270,6 +302,19 @@ def main() -> None:
             for _ in range(args.repeat):
                 runs.append(asyncio.run(run_azure(az, keys, args.requests, args.inflight)))
         _report(f"Azure: {what}", runs, "aiohttp plain GET (anonymous)")
+    if args.store in ("gcs", "all"):
+        import tempfile
+        from urllib.parse import quote
+
+        runs = []
+        with GCSEmulator() as gcs, TokenServer() as tokens, tempfile.TemporaryDirectory() as tmp:
+            gcs.create_bucket("bench")
+            gcs.upload_folder("bench", folder)
+            key_file = str(tokens.google_service_account(os.path.join(tmp, "sa.json")))
+            keys = [quote(p.relative_to(folder).as_posix(), safe="") for p in folder.rglob("*.jpg")]
+            for _ in range(args.repeat):
+                runs.append(asyncio.run(run_gcs(gcs, key_file, keys, args.requests, args.inflight)))
+        _report(f"GCS: {what}", runs, "aiohttp plain GET (anonymous)")
 
 
 if __name__ == "__main__":

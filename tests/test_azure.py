@@ -1,5 +1,5 @@
 """Azure specifics on Azurite: URL forms, credential sources (connection string, key, SAS,
-anonymous), the SSD cache and the CLI by URL alone.  The loader's general behaviour runs on
+anonymous, Microsoft Entra ID on Azurite's OAuth mode), the SSD cache and the CLI by URL alone.  The loader's general behaviour runs on
 Azure in test_loader.py and the store contract in test_conformance.py."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from asyncloader._stores._azure_auth import (
     SharedKeySigner,
     parse_connection_string,
 )
-from asyncloader.testing import Azurite, FaultProxy
+from asyncloader.testing import Azurite, FaultProxy, TokenServer, find_azurite
 
 from .conftest import N_IMAGES
 
@@ -207,3 +208,83 @@ def test_warm_cli_by_url(az_data: Azurite, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert str(N_IMAGES) in out.stdout + out.stderr
     assert az_data.key not in out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def azurite_oauth(jpeg_folder: Path) -> Iterator[Azurite]:
+    """Azurite in OAuth mode (HTTPS, bearer tokens checked), with the JPEG folder."""
+    if find_azurite() is None:
+        if os.environ.get("ASYNCLOADER_REQUIRE_AZURITE"):
+            pytest.fail("azurite-blob not found (bash .ci/run installs it under .ci/node/)")
+        pytest.skip("azurite-blob not installed")
+    with Azurite(oauth=True) as az:
+        az.create_bucket("priv")
+        az.upload_folder("priv", jpeg_folder, "train/")
+        yield az
+
+
+@pytest.mark.usefixtures("clean_azure_env")
+def test_entra_id_through_a_managed_identity(
+    azurite_oauth: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AZURE_STORAGE_AUTH_MODE=login``: DefaultAzureCredential finds the managed identity
+    (an App Service identity endpoint, served locally), its token opens the container,
+    one token serves every request, and the loader runs on it end to end."""
+    with TokenServer() as tokens:
+        for name, value in tokens.azure_managed_identity_env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AZURE_STORAGE_AUTH_MODE", "login")
+        opts = {"endpoint_url": azurite_oauth.endpoint, "ca_bundle": azurite_oauth.ca_file}
+        store = al.AzureStore("priv", "train/", account=azurite_oauth.account, **opts)
+        assert "Entra ID" in repr(store.creds)
+
+        async def read_one() -> bytes:
+            try:
+                objects = [o async for o in store.list()]
+                first = objects[0]
+                return bytes(await store.get(first.key, etag=first.etag))
+            finally:
+                await store.close()
+
+        assert asyncio.run(read_one())[:2] == b"\xff\xd8"
+        assert tokens.issued == 1
+        url = f"az://{azurite_oauth.account}/priv/train/"
+        with al.ImageLoader(url, batch_size=32, store_options=opts) as loader:
+            assert sum(len(labels) for _, labels in loader) == N_IMAGES
+
+
+@pytest.mark.usefixtures("clean_azure_env")
+def test_entra_id_tokens_are_checked(azurite_oauth: Azurite) -> None:
+    """The emulator refuses an expired token (so the test above proves the token works),
+    after one fresh try; and an identity that gives no token is a clear AccessDenied."""
+    from azure.identity import ManagedIdentityCredential
+
+    opts = {"endpoint_url": azurite_oauth.endpoint, "ca_bundle": azurite_oauth.ca_file}
+    with TokenServer(lifetime=-120) as tokens:
+        env = tokens.azure_managed_identity_env()
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in env.items():
+                mp.setenv(name, value)
+            expired = al.AzureStore(
+                "priv",
+                account=azurite_oauth.account,
+                credential=ManagedIdentityCredential(),
+                **opts,
+            )
+            with pytest.raises(al.AccessDenied, match="az://devstoreaccount1/priv/"):
+                _count(expired)
+        assert tokens.issued == 2  # the first, and one more after the refusal
+        tokens.identity_header = "another"  # the endpoint now refuses the identity
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in env.items():
+                mp.setenv(name, value)
+            refused = al.AzureStore(
+                "priv",
+                account=azurite_oauth.account,
+                credential=ManagedIdentityCredential(),
+                **opts,
+            )
+            with pytest.raises(
+                al.AccessDenied, match="could not get a token from Microsoft Entra ID"
+            ):
+                _count(refused)

@@ -1,6 +1,6 @@
 """One conformance suite (``asyncloader.testing.check_object_store``) for every store, each on
-a real server: S3 on moto_server, Azure on Azurite, plain HTTP on our light server, and a
-local folder.  Throttling goes through a fault-injecting proxy in front of the server."""
+a real server: S3 on moto_server, Azure on Azurite, Google Cloud Storage on fake-gcs-server,
+plain HTTP on our light server, and a local folder.  Throttling goes through a fault-injecting proxy in front of the server."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from asyncloader import AzureStore, HttpStore, LocalStore, ObjectStore, S3Store
+from asyncloader import AzureStore, GCSStore, HttpStore, LocalStore, ObjectStore, S3Store
 from asyncloader.testing import (
     Azurite,
     FaultProxy,
     FaultyStore,
+    GCSEmulator,
     MemoryBucket,
     MemoryStore,
     MotoServer,
@@ -87,6 +88,26 @@ def test_azure_on_azurite(azurite: Azurite) -> None:
                 open_throttled=lambda: (store(proxy.endpoint), _failer(proxy, 503, "ServerBusy")),
                 open_wrong_credentials=lambda: (store(azurite.endpoint, wrong_key), wrong_key),
                 account="devstoreaccount1",
+            )
+        )
+    assert proxy.injected >= 6
+
+
+def test_gcs_on_fake_gcs_server(gcs_emulator: GCSEmulator) -> None:
+    gcs_emulator.create_bucket("conform")
+
+    def store(endpoint: str) -> GCSStore:
+        # Pages of 400 objects, so the 1005-object folder spans three pages.
+        return GCSStore("conform", "root/", endpoint_url=endpoint, anonymous=True, page_size=400)
+
+    with FaultProxy(gcs_emulator.endpoint) as proxy:
+        check_object_store(
+            StoreFixture(
+                "gcs",
+                _threaded(lambda k, v: gcs_emulator.put("conform", "root/" + k, v)),
+                lambda: store(gcs_emulator.endpoint),
+                open_throttled=lambda: (store(proxy.endpoint), _failer(proxy, 429, "")),
+                account="conform",
             )
         )
     assert proxy.injected >= 6

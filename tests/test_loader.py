@@ -1,5 +1,5 @@
-"""The whole loader on each cloud backend (S3 on moto_server, Azure on Azurite): coverage,
-determinism, labels, bad input."""
+"""The whole loader on each cloud backend (S3 on moto_server, Azure on Azurite, GCS on
+fake-gcs-server): coverage, determinism, labels, bad input."""
 
 from __future__ import annotations
 
@@ -70,14 +70,7 @@ def test_imagefolder_labels_and_classes(backend: Backend, dataset: str) -> None:
 
 
 def _proxied(backend: Backend, proxy: FaultProxy) -> dict[str, object]:
-    if backend.name == "azure":
-        assert isinstance(backend.server, al.testing.Azurite)
-        return {
-            "account": backend.server.account,
-            "account_key": backend.server.key,
-            "endpoint_url": proxy.endpoint,
-        }
-    return {"endpoint_url": proxy.endpoint}
+    return backend.options_at(proxy.endpoint)
 
 
 def test_an_unshuffled_run_starts_before_the_listing_ends(

@@ -1,6 +1,7 @@
 """Object stores by URL: S3, Azure Blob, plain HTTP(S) with a manifest, local folders.
 
 * ``s3://bucket/prefix/``
+* ``gs://bucket/prefix/`` (Google Cloud Storage)
 * ``az://container/prefix/`` (account from the environment), ``az://account/container/prefix/``
   or ``https://ACCOUNT.blob.core.windows.net/container/prefix/``
 * ``https://host/path/`` (other hosts): objects named by a manifest
@@ -15,12 +16,14 @@ from urllib.parse import SplitResult, unquote, urlsplit
 from .._manifest import is_manifest
 from .._types import ObjectStore
 from ._azure import AzureStore, azure_store_from_url
+from ._gcs import GCSStore, gcs_store_from_url
 from ._local import LocalStore
 from ._s3 import S3Store, parse_s3_url
 from ._web import HttpStore
 
 __all__ = [
     "AzureStore",
+    "GCSStore",
     "HttpStore",
     "LocalStore",
     "S3Store",
@@ -64,6 +67,8 @@ def open_store(url: str, **options: Any) -> ObjectStore:
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         return S3Store(bucket, prefix, **options)
+    if scheme in ("gs", "gcs"):
+        return gcs_store_from_url(url, **options)
     if _is_azure(parts):
         return azure_store_from_url(url, **options)
     if scheme in ("http", "https"):
@@ -74,5 +79,5 @@ def open_store(url: str, **options: Any) -> ObjectStore:
         return LocalStore(url, **options)
     raise ValueError(
         f"unsupported URL scheme {scheme!r} in {url!r}: "
-        "use s3://, az://, https://, file:// or a path"
+        "use s3://, gs://, az://, https://, file:// or a path"
     )

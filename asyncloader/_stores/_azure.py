@@ -7,10 +7,12 @@ so this store builds those requests itself: SharedKey signing (one HMAC-SHA256),
 appended to the URL, or nothing for public containers.  Object GETs go out on the lean
 HTTP/1.1 client; listing and HEADs on aiohttp, retried on throttling with backoff.
 
-Credentials, in order: the constructor's arguments; a connection string (argument or
-``AZURE_STORAGE_CONNECTION_STRING``); ``AZURE_STORAGE_ACCOUNT`` with ``AZURE_STORAGE_KEY``
-or ``AZURE_STORAGE_SAS_TOKEN``; else anonymous (public containers).  Microsoft Entra ID
-(OAuth) tokens are not supported yet.
+Credentials, in order: the constructor's arguments (``credential=`` for Microsoft Entra
+ID); ``AZURE_STORAGE_AUTH_MODE=login`` (Entra ID through ``DefaultAzureCredential``); a
+connection string (argument or ``AZURE_STORAGE_CONNECTION_STRING``);
+``AZURE_STORAGE_ACCOUNT`` with ``AZURE_STORAGE_KEY`` or ``AZURE_STORAGE_SAS_TOKEN``; else
+anonymous (public containers).  Entra ID bearer tokens come from ``azure-identity`` (the
+``azure`` extra) and are refreshed ahead of expiry (:mod:`._bearer`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from .._types import Blob, ObjectInfo
 from ._azure_auth import (
     AzureCredentials,
     SharedKeySigner,
+    entra_token_source,
     parse_connection_string,
 )
+from ._bearer import BearerToken, with_token
 from ._http import (
     gc_paused,
     get_object,
@@ -45,7 +49,7 @@ from ._http import (
     proxy_configured,
     request,
 )
-from ._lean_http import LeanHTTPClient
+from ._lean_http import LeanHTTPClient, tls_context
 from ._listing import FolderListing, Page
 
 __all__ = ["API_VERSION", "AzureStore", "azure_store_from_url", "parse_azure_url"]
@@ -53,6 +57,8 @@ __all__ = ["API_VERSION", "AzureStore", "azure_store_from_url", "parse_azure_url
 T = TypeVar("T")
 
 API_VERSION = "2024-11-04"
+# Azure refuses an expired or revoked bearer token with 401 or 403 (AuthenticationFailed).
+_REFUSED = (401, 403)
 _BLOB_HOST = ".blob.core.windows.net"
 
 
@@ -103,6 +109,9 @@ class AzureStore(FolderListing):
         endpoint_url: The Blob service URL, for emulators and sovereign clouds
             (``http://127.0.0.1:10000/devstoreaccount1``).
         anonymous: Send no credentials (public containers).
+        credential: Microsoft Entra ID: an ``azure-identity`` credential (any object with
+            ``get_token(scope)``), or ``"default"`` for ``DefaultAzureCredential``.
+        ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's.
         max_connections: Connection pool size for listing/HEAD (and GETs with aiohttp).
         read_timeout: Longest wait for an answer to start, and then between two reads
             of it: a stalled connection is abandoned (and the request retried), a slow but
@@ -123,6 +132,8 @@ class AzureStore(FolderListing):
         connection_string: str | None = None,
         endpoint_url: str | None = None,
         anonymous: bool = False,
+        credential: Any = None,
+        ca_bundle: str | None = None,
         max_connections: int = 64,
         read_timeout: float = 60.0,
         http_client: str = "lean",
@@ -142,12 +153,15 @@ class AzureStore(FolderListing):
             connection_string=connection_string,
             endpoint_url=endpoint_url,
             anonymous=anonymous,
+            credential=credential,
         )
         self.container = container
         self.prefix = prefix
         self._signer = (
             SharedKeySigner(self.creds.account, self.creds.key) if self.creds.key else None
         )
+        self._token: BearerToken | None = None
+        self._ca_bundle = ca_bundle
         self._sas = bool(self.creds.sas)
         self._sas_suffix = "?" + self.creds.sas if self.creds.sas else ""
         endpoint = URL(self.creds.endpoint)
@@ -179,11 +193,22 @@ class AzureStore(FolderListing):
     def _ensure(self) -> None:
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
-        if self._session is None:
-            self._session = make_session(self._max_connections, read_timeout=self._read_timeout)
-        if self._use_lean and self._lean is None:
+        if self._session is not None:
+            return
+        if self.creds.credential is not None and self._token is None:
+            source, what = entra_token_source(self.creds.credential)
+            self._token = BearerToken(source, what=what)
+        tls = tls_context(self._ca_bundle) if self._scheme == "https" else None
+        self._session = make_session(
+            self._max_connections, read_timeout=self._read_timeout, ssl_context=tls
+        )
+        if self._use_lean:
             self._lean = LeanHTTPClient(
-                self._scheme, self._host, self._port, read_timeout=self._read_timeout
+                self._scheme,
+                self._host,
+                self._port,
+                read_timeout=self._read_timeout,
+                ssl_context=tls,
             )
 
     def _headers(
@@ -192,9 +217,11 @@ class AzureStore(FolderListing):
         path: str,
         query: Mapping[str, str],
         extra: Mapping[str, str] | None = None,
+        authorization: str = "",
     ) -> dict[str, str]:
-        """The request's headers, signed when there is a key (``path`` percent-encoded,
-        ``query`` the parameters other than a SAS token; lower-case header names)."""
+        """The request's headers, signed when there is a key or carrying ``authorization``
+        (a bearer token) (``path`` percent-encoded, ``query`` the parameters other than a
+        SAS token; lower-case header names)."""
         now = int(time.time())
         if self._date[1] != now:  # formatdate costs more than the HMAC
             self._date = (formatdate(now, usegmt=True), now)
@@ -203,6 +230,8 @@ class AzureStore(FolderListing):
             headers.update(extra)
         if self._signer is not None:
             self._signer.sign(method, path, query, headers)
+        elif authorization:
+            headers["authorization"] = authorization
         return headers
 
     def _url(self, path: str, query: Mapping[str, str]) -> URL:
@@ -227,22 +256,23 @@ class AzureStore(FolderListing):
         assert self._session is not None
         session = self._session
 
-        async def once() -> tuple[Mapping[str, str], T]:
-            headers = self._headers(method, path, query)
+        async def once(authorization: str) -> tuple[Mapping[str, str], T]:
+            headers = self._headers(method, path, query, authorization=authorization)
             try:
                 answer, body = await request(
                     session, method, self._url(path, query), headers, what=what, key=key
                 )
                 return answer, parse(body)
             except ObjectNotFound as exc:
-                if self._signer is None and not self._sas:
+                if self._signer is None and not self._sas and not authorization:
                     exc.add_note(
                         "no credentials were sent: Azure answers 404 to anonymous "
-                        "requests for private containers"
+                        "requests for private containers (Microsoft Entra ID: "
+                        "AZURE_STORAGE_AUTH_MODE=login or credential=)"
                     )
                 raise
 
-        return await retrying(once)
+        return await retrying(partial(with_token, self._token, once, refused=_REFUSED))
 
     async def _ready(self) -> None:
         self._ensure()
@@ -296,29 +326,39 @@ class AzureStore(FolderListing):
         full = self.prefix + key
         path = self._blob_path(full)
         # SharedKey signs both (lower-case names: the signer's canonical form).
-        wanted = object_headers(start, end, etag, range_name="x-ms-range")
-        headers = self._headers("GET", path, {}, {k.lower(): v for k, v in wanted.items()})
-        return await get_object(
-            self._lean,
-            self._session,
-            self._origin,
-            path + self._sas_suffix,
-            headers,
-            what=self._what(full),
-            key=key,
-            start=start,
-            end=end,
-            etag=etag,
-        )
+        wanted = {
+            k.lower(): v
+            for k, v in object_headers(start, end, etag, range_name="x-ms-range").items()
+        }
+
+        async def once(authorization: str) -> Blob:
+            headers = self._headers("GET", path, {}, wanted, authorization)
+            return await get_object(
+                self._lean,
+                self._session,
+                self._origin,
+                path + self._sas_suffix,
+                headers,
+                what=self._what(full),
+                key=key,
+                start=start,
+                end=end,
+                etag=etag,
+            )
+
+        return await with_token(self._token, once, refused=_REFUSED)
 
     async def close(self) -> None:
         self._closed = True
         session, self._session = self._session, None
         lean, self._lean = self._lean, None
+        token, self._token = self._token, None
         if session is not None:
             await session.close()
         if lean is not None:
             await lean.close()
+        if token is not None:
+            await token.close()
 
 
 def azure_store_from_url(url: str, **options: Any) -> AzureStore:

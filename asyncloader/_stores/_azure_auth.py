@@ -1,6 +1,7 @@
 """Azure Blob credentials and request signing: where the account is, and how requests prove
 who sends them (SharedKey: one HMAC-SHA256 over the canonical request; a SAS token on the
-URL; or nothing for public containers).  Secrets never reach a repr or a message."""
+URL; a Microsoft Entra ID bearer token from ``azure-identity``; or nothing for public
+containers).  Secrets never reach a repr or a message."""
 
 from __future__ import annotations
 
@@ -11,16 +12,22 @@ import hmac
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .._errors import AccessDenied
+from ._bearer import TokenSource
 
 __all__ = [
     "AZURITE_ACCOUNT",
     "AZURITE_KEY",
+    "STORAGE_SCOPE",
     "AzureCredentials",
     "SharedKeySigner",
+    "entra_token_source",
     "parse_connection_string",
 ]
+
+STORAGE_SCOPE = "https://storage.azure.com/.default"
 
 # The storage emulator's published development account (not a secret).
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -114,9 +121,18 @@ class AzureCredentials:
     endpoint: str  # https://ACCOUNT.blob.core.windows.net, or an emulator's base URL
     key: str | None = None
     sas: str | None = None  # the SAS token's query string, without '?'
+    credential: Any = None  # Entra ID: a TokenCredential, or "default"
 
     def __repr__(self) -> str:
-        how = "shared key" if self.key else "SAS" if self.sas else "anonymous"
+        how = (
+            "Entra ID"
+            if self.credential is not None
+            else "shared key"
+            if self.key
+            else "SAS"
+            if self.sas
+            else "anonymous"
+        )
         return f"AzureCredentials(account={self.account!r}, endpoint={self.endpoint!r}, {how})"
 
     @classmethod
@@ -129,14 +145,23 @@ class AzureCredentials:
         connection_string: str | None = None,
         endpoint_url: str | None = None,
         anonymous: bool = False,
+        credential: Any = None,
     ) -> AzureCredentials:
         """Resolve the account, endpoint and secret from arguments, then the environment.
+
+        Microsoft Entra ID is used when ``credential`` is given (a TokenCredential, or
+        ``"default"`` for ``DefaultAzureCredential``), or when no key or SAS is given as an
+        argument and ``AZURE_STORAGE_AUTH_MODE=login`` (the Azure CLI's variable).
 
         Raises:
             AccessDenied: no account name anywhere.
         """
         env = os.environ
-        explicit_secret = account_key or sas_token or anonymous
+        explicit = account_key or sas_token or connection_string or anonymous
+        login = env.get("AZURE_STORAGE_AUTH_MODE", "").lower() == "login"
+        if credential is None and not explicit and login:
+            credential = "default"
+        explicit_secret = account_key or sas_token or anonymous or credential is not None
         cs_text = connection_string
         if cs_text is None and not explicit_secret:
             cs_text = env.get("AZURE_STORAGE_CONNECTION_STRING")
@@ -150,7 +175,7 @@ class AzureCredentials:
                 "a connection string or AZURE_STORAGE_ACCOUNT"
             )
         key = sas = None
-        if not anonymous:
+        if not anonymous and credential is None:
             key = account_key or cs.get("accountkey")
             sas = sas_token or cs.get("sharedaccesssignature")
             if not (key or sas or connection_string):
@@ -163,4 +188,40 @@ class AzureCredentials:
             endpoint = f"{protocol}://{name}.blob.{suffix}"
         if key:
             sas = None  # one way to authenticate: the key signs every request
-        return cls(name, endpoint.rstrip("/"), key or None, (sas or "").lstrip("?") or None)
+        return cls(
+            name, endpoint.rstrip("/"), key or None, (sas or "").lstrip("?") or None, credential
+        )
+
+
+def entra_token_source(credential: Any) -> tuple[TokenSource, str]:
+    """A blocking token call for :class:`._bearer.BearerToken` from an ``azure-identity``
+    credential (``"default"``: ``DefaultAzureCredential``: environment, workload identity,
+    managed identity, Azure CLI, ...), and words naming it.
+
+    Raises:
+        AccessDenied: azure-identity is missing.
+    """
+    if isinstance(credential, str):
+        if credential != "default":
+            raise ValueError(
+                f"credential must be a TokenCredential or 'default', not {credential!r}"
+            )
+        try:
+            from azure.identity import DefaultAzureCredential
+        except ImportError as exc:
+            raise AccessDenied(
+                "Microsoft Entra ID needs azure-identity: pip install 'asyncloader[azure]'"
+            ) from exc
+        credential = DefaultAzureCredential()
+    what = f"Microsoft Entra ID ({type(credential).__name__})"
+
+    def fetch() -> tuple[str, float]:
+        try:
+            token = credential.get_token(STORAGE_SCOPE)
+        except Exception as exc:  # azure-identity's ClientAuthenticationError and kin
+            lines = str(exc).strip().splitlines()
+            why = lines[0][:300] if lines else type(exc).__name__
+            raise AccessDenied(f"could not get a token from {what}: {why}") from None
+        return str(token.token), float(token.expires_on)
+
+    return fetch, what

@@ -312,11 +312,13 @@ async def get_object(
     start: int = 0,
     end: int | None = None,
     etag: str = "",
+    version_header: str = "etag",
 ) -> Blob:
     """GET ``target`` (path and query, encoded) below ``base`` — on the lean client when
     there is one, else on aiohttp — and return the body, verified to be ``end - start``
-    bytes long (when ``end`` is given) and, when the answer names one, to carry ``etag``
-    (for servers that ignore ``If-Match``).  Every store's GET goes through here.
+    bytes long (when ``end`` is given) and, when the answer names one in its
+    ``version_header`` (lower-case), to be the version ``etag`` (for servers that ignore
+    the precondition).  Every store's GET goes through here.
 
     Raises:
         The errors of :func:`request`, and IntegrityError for a body of the wrong length or
@@ -324,6 +326,6 @@ async def get_object(
     """
     expected = None if end is None else end - start
     answer, body = await send(lean, session, base, "GET", target, headers, what=what, key=key)
-    answer_etag = answer.get("etag", "")
+    answer_etag = answer.get(version_header, "")
     check_body(body, answer_etag, what=what, key=key, expected_len=expected, etag=etag)
     return body

@@ -3,7 +3,9 @@
 * Servers on 127.0.0.1 (``_servers``): :class:`S3TestServer` (our light S3 server with
   injected latency and faults), :class:`MotoServer`, :class:`Azurite`.
 * :class:`FaultProxy` (``_faultproxy``): a TCP proxy that injects resets, truncation and
-  stalls in front of any of them.
+  stalls in front of any of them, and refuses tokens it is told are revoked.
+* :class:`TokenServer` (``_tokens``): a local OAuth token service (a Google service
+  account's token endpoint, an Azure managed identity endpoint).
 * :class:`MemoryStore` and :class:`FaultyStore` (``_memory``): an in-memory store, and a
   wrapper injecting latency, errors, truncation and stalls at the protocol level, for
   pipeline tests that need no server.
@@ -19,6 +21,8 @@ from .._demo import make_jpeg_folder as make_jpeg_folder
 from ._conformance import StoreFixture as StoreFixture
 from ._conformance import check_object_store as check_object_store
 from ._faultproxy import FaultProxy as FaultProxy
+from ._gcs import GCSEmulator as GCSEmulator
+from ._gcs import find_fake_gcs_server as find_fake_gcs_server
 from ._memory import MEMORY_FAULTS as MEMORY_FAULTS
 from ._memory import FaultyStore as FaultyStore
 from ._memory import MemoryBucket as MemoryBucket
@@ -30,6 +34,7 @@ from ._servers import MotoServer as MotoServer
 from ._servers import S3TestServer as S3TestServer
 from ._servers import find_azurite as find_azurite
 from ._servers import free_port as free_port
+from ._tokens import TokenServer as TokenServer
 
 __all__ = [
     "FAULT_KINDS",
@@ -39,14 +44,17 @@ __all__ = [
     "DemoBucket",
     "FaultProxy",
     "FaultyStore",
+    "GCSEmulator",
     "MemoryBucket",
     "MemoryStore",
     "MotoServer",
     "S3TestServer",
     "StoreFixture",
+    "TokenServer",
     "check_object_store",
     "demo_bucket",
     "find_azurite",
+    "find_fake_gcs_server",
     "free_port",
     "make_jpeg_folder",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -50,6 +51,8 @@ class FaultProxy(Equipment):
         self._lock = threading.Lock()
         self.injected = 0
         self.requests = 0
+        self.authorizations: Counter[str] = Counter()  # Authorization values seen
+        self._revoked: set[str] = set()
         self.endpoint = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -111,6 +114,12 @@ class FaultProxy(Equipment):
         with self._lock:
             self._rules.append(_Rule(count, status, code, path_contains))
 
+    def revoke(self, authorization: str) -> None:
+        """Answer 401 to every request that carries this ``Authorization`` value (a token
+        the service no longer accepts: revoked, or rotated away)."""
+        with self._lock:
+            self._revoked.add(authorization)
+
     def hold(self, path_contains: str) -> threading.Event:
         """Hold back requests whose decoded target contains ``path_contains`` until the
         returned event is set (the proxy sets it when it stops)."""
@@ -126,9 +135,13 @@ class FaultProxy(Equipment):
             if not gate.is_set():
                 await asyncio.to_thread(gate.wait)  # stop() sets every gate
 
-    def _pick(self, path: str) -> _Rule | None:
+    def _pick(self, path: str, authorization: str) -> _Rule | None:
         with self._lock:
             self.requests += 1
+            self.authorizations[authorization] += 1
+            if authorization in self._revoked:
+                self.injected += 1
+                return _Rule(1, 401, "InvalidAuthenticationInfo", "")
             for rule in self._rules:
                 if rule.remaining > 0 and rule.path_contains in path:
                     rule.remaining -= 1
@@ -149,13 +162,17 @@ class FaultProxy(Equipment):
                 lines = head.decode("latin-1").split("\r\n")
                 target = lines[0].split(" ")[1] if lines[0].count(" ") >= 2 else "/"
                 length = 0
+                authorization = ""
                 for line in lines[1:]:
                     name, _, value = line.partition(":")
-                    if name.strip().lower() == "content-length":
+                    name = name.strip().lower()
+                    if name == "content-length":
                         length = int(value.strip())
+                    elif name == "authorization":
+                        authorization = value.strip()
                 body = await reader.readexactly(length) if length else b""
                 await self._wait_gates(unquote(target))
-                rule = self._pick(unquote(target))
+                rule = self._pick(unquote(target), authorization)
                 if rule is not None:
                     xml = (
                         '<?xml version="1.0" encoding="utf-8"?>'

@@ -71,6 +71,28 @@ class _Subprocess(Equipment):
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._client: Any = None
+        self.ca_file = ""
+        self._tls_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._context: ssl.SSLContext | None = None
+
+    def _certificate(self) -> Path:
+        """Make a CA for this server (``trustme``) and a certificate for 127.0.0.1 from it;
+        ``ca_file`` is the CA's PEM file, for clients to trust.  Returns the folder with
+        ``cert.pem``, ``key.pem`` and both in ``server.pem``."""
+        import trustme
+
+        self._tls_dir = tempfile.TemporaryDirectory(prefix="asyncloader-tls-")
+        folder = Path(self._tls_dir.name)
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1", "localhost")
+        self.ca_file = str(folder / "ca.pem")
+        ca.cert_pem.write_to_path(self.ca_file)
+        cert.private_key_and_cert_chain_pem.write_to_path(str(folder / "server.pem"))
+        cert.private_key_pem.write_to_path(str(folder / "key.pem"))
+        for i, pem in enumerate(cert.cert_chain_pems):
+            pem.write_to_path(str(folder / "cert.pem"), append=i > 0)
+        self._context = ssl.create_default_context(cafile=self.ca_file)
+        return folder
 
     def _wait_ready(self, probe: Callable[[], object], seconds: float, what: str) -> None:
         """Call ``probe`` until it stops raising OSError: the server answers.  Stop it and
@@ -93,6 +115,9 @@ class _Subprocess(Equipment):
         client, self._client = self._client, None
         if client is not None:
             client.close()
+        tls, self._tls_dir = self._tls_dir, None
+        if tls is not None:
+            tls.cleanup()  # the running server has its files open already
         if proc is None:
             return
         with contextlib.suppress(OSError):
@@ -194,22 +219,6 @@ class S3TestServer(_Subprocess):
         self.bucket = bucket
         self.prefix = prefix
         self.tls = tls
-        self.ca_file = ""
-        self._tls_dir: tempfile.TemporaryDirectory[str] | None = None
-        self._context: ssl.SSLContext | None = None
-
-    def _make_certificate(self) -> list[str]:
-        import trustme
-
-        self._tls_dir = tempfile.TemporaryDirectory(prefix="asyncloader-tls-")
-        folder = Path(self._tls_dir.name)
-        ca = trustme.CA()
-        cert = ca.issue_cert("127.0.0.1", "localhost")
-        self.ca_file = str(folder / "ca.pem")
-        ca.cert_pem.write_to_path(self.ca_file)
-        cert.private_key_and_cert_chain_pem.write_to_path(str(folder / "server.pem"))
-        self._context = ssl.create_default_context(cafile=self.ca_file)
-        return ["--tls-cert", str(folder / "server.pem")]
 
     def start(self) -> None:
         cmd = [
@@ -224,7 +233,7 @@ class S3TestServer(_Subprocess):
         if self.load:
             cmd += ["--load", str(self.load)]
         if self.tls:
-            cmd += self._make_certificate()
+            cmd += ["--tls-cert", str(self._certificate() / "server.pem")]
         proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
@@ -236,12 +245,6 @@ class S3TestServer(_Subprocess):
             raise RuntimeError(f"test S3 server did not start: {line!r}")
         scheme = "https" if self.tls else "http"
         self.endpoint = f"{scheme}://127.0.0.1:{int(line.split()[1])}"
-
-    def stop(self) -> None:
-        super().stop()
-        if self._tls_dir is not None:
-            self._tls_dir.cleanup()
-            self._tls_dir = None
 
     def set_faults(
         self,
@@ -342,10 +345,19 @@ class Azurite(_Subprocess):
     ``account``/``key`` are the emulator's published development credentials, and
     ``connection_string`` joins them.  ``create_bucket``/``put``/``delete`` act on
     containers and blobs (Put Blob, SharedKey-signed), so ``upload_folder`` works as for S3.
+
+    ``oauth=True``: Azurite's OAuth mode, which also accepts bearer tokens (Microsoft Entra
+    ID; it checks their issuer, audience and lifetime, not their signature).  It needs
+    HTTPS: the server gets a certificate from a CA made for it, ``ca_file`` (for clients'
+    ``ca_bundle=``).
     """
 
     account = AZURITE_ACCOUNT
     key = AZURITE_KEY
+
+    def __init__(self, *, oauth: bool = False) -> None:
+        super().__init__()
+        self.oauth = oauth
 
     def start(self) -> None:
         exe = find_azurite()
@@ -356,24 +368,30 @@ class Azurite(_Subprocess):
             )
         port = free_port()
         self._workdir = tempfile.mkdtemp(prefix="asyncloader-azurite-")
+        args = [
+            exe,
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--inMemoryPersistence",
+            "--silent",
+            "--disableTelemetry",
+        ]
+        if self.oauth:
+            tls = self._certificate()
+            args += ["--oauth", "basic", "--cert", str(tls / "cert.pem")]
+            args += ["--key", str(tls / "key.pem")]
         proc = subprocess.Popen(
-            [
-                exe,
-                "--blobHost",
-                "127.0.0.1",
-                "--blobPort",
-                str(port),
-                "--inMemoryPersistence",
-                "--silent",
-                "--disableTelemetry",
-            ],
+            args,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             cwd=self._workdir,
         )
         self._proc = proc
-        self.endpoint = f"http://127.0.0.1:{port}/{self.account}"
+        scheme = "https" if self.oauth else "http"
+        self.endpoint = f"{scheme}://127.0.0.1:{port}/{self.account}"
         self._wait_ready(
             lambda: socket.create_connection(("127.0.0.1", port), 1).close(), 60, "azurite"
         )
@@ -415,7 +433,7 @@ class Azurite(_Subprocess):
         req = urllib.request.Request(url, data=body or None, method=method, headers=headers)
         for attempt in range(5):
             try:
-                with urllib.request.urlopen(req, timeout=30) as resp:
+                with urllib.request.urlopen(req, timeout=30, context=self._context) as resp:
                     resp.read()
                 return
             except urllib.error.HTTPError as exc:
