@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ._bench import BenchReport as BenchReport
+    from ._bench import bench as bench
     from ._cache import CacheStats as CacheStats
     from ._cache import ObjectCache as ObjectCache
     from ._config import IMAGENET_MEAN as IMAGENET_MEAN
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
 
 # name -> the module that defines it
 _WHERE = {
+    "BenchReport": "._bench",
+    "bench": "._bench",
     "CacheStats": "._cache",
     "ObjectCache": "._cache",
     "IMAGENET_MEAN": "._config",
@@ -105,6 +109,7 @@ __all__ = [
     "AsyncLoaderError",
     "AzureStore",
     "BatchesHeldError",
+    "BenchReport",
     "CacheStats",
     "CenterCrop",
     "ClosedError",
@@ -135,6 +140,7 @@ __all__ = [
     "TransientStoreError",
     "WarmReport",
     "__version__",
+    "bench",
     "describe",
     "listing",
     "open_store",

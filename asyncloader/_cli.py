@@ -142,15 +142,18 @@ def _parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _store_options(args: argparse.Namespace) -> dict[str, object]:
+    """The store options the command line sets (``--endpoint-url``)."""
+    return {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
+
+
 def _warm(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     import asyncloader as al
 
-    options: dict[str, object] = {}
+    options = _store_options(args)
     extra: dict[str, object] = {"extensions": None} if args.all_objects else {}
-    if args.endpoint_url:
-        options["endpoint_url"] = args.endpoint_url
     print(f"listing {args.url} ...", file=sys.stderr)
     state: dict[str, object] = {}
     bar = tqdm(total=0, unit="obj", desc="warm", smoothing=0.05, dynamic_ncols=True)
@@ -202,9 +205,7 @@ def _ls(args: argparse.Namespace) -> int:
 
     import asyncloader as al
 
-    options: dict[str, object] = {}
-    if args.endpoint_url:
-        options["endpoint_url"] = args.endpoint_url
+    options = _store_options(args)
     extra: dict[str, object] = {"extensions": None} if args.all_objects else {}
     inv = al.describe(
         args.url,
@@ -220,6 +221,35 @@ def _ls(args: argparse.Namespace) -> int:
         print(json.dumps(asdict(inv)))
     else:
         print(inv.summary())
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    import asyncloader as al
+
+    options = _store_options(args)
+    if not args.json:
+        print(f"measuring {args.url} for about {args.seconds:.0f} s ...", file=sys.stderr)
+    report = al.bench(
+        args.url,
+        seconds=args.seconds,
+        sample=args.sample,
+        max_inflight=args.max_inflight,
+        decode_workers=args.decode_workers,
+        size=args.size,
+        cache_dir=None if args.no_disk else args.cache_dir,
+        store_options=options,
+    )
+    if args.plot:
+        report.plot(args.plot)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print(report.summary())
+        if args.plot:
+            print(f"plot: {args.plot}")
     return 0
 
 
@@ -313,6 +343,30 @@ def main(argv: list[str] | None = None) -> int:
         help="write the samples (key, ImageFolder label, size, ETag) there: a loader given "
         "it as labels= lists nothing",
     )
+    bench = sub.add_parser(
+        "bench",
+        help="measure a bucket from this machine: latency, throughput against requests in "
+        "flight, decode and disk rates; name the bound, predict images/s, print settings",
+    )
+    bench.add_argument("url", help="s3://bucket/prefix/, gs://..., az://..., a path, ...")
+    bench.add_argument("--seconds", type=float, default=45.0, help="time budget (45)")
+    bench.add_argument("--sample", type=int, default=256, help="objects sampled (256)")
+    bench.add_argument(
+        "--max-inflight", type=int, default=256, help="the most requests in flight tried (256)"
+    )
+    bench.add_argument(
+        "--decode-workers", type=int, default=None, help="plan for this many (default: CPUs)"
+    )
+    bench.add_argument("--size", type=int, default=224, help="RandomResizedCrop size (224)")
+    bench.add_argument(
+        "--cache-dir",
+        default=os.path.join("cache", "objects"),
+        help="the cache folder whose disk is measured (a scratch cache inside, removed after)",
+    )
+    bench.add_argument("--no-disk", action="store_true", help="skip the disk measurement")
+    bench.add_argument("--endpoint-url", default=None, help="an S3-compatible or Azure endpoint")
+    bench.add_argument("--plot", metavar="FILE.png", default=None, help="draw the results")
+    bench.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     cache = sub.add_parser("cache", help="inspect, check or empty a cache folder")
     cache.add_argument("action", choices=("stats", "verify", "clear"))
     cache.add_argument("dir", help="the cache folder")
@@ -326,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cache_cmd(args)
         if args.command == "ls":
             return _ls(args)
+        if args.command == "bench":
+            return _bench(args)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

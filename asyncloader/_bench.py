@@ -1,0 +1,590 @@
+"""``bench``: measure the user's own bucket from the machine they will train on, name the
+bound and say what to set.
+
+In under a minute by default, against a seeded sample of the objects under the URL:
+
+1. **Latency**: first-byte latency percentiles (1-byte ranged GETs, a few in flight).
+2. **Fetch**: whole-object GETs/s, MB/s and client CPU per GET at 1, 2, 4, ... requests in
+   flight (throttling answers counted per level).
+3. **Decode**: CPU per image of decode + transform (the loader's own code, the default
+   ``RandomResizedCrop``), and images/s of the decode workers together.
+4. **Disk**: the cache folder's write rate and its read rate with the page cache dropped
+   (a scratch cache inside it, removed after).
+
+The model: the loader runs at the slower of what the store delivers at the recommended
+requests in flight and what the CPUs decode once the event loop's share (client CPU per
+GET, and the loader's own work per image) is taken out of them.  Later epochs from the
+cache run at the slower of decode and the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._cache import ObjectCache
+from ._decode import DecodeSpec, decode_into
+from ._env import usable_cpus
+from ._errors import StoreError, Throttled
+from ._labels import IMAGE_EXTENSIONS
+from ._retry import retrying
+from ._stores import open_store
+from ._transforms import RandomResizedCrop
+from ._types import Blob, ObjectInfo, ObjectStore
+
+__all__ = ["BenchReport", "FetchLevel", "bench"]
+
+LOADER_CPU_MS_PER_IMAGE = 0.2
+"""The loader's own CPU per image besides the GET and the decode (scheduling, the ring,
+batch bookkeeping, threads taking turns at the GIL), measured on the development machine:
+2 cores, ~110 KB JPEGs (``benchmarks/bench_predict.py``)."""
+_HEADROOM = 1.3  # the store should deliver this much more than decode absorbs
+_MAX_SAMPLE_BYTES = 96 << 20
+
+
+@dataclass(slots=True)
+class FetchLevel:
+    """Whole-object GETs at one number of requests in flight."""
+
+    inflight: int
+    gets_per_second: float
+    mb_per_second: float
+    client_cpu_ms_per_get: float
+    other_cpu_ms_per_get: float  # the rest of the machine (a local emulator, say)
+    p50_ms: float
+    p99_ms: float
+    throttled: int = 0
+
+
+@dataclass(slots=True)
+class BenchReport:
+    """What :func:`bench` measured, and what it recommends.
+
+    ``predicted_images_per_second`` and ``bound`` ("fetch" or "decode") are for an epoch
+    streamed from the store with ``settings``; ``cached_images_per_second`` and
+    ``cached_bound`` ("decode" or "disk") for epochs read from the cache.
+    """
+
+    url: str
+    cpus: int
+    objects_listed: int
+    listing_complete: bool
+    listed_bytes: int
+    sample_objects: int
+    mean_object_bytes: float
+    latency_ms: dict[str, float]
+    fetch: list[FetchLevel]
+    decode_cpu_ms_per_image: float
+    decode_images_per_second_per_core: float
+    decode_images_per_second: float
+    disk: dict[str, float | str] | None
+    predicted_images_per_second: float
+    bound: str
+    cached_images_per_second: float | None
+    cached_bound: str | None
+    settings: dict[str, Any]
+    reasons: list[str] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list, repr=False)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything but the raw latency samples, as JSON-ready values."""
+        out = asdict(self)
+        out.pop("latencies_ms")
+        return out
+
+    def summary(self) -> str:
+        lat = self.latency_ms
+        lines = [
+            f"{self.url}: {self.objects_listed}{'' if self.listing_complete else '+'} objects "
+            f"listed ({self.listed_bytes / 1e9:.2f} GB), {self.sample_objects} sampled "
+            f"(mean {self.mean_object_bytes / 1e3:.0f} KB); {self.cpus} CPUs here",
+            f"first-byte latency: p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, "
+            f"p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms",
+            "",
+            f"{'in flight':>9} {'GETs/s':>9} {'MB/s':>8} {'CPU ms/GET':>11} {'others':>7} "
+            f"{'p50 ms':>8} {'p99 ms':>8} {'throttled':>9}",
+        ]
+        for lv in self.fetch:
+            lines.append(
+                f"{lv.inflight:9d} {lv.gets_per_second:9.0f} {lv.mb_per_second:8.1f} "
+                f"{lv.client_cpu_ms_per_get:11.3f} {lv.other_cpu_ms_per_get:7.3f} "
+                f"{lv.p50_ms:8.1f} {lv.p99_ms:8.1f} "
+                f"{lv.throttled:9d}"
+            )
+        lines += [
+            "",
+            f"decode + transform: {self.decode_cpu_ms_per_image:.2f} ms of CPU per image, "
+            f"{self.decode_images_per_second_per_core:.0f} images/s per core, "
+            f"{self.decode_images_per_second:.0f} images/s with "
+            f"{self.settings['decode_workers']} workers",
+        ]
+        if self.disk is not None:
+            d = self.disk
+            lines.append(
+                f"cache disk ({d['directory']}): write {d['write_mb_per_second']:.0f} MB/s, "
+                f"read {d['read_mb_per_second']:.0f} MB/s ({d['read_objects_per_second']:.0f} "
+                "objects/s)"
+            )
+        lines += ["", f"bound: {self.bound} — {self.reasons[0]}"]
+        lines.append(f"predicted: {self.predicted_images_per_second:.0f} images/s from the store")
+        if self.cached_images_per_second is not None:
+            lines.append(
+                f"           {self.cached_images_per_second:.0f} images/s from the cache "
+                f"(bound: {self.cached_bound})"
+            )
+        lines += [f"  {r}" for r in self.reasons[1:]]
+        s = self.settings
+        cache = f", cache_dir={s['cache_dir']!r}" if s["cache"] else ""
+        lines += [
+            "",
+            "settings:",
+            f"  ImageLoader({self.url!r}, max_inflight={s['max_inflight']}, "
+            f"decode_workers={s['decode_workers']}, decode_backend={s['decode_backend']!r}"
+            f"{cache})",
+            f"({self.seconds:.0f} s)",
+        ]
+        return "\n".join(lines)
+
+    def plot(self, path: str | os.PathLike[str]) -> None:
+        """Draw GETs/s and MB/s against requests in flight, and the first-byte latency
+        distribution, to a PNG (needs matplotlib: ``pip install 'asyncloader[plot]'``)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as exc:
+            raise ImportError("--plot needs matplotlib: pip install 'asyncloader[plot]'") from exc
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+        xs = [lv.inflight for lv in self.fetch]
+        left.plot(xs, [lv.gets_per_second for lv in self.fetch], "o-", label="GETs/s")
+        left.axhline(
+            self.decode_images_per_second, color="tab:red", ls="--", label="decode images/s"
+        )
+        left.axhline(
+            self.predicted_images_per_second,
+            color="tab:purple",
+            ls="-.",
+            label="predicted loader images/s",
+        )
+        left.axvline(self.settings["max_inflight"], color="gray", ls=":", label="recommended")
+        left.set_xscale("log", base=2)
+        left.set_xlabel("requests in flight")
+        left.set_ylabel("GETs/s")
+        left.set_title("throughput against requests in flight")
+        mb = left.twinx()
+        mb.plot(xs, [lv.mb_per_second for lv in self.fetch], "s:", color="tab:green", ms=4)
+        mb.set_ylabel("MB/s", color="tab:green")
+        left.legend(loc="upper left")
+        lat = sorted(self.latencies_ms)
+        if lat:
+            right.hist(lat, bins=min(60, max(10, len(lat) // 5)), color="tab:blue")
+            for name in ("p50", "p90", "p99"):
+                right.axvline(self.latency_ms[name], ls="--", color="k", lw=0.8)
+                right.text(
+                    self.latency_ms[name],
+                    0.98,
+                    f" {name}",
+                    rotation=90,
+                    va="top",
+                    transform=right.get_xaxis_transform(),
+                )
+            right.set_yscale("log")
+        right.set_xlabel("first-byte latency [ms]")
+        right.set_ylabel("requests")
+        right.set_title(f"latency distribution ({len(lat)} requests)")
+        fig.suptitle(
+            f"{self.url}: {self.predicted_images_per_second:.0f} images/s predicted, "
+            f"bound: {self.bound}"
+        )
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+
+def _machine_busy_seconds() -> float:
+    """CPU seconds every process of the machine has spent so far (Linux ``/proc/stat``;
+    0 elsewhere): with this process's own, it tells what else runs beside the fetch (a
+    storage emulator on this machine; nothing, for a remote store)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    except (OSError, ValueError):
+        return 0.0
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
+    v = sorted(values)
+
+    def at(q: float) -> float:
+        return v[min(len(v) - 1, int(q * len(v)))]
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": v[-1]}
+
+
+async def _listed(
+    store: ObjectStore, cache: ObjectCache | None, seconds: float
+) -> tuple[list[ObjectInfo], bool]:
+    """The saved listing when there is one; else as much of the listing as ``seconds``
+    allow (sorted key order), and whether it is complete."""
+    if cache is not None:
+        saved = cache.load_listing(store.url, 3600.0)
+        if saved is not None:
+            return saved, True
+    out: list[ObjectInfo] = []
+    deadline = time.perf_counter() + seconds
+    listing = store.list()
+    try:
+        async for info in listing:
+            out.append(info)
+            if time.perf_counter() > deadline:
+                return out, False
+    finally:
+        await listing.aclose()  # type: ignore[attr-defined]
+    if cache is not None:
+        cache.save_listing(store.url, out)
+    return out, True
+
+
+async def _get(store: ObjectStore, info: ObjectInfo, throttled: list[int], **kw: Any) -> Blob:
+    def count(exc: StoreError) -> None:
+        if isinstance(exc, Throttled):
+            throttled[0] += 1
+
+    return await retrying(lambda: store.get(info.key, etag=info.etag, **kw), on_retry=count)
+
+
+async def _run_level(
+    store: ObjectStore, sample: Sequence[ObjectInfo], inflight: int, seconds: float, **kw: Any
+) -> tuple[int, int, list[float], float, float, int, float]:
+    """``inflight`` workers GET sample objects round robin for ``seconds``: (GETs, bytes,
+    latencies [ms], CPU seconds of this process and of the rest of the machine, throttling
+    answers, wall seconds until the last answer)."""
+    latencies: list[float] = []
+    done = [0, 0]
+    throttled = [0]
+    t_start = time.perf_counter()
+    deadline = t_start + seconds
+    cpu0 = time.process_time()
+    busy0 = _machine_busy_seconds()
+
+    async def worker(i: int) -> None:
+        j = i
+        while time.perf_counter() < deadline:
+            info = sample[j % len(sample)]
+            j += inflight
+            t0 = time.perf_counter()
+            body = await _get(store, info, throttled, **kw)
+            latencies.append((time.perf_counter() - t0) * 1e3)
+            done[0] += 1
+            done[1] += len(body)
+
+    await asyncio.gather(*(worker(i) for i in range(inflight)))
+    wall = time.perf_counter() - t_start
+    cpu = time.process_time() - cpu0
+    other = max(0.0, _machine_busy_seconds() - busy0 - cpu) if busy0 else 0.0
+    return done[0], done[1], latencies, cpu, other, throttled[0], wall
+
+
+def _decode_rates(
+    bodies: Sequence[tuple[str, Blob]], workers: int, seconds: float, size: int
+) -> tuple[float, float]:
+    """(CPU seconds per image on one thread, images/s of ``workers`` threads together)."""
+    transform = RandomResizedCrop(size)
+    spec = DecodeSpec((3, size, size), transform)
+
+    def run(stop: Callable[[], bool], start: int, step: int) -> int:
+        out = np.empty((3, size, size), np.uint8)
+        n, i = 0, start
+        while not stop():
+            key, data = bodies[i % len(bodies)]
+            with contextlib.suppress(Exception):  # a bad file is the loader's to report
+                decode_into(data, out, spec, i, key)
+            n += 1
+            i += step
+        return n
+
+    one_until = time.perf_counter() + seconds / 3
+    c0 = time.thread_time()
+    n = run(lambda: time.perf_counter() > one_until, 0, 1)
+    per_image = (time.thread_time() - c0) / max(n, 1)
+    until = time.perf_counter() + seconds * 2 / 3
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        counts = list(
+            pool.map(lambda w: run(lambda: time.perf_counter() > until, w, workers), range(workers))
+        )
+    rate = sum(counts) / (time.perf_counter() - t0)
+    return per_image, rate
+
+
+def _disk_rates(
+    directory: str, bodies: Sequence[tuple[str, Blob]], workers: int
+) -> dict[str, float | str]:
+    """Write the sample to a scratch cache inside ``directory``, drop it from the page
+    cache, read it back with ``workers`` threads; remove the scratch cache."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=".bench-", dir=directory)
+    try:
+        cache = ObjectCache(scratch, size_limit=4 * _MAX_SAMPLE_BYTES)
+        items = [(f"bench/{i}", data) for i, (_, data) in enumerate(bodies)]
+        total = sum(len(d) for _, d in items)
+        t0 = time.perf_counter()
+        for i in range(0, len(items), 32):
+            cache.put_many(items[i : i + 32])
+        packs = list(Path(scratch, "packs").glob("*"))
+        for p in packs:
+            with open(p, "rb+") as w:
+                os.fsync(w.fileno())
+        write_s = time.perf_counter() - t0
+        for p in packs:  # the next reads come from the disk, not from memory
+            with open(p, "rb") as f, contextlib.suppress(AttributeError, OSError):
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        local = threading.local()
+
+        def read(item: tuple[str, Blob]) -> int:
+            if not hasattr(local, "cache"):
+                local.cache = ObjectCache(scratch, size_limit=cache.size_limit)
+            got = local.cache.get(item[0], len(item[1]))
+            return len(got) if got is not None else 0
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(workers) as pool:
+            read_bytes = sum(pool.map(read, items))
+        read_s = time.perf_counter() - t0
+        cache.close()
+        return {
+            "directory": directory,
+            "write_mb_per_second": total / max(write_s, 1e-9) / 1e6,
+            "read_mb_per_second": read_bytes / max(read_s, 1e-9) / 1e6,
+            "read_objects_per_second": len(items) / max(read_s, 1e-9),
+        }
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _levels(most: int) -> list[int]:
+    out, n = [], 1
+    while n <= most:
+        out.append(n)
+        n *= 2
+    if out[-1] != most:
+        out.append(most)
+    return out
+
+
+async def _measure(
+    url: str,
+    store_options: dict[str, Any],
+    cache_dir: str | None,
+    seconds: float,
+    sample_size: int,
+    max_inflight: int,
+    seed: int,
+) -> dict[str, Any]:
+    store = open_store(url, **store_options)
+    cache = ObjectCache(cache_dir) if cache_dir else None
+    try:
+        objects, complete = await _listed(store, cache, seconds * 0.2)
+        images = [o for o in objects if os.path.splitext(o.key)[1].lower() in IMAGE_EXTENSIONS]
+        if not images:
+            raise StoreError(f"no images under {url} to measure (listed {len(objects)} objects)")
+        rng = random.Random(seed)
+        sample = rng.sample(images, min(sample_size, len(images)))
+        budget, kept = 0, list[ObjectInfo]()
+        for o in sample:
+            if budget + o.size > _MAX_SAMPLE_BYTES and kept:
+                break
+            kept.append(o)
+            budget += o.size
+        sample = kept
+        # The sample's bytes (for decode and disk), 32 in flight.
+        sem = asyncio.Semaphore(32)
+        throttled = [0]
+
+        async def fetch(info: ObjectInfo) -> tuple[str, Blob]:
+            async with sem:
+                return info.key, await _get(store, info, throttled)
+
+        bodies = await asyncio.gather(*(fetch(o) for o in sample))
+        # First-byte latency: 1-byte ranged GETs, 4 in flight.
+        first_bytes = (await _run_level(store, sample, 4, seconds * 0.1, start=0, end=1))[2]
+        levels = _levels(max_inflight)
+        per_level = seconds * 0.35 / len(levels)
+        fetch_levels = []
+        for n in levels:
+            gets, nbytes, lat, cpu, other, thr, wall = await _run_level(store, sample, n, per_level)
+            fetch_levels.append(
+                FetchLevel(
+                    inflight=n,
+                    gets_per_second=gets / wall,
+                    mb_per_second=nbytes / wall / 1e6,
+                    client_cpu_ms_per_get=cpu / max(gets, 1) * 1e3,
+                    other_cpu_ms_per_get=other / max(gets, 1) * 1e3,
+                    p50_ms=_percentiles(lat)["p50"],
+                    p99_ms=_percentiles(lat)["p99"],
+                    throttled=thr,
+                )
+            )
+        return {
+            "objects": objects,
+            "complete": complete,
+            "sample": sample,
+            "bodies": bodies,
+            "first_bytes": first_bytes,
+            "levels": fetch_levels,
+        }
+    finally:
+        await store.close()
+        if cache is not None:
+            cache.close()
+
+
+def bench(
+    url: str,
+    *,
+    seconds: float = 45.0,
+    sample: int = 256,
+    max_inflight: int = 256,
+    decode_workers: int | None = None,
+    size: int = 224,
+    cache_dir: str | os.PathLike[str] | None = None,
+    store_options: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> BenchReport:
+    """Measure ``url`` from this machine and recommend loader settings (see the module
+    text for what is measured and the model).  Blocking.
+
+    Args:
+        seconds: The time budget of the measurements, roughly.
+        sample: Objects sampled (seeded) for fetch, decode and disk.
+        max_inflight: The most requests in flight tried.
+        decode_workers: Decode workers to plan for (default: the usable CPUs, as the loader).
+        size: The output size of the ``RandomResizedCrop`` decoded.
+        cache_dir: The cache folder to measure (and read a saved listing from); None: no
+            disk measurement.
+
+    Raises:
+        StoreError: the store could not be listed or read, or holds no images.
+    """
+    t_start = time.perf_counter()
+    cpus = usable_cpus()
+    workers = decode_workers or cpus
+    directory = str(cache_dir) if cache_dir is not None else None
+    m = asyncio.run(
+        _measure(url, dict(store_options or {}), directory, seconds, sample, max_inflight, seed)
+    )
+    objects: list[ObjectInfo] = m["objects"]
+    bodies: list[tuple[str, Blob]] = m["bodies"]
+    levels: list[FetchLevel] = m["levels"]
+    per_image, decode_rate = _decode_rates(bodies, workers, seconds * 0.25, size)
+    d_ms = per_image * 1e3
+    disk = _disk_rates(directory, bodies, workers) if directory else None
+
+    # From the store: decode shares the CPUs with the event loop's GETs and bookkeeping.
+    def cpu_rate(extra_ms: float) -> float:
+        return decode_rate * d_ms / (d_ms + extra_ms)
+
+    enough = [lv for lv in levels if lv.gets_per_second >= _HEADROOM * cpu_rate(0.1)]
+    if enough:
+        chosen = min(enough, key=lambda lv: lv.inflight)
+        recommended = min(2 * chosen.inflight, max(lv.inflight for lv in levels))
+    else:
+        chosen = max(levels, key=lambda lv: lv.gets_per_second)
+        recommended = chosen.inflight
+    at = next(lv for lv in levels if lv.inflight == recommended)
+    per_get = at.client_cpu_ms_per_get + at.other_cpu_ms_per_get
+    store_cpu = cpu_rate(per_get + LOADER_CPU_MS_PER_IMAGE)
+    fetch_rate = max(at.gets_per_second, chosen.gets_per_second)
+    predicted = min(store_cpu, fetch_rate)
+    bound = "decode" if store_cpu <= fetch_rate else "fetch"
+    lat = [x for x in m["first_bytes"]]
+    pct = _percentiles(lat)
+    mean_bytes = statistics.fmean(len(b) for _, b in bodies)
+    reasons = []
+    if bound == "decode":
+        reasons.append(
+            f"the CPUs decode {store_cpu:.0f} images/s while the store delivers "
+            f"{fetch_rate:.0f} objects/s at {recommended} requests in flight: more requests "
+            "in flight would not help; more cores (or smaller images) would"
+        )
+    else:
+        reasons.append(
+            f"the store delivers {fetch_rate:.0f} objects/s at best ({chosen.inflight} in "
+            f"flight, p50 latency {pct['p50']:.0f} ms) while the CPUs could decode "
+            f"{store_cpu:.0f} images/s: the cache pays from the second epoch on"
+        )
+    if any(lv.throttled for lv in levels):
+        first = min(lv.inflight for lv in levels if lv.throttled)
+        reasons.append(f"the store throttled from {first} requests in flight on")
+    cached = cached_bound = None
+    fits = True
+    listed_bytes = sum(o.size for o in objects)
+    if disk is not None:
+        assert directory is not None
+        disk_rate = float(disk["read_objects_per_second"])
+        from_cache = cpu_rate(LOADER_CPU_MS_PER_IMAGE)
+        cached = min(from_cache, disk_rate)
+        cached_bound = "decode" if from_cache <= disk_rate else "disk"
+        free = shutil.disk_usage(directory).free
+        fits = m["complete"] and listed_bytes <= 0.9 * free
+        if not fits:
+            reasons.append(
+                "the data does not fit the cache disk (or was not listed whole): the cache "
+                "would keep a fixed share of it"
+            )
+    use_cache = cached is not None and cached > 1.15 * predicted
+    if cached is not None and not use_cache:
+        reasons.append(
+            "a cache would not speed this machine up (it still saves requests and rides out "
+            "latency spikes)"
+        )
+    settings: dict[str, Any] = {
+        "max_inflight": recommended,
+        "decode_workers": workers,
+        "decode_backend": "process" if use_cache else "thread",
+        "cache": use_cache,
+        "cache_dir": directory if use_cache else None,
+    }
+    return BenchReport(
+        url=url,
+        cpus=cpus,
+        objects_listed=len(objects),
+        listing_complete=bool(m["complete"]),
+        listed_bytes=listed_bytes,
+        sample_objects=len(bodies),
+        mean_object_bytes=mean_bytes,
+        latency_ms=pct,
+        fetch=levels,
+        decode_cpu_ms_per_image=d_ms,
+        decode_images_per_second_per_core=1e3 / d_ms if d_ms else 0.0,
+        decode_images_per_second=decode_rate,
+        disk=disk,
+        predicted_images_per_second=predicted,
+        bound=bound,
+        cached_images_per_second=cached,
+        cached_bound=cached_bound,
+        settings=settings,
+        reasons=reasons,
+        latencies_ms=lat,
+        seconds=time.perf_counter() - t_start,
+    )

@@ -1,0 +1,96 @@
+"""``asyncloader bench URL``: measured against our light server with injected latency, end to
+end through the CLI (JSON, summary, plot).  Speed itself is not asserted (that is
+``benchmarks/bench_predict.py``, which compares the prediction with a loader run); what is
+checked is what the measurement must show whatever the machine: the injected latency, more
+requests in flight giving more GETs/s, a store held to a few requests in flight named as
+the bound with a cache recommended, and a readable plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import asyncloader as al
+from asyncloader.testing import S3TestServer
+
+from .conftest import N_IMAGES
+
+
+def _bench(server: S3TestServer, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AWS_ENDPOINT_URL": server.endpoint}
+    cmd = [sys.executable, "-m", "asyncloader", "bench", "s3://b/train/", "--seconds", "6"]
+    return subprocess.run(
+        [*cmd, "--cache-dir", str(tmp_path / "cache"), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+@pytest.fixture
+def slow_server(jpeg_folder: Path) -> S3TestServer:
+    with S3TestServer(latency=0.05, load=jpeg_folder, bucket="b", prefix="train/") as server:
+        yield server  # type: ignore[misc]
+
+
+def test_bench_json_and_plot(slow_server: S3TestServer, tmp_path: Path) -> None:
+    png = tmp_path / "bench.png"
+    out = _bench(slow_server, tmp_path, "--json", "--max-inflight", "32", "--plot", str(png))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["objects_listed"] == N_IMAGES and report["listing_complete"]
+    assert report["sample_objects"] == N_IMAGES  # fewer images than the sample size
+    assert report["latency_ms"]["p50"] >= 50  # the injected time to first byte
+    levels = report["fetch"]
+    assert [lv["inflight"] for lv in levels] == [1, 2, 4, 8, 16, 32]
+    # Latency-bound at 50 ms: a request takes >= 50 ms, so n in flight give <= n / 0.05 GETs/s.
+    for lv in levels:
+        assert 0 < lv["gets_per_second"] <= lv["inflight"] / 0.05 * 1.05
+    assert levels[-1]["gets_per_second"] > 4 * levels[0]["gets_per_second"]
+    assert report["decode_cpu_ms_per_image"] > 0 and report["decode_images_per_second"] > 0
+    assert report["disk"]["read_mb_per_second"] > 0 and report["disk"]["write_mb_per_second"] > 0
+    assert not any((tmp_path / "cache").glob(".bench-*"))  # the scratch cache is gone
+    assert report["bound"] in ("fetch", "decode")
+    predicted = report["predicted_images_per_second"]
+    best_fetch = max(lv["gets_per_second"] for lv in levels)
+    assert 0 < predicted <= min(best_fetch, report["decode_images_per_second"]) * 1.001
+    settings = report["settings"]
+    assert settings["max_inflight"] in [lv["inflight"] for lv in levels]
+    assert settings["decode_workers"] >= 1
+    assert settings["decode_backend"] in ("thread", "process")
+    with Image.open(png) as img:  # a real PNG of a readable size
+        assert img.format == "PNG" and img.width >= 800 and img.height >= 300
+
+
+def test_bench_names_a_store_held_to_few_requests_as_the_bound(
+    slow_server: S3TestServer, tmp_path: Path
+) -> None:
+    """Two requests in flight at 50 ms give at most 40 objects/s, far below what any CPU
+    decodes: the bound is the fetch, the settings say so, and the cache pays."""
+    out = _bench(slow_server, tmp_path, "--max-inflight", "2")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "bound: fetch" in text
+    assert "max_inflight=2" in text
+    assert "cache_dir=" in text and "decode_backend='process'" in text
+    assert "the cache pays" in text
+
+
+def test_bench_api_on_a_local_folder(jpeg_folder: Path) -> None:
+    report = al.bench(str(jpeg_folder), seconds=3, max_inflight=4, sample=32)
+    assert report.sample_objects == 32 and report.disk is None
+    assert report.summary().splitlines()[0].startswith(str(jpeg_folder))
+    assert set(report.to_dict()) >= {"predicted_images_per_second", "bound", "settings"}
+
+
+def test_bench_without_images_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("no images here")
+    with pytest.raises(al.StoreError, match="no images"):
+        al.bench(str(tmp_path), seconds=1)
