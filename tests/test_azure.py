@@ -8,7 +8,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from asyncloader._stores._azure_auth import (
     SharedKeySigner,
     parse_connection_string,
 )
-from asyncloader.testing import Azurite, FaultProxy, TokenServer, find_azurite
+from asyncloader.testing import Azurite, FaultProxy, TokenServer
 
 from .conftest import N_IMAGES
 
@@ -208,19 +207,6 @@ def test_warm_cli_by_url(az_data: Azurite, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert str(N_IMAGES) in out.stdout + out.stderr
     assert az_data.key not in out.stdout + out.stderr
-
-
-@pytest.fixture(scope="module")
-def azurite_oauth(jpeg_folder: Path) -> Iterator[Azurite]:
-    """Azurite in OAuth mode (HTTPS, bearer tokens checked), with the JPEG folder."""
-    if find_azurite() is None:
-        if os.environ.get("ASYNCLOADER_REQUIRE_AZURITE"):
-            pytest.fail("azurite-blob not found (bash .ci/run installs it under .ci/node/)")
-        pytest.skip("azurite-blob not installed")
-    with Azurite(oauth=True) as az:
-        az.create_bucket("priv")
-        az.upload_folder("priv", jpeg_folder, "train/")
-        yield az
 
 
 @pytest.mark.usefixtures("clean_azure_env")

@@ -23,6 +23,7 @@ from asyncloader.testing import (
     MotoServer,
     S3TestServer,
     StoreFixture,
+    TokenServer,
     check_object_store,
 )
 
@@ -91,6 +92,39 @@ def test_azure_on_azurite(azurite: Azurite) -> None:
             )
         )
     assert proxy.injected >= 6
+
+
+def test_azure_with_entra_id_on_azurite_oauth(
+    azurite_oauth: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same contract over HTTPS with Microsoft Entra ID bearer tokens (a managed
+    identity's, from azure-identity) that Azurite's OAuth mode checks.  No throttling
+    proxy: it would have to speak TLS."""
+    azurite_oauth.create_bucket("conform")
+    with TokenServer() as tokens:
+        for name, value in tokens.azure_managed_identity_env().items():
+            monkeypatch.setenv(name, value)
+
+        def store() -> AzureStore:
+            return AzureStore(
+                "conform",
+                "root/",
+                account=azurite_oauth.account,
+                endpoint_url=azurite_oauth.endpoint,
+                ca_bundle=azurite_oauth.ca_file,
+                credential="default",
+                page_size=500,
+            )
+
+        check_object_store(
+            StoreFixture(
+                "azure-entra",
+                _threaded(lambda k, v: azurite_oauth.put("conform", "root/" + k, v)),
+                store,
+                account="devstoreaccount1",
+            )
+        )
+        assert tokens.issued >= 1
 
 
 def test_gcs_on_fake_gcs_server(gcs_emulator: GCSEmulator) -> None:

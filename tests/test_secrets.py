@@ -1,5 +1,6 @@
-"""Secrets (AWS secret keys, Azure account keys, SAS signatures, HTTP tokens) never appear in
-logs, ``repr()``, ``stats()`` or exception texts, tracebacks and causes included."""
+"""Secrets (AWS secret keys, Azure account keys, SAS signatures, OAuth bearer tokens of GCS
+and Entra ID, HTTP tokens) never appear in logs, ``repr()``, ``stats()`` or exception texts,
+tracebacks and causes included."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ from pathlib import Path
 import pytest
 
 import asyncloader as al
-from asyncloader.testing import Azurite, MotoServer, S3TestServer
+from asyncloader.testing import (
+    TOKEN_MARK,
+    Azurite,
+    FaultProxy,
+    GCSEmulator,
+    MotoServer,
+    S3TestServer,
+    TokenServer,
+)
 
 from .conftest import jpeg_bytes
 
@@ -272,3 +281,94 @@ def test_debug_logging_of_every_logger_shows_no_credentials(
     everything = "\n".join(records)
     for secret in (AWS_SECRET, SESSION_TOKEN, "Signature=", "AWS4-HMAC-SHA256\n"):
         assert secret not in everything, f"a secret leaked: {secret[:12]}…"
+
+
+def _debug_everything(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    names = list(logging.root.manager.loggerDict)
+    names += ["google", "google.auth", "urllib3", "azure", "azure.identity", "azure.core"]
+    for lg in (logging.getLogger(name) for name in names):
+        monkeypatch.setattr(lg, "level", logging.DEBUG)
+        monkeypatch.setattr(lg, "disabled", False)
+
+
+def _no_token_in(texts: list[str], caplog: pytest.LogCaptureFixture, tokens: TokenServer) -> None:
+    records = [r.getMessage() + str(r.args) for r in caplog.records]
+    assert records, "DEBUG logging produced nothing: the check would see nothing"
+    assert tokens.handed_out, "no token was handed out: the check would see nothing"
+    everything = "\n".join(records + texts)
+    assert TOKEN_MARK not in everything, "an access token leaked"
+    for token in tokens.handed_out:
+        assert token not in everything and token[-40:] not in everything, "a token leaked"
+
+
+def test_gcs_bearer_tokens_never_shown(
+    gcs_emulator: GCSEmulator,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """google-auth's token exchange and our requests at DEBUG, a missing object and a
+    token the service refuses twice: no access token in any log record or error."""
+    gcs_emulator.create_bucket("sec")
+    gcs_emulator.put("sec", "x/a.jpg", jpeg_bytes())
+    _debug_everything(monkeypatch, caplog)
+    texts: list[str] = []
+    with TokenServer() as tokens, FaultProxy(gcs_emulator.endpoint) as proxy:
+        key_file = str(tokens.google_service_account(tmp_path / "sa.json"))
+        store = al.GCSStore("sec", endpoint_url=proxy.endpoint, credentials_file=key_file)
+
+        async def calls() -> None:
+            try:
+                info = await store.stat("x/a.jpg")
+                assert len(await store.get("x/a.jpg", etag=info.etag)) == info.size
+                with pytest.raises(al.ObjectNotFound) as missing:
+                    await store.get("x/nope.jpg")
+                texts.append(_all_text(missing.value))
+                for n in (1, 2):
+                    proxy.revoke(f"Bearer {tokens.google_token(n)}")
+                with pytest.raises(al.AccessDenied) as refused:
+                    await store.get("x/a.jpg")
+                texts.append(_all_text(refused.value))
+                texts.append(repr(store))
+            finally:
+                await store.close()
+
+        asyncio.run(calls())
+        assert tokens.issued == 2
+    _no_token_in(texts, caplog, tokens)
+
+
+def test_entra_id_tokens_never_shown(
+    azurite_oauth: Azurite, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """azure-identity's managed-identity request and our requests at DEBUG, and a missing
+    blob: no access token in any log record or error."""
+    _debug_everything(monkeypatch, caplog)
+    texts: list[str] = []
+    with TokenServer() as tokens:
+        for name, value in tokens.azure_managed_identity_env().items():
+            monkeypatch.setenv(name, value)
+        store = al.AzureStore(
+            "priv",
+            "train/",
+            account=azurite_oauth.account,
+            endpoint_url=azurite_oauth.endpoint,
+            ca_bundle=azurite_oauth.ca_file,
+            credential="default",
+        )
+
+        async def calls() -> None:
+            try:
+                objects = [o async for o in store.list()]
+                assert len(await store.get(objects[0].key)) == objects[0].size
+                with pytest.raises(al.ObjectNotFound) as missing:
+                    await store.stat("nope.jpg")
+                texts.append(_all_text(missing.value))
+                texts.append(repr(store) + repr(store.creds))
+            finally:
+                await store.close()
+
+        asyncio.run(calls())
+        assert tokens.issued == 1
+    _no_token_in(texts, caplog, tokens)

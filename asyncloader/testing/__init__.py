@@ -34,12 +34,14 @@ from ._servers import MotoServer as MotoServer
 from ._servers import S3TestServer as S3TestServer
 from ._servers import find_azurite as find_azurite
 from ._servers import free_port as free_port
+from ._tokens import TOKEN_MARK as TOKEN_MARK
 from ._tokens import TokenServer as TokenServer
 
 __all__ = [
     "FAULT_KINDS",
     "MEMORY_FAULTS",
     "TEST_ENV",
+    "TOKEN_MARK",
     "Azurite",
     "DemoBucket",
     "FaultProxy",

@@ -10,8 +10,9 @@ through the real credential libraries (test equipment).
   asks.  Its tokens are JWTs with the claims Azurite's OAuth mode checks (issuer,
   audience, lifetime; Azurite does not check signatures).
 
-Each token is new (``g-1``, ``g-2``, ...; JWTs numbered in their ``jti``) and lives
-``lifetime`` seconds, so tests see refreshes happen.
+Each token is new (Google's :meth:`TokenServer.google_token` ``(1)``, ``(2)``, ...; JWTs
+numbered in their ``jti``, all carrying :data:`TOKEN_MARK`, so a test can grep for any
+of them) and lives ``lifetime`` seconds, so tests see refreshes happen.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from typing import Any
 
 from ._equipment import Equipment
 
-__all__ = ["TokenServer"]
+__all__ = ["TOKEN_MARK", "TokenServer"]
 
+TOKEN_MARK = "asyncloaderTestAccessToken"
+"""In every token handed out (an access token is a secret: tests grep logs and errors)."""
 _TENANT = "72f988bf-0000-0000-0000-000000000000"
 
 
@@ -46,6 +49,7 @@ class TokenServer(Equipment):
     def __init__(self, lifetime: float = 3600.0) -> None:
         self.lifetime = lifetime
         self.issued = 0
+        self.handed_out: list[str] = []  # every token, for tests that grep for them
         self.identity_header = "test-identity-header"
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -74,10 +78,11 @@ class TokenServer(Equipment):
                     self._answer(400, {"error": "invalid_request"})
                     return
                 n = owner._next()
+                owner.handed_out.append(owner.google_token(n))
                 self._answer(
                     200,
                     {
-                        "access_token": f"g-{n}",
+                        "access_token": owner.google_token(n),
                         "expires_in": int(owner.lifetime),
                         "token_type": "Bearer",
                     },
@@ -102,7 +107,7 @@ class TokenServer(Equipment):
                     "iat": now - 5,
                     "nbf": now - 5,
                     "exp": expires,
-                    "jti": str(n),
+                    "jti": f"{TOKEN_MARK}-{n}",
                 }
                 token = ".".join(
                     (
@@ -111,6 +116,7 @@ class TokenServer(Equipment):
                         _b64(b"unsigned"),
                     )
                 )
+                owner.handed_out.append(token)
                 self._answer(
                     200,
                     {
@@ -137,6 +143,11 @@ class TokenServer(Equipment):
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
+
+    @staticmethod
+    def google_token(n: int) -> str:
+        """The ``n``-th Google access token this server hands out (from 1)."""
+        return f"ya29.{TOKEN_MARK}-{n}"
 
     def _next(self) -> int:
         with self._lock:
