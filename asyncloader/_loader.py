@@ -43,7 +43,7 @@ from ._labels import (
 from ._pipeline import BatchReady, EpochEnd, Failed, Notice, Pipeline
 from ._ring import BatchRing
 from ._runtime import Runtime
-from ._sampler import num_batches
+from ._sampler import consumed_prefix, covered, num_batches
 from ._stats import Counters, Stats
 from ._stores import open_store
 from ._stores import store_options as store_options_for
@@ -256,8 +256,12 @@ class ImageLoader:
         self._last_epoch = -1
         self._position: tuple[int, int] | None = None  # (epoch, batch) the queue holds next
         self._resume: tuple[int, int] | None = None  # from load_state_dict
+        # (epoch, start, end): that epoch deals only positions [start, end) of its order
+        # (the rest of an epoch resumed with another world size).
+        self._span: tuple[int, int, int] | None = None
         self.url = store.url if store is not None else url
-        self._produced: tuple[int, int] | None = None  # where the output queue stands
+        # Where the output queue stands: (epoch, next batch, span of that epoch).
+        self._produced: tuple[int, int, tuple[int, int] | None] | None = None
         self._uploader: Uploader | None = None
         if device is not None:
             from ._upload import DeviceSpec, Uploader
@@ -338,7 +342,8 @@ class ImageLoader:
             self._rt.pipeline.check_batches()
         # Start on epoch 0 right away: the first batches are ready when iteration begins.
         await self._rt.pipeline.start(0)
-        self._position = self._produced = (0, 0)
+        self._position = (0, 0)
+        self._produced = (0, 0, None)
 
     # --- public surface -----------------------------------------------------------------
 
@@ -408,7 +413,10 @@ class ImageLoader:
         if self._resume is not None and self._resume[0] == epoch:
             first = self._resume[1]
         self._resume = None
-        batches = self._iterate(epoch, first)
+        if self._span is not None and self._span[0] != epoch:
+            self._span = None
+        span = self._span[1:] if self._span is not None else None
+        batches = self._iterate(epoch, first, span)
         if self._uploader is not None:
             batches = self._uploader.run(batches)
         return self._deliver(epoch, batches)
@@ -416,7 +424,10 @@ class ImageLoader:
     def state_dict(self) -> dict[str, Any]:
         """Where the run stands: resuming from it continues with the next unseen batch.
 
-        Save it after a training step; the batch just yielded counts as consumed.
+        Save it after a training step; the batch just yielded counts as consumed.  Besides
+        the epoch and batch, it holds how much of the epoch's order all ranks together have
+        consumed (``consumed`` of ``end``; they move in step, so one rank's state tells),
+        which lets a run on another world size finish the epoch (version 2).
         """
         if self._resume is not None:
             epoch, next_batch = self._resume
@@ -425,11 +436,21 @@ class ImageLoader:
         else:
             epoch, next_batch = self._position or (self.epoch, 0)
         r = self._run_config
+        n = len(self.dataset.samples)
+        progress: dict[str, int | None] = {"start": None, "end": None, "consumed": None}
+        if r.shuffle != "node":
+            # Every rank takes the same number of batches, so together they consumed a
+            # prefix of the epoch's order: any rank's state says how long.
+            start, end = (self._span[1:]) if self._span and self._span[0] == epoch else (0, n)
+            end = start + covered(end - start, r.world_size, r.even)
+            consumed = consumed_prefix(next_batch, r.batch_size, r.world_size, start, end)
+            progress = {"start": start, "end": end, "consumed": consumed}
         return {
-            "version": 1,
+            "version": 2,
             "epoch": epoch,
             "next_batch": next_batch,
-            "num_objects": len(self.dataset.samples),
+            **progress,
+            "num_objects": n,
             "seed": r.seed,
             "shuffle": r.shuffle,
             "batch_size": r.batch_size,
@@ -445,31 +466,58 @@ class ImageLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iteration starts at its next batch.
 
+        Any rank's state serves every rank.  Saved with another world size or worker count
+        (by a loader that was a rank's only one), the rest of the epoch's order is dealt
+        among this layout's ranks and workers: every sample not yet seen once, equal batch
+        counts per rank, later epochs as in an uninterrupted run.
+
         Raises:
-            ValueError: the state belongs to a different setup (world size, workers, batch
-                size, seed, shuffle or dataset): resuming would repeat or skip samples.
+            ValueError: the state belongs to a different dataset, seed, order or batch size
+                (resuming would repeat or skip samples); or to another layout with a
+                node-local shuffle or several DataLoader workers.
         """
         mine = self.state_dict()
-        for name in (
-            "num_objects",
-            "seed",
-            "shuffle",
-            "batch_size",
-            "drop_last",
-            "world_size",
-            "local_world_size",
-            "even",
-            "num_workers",
-            "rank",
-            "worker",
-        ):
+        for name in ("num_objects", "seed", "shuffle", "batch_size", "drop_last", "even"):
             if state.get(name) != mine[name]:
                 raise ValueError(
                     f"cannot resume: the state was saved with {name}={state.get(name)!r}, "
-                    f"this loader has {name}={mine[name]!r} (resuming with a different "
-                    "world size, worker count, batch size, seed or dataset is not supported)"
+                    f"this loader has {name}={mine[name]!r} (a different dataset, seed, "
+                    "batch size or order would repeat or skip samples)"
                 )
-        self._resume = (int(state["epoch"]), int(state["next_batch"]))
+        epoch, next_batch = int(state["epoch"]), int(state["next_batch"])
+        layout = ("world_size", "local_world_size", "num_workers")
+        span: tuple[int, int, int] | None = None
+        if all(state.get(k) == mine[k] for k in layout) and (
+            mine["num_workers"] == 1 or state.get("worker") == mine["worker"]
+        ):
+            # The same layout (any rank's state serves every rank: they move in step).
+            if state.get("start"):
+                span = (epoch, int(state["start"]), int(state["end"]))
+        else:
+            what = ", ".join(f"{k}={state.get(k)!r} (now {mine[k]!r})" for k in layout)
+            if state.get("shuffle") == "node":
+                raise ValueError(
+                    f"cannot resume: saved with {what}; a node-local shuffle resumes on the "
+                    "same ranks and nodes only (each node's subset depends on them)"
+                )
+            if state.get("num_workers", 1) > 1:
+                raise ValueError(
+                    f"cannot resume: saved with {what}; the state of one of several "
+                    "DataLoader workers holds only that worker's position: resume it on the "
+                    "same worker count"
+                )
+            if state.get("consumed") is None:
+                raise ValueError(
+                    f"cannot resume: saved with {what} by a version without elastic resume"
+                )
+            # Elastic: the rest of the epoch's order is dealt among this layout's ranks.
+            consumed, end = int(state["consumed"]), int(state["end"])
+            if consumed < end:
+                span, next_batch = (epoch, consumed, end), 0
+            else:
+                epoch, next_batch = epoch + 1, 0
+        self._span = span
+        self._resume = (epoch, next_batch)
         self._epoch_requested = None
         self._last_epoch = self._resume[0] - 1
 
@@ -507,7 +555,7 @@ class ImageLoader:
         self._last_epoch = epoch
 
     def _iterate(
-        self, epoch: int, first: int
+        self, epoch: int, first: int, span: tuple[int, int] | None
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, tuple[int, int]]]:
         """The producer's side: batches of the ring as tensor views, each holding its slot
         until the last reference to it is gone (see :meth:`BatchRing.lease`)."""
@@ -516,16 +564,16 @@ class ImageLoader:
         rt = self._rt
         assert rt.pipeline is not None
         assert rt.ring is not None
-        if self._produced != (epoch, first):
+        if self._produced != (epoch, first, span):
             pipeline = rt.pipeline
-            rt.call(pipeline.start(epoch, first))
-            self._produced = (epoch, first)
+            rt.call(pipeline.start(epoch, first, span))
+            self._produced = (epoch, first, span)
         ring = rt.ring
         c = self._counters
         while True:
             notice = self._next_notice()
             if isinstance(notice, EpochEnd):
-                self._produced = (epoch + 1, 0)
+                self._produced = (epoch + 1, 0, None)
                 return
             if isinstance(notice, Failed):
                 self._produced = None
@@ -537,7 +585,7 @@ class ImageLoader:
             del notice
             if ready.skipped:
                 c.skipped.update(ready.skipped)
-            self._produced = (epoch, ready.index + 1)
+            self._produced = (epoch, ready.index + 1, span)
             # Yielded straight from the call: no local of this frame keeps the batch.
             yield _as_tensors(
                 *ring.lease(ready.slot, ready.n), (ready.index, ready.n), torch.from_numpy

@@ -214,8 +214,12 @@ class Pipeline:
 
     # --- control (called on the loop) ---------------------------------------------------
 
-    async def start(self, epoch: int, first_batch: int = 0) -> None:
+    async def start(
+        self, epoch: int, first_batch: int = 0, span: tuple[int, int] | None = None
+    ) -> None:
         """(Re)start producing at batch ``first_batch`` of ``epoch``, dropping anything made.
+        ``span``: deal only positions ``[start, end)`` of that epoch's order among the
+        ranks (the rest of an epoch resumed with another world size).
 
         Objects fetched before are in the cache by then (or failed to be): a restarted
         epoch reads them from disk.
@@ -241,7 +245,7 @@ class Pipeline:
         self.counters.ring_out = len(self._out)
         self._window = asyncio.Semaphore(self._decode_window)
         self._task = asyncio.create_task(
-            self._run(epoch, first_batch), name=f"asyncloader-epoch-{epoch}"
+            self._run(epoch, first_batch, span), name=f"asyncloader-epoch-{epoch}"
         )
 
     async def stop(self) -> None:
@@ -276,17 +280,20 @@ class Pipeline:
     # --- production ---------------------------------------------------------------------
 
     async def _batches(
-        self, epoch: int, first_batch: int
+        self, epoch: int, first_batch: int, span: tuple[int, int] | None = None
     ) -> AsyncGenerator[tuple[int, int, npt.NDArray[np.int64], bool], None]:
         """(epoch, index, sample indices, last of its epoch) from ``epoch`` on, endlessly.
 
         Only this worker's batches (``index % num_workers == worker``); in the first epoch
         only from ``first_batch`` on (a resume).  Every epoch ends with an END marker, so
         the "last" flag goes with this worker's last batch.  While the listing still grows
-        (an unshuffled run), each batch starts as soon as its samples are listed.
+        (an unshuffled run), each batch starts as soon as its samples are listed.  ``span``
+        (the first epoch only): the positions of its order left to deal.
         """
         r = self.run
         listing = self.listing
+        if span is not None:  # the rest of a resumed epoch: dealt from the whole list
+            await listing.complete()
         while True:
             if not listing.done:
                 b = first_batch
@@ -311,7 +318,9 @@ class Pipeline:
                 world_size=r.world_size,
                 even=r.even,
                 local_world_size=r.local_world_size,
+                **({"start": span[0], "end": span[1]} if span else {}),
             )
+            span = None
             nb = num_batches(len(indices), r.batch_size, r.drop_last)
             mine = [b for b in range(first_batch, nb) if b % r.num_workers == r.worker]
             for b in mine:
@@ -322,14 +331,14 @@ class Pipeline:
             first_batch = 0
             epoch += 1
 
-    async def _run(self, epoch: int, first_batch: int) -> None:
+    async def _run(self, epoch: int, first_batch: int, span: tuple[int, int] | None) -> None:
         # One stream of batches across epochs: the next epoch's first batches start while
         # the current epoch's last ones are still in flight (no bubble at the boundary).
         inflight: deque[tuple[int, int, bool, int, asyncio.Task[tuple[int, Counter[str]]]]] = (
             deque()
         )
         self._failures = {}
-        batches = self._batches(epoch, first_batch)
+        batches = self._batches(epoch, first_batch, span)
         nxt: asyncio.Task[tuple[int, int, npt.NDArray[np.int64], bool]] | None = None
         try:
             while True:

@@ -11,7 +11,15 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["epoch_indices", "mix_seed", "node_subset", "num_batches", "unshuffled_batch"]
+__all__ = [
+    "consumed_prefix",
+    "covered",
+    "epoch_indices",
+    "mix_seed",
+    "node_subset",
+    "num_batches",
+    "unshuffled_batch",
+]
 
 _MASK = (1 << 64) - 1
 _NODE_SALT = 0x6E6F6465  # separates the node partition's seed from the epochs' seeds
@@ -67,6 +75,8 @@ def epoch_indices(
     world_size: int = 1,
     even: EvenPolicy = "pad",
     local_world_size: int | None = None,
+    start: int = 0,
+    end: int | None = None,
 ) -> npt.NDArray[np.int64]:
     """Indices into the object list that ``rank`` visits in ``epoch``, in order.
 
@@ -85,11 +95,17 @@ def epoch_indices(
     repeats samples from the start of the order to fill the last round, ``even="drop"``
     leaves out the incomplete last round (for node-local: per node first, then per rank).
 
+    ``start``, ``end`` (global shuffle or none): deal only positions ``[start, end)`` of the
+    epoch's order — the rest of an epoch resumed with another world size (see
+    :func:`consumed_prefix`).
+
     Raises:
         ValueError: on an impossible rank, world size or node layout.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+    if shuffle == "node" and (start or end is not None):
+        raise ValueError("node-local shuffle deals whole epochs only")
     if shuffle == "node":
         local = local_world_size or world_size
         if local < 1 or world_size % local:
@@ -110,9 +126,26 @@ def epoch_indices(
     if shuffle not in (True, False, "global"):
         raise ValueError(f"shuffle must be True, False, 'global' or 'node', not {shuffle!r}")
     order = _permutation(n, mix_seed(seed, epoch)) if shuffle else np.arange(n, dtype=np.int64)
+    if start or end is not None:
+        order = order[start:end]
     if world_size > 1:
         order = _even(order, world_size, even)[rank::world_size]
     return order
+
+
+def covered(n: int, world_size: int, even: EvenPolicy) -> int:
+    """How many positions of an epoch's order (global shuffle or none) the ranks visit:
+    all of them with ``even="pad"`` (the repeats come after), the full rounds with
+    ``"drop"``."""
+    return n if even == "pad" or world_size <= 1 else n - n % world_size
+
+
+def consumed_prefix(next_batch: int, batch_size: int, world_size: int, start: int, end: int) -> int:
+    """The positions of the epoch's order consumed once every rank of ``world_size`` took
+    ``next_batch`` batches of the positions ``[start, end)`` dealt among them: rank ``r``'s
+    share is positions ``r, r + world_size, ...``, so together they took a prefix — any one
+    rank's count tells it.  Returns the end of that prefix (at most ``end``)."""
+    return start + min(next_batch * batch_size * world_size, end - start)
 
 
 def num_batches(n_samples: int, batch_size: int, drop_last: bool) -> int:

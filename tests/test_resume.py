@@ -1,4 +1,5 @@
-"""Worker splitting and exact mid-epoch resume of the plain loader."""
+"""Worker splitting, exact mid-epoch resume of the plain loader, and elastic resume on
+another world size."""
 
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
     index = _index(server)
     kw.setdefault("batch_size", 8)
     kw.setdefault("decode_workers", 1)
+    kw.setdefault("seed", 11)
     return al.ImageLoader(
         "s3://b/train/",
         labels=index.__getitem__,
-        seed=11,
         store_options={"endpoint_url": server.endpoint},
         **kw,  # type: ignore[arg-type]
     )
@@ -107,10 +108,110 @@ def test_resume_mid_epoch_in_a_new_process(light_server: S3TestServer, tmp_path:
     assert sorted(flat) == list(range(N_IMAGES))
 
 
-def test_resume_refuses_another_world_size(light_server: S3TestServer) -> None:
+def _interrupted(
+    server: S3TestServer, world: int, k: int, **kw: object
+) -> tuple[list[int], dict[str, object]]:
+    """Every rank of a ``world``-rank run takes ``k`` batches of epoch 0: the samples they
+    consumed together, and rank 0's state (what a checkpoint holds)."""
+    consumed: list[int] = []
+    saved: dict[str, object] = {}
+    for rank in range(world):
+        with _loader(server, rank=rank, world_size=world, **kw) as loader:
+            seen, state = _first_batches(loader, k)
+        consumed += seen
+        if rank == 0:
+            saved = json.loads(json.dumps(state))
+    return consumed, saved
+
+
+def _first_batches(loader: al.ImageLoader, k: int) -> tuple[list[int], dict[str, object]]:
+    """The samples of a rank's first ``k`` batches of epoch 0, and its state then."""
+    loader.set_epoch(0)
+    it = iter(loader)
+    seen = [x for _ in range(k) for x in next(it)[1].tolist()]
+    return seen, loader.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "k", "shuffle", "even"),
+    [
+        (2, 3, 3, True, "pad"),  # 48 consumed, 48 left: 16 per new rank
+        (3, 2, 2, True, "pad"),
+        (2, 3, 2, True, "pad"),  # 64 left for 3 ranks: two repeats make them even
+        (4, 1, 1, False, "pad"),
+        (2, 3, 2, True, "drop"),  # 64 left: 63 dealt, one left out, as an even world does
+    ],
+)
+def test_elastic_resume_on_another_world_size(
+    light_server: S3TestServer, old: int, new: int, k: int, shuffle: bool, even: str
+) -> None:
+    """Rank 0's state after ``k`` batches of an ``old``-rank run, loaded by every rank of
+    a ``new``-rank run: together they finish the epoch with every sample not yet seen,
+    equal batch counts per rank, and the next epoch is that of an uninterrupted run."""
+    kw: dict[str, object] = {"shuffle": shuffle, "even": even}
+    consumed, saved = _interrupted(light_server, old, k, **kw)
+    assert saved["consumed"] == len(consumed) == k * 8 * old
+    assert len(set(consumed)) == len(consumed)
+    rest: list[list[int]] = []
+    for rank in range(new):
+        with _loader(light_server, rank=rank, world_size=new, **kw) as loader:
+            loader.load_state_dict(saved)
+            rest.append([x for _, lab in loader for x in lab.tolist()])
+            after = loader.state_dict()
+            with _loader(light_server, rank=rank, world_size=new, **kw) as fresh:
+                assert _batches(loader, 1) == _batches(fresh, 1)
+        assert after["epoch"] == 1 and after["next_batch"] == 0
+    assert len({len(r) for r in rest}) == 1  # the same count on every rank
+    delivered = [x for r in rest for x in r]
+    left = set(range(N_IMAGES)) - set(consumed)
+    if even == "pad":
+        assert set(delivered) == left  # every sample not yet seen, and nothing seen again
+        assert len(delivered) - len(left) < new  # repeats only to even out the last round
+    else:
+        assert len(delivered) == len(set(delivered)) == len(left) - len(left) % new
+        assert set(delivered) <= left
+
+
+def test_elastic_resume_twice(light_server: S3TestServer) -> None:
+    """2 ranks → 3 ranks → 1 rank within one epoch: still every sample once."""
+    consumed, saved = _interrupted(light_server, 2, 1)
+    again: dict[str, object] = {}
+    for rank in range(3):
+        with _loader(light_server, rank=rank, world_size=3) as loader:
+            loader.load_state_dict(saved)
+            it = iter(loader)
+            consumed += next(it)[1].tolist()
+            if rank == 0:
+                again = loader.state_dict()
+    assert again["start"] == 16 and again["consumed"] == 16 + 3 * 8
+    with _loader(light_server) as loader:
+        loader.load_state_dict(again)
+        consumed += [x for _, lab in loader for x in lab.tolist()]
+    assert sorted(consumed) == list(range(N_IMAGES))
+
+
+def test_elastic_resume_onto_dataloader_workers(light_server: S3TestServer) -> None:
+    """A 2-rank state resumed by one rank split among 2 DataLoader workers' loaders."""
+    consumed, saved = _interrupted(light_server, 2, 2)
+    for worker in range(2):
+        with _loader(light_server, worker=worker, num_workers=2) as loader:
+            loader.load_state_dict(saved)
+            consumed += [x for _, lab in loader for x in lab.tolist()]
+    assert sorted(consumed) == list(range(N_IMAGES))
+
+
+def test_elastic_resume_refusals(light_server: S3TestServer) -> None:
+    with _loader(light_server, world_size=2, shuffle="node", local_world_size=1) as loader:
+        state = loader.state_dict()
+    with _loader(light_server, shuffle="node") as loader, pytest.raises(ValueError, match="node"):
+        loader.load_state_dict(state)
+    with _loader(light_server, worker=0, num_workers=2) as loader:
+        state = loader.state_dict()
+    with _loader(light_server, world_size=2) as loader, pytest.raises(ValueError, match="worker"):
+        loader.load_state_dict(state)
     with _loader(light_server, world_size=2) as loader:
         state = loader.state_dict()
-    with _loader(light_server) as loader, pytest.raises(ValueError, match="world_size=2"):
+    with _loader(light_server, seed=12) as loader, pytest.raises(ValueError, match="seed"):
         loader.load_state_dict(state)
 
 

@@ -7,6 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncloader._sampler import (
+    consumed_prefix,
+    covered,
     epoch_indices,
     mix_seed,
     node_subset,
@@ -160,3 +162,39 @@ def test_an_unshuffled_batch_is_known_before_the_dataset_size(
     )
     early = unshuffled_batch(batch, batch_size, rank=rank, world_size=world)
     assert np.array_equal(early, whole[batch * batch_size : (batch + 1) * batch_size])
+
+
+@given(
+    n=st.integers(min_value=1, max_value=400),
+    seed=seeds,
+    old=st.integers(min_value=1, max_value=8),
+    new=st.integers(min_value=1, max_value=8),
+    batch=st.integers(min_value=1, max_value=32),
+    k=st.integers(min_value=0, max_value=60),
+    even=st.sampled_from(["pad", "drop"]),
+)
+def test_elastic_resume_deals_exactly_the_rest(
+    n: int, seed: int, old: int, new: int, batch: int, k: int, even: str
+) -> None:
+    """After every one of ``old`` ranks took ``k`` batches, the positions they consumed
+    are a prefix of the epoch's order, and dealing the rest to ``new`` ranks gives each
+    sample not yet seen once (plus repeats that even out the last round, with "pad"), and
+    every new rank the same count."""
+    kw = {"seed": seed, "epoch": 3, "shuffle": True, "even": even}
+    per_rank = [epoch_indices(n, rank=r, world_size=old, **kw) for r in range(old)]  # type: ignore[arg-type]
+    seen = [x for r in per_rank for x in r[: k * batch].tolist()]
+    end = covered(n, old, even)  # type: ignore[arg-type]
+    consumed = consumed_prefix(k, batch, old, 0, end)
+    order = epoch_indices(n, **kw)  # type: ignore[arg-type]
+    assert set(seen) == set(order[:consumed].tolist())  # (seen may hold "pad" repeats)
+    rest = [
+        epoch_indices(n, rank=r, world_size=new, start=consumed, end=end, **kw)  # type: ignore[arg-type]
+        for r in range(new)
+    ]
+    assert len({len(r) for r in rest}) == 1
+    dealt = [x for r in rest for x in r.tolist()]
+    left = order[consumed:end].tolist()
+    if even == "pad":
+        assert set(dealt) == set(left) and len(dealt) - len(left) < new
+    else:
+        assert len(dealt) == len(set(dealt)) == len(left) - len(left) % new
