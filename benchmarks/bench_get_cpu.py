@@ -10,6 +10,9 @@ S3, against our light S3 server (a subprocess):
 * ``... (HTTPS)`` — the plain aiohttp GET and our store against the same server in its TLS
   mode (a certificate from a CA made for the run, trusted through ``ca_bundle``).
 * ``... (uvloop)`` — our store on uvloop's event loop instead of asyncio's, if installed.
+* ``GCSStore (lean[, bearer]) on this server`` — our GCS store's downloads of the same
+  objects from the same server (it answers GCS media downloads too): the two stores' client
+  CPU side by side, the server's behaviour equal.
 * ``TLS floor: decrypt only`` — what no HTTPS client can avoid: the records of a ~110 KB
   answer handed to OpenSSL and decrypted into a buffer, in-process over memory BIOs (the
   same TLS version and cipher the server negotiates), no socket and no HTTP.
@@ -40,6 +43,7 @@ import asyncio
 import contextlib
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
@@ -65,7 +69,9 @@ async def _measure(n: int, inflight: int, fn: Callable[[int], Awaitable[object]]
     return (time.process_time() - c0) / n
 
 
-async def run(endpoint: str, keys: list[str], n: int, inflight: int) -> dict[str, float]:
+async def run(
+    endpoint: str, keys: list[str], n: int, inflight: int, key_file: str = ""
+) -> dict[str, float]:
     import aiohttp
     from aiobotocore.session import get_session
 
@@ -101,6 +107,19 @@ async def run(endpoint: str, keys: list[str], n: int, inflight: int) -> dict[str
     for name, http_client in (("S3Store (aiohttp)", "aiohttp"), ("S3Store (lean)", "lean")):
         store = S3Store("b", endpoint_url=endpoint, http_client=http_client)
         out[name] = await _measure_store(store, n, inflight)
+    # The GCS store's downloads of the same objects from the same server.
+    gcs_stores = {
+        "GCSStore (lean) on this server": GCSStore("b", endpoint_url=endpoint, anonymous=True)
+    }
+    if key_file:
+        gcs_stores["GCSStore (lean, bearer) on this server"] = GCSStore(
+            "b", endpoint_url=endpoint, credentials_file=key_file
+        )
+    for name, gcs in gcs_stores.items():
+        try:
+            out[name] = await _measure(n, inflight, lambda i, g=gcs: g.get(keys[i % k]))
+        finally:
+            await gcs.close()
     return out
 
 
@@ -268,12 +287,17 @@ def main() -> None:
         with (
             S3TestServer(load=folder, bucket="b") as srv,
             S3TestServer(load=folder, bucket="b", tls=True) as tls,
+            TokenServer() as tokens,
+            tempfile.TemporaryDirectory() as tmp,
         ):
+            key_file = str(tokens.google_service_account(os.path.join(tmp, "sa.json")))
             keys = [k for k in srv.stats()["keys"] if k.endswith(".jpg")]
             size = int(statistics.median(p.stat().st_size for p in folder.rglob("*.jpg")))
             pair = (srv.endpoint, tls.endpoint, tls.ca_file, keys, args.requests, args.inflight)
             for _ in range(args.repeat):
-                runs.append(asyncio.run(run(srv.endpoint, keys, args.requests, args.inflight)))
+                runs.append(
+                    asyncio.run(run(srv.endpoint, keys, args.requests, args.inflight, key_file))
+                )
                 row = asyncio.run(run_tls(*pair))
                 try:
                     import uvloop
@@ -303,7 +327,6 @@ def main() -> None:
                 runs.append(asyncio.run(run_azure(az, keys, args.requests, args.inflight)))
         _report(f"Azure: {what}", runs, "aiohttp plain GET (anonymous)")
     if args.store in ("gcs", "all"):
-        import tempfile
         from urllib.parse import quote
 
         runs = []

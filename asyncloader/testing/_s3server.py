@@ -3,7 +3,9 @@
 moto costs ~2.5 ms of CPU per GET, too much to measure a loader with.  This server speaks the
 small part of the S3 REST API a loader needs (path-style ListObjectsV2 with pagination and
 delimiter, HEAD/GET with ``Range`` and ``If-Match``, PUT, bucket create) over a raw asyncio
-protocol, at a few tens of microseconds of CPU per GET.  It does not check signatures.
+protocol, at a few tens of microseconds of CPU per GET.  It does not check signatures.  It
+also answers GCS media downloads (``/download/storage/v1/b/BUCKET/o/NAME``) of the same
+objects, so that the S3 and GCS clients can be compared on one server.
 
 It injects, per request to an object:
 
@@ -139,6 +141,9 @@ _REASONS = {
 }
 
 
+_GCS_MEDIA = "/download/storage/v1/b/"
+
+
 def _error_xml(code: str, message: str) -> bytes:
     return (
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
@@ -245,7 +250,14 @@ class _Protocol(asyncio.Protocol):
         if path.startswith("/_control/"):
             self._control(method, path, body)
             return
-        bucket, _, key = path.lstrip("/").partition("/")
+        if path.startswith(_GCS_MEDIA) and method == "GET":
+            # A GCS media download of the same object (to compare clients on one server).
+            bucket, _, key = path[len(_GCS_MEDIA) :].partition("/o/")
+            if not key:
+                self._respond(404, _error_xml("NoSuchKey", path))
+                return
+        else:
+            bucket, _, key = path.lstrip("/").partition("/")
         objects = st.buckets.get(bucket)
         if not key:
             if method == "PUT":
