@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from ._bench import BenchReport as BenchReport
     from ._bench import bench as bench
+    from ._bench_report import BenchReport as BenchReport
     from ._cache import CacheStats as CacheStats
     from ._cache import ObjectCache as ObjectCache
     from ._config import IMAGENET_MEAN as IMAGENET_MEAN
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 # name -> the module that defines it
 _WHERE = {
-    "BenchReport": "._bench",
+    "BenchReport": "._bench_report",
     "bench": "._bench",
     "CacheStats": "._cache",
     "ObjectCache": "._cache",

@@ -23,6 +23,7 @@ LEAVES = {
     "_budget",
     "_lazy",
     "_admission",
+    "_bench_report",
 }
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
 ALLOWED = {
@@ -37,7 +38,7 @@ ALLOWED = {
     "_runtime": LEAVES | RESOURCES | {"_pipeline"},
     "_warm": LEAVES | RESOURCES | {"_fetch", "_cache_writer"},
     "_describe": LEAVES | RESOURCES | {"_fetch"},
-    "_bench": LEAVES | RESOURCES | {"_fetch"},
+    "_bench": LEAVES | RESOURCES,
     "_loader": LEAVES | RESOURCES | {"_fetch", "_dataset", "_pipeline", "_runtime"},
     # Test equipment: stores, the fetcher (the conformance suite retries through it), the
     # demo data; never the loader's machinery.
