@@ -40,6 +40,7 @@ from ._cache import ObjectCache
 from ._decode import DecodeSpec, decode_into
 from ._env import usable_cpus
 from ._errors import StoreError, Throttled
+from ._fetch import saved_listing
 from ._labels import IMAGE_EXTENSIONS
 from ._retry import retrying
 from ._stores import open_store
@@ -85,10 +86,9 @@ async def _listed(
 ) -> tuple[list[ObjectInfo], bool]:
     """The saved listing when there is one; else as much of the listing as ``seconds``
     allow (sorted key order), and whether it is complete."""
-    if cache is not None:
-        saved = cache.load_listing(store.url, 3600.0)
-        if saved is not None:
-            return saved, True
+    saved = await saved_listing(store, cache, 3600.0)
+    if saved is not None:
+        return saved, True
     out: list[ObjectInfo] = []
     deadline = time.perf_counter() + seconds
     listing = store.list()
@@ -100,7 +100,7 @@ async def _listed(
     finally:
         await listing.aclose()  # type: ignore[attr-defined]
     if cache is not None:
-        cache.save_listing(store.url, out)
+        await asyncio.to_thread(cache.save_listing, store.url, out)
     return out, True
 
 

@@ -139,13 +139,18 @@ def jpeg_bytes(
     return buf.getvalue()
 
 
-@pytest.fixture(scope="session")
-def azurite() -> Iterator[Azurite]:
-    """Microsoft's Azurite Blob emulator (npm), installed by .ci/run under .ci/node/."""
+def _need_azurite() -> None:
+    """Skip without Azurite installed; fail instead where CI asks for it."""
     if find_azurite() is None:
         if os.environ.get("ASYNCLOADER_REQUIRE_AZURITE"):
             pytest.fail("azurite-blob not found (bash .ci/run installs it under .ci/node/)")
         pytest.skip("azurite-blob not installed (npm install --prefix .ci/node azurite)")
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """Microsoft's Azurite Blob emulator (npm), installed by .ci/run under .ci/node/."""
+    _need_azurite()
     with Azurite() as server:
         yield server
 
@@ -154,10 +159,7 @@ def azurite() -> Iterator[Azurite]:
 def azurite_oauth(jpeg_folder: Path) -> Iterator[Azurite]:
     """Azurite in OAuth mode (HTTPS, bearer tokens checked), with the JPEG folder in
     container 'priv' under 'train/'."""
-    if find_azurite() is None:
-        if os.environ.get("ASYNCLOADER_REQUIRE_AZURITE"):
-            pytest.fail("azurite-blob not found (bash .ci/run installs it under .ci/node/)")
-        pytest.skip("azurite-blob not installed (npm install --prefix .ci/node azurite)")
+    _need_azurite()
     with Azurite(oauth=True) as az:
         az.create_bucket("priv")
         az.upload_folder("priv", jpeg_folder, "train/")

@@ -38,7 +38,7 @@ ALLOWED = {
     "_runtime": LEAVES | RESOURCES | {"_pipeline"},
     "_warm": LEAVES | RESOURCES | {"_fetch", "_cache_writer"},
     "_describe": LEAVES | RESOURCES | {"_fetch"},
-    "_bench": LEAVES | RESOURCES,
+    "_bench": LEAVES | RESOURCES | {"_fetch"},
     "_loader": LEAVES | RESOURCES | {"_fetch", "_dataset", "_pipeline", "_runtime"},
     # Test equipment: stores, the fetcher (the conformance suite retries through it), the
     # demo data; never the loader's machinery.

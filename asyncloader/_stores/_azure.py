@@ -41,15 +41,15 @@ from ._bearer import BearerToken, with_token
 from ._http import (
     gc_paused,
     get_object,
-    make_session,
     normalize_etag,
     object_headers,
     object_info,
+    open_clients,
     parse_xml,
     proxy_configured,
     request,
 )
-from ._lean_http import LeanHTTPClient, tls_context
+from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
 
 __all__ = ["API_VERSION", "AzureStore", "azure_store_from_url", "parse_azure_url"]
@@ -165,9 +165,6 @@ class AzureStore(FolderListing):
         self._sas = bool(self.creds.sas)
         self._sas_suffix = "?" + self.creds.sas if self.creds.sas else ""
         endpoint = URL(self.creds.endpoint)
-        self._scheme = endpoint.scheme
-        self._host = endpoint.host or ""
-        self._port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
         self._origin = f"{endpoint.scheme}://{endpoint.raw_authority}"
         self._container_path = endpoint.raw_path.rstrip("/") + "/" + quote(container, safe="")
         self._max_connections = max_connections
@@ -198,18 +195,15 @@ class AzureStore(FolderListing):
         if self.creds.credential is not None and self._token is None:
             source, what = entra_token_source(self.creds.credential)
             self._token = BearerToken(source, what=what)
-        tls = tls_context(self._ca_bundle) if self._scheme == "https" else None
-        self._session = make_session(
-            self._max_connections, read_timeout=self._read_timeout, ssl_context=tls
+        # Listing and HEADs on aiohttp; GETs on the lean client.
+        self._lean, self._session = open_clients(
+            self._origin,
+            lean=self._use_lean,
+            aiohttp_too=True,
+            max_connections=self._max_connections,
+            read_timeout=self._read_timeout,
+            ca_bundle=self._ca_bundle,
         )
-        if self._use_lean:
-            self._lean = LeanHTTPClient(
-                self._scheme,
-                self._host,
-                self._port,
-                read_timeout=self._read_timeout,
-                ssl_context=tls,
-            )
 
     def _headers(
         self,

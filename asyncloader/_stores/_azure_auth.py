@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import AccessDenied
-from ._bearer import TokenSource
+from ._bearer import TokenSource, first_line
 
 __all__ = [
     "AZURITE_ACCOUNT",
@@ -219,9 +219,7 @@ def entra_token_source(credential: Any) -> tuple[TokenSource, str]:
         try:
             token = credential.get_token(STORAGE_SCOPE)
         except Exception as exc:  # azure-identity's ClientAuthenticationError and kin
-            lines = str(exc).strip().splitlines()
-            why = lines[0][:300] if lines else type(exc).__name__
-            raise AccessDenied(f"could not get a token from {what}: {why}") from None
+            raise AccessDenied(f"could not get a token from {what}: {first_line(exc)}") from None
         return str(token.token), float(token.expires_on)
 
     return fetch, what

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from .._errors import AccessDenied
 
-__all__ = ["REFRESH_MARGIN", "BearerToken", "TokenSource", "with_token"]
+__all__ = ["REFRESH_MARGIN", "BearerToken", "TokenSource", "first_line", "with_token"]
 
 T = TypeVar("T")
 
@@ -34,6 +34,14 @@ REFRESH_MARGIN = 300.0
 """Refresh this long before expiry (or at half the lifetime of a shorter-lived token)."""
 _MUST_WAIT = 10.0  # closer to expiry than this, a request waits for the new token
 _RETRY_AFTER = 15.0  # after a failed background refresh
+
+
+def first_line(exc: BaseException) -> str:
+    """A credential library's error, first line only and short, for a message: google-auth's
+    and azure-identity's name files, endpoints and what they tried, not secrets, but
+    azure-identity's run to many lines."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
 
 
 def _retrieved(task: asyncio.Task[None]) -> None:

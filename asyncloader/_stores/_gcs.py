@@ -32,8 +32,8 @@ from .._retry import retrying
 from .._types import Blob, ObjectInfo
 from ._bearer import BearerToken, with_token
 from ._gcs_auth import emulator_host, google_token_source
-from ._http import gc_paused, get_object, make_session, proxy_configured, send
-from ._lean_http import LeanHTTPClient, tls_context
+from ._http import gc_paused, get_object, object_headers, open_clients, proxy_configured, send
+from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
 
 __all__ = ["GCS_ENDPOINT", "GCSStore", "gcs_store_from_url", "parse_gcs_url"]
@@ -114,9 +114,6 @@ class GCSStore(FolderListing):
         base = URL(endpoint)
         if base.scheme not in ("http", "https") or not base.host:
             raise ValueError(f"endpoint_url must be an http(s) URL, not {endpoint!r}")
-        self._scheme = base.scheme
-        self._host = base.host
-        self._port = base.port or (443 if base.scheme == "https" else 80)
         self._origin = f"{base.scheme}://{base.raw_authority}"
         root = base.raw_path.rstrip("/")
         quoted = quote(bucket, safe="")
@@ -151,19 +148,13 @@ class GCSStore(FolderListing):
         if not self.anonymous and self._token is None:
             source, what = google_token_source(self._credentials, self._credentials_file)
             self._token = BearerToken(source, what=what)
-        tls = tls_context(self._ca_bundle) if self._scheme == "https" else None
-        if self._use_lean:
-            self._lean = LeanHTTPClient(
-                self._scheme,
-                self._host,
-                self._port,
-                read_timeout=self._read_timeout,
-                ssl_context=tls,
-            )
-        else:
-            self._session = make_session(
-                self._max_connections, read_timeout=self._read_timeout, ssl_context=tls
-            )
+        self._lean, self._session = open_clients(
+            self._origin,
+            lean=self._use_lean,
+            max_connections=self._max_connections,
+            read_timeout=self._read_timeout,
+            ca_bundle=self._ca_bundle,
+        )
 
     def _query(self, params: dict[str, str]) -> str:
         if self._user_project:
@@ -246,9 +237,7 @@ class GCSStore(FolderListing):
         target = f"{self._media_path}/{quote(full, safe='')}?alt=media{self._billing}"
         if etag:
             target += f"&ifGenerationMatch={etag}"
-        rng = {}
-        if start or end is not None:
-            rng["range"] = f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
+        rng = object_headers(start, end, "")  # the range; the version goes in the query
 
         async def once(authorization: str) -> Blob:
             headers = {**rng, "authorization": authorization} if authorization else rng

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from .._errors import AccessDenied
-from ._bearer import TokenSource
+from ._bearer import TokenSource, first_line
 
 __all__ = ["READ_ONLY_SCOPE", "emulator_host", "google_token_source"]
 
@@ -64,7 +64,7 @@ def google_token_source(
         raise AccessDenied(
             "no Google Cloud credentials: set GOOGLE_APPLICATION_CREDENTIALS to a key file, "
             "run `gcloud auth application-default login`, run on a Google VM, or pass "
-            f"anonymous=True for a public bucket ({_first_line(exc)})"
+            f"anonymous=True for a public bucket ({first_line(exc)})"
         ) from None
     if getattr(creds, "requires_scopes", False):
         creds = creds.with_scopes(scopes)
@@ -75,7 +75,7 @@ def google_token_source(
             creds.refresh(request)
         except google.auth.exceptions.GoogleAuthError as exc:
             raise AccessDenied(
-                f"could not get an access token from {what}: {_first_line(exc)}"
+                f"could not get an access token from {what}: {first_line(exc)}"
             ) from None
         expiry = getattr(creds, "expiry", None)  # naive UTC, or None: no stated expiry
         expires = calendar.timegm(expiry.utctimetuple()) if expiry else time.time() + 3600
@@ -105,10 +105,3 @@ def _from_file(path: str, scopes: list[str]) -> Any:
         f"the credentials file {path} is of type {kind!r}: pass service-account or "
         "authorized-user files here, or name other kinds in GOOGLE_APPLICATION_CREDENTIALS"
     )
-
-
-def _first_line(exc: BaseException) -> str:
-    """An exception's message, first line only and short (no token or key material:
-    google-auth's messages name files and endpoints, not secrets)."""
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__

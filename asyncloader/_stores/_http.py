@@ -30,10 +30,11 @@ from .._errors import (
     TransientStoreError,
 )
 from .._types import Blob, ObjectInfo
-from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError
+from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError, tls_context
 
 __all__ = [
     "check_body",
+    "open_clients",
     "error_for_status",
     "get_object",
     "send",
@@ -66,6 +67,38 @@ def make_session(
     return aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False, raise_for_status=False
     )
+
+
+def open_clients(
+    endpoint: str,
+    *,
+    lean: bool,
+    aiohttp_too: bool = False,
+    max_connections: int,
+    read_timeout: float,
+    ca_bundle: str | None,
+) -> tuple[LeanHTTPClient | None, aiohttp.ClientSession | None]:
+    """A store's HTTP clients for ``endpoint`` (``scheme://host[:port]``): the lean client
+    when ``lean``, else (or also, with ``aiohttp_too``) an aiohttp session; over HTTPS both
+    trust ``ca_bundle`` (else the system's CAs), loaded once."""
+    base = URL(endpoint)
+    https = base.scheme == "https"
+    tls = tls_context(ca_bundle) if https else None
+    client = None
+    if lean:
+        assert base.host is not None
+        assert base.port is not None
+        client = LeanHTTPClient(
+            "https" if https else "http",
+            base.host,
+            base.port,
+            read_timeout=read_timeout,
+            ssl_context=tls,
+        )
+    session = None
+    if aiohttp_too or not lean:
+        session = make_session(max_connections, read_timeout=read_timeout, ssl_context=tls)
+    return client, session
 
 
 def _untrusted(what: str, key: str | None, exc: Exception) -> StoreError:

@@ -32,15 +32,15 @@ from .._types import Blob, ObjectInfo
 from ._http import (
     gc_paused,
     get_object,
-    make_session,
     normalize_etag,
     object_headers,
     object_info,
+    open_clients,
     parse_xml,
     proxy_configured,
     send,
 )
-from ._lean_http import LeanHTTPClient, tls_context
+from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
 from ._s3_auth import FrozenCredentials, SigV4Signer, uri_encode_path
 
@@ -180,20 +180,13 @@ class S3Store(FolderListing):
                 raise AccessDenied(f"no AWS credentials found for {self.url}")
             self._signer = SigV4Signer(await self._frozen(), region)
             self._creds_checked = time.monotonic()
-        https = self._base.startswith("https:")
-        tls = tls_context(self._ca_bundle) if https else None  # loads the CA file: once
-        if self._use_lean:
-            scheme = "https" if https else "http"
-            base = URL(self._base)
-            assert base.host is not None
-            assert base.port is not None
-            self._lean = LeanHTTPClient(
-                scheme, base.host, base.port, read_timeout=self._read_timeout, ssl_context=tls
-            )
-        else:
-            self._session = make_session(
-                self._max_connections, read_timeout=self._read_timeout, ssl_context=tls
-            )
+        self._lean, self._session = open_clients(
+            self._base,
+            lean=self._use_lean,
+            max_connections=self._max_connections,
+            read_timeout=self._read_timeout,
+            ca_bundle=self._ca_bundle,
+        )
 
     async def _frozen(self) -> FrozenCredentials:
         c = self._botocore_creds
