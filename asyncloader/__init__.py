@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ._errors import Throttled as Throttled
     from ._errors import TransientStoreError as TransientStoreError
     from ._loader import ImageLoader as ImageLoader
+    from ._resume import merge_worker_states as merge_worker_states
     from ._stats import Stats as Stats
     from ._stores import AzureStore as AzureStore
     from ._stores import GCSStore as GCSStore
@@ -82,6 +83,7 @@ _WHERE = {
     "Throttled": "._errors",
     "TransientStoreError": "._errors",
     "ImageLoader": "._loader",
+    "merge_worker_states": "._resume",
     "Stats": "._stats",
     "AzureStore": "._stores",
     "GCSStore": "._stores",
@@ -143,6 +145,7 @@ __all__ = [
     "bench",
     "describe",
     "listing",
+    "merge_worker_states",
     "open_store",
     "shard_from_env",
     "warm",

@@ -41,9 +41,10 @@ from ._labels import (
     LabelSpec,
 )
 from ._pipeline import BatchReady, EpochEnd, Failed, Notice, Pipeline
+from ._resume import loader_state, plan_resume
 from ._ring import BatchRing
 from ._runtime import Runtime
-from ._sampler import consumed_prefix, covered, num_batches
+from ._sampler import num_batches
 from ._stats import Counters, Stats
 from ._stores import open_store
 from ._stores import store_options as store_options_for
@@ -435,33 +436,14 @@ class ImageLoader:
             epoch, next_batch = self._epoch_requested, 0
         else:
             epoch, next_batch = self._position or (self.epoch, 0)
-        r = self._run_config
-        n = len(self.dataset.samples)
-        progress: dict[str, int | None] = {"start": None, "end": None, "consumed": None}
-        if r.shuffle != "node":
-            # Every rank takes the same number of batches, so together they consumed a
-            # prefix of the epoch's order: any rank's state says how long.
-            start, end = (self._span[1:]) if self._span and self._span[0] == epoch else (0, n)
-            end = start + covered(end - start, r.world_size, r.even)
-            consumed = consumed_prefix(next_batch, r.batch_size, r.world_size, start, end)
-            progress = {"start": start, "end": end, "consumed": consumed}
-        return {
-            "version": 2,
-            "epoch": epoch,
-            "next_batch": next_batch,
-            **progress,
-            "num_objects": n,
-            "seed": r.seed,
-            "shuffle": r.shuffle,
-            "batch_size": r.batch_size,
-            "drop_last": r.drop_last,
-            "rank": r.rank,
-            "world_size": r.world_size,
-            "local_world_size": r.local_world_size,
-            "even": r.even,
-            "worker": r.worker,
-            "num_workers": r.num_workers,
-        }
+        span = self._span[1:] if self._span and self._span[0] == epoch else None
+        return loader_state(
+            self._run_config,
+            epoch=epoch,
+            next_batch=next_batch,
+            num_objects=len(self.dataset.samples),
+            span=span,
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iteration starts at its next batch.
@@ -474,50 +456,12 @@ class ImageLoader:
         Raises:
             ValueError: the state belongs to a different dataset, seed, order or batch size
                 (resuming would repeat or skip samples); or to another layout with a
-                node-local shuffle or several DataLoader workers.
+                node-local shuffle, or of one of several DataLoader workers (merge the
+                rank's worker states first: :func:`merge_worker_states`).
         """
-        mine = self.state_dict()
-        for name in ("num_objects", "seed", "shuffle", "batch_size", "drop_last", "even"):
-            if state.get(name) != mine[name]:
-                raise ValueError(
-                    f"cannot resume: the state was saved with {name}={state.get(name)!r}, "
-                    f"this loader has {name}={mine[name]!r} (a different dataset, seed, "
-                    "batch size or order would repeat or skip samples)"
-                )
-        epoch, next_batch = int(state["epoch"]), int(state["next_batch"])
-        layout = ("world_size", "local_world_size", "num_workers")
-        span: tuple[int, int, int] | None = None
-        if all(state.get(k) == mine[k] for k in layout) and (
-            mine["num_workers"] == 1 or state.get("worker") == mine["worker"]
-        ):
-            # The same layout (any rank's state serves every rank: they move in step).
-            if state.get("start"):
-                span = (epoch, int(state["start"]), int(state["end"]))
-        else:
-            what = ", ".join(f"{k}={state.get(k)!r} (now {mine[k]!r})" for k in layout)
-            if state.get("shuffle") == "node":
-                raise ValueError(
-                    f"cannot resume: saved with {what}; a node-local shuffle resumes on the "
-                    "same ranks and nodes only (each node's subset depends on them)"
-                )
-            if state.get("num_workers", 1) > 1:
-                raise ValueError(
-                    f"cannot resume: saved with {what}; the state of one of several "
-                    "DataLoader workers holds only that worker's position: resume it on the "
-                    "same worker count"
-                )
-            if state.get("consumed") is None:
-                raise ValueError(
-                    f"cannot resume: saved with {what} by a version without elastic resume"
-                )
-            # Elastic: the rest of the epoch's order is dealt among this layout's ranks.
-            consumed, end = int(state["consumed"]), int(state["end"])
-            if consumed < end:
-                span, next_batch = (epoch, consumed, end), 0
-            else:
-                epoch, next_batch = epoch + 1, 0
-        self._span = span
-        self._resume = (epoch, next_batch)
+        plan = plan_resume(state, self.state_dict())
+        self._span = (plan.epoch, plan.span[0], plan.span[1]) if plan.span else None
+        self._resume = (plan.epoch, plan.next_batch)
         self._epoch_requested = None
         self._last_epoch = self._resume[0] - 1
 

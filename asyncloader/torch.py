@@ -43,11 +43,12 @@ from asyncloader import (
     ImageLoader,
     ObjectInfo,
     listing,
+    merge_worker_states,
     shard_from_env,
 )
 from asyncloader._upload import DeviceSpec, Uploader
 
-__all__ = ["ImageDataset", "dist_shard", "to_device"]
+__all__ = ["ImageDataset", "dist_shard", "rank_state", "to_device"]
 
 
 def dist_shard() -> tuple[int, int]:
@@ -183,7 +184,8 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 or ``num_workers=0``.
         """
         if self._loader is None:
-            if int(self._workers_in[0]) == self.epoch + 1:
+            in_worker = get_worker_info() is not None  # not started yet: at batch 0
+            if not in_worker and int(self._workers_in[0]) == self.epoch + 1:
                 raise RuntimeError(
                     f"ImageDataset.state_dict() in the training process cannot see how far "
                     f"the DataLoader workers got in epoch {self.epoch}: resuming from it "
@@ -196,7 +198,19 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         return self._loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at ``state`` on the next iteration (checked against this shard then)."""
+        """Resume at ``state`` on the next iteration (checked against this shard then).
+
+        ``state`` is this dataset's (or an :class:`~asyncloader.ImageLoader`'s) state, or a
+        whole ``StatefulDataLoader.state_dict()``.  From the latter, the rank's position is
+        merged from its workers' states, so the job may resume on another DataLoader worker
+        count (and another world size) than it saved on: load it here and iterate a *new*
+        ``StatefulDataLoader`` (or ``DataLoader``) that was not given the state itself —
+        torchdata's own ``load_state_dict`` needs the same worker count.
+
+        Raises:
+            ValueError: a StatefulDataLoader state whose workers' states cannot be merged.
+        """
+        state = rank_state(state)
         self.epoch = int(state["epoch"])
         self._resume = state if "num_objects" in state else None
 
@@ -204,6 +218,30 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         if self._loader is not None:
             self._loader.close()
             self._loader = None
+
+
+def rank_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The rank's loader state in ``state``: a torchdata ``StatefulDataLoader.state_dict()``
+    of an :class:`ImageDataset` (its workers' states merged with
+    :func:`asyncloader.merge_worker_states`: the DataLoader took their batches in turn), or
+    a loader state, returned as it is.  Before any batch was delivered it is just
+    ``{"epoch": e, "next_batch": 0}``.
+
+    Raises:
+        ValueError: the workers' states cannot be merged (different runs or ranks).
+    """
+    if "_snapshot" in state:  # num_workers > 0: one state per worker, as last delivered
+        snapshot = state["_snapshot"]
+        workers = [w.get("dataset_state") or {} for w in snapshot["_worker_snapshots"].values()]
+        if not any("num_objects" in w for w in workers):
+            epochs = [int(w["epoch"]) for w in workers if "epoch" in w]
+            return {"epoch": min(epochs, default=0), "next_batch": 0}
+        later = int(state.get("_steps_since_snapshot") or 0)
+        return merge_worker_states(workers, later_batches=later)
+    if "_num_yielded" in state:  # num_workers=0: the dataset's own state
+        inner = state.get("_dataset_state")
+        return dict(inner) if inner else {"epoch": 0, "next_batch": 0}
+    return state
 
 
 def to_device(

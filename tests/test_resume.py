@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -220,9 +221,16 @@ def test_too_many_workers_for_the_batches_is_refused(light_server: S3TestServer)
         _loader(light_server, batch_size=32, worker=0, num_workers=20)
 
 
-def test_stateful_dataloader_resumes_mid_epoch(light_server: S3TestServer) -> None:
+@pytest.mark.parametrize("new_workers", [2, 3, 1, 0])
+# Three workers on a 2-core machine: DataLoader's advice on speed, not an error.
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+def test_stateful_dataloader_resumes_mid_epoch(
+    light_server: S3TestServer, new_workers: int
+) -> None:
     """torchdata's StatefulDataLoader with two workers: stop mid-epoch, save its state, and a
-    new DataLoader (new worker processes) finishes the epoch with no sample twice or missed."""
+    new DataLoader (new worker processes) finishes the epoch with no sample twice or missed:
+    with the same worker count through its own ``load_state_dict``, and with another one
+    (or none) through the dataset's, which merges the workers' positions."""
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     from asyncloader.torch import ImageDataset
 
@@ -230,7 +238,7 @@ def test_stateful_dataloader_resumes_mid_epoch(light_server: S3TestServer) -> No
 
     keys = [k[len("train/") :] for k in light_server.stats()["keys"] if k.endswith(".jpg")]
 
-    def loader() -> object:
+    def dataset() -> ImageDataset:
         ds = ImageDataset(
             "s3://b/train/",
             batch_size=8,
@@ -240,20 +248,29 @@ def test_stateful_dataloader_resumes_mid_epoch(light_server: S3TestServer) -> No
             store_options={"endpoint_url": light_server.endpoint},
         )
         ds.set_epoch(2)
+        return ds
+
+    def loader(ds: ImageDataset, workers: int) -> Any:
+        context = "fork" if workers else None
         return stateful.StatefulDataLoader(
-            ds, batch_size=None, num_workers=2, multiprocessing_context="fork"
+            ds, batch_size=None, num_workers=workers, multiprocessing_context=context
         )
 
-    first = loader()
+    first = loader(dataset(), 2)
     seen: list[int] = []
-    it = iter(first)  # type: ignore[call-overload]
+    it = iter(first)
     for _ in range(5):
         seen += next(it)[1].tolist()
-    state = first.state_dict()  # type: ignore[attr-defined]
+    state = first.state_dict()
     del it, first
-    second = loader()
-    second.load_state_dict(state)  # type: ignore[attr-defined]
-    rest = [x for _, labels in second for x in labels.tolist()]  # type: ignore[attr-defined]
+    ds = dataset()
+    if new_workers == 2:
+        second = loader(ds, 2)
+        second.load_state_dict(state)
+    else:
+        ds.load_state_dict(state)
+        second = loader(ds, new_workers)
+    rest = [x for _, labels in second for x in labels.tolist()]
     assert len(seen) == 40
     assert sorted(seen + rest) == list(range(N_IMAGES))
 

@@ -24,6 +24,7 @@ LEAVES = {
     "_lazy",
     "_admission",
     "_bench_report",
+    "_resume",
 }
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
 ALLOWED = {

@@ -15,6 +15,29 @@ from asyncloader.testing import MotoServer, S3TestServer, free_port
 
 from .conftest import N_IMAGES
 
+
+def _torchrun(script: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nproc_per_node=nproc script args...`` on 127.0.0.1, to its end."""
+    torchrun = shutil.which("torchrun")
+    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+    proc = subprocess.run(
+        [
+            *cmd,
+            f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            str(script),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
 TRAIN = textwrap.dedent(
     """
     import json, os, sys
@@ -57,25 +80,7 @@ def test_torchrun_two_ranks(moto: MotoServer, moto_dataset: str, tmp_path: Path)
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     out = tmp_path / "ranks.json"
-    torchrun = shutil.which("torchrun")
-    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
-    proc = subprocess.run(
-        [
-            *cmd,
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-            str(script),
-            moto.endpoint,
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _torchrun(script, 2, moto.endpoint, str(out))
     result = json.loads(out.read_text())
     for even, ranks in result.items():
         assert len(ranks) == 2
@@ -129,22 +134,86 @@ def test_a_job_of_two_ranks_and_two_workers_each_lists_once(
     light_server.reset_stats()
     script = tmp_path / "job.py"
     script.write_text(LIST_JOB)
-    torchrun = shutil.which("torchrun")
-    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    proc = subprocess.run(
-        [
-            *cmd,
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-            str(script),
-            light_server.endpoint,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = _torchrun(script, 2, light_server.endpoint)
     assert f"samples {N_IMAGES}" in proc.stdout
     assert light_server.stats()["counters"]["list"] == one_listing
+
+
+ELASTIC_JOB = textwrap.dedent(
+    """
+    import hashlib, json, sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from asyncloader.torch import ImageDataset
+
+    def digest(data):
+        # Each sample is its object's bytes' digest: what arrives proves which object it was.
+        d = hashlib.blake2b(bytes(data), digest_size=16).digest()
+        return np.frombuffer(d, np.uint8).reshape(1, 1, 16).copy()
+
+    def main():
+        endpoint, workers, state_file, out, stop = sys.argv[1:6]
+        dist.init_process_group("gloo")
+        ds = ImageDataset("s3://b/train/", batch_size=8, seed=7, decode=digest,
+                          sample_shape=(1, 1, 16), decode_workers=1,
+                          store_options={"endpoint_url": endpoint})
+        ds.set_epoch(2)
+        if state_file != "-":  # a job restarted on another layout: rank 0's saved state
+            ds.load_state_dict(torch.load(state_file, weights_only=False))
+        dl = StatefulDataLoader(ds, batch_size=None, num_workers=int(workers),
+                                multiprocessing_context="fork")
+        seen, batches = [], 0
+        for images, _ in dl:
+            seen += [bytes(row).hex() for row in images.reshape(len(images), 16).tolist()]
+            batches += 1
+            if batches == int(stop):  # pre-empted here: the checkpoint is rank 0's state
+                if dist.get_rank() == 0:
+                    torch.save(dl.state_dict(), out + ".state")
+                break
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, {"seen": seen, "batches": batches})
+        if dist.get_rank() == 0:
+            json.dump(gathered, open(out, "w"))
+        dist.barrier()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def test_a_job_stopped_on_two_ranks_of_two_workers_resumes_on_other_layouts(
+    light_server: S3TestServer, jpeg_folder: Path, tmp_path: Path
+) -> None:
+    """torchrun with 2 ranks × 2 DataLoader workers (StatefulDataLoader) is stopped after 3
+    batches per rank; rank 0's state restarts the job on 1 rank × 3 workers and on 3 ranks
+    × 1 worker.  Each sample is the digest of its object's bytes: the stopped job and each
+    restarted one together deliver every object of the epoch exactly once, with equal
+    batch counts per rank."""
+    import hashlib
+
+    objects = {
+        hashlib.blake2b(f.read_bytes(), digest_size=16).hexdigest()
+        for f in jpeg_folder.rglob("*.jpg")
+    }
+    assert len(objects) == N_IMAGES == 96  # 96 = 2 ranks × 3 batches × 8 + 48 left
+    script = tmp_path / "job.py"
+    script.write_text(ELASTIC_JOB)
+    first = tmp_path / "first.json"
+    _torchrun(script, 2, light_server.endpoint, "2", "-", str(first), "3")
+    ranks = json.loads(first.read_text())
+    assert [r["batches"] for r in ranks] == [3, 3]
+    consumed = [d for r in ranks for d in r["seen"]]
+    assert len(consumed) == len(set(consumed)) == 48
+    state = f"{first}.state"
+    for nproc, workers in ((1, 3), (3, 1)):
+        out = tmp_path / f"{nproc}x{workers}.json"
+        _torchrun(script, nproc, light_server.endpoint, str(workers), state, str(out), "0")
+        ranks = json.loads(out.read_text())
+        assert len({r["batches"] for r in ranks}) == 1, ranks  # equal batch counts: no hang
+        rest = [d for r in ranks for d in r["seen"]]
+        assert len(rest) == len(set(rest)) == 48, (nproc, workers)
+        assert set(rest) | set(consumed) == objects, (nproc, workers)

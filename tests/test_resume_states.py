@@ -1,0 +1,174 @@
+"""Resume states without a store: a rank's DataLoader workers' states merge into the rank's
+state, and that state deals the rest of the epoch exactly once on any new layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import asyncloader as al
+from asyncloader._config import RunConfig
+from asyncloader._resume import loader_state, plan_resume
+from asyncloader._sampler import covered, epoch_indices, num_batches
+
+
+def _run(world: int, workers: int, worker: int = 0, rank: int = 0, **kw: Any) -> RunConfig:
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("seed", 5)
+    return RunConfig(rank=rank, world_size=world, worker=worker, num_workers=workers, **kw)
+
+
+def _worker_states(
+    n: int, world: int, workers: int, delivered: int, epoch: int = 3, **kw: Any
+) -> list[dict[str, Any]]:
+    """Rank 0's workers' states after its DataLoader delivered ``delivered`` batches: each
+    worker's state as of the last batch it delivered (batch ``b`` comes from worker
+    ``b % workers``), or the state it started with (no position) if it delivered none."""
+    states: list[dict[str, Any]] = []
+    for w in range(workers):
+        mine = [b for b in range(delivered) if b % workers == w]
+        if not mine:
+            states.append({"epoch": epoch, "next_batch": 0})
+        else:
+            run = _run(world, workers, w, **kw)
+            states.append(loader_state(run, epoch=epoch, next_batch=mine[-1] + 1, num_objects=n))
+    return states
+
+
+def _deal(state: dict[str, Any], n: int, world: int, workers: int, **kw: Any) -> list[int]:
+    """Every sample the ranks and workers of a new layout deliver resuming from ``state``,
+    for the rest of its epoch (the positions the sampler deals them)."""
+    out: list[int] = []
+    for rank in range(world):
+        for w in range(workers):
+            run = _run(world, workers, w, rank=rank, **kw)
+            mine = loader_state(run, epoch=0, next_batch=0, num_objects=n)
+            plan = plan_resume(state, mine)
+            if plan.epoch != state["epoch"]:
+                continue  # the epoch was over
+            order = epoch_indices(
+                n,
+                seed=run.seed,
+                epoch=plan.epoch,
+                shuffle=run.shuffle,
+                rank=rank,
+                world_size=world,
+                even=run.even,
+                **({"start": plan.span[0], "end": plan.span[1]} if plan.span else {}),
+            )
+            nb = num_batches(len(order), run.batch_size, run.drop_last)
+            for b in range(plan.next_batch, nb):
+                if b % workers == w:
+                    out += order[b * run.batch_size : (b + 1) * run.batch_size].tolist()
+    return out
+
+
+@given(
+    n=st.integers(8, 300),
+    world=st.integers(1, 4),
+    workers=st.integers(1, 4),
+    new_world=st.integers(1, 4),
+    new_workers=st.integers(1, 4),
+    frac=st.floats(0, 1),
+    even=st.sampled_from(["pad", "drop"]),
+)
+def test_merged_worker_states_resume_the_rest_exactly_once(
+    n: int, world: int, workers: int, new_world: int, new_workers: int, frac: float, even: str
+) -> None:
+    kw = {"even": even}
+    per_rank = len(epoch_indices(n, seed=5, epoch=3, shuffle=True, world_size=world, even=even))
+    nb = num_batches(per_rank, 4, False)
+    delivered = min(nb, int(frac * nb))
+    states = _worker_states(n, world, workers, delivered, **kw)
+    if delivered == 0:
+        with pytest.raises(ValueError, match="no worker state"):
+            al.merge_worker_states(states)
+        return
+    merged = al.merge_worker_states(states)
+    end = covered(n, world, even)  # type: ignore[arg-type]
+    assert merged["next_batch"] == delivered
+    assert merged["consumed"] == min(delivered * 4 * world, end)
+    assert (merged["worker"], merged["num_workers"]) == (0, 1)
+    # What the old layout consumed (every rank took `delivered` batches) ...
+    order = epoch_indices(n, seed=5, epoch=3, shuffle=True)[:end].tolist()
+    consumed = order[: merged["consumed"]]
+    # ... and what the new layout delivers: together, each sample of the epoch once (the
+    # new layout's own padding aside), every new rank the same count.
+    rest = _deal(merged, n, new_world, new_workers, **kw)
+    left = order[merged["consumed"] :]
+    if even == "pad":
+        assert set(rest) == set(left)
+        assert len(rest) - len(left) < new_world
+    else:  # the new layout's incomplete last round is left out, as in any even world
+        assert set(rest) <= set(left)
+        assert len(rest) == len(set(rest)) == len(left) - len(left) % new_world
+    assert not set(rest) & set(consumed)
+
+
+def test_a_finished_epoch_merges_to_the_next() -> None:
+    # Each worker ran out of epoch 3 and stands at batch 0 of epoch 4.
+    states = [loader_state(_run(2, 3, w), epoch=4, next_batch=0, num_objects=50) for w in range(3)]
+    merged = al.merge_worker_states(states)
+    assert (merged["epoch"], merged["next_batch"], merged["consumed"]) == (4, 0, 0)
+
+
+def test_later_batches_count_past_the_snapshot() -> None:
+    states = _worker_states(100, 2, 2, 3)
+    merged = al.merge_worker_states(states, later_batches=2)
+    assert merged["next_batch"] == 5
+    assert merged["consumed"] == 5 * 4 * 2
+
+
+def test_merging_refuses_states_that_are_not_one_ranks_workers() -> None:
+    states = _worker_states(100, 2, 2, 4)
+    with pytest.raises(ValueError, match="worker state"):
+        al.merge_worker_states(states[:1])  # one of two workers
+    with pytest.raises(ValueError, match="worker state"):
+        al.merge_worker_states([states[0], states[0]])
+    other = {**states[1], "seed": 6}
+    with pytest.raises(ValueError, match="seed"):
+        al.merge_worker_states([states[0], other])
+    rank1 = {**states[1], "rank": 1}
+    with pytest.raises(ValueError, match="rank"):
+        al.merge_worker_states([states[0], rank1])
+
+
+def test_one_of_several_workers_states_alone_is_refused_with_the_way_out() -> None:
+    state = _worker_states(100, 2, 2, 4)[0]
+    mine = loader_state(_run(3, 1), epoch=0, next_batch=0, num_objects=100)
+    with pytest.raises(ValueError, match="merge_worker_states"):
+        plan_resume(state, mine)
+
+
+def test_rank_state_reads_a_stateful_dataloader_state() -> None:
+    from asyncloader.torch import rank_state
+
+    states = _worker_states(100, 2, 2, 3)
+    sdl = {
+        "_snapshot": {
+            "_snapshot_step": 3,
+            "_last_yielded_worker_id": 0,
+            "_main_snapshot": {},
+            "_worker_snapshots": {
+                f"worker_{i}": {"worker_id": i, "dataset_state": s, "fetcher_state": None}
+                for i, s in enumerate(states)
+            },
+        },
+        "_steps_since_snapshot": 0,
+        "_iterator_finished": False,
+    }
+    assert rank_state(sdl) == al.merge_worker_states(states)
+    sdl["_steps_since_snapshot"] = 1
+    assert rank_state(sdl)["next_batch"] == 4
+    # Nothing delivered yet: the epoch, from its start.
+    fresh = _worker_states(100, 2, 2, 0, epoch=7)
+    for i, s in enumerate(fresh):
+        sdl["_snapshot"]["_worker_snapshots"][f"worker_{i}"]["dataset_state"] = s
+    assert rank_state(sdl) == {"epoch": 7, "next_batch": 0}
+    # num_workers=0: the dataset's own state.
+    single = {"_num_yielded": 3, "_dataset_state": states[0], "_fetcher_state": None}
+    assert rank_state(single) == states[0]
+    assert rank_state(states[1]) is states[1]
