@@ -83,7 +83,7 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
 
 async def _listed(
     store: ObjectStore, cache: ObjectCache | None, seconds: float
-) -> tuple[list[ObjectInfo], bool]:
+) -> tuple[Sequence[ObjectInfo], bool]:
     """The saved listing when there is one; else as much of the listing as ``seconds``
     allow (sorted key order), and whether it is complete."""
     saved = await saved_listing(store, cache, 3600.0)

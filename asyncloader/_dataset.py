@@ -29,7 +29,8 @@ from ._labels import (
     manifest_objects,
     parse_manifest,
 )
-from ._manifest import is_manifest
+from ._manifest import is_manifest, read_manifest
+from ._objects import ObjectList
 from ._types import ObjectInfo, ObjectStore, Sample
 
 __all__ = ["Listing", "open_listing"]
@@ -75,6 +76,7 @@ class Listing:
             dataset = builder.finish()
             await finished(objects, dataset)
             self.dataset = dataset
+            self.samples = dataset.samples  # compact: the builder's list goes
         except BaseException as exc:
             self.error = exc
             raise
@@ -132,10 +134,11 @@ async def open_listing(
     manifest_data = None
     if is_manifest(labels):
         assert isinstance(labels, str)
-        manifest_data = await read_manifest_file(store, labels)
+        data = await read_manifest_file(store, labels)
+        manifest_data = await asyncio.to_thread(read_manifest, data, labels)  # parsed once
         if objects is None:  # a manifest with every size and ETag is a listing: no LIST
             objects = manifest_objects(manifest_data, labels)
-    saved: list[ObjectInfo] | None = list(objects) if objects is not None else None
+    saved = ObjectList.of(objects) if objects is not None else None
     turn = None
     if saved is None:
         saved, turn = await listing_turn(store, cache, max_age)

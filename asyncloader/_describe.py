@@ -185,7 +185,7 @@ def listing(
     cache_size: int | str = "100GB",
     listing_max_age: float = 3600.0,
     refresh_listing: bool = False,
-) -> list[ObjectInfo]:
+) -> Sequence[ObjectInfo]:
     """Every object under ``url``, as a loader with these options lists it: from a manifest
     given as ``labels`` with every size and ETag (``ls --write-manifest``), from the
     listing saved in ``cache_dir`` when there is a young one, else listed (in parallel
@@ -198,7 +198,7 @@ def listing(
         StoreError: the store could not be listed.
     """
 
-    async def main() -> list[ObjectInfo]:
+    async def main() -> Sequence[ObjectInfo]:
         store = open_store(url, **store_options_for(url, labels, store_options))
         try:
             if is_manifest(labels):  # one with every size and ETag is the listing

@@ -19,6 +19,7 @@ from ._cache import ListingTurn, ObjectCache
 from ._config import FetchConfig
 from ._env import usable_cpus
 from ._errors import LengthMismatch, StoreError, Throttled, shown_key
+from ._objects import ObjectList, ObjectListBuilder
 from ._retry import retrying
 from ._stats import Counters
 from ._types import Blob, ObjectInfo, ObjectStore
@@ -280,16 +281,14 @@ def _consume(task: asyncio.Future[Blob]) -> None:
 
 async def saved_listing(
     store: ObjectStore, cache: ObjectCache | None, max_age: float
-) -> list[ObjectInfo] | None:
+) -> ObjectList | None:
     """The object list the cache saved for the store's URL, if younger than ``max_age``."""
     if cache is None or max_age <= 0:
         return None
     return await asyncio.to_thread(cache.load_listing, store.url, max_age)
 
 
-async def list_objects(
-    store: ObjectStore, cache: ObjectCache | None, max_age: float
-) -> list[ObjectInfo]:
+async def list_objects(store: ObjectStore, cache: ObjectCache | None, max_age: float) -> ObjectList:
     """The store's object list: from the cache's saved listing if young enough, else listed
     (in parallel where the store can) and saved for the next run, once per node (see
     :func:`listing_turn`)."""
@@ -303,9 +302,12 @@ async def list_objects(
             turn.release()
 
 
-async def list_and_save(store: ObjectStore, cache: ObjectCache | None) -> list[ObjectInfo]:
+async def list_and_save(store: ObjectStore, cache: ObjectCache | None) -> ObjectList:
     """List ``store`` (in parallel where it can) and save the list in ``cache``."""
-    objects = [o async for o in store.list()]
+    builder = ObjectListBuilder()
+    async for info in store.list():
+        builder.add(info)
+    objects = builder.build()
     if cache is not None:
         await asyncio.to_thread(cache.save_listing, store.url, objects)
     return objects
@@ -313,7 +315,7 @@ async def list_and_save(store: ObjectStore, cache: ObjectCache | None) -> list[O
 
 async def listing_turn(
     store: ObjectStore, cache: ObjectCache | None, max_age: float
-) -> tuple[list[ObjectInfo] | None, ListingTurn | None]:
+) -> tuple[ObjectList | None, ListingTurn | None]:
     """A saved listing young enough, or this process's turn to list.
 
     Processes of a node that start together on one cache folder take turns: the first to

@@ -16,8 +16,11 @@ import posixpath
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ._errors import StoreError, shown_key
 from ._manifest import read_manifest
+from ._objects import ObjectList, SampleList
 from ._types import ObjectInfo, Sample
 
 __all__ = [
@@ -38,33 +41,45 @@ LabelSpec = str | Callable[[str], int] | None
 
 @dataclass(frozen=True, slots=True)
 class Dataset:
-    """The samples of one run, in canonical order, and the class names (may be empty)."""
+    """The samples of one run, in canonical order, and the class names (may be empty).
+    ``samples`` is compact (a :class:`SampleList`: arrays, not an object per sample)."""
 
-    samples: tuple[Sample, ...]
+    samples: SampleList
     classes: tuple[str, ...]
 
 
-def parse_manifest(data: bytes | bytearray, name: str) -> list[tuple[str, str]]:
-    """Parse a JSONL or CSV manifest into ``(key, label)`` pairs (label as text; -1: none).
+Rows = list[dict[str, str]]
+"""A manifest's rows, as :func:`asyncloader._manifest.read_manifest` parses them (once)."""
+
+
+def parse_manifest(data: bytes | bytearray | Rows, name: str) -> list[tuple[str, str]]:
+    """A JSONL or CSV manifest (or its parsed rows) as ``(key, label)`` pairs (label as
+    text; -1: none).
 
     Raises:
         ValueError: a malformed line, naming the manifest and line number.
     """
-    return [(row["key"], row.get("label", "-1")) for row in read_manifest(data, name)]
+    rows = data if isinstance(data, list) else read_manifest(data, name)
+    return [(row["key"], row.get("label", "-1")) for row in rows]
 
 
-def manifest_objects(data: bytes | bytearray, name: str) -> list[ObjectInfo] | None:
-    """The objects of a manifest whose every row has its size and ETag (one written by
-    ``asyncloader ls --write-manifest``): a listing, read from one file.  None otherwise.
+def manifest_objects(data: bytes | bytearray | Rows, name: str) -> ObjectList | None:
+    """The objects of a manifest (or its parsed rows) whose every row has its size and
+    ETag (one written by ``asyncloader ls --write-manifest``): a listing, read from one
+    file.  None otherwise.
 
     Raises:
         ValueError: a malformed line, naming the manifest and line number.
     """
-    rows = read_manifest(data, name)
+    rows = data if isinstance(data, list) else read_manifest(data, name)
     if not rows or not all("size" in r and "etag" in r for r in rows):
         return None
     try:
-        return [ObjectInfo(r["key"], int(r["size"]), r["etag"]) for r in rows]
+        return ObjectList(
+            [r["key"].encode() for r in rows],
+            [int(r["size"]) for r in rows],
+            [r["etag"].encode() for r in rows],
+        )
     except ValueError as exc:
         raise ValueError(f"{name}: a size that is not a number") from exc
 
@@ -120,28 +135,36 @@ def build_dataset(
         manifest: Parsed manifest rows; keys it names that the listing lacks are kept (with
             unknown size), so the run reports them as missing instead of silently dropping.
     """
-    listed = {o.key: o for o in objects}
+    listed = ObjectList.of(objects)
+    keys = listed.keys()
     if manifest is not None:
-        values = [label for _, label in manifest]
-        idx, classes = _label_index(values)
-        samples = tuple(
-            Sample(listed.get(key) or ObjectInfo(key, -1, ""), i)
-            for (key, _), i in zip(manifest, idx, strict=True)
-        )
-        return Dataset(samples, classes)
-    keys = sorted(filter(KeyFilter(extensions), listed))
+        # The manifest's order and labels; a key the listing lacks keeps an unknown size.
+        where = {k: i for i, k in enumerate(keys)}
+        at = [where.get(key, -1) for key, _ in manifest]
+        if all(i >= 0 for i in at):
+            chosen = listed.take(at)
+        else:
+            chosen = ObjectList.of(
+                listed[i] if i >= 0 else ObjectInfo(key, -1, "")
+                for i, (key, _) in zip(at, manifest, strict=True)
+            )
+        idx, classes = _label_index([label for _, label in manifest])
+        return Dataset(SampleList(chosen, idx), classes)
+    keep = KeyFilter(extensions)
+    order = sorted((i for i, k in enumerate(keys) if keep(k)), key=keys.__getitem__)
+    # One sample per key (a listing names each key once; a repeated one is kept once).
+    order = [i for n, i in enumerate(order) if n == 0 or keys[i] != keys[order[n - 1]]]
+    chosen = listed.take(order)
+    names = [keys[i] for i in order]
     if labels == "folder":
-        parents = [posixpath.dirname(k) for k in keys]
+        parents = [posixpath.dirname(k) for k in names]
         classes = tuple(sorted(set(parents)))
         index = {c: i for i, c in enumerate(classes)}
-        return Dataset(
-            tuple(Sample(listed[k], index[p]) for k, p in zip(keys, parents, strict=True)),
-            classes,
-        )
+        return Dataset(SampleList(chosen, [index[p] for p in parents]), classes)
     if labels is None:
-        return Dataset(tuple(Sample(listed[k], -1) for k in keys), ())
+        return Dataset(SampleList(chosen, np.full(len(order), -1)), ())
     if callable(labels):
-        return Dataset(tuple(Sample(listed[k], int(labels(k))) for k in keys), ())
+        return Dataset(SampleList(chosen, [int(labels(k)) for k in names]), ())
     raise ValueError(f"labels must be 'folder', a manifest, a callable or None, not {labels!r}")
 
 
@@ -212,4 +235,5 @@ class DatasetBuilder:
         """The whole dataset; the same as :func:`build_dataset` over the whole listing."""
         classes = tuple(self._parents) if self._labels == "folder" else ()
         self._check({p: i for i, p in enumerate(classes)})
-        return Dataset(tuple(self.samples), classes)
+        objects = ObjectList.of(s.obj for s in self.samples)
+        return Dataset(SampleList(objects, [s.label for s in self.samples]), classes)

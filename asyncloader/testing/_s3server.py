@@ -19,6 +19,9 @@ It injects, per request to an object:
   sends it; listing pages get this one too) and ``stall_body`` (headers and half the body
   are sent, the rest ``stall_seconds`` later).
 
+A bucket can also be synthetic (``--synthetic N``): N keys over one body, with sizes and
+ETags, for listing a million keys without holding a million bodies.
+
 Control endpoints (plain JSON): ``POST /_control/faults`` sets the fault rates,
 ``GET /_control/stats`` returns request counters, ``POST /_control/reset-stats``.
 
@@ -41,6 +44,7 @@ import signal
 import ssl
 import sys
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from pathlib import Path
@@ -66,9 +70,38 @@ class _Object:
     etag: str
 
 
+class _Synthetic(Mapping[str, _Object]):
+    """A read-only bucket of ``count`` keys that all hold one body: sizes and ETags only,
+    the bytes made on demand, so that a million keys cost their names and no bodies.
+
+    Keys are ``prefix + "class_FFFF/img_NNNNNNN.jpg"`` over ``folders`` class folders
+    (sample ``i`` in folder ``i % folders``), or ``prefix + "img_NNNNNNN.jpg"`` (flat).
+    """
+
+    def __init__(self, count: int, folders: int, prefix: str, body: bytes) -> None:
+        self.object = _Object(body, hashlib.md5(body, usedforsecurity=False).hexdigest())
+        if folders:
+            names = (f"{prefix}class_{i % folders:04d}/img_{i:07d}.jpg" for i in range(count))
+        else:
+            names = (f"{prefix}img_{i:07d}.jpg" for i in range(count))
+        self.sorted = sorted(names)
+
+    def __getitem__(self, key: str) -> _Object:
+        i = bisect.bisect_left(self.sorted, key)
+        if i == len(self.sorted) or self.sorted[i] != key:
+            raise KeyError(key)
+        return self.object
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.sorted)
+
+    def __len__(self) -> int:
+        return len(self.sorted)
+
+
 @dataclass
 class _State:
-    buckets: dict[str, dict[str, _Object]] = field(default_factory=dict)
+    buckets: dict[str, dict[str, _Object] | _Synthetic] = field(default_factory=dict)
     latency: float = 0.0
     fault_rates: dict[str, float] = field(default_factory=dict)
     max_faults_per_key: int = 3
@@ -94,14 +127,21 @@ class _State:
             return True
         return False
 
+    def _writable(self, bucket: str) -> dict[str, _Object]:
+        objects = self.buckets.setdefault(bucket, {})
+        if isinstance(objects, _Synthetic):  # a million names over one body: read-only
+            objects = self.buckets[bucket] = dict(objects)
+        return objects
+
     def put(self, bucket: str, key: str, data: bytes) -> str:
         etag = hashlib.md5(data, usedforsecurity=False).hexdigest()
-        self.buckets.setdefault(bucket, {})[key] = _Object(data, etag)
+        self._writable(bucket)[key] = _Object(data, etag)
         self.sorted_keys.pop(bucket, None)
         return etag
 
     def delete(self, bucket: str, key: str) -> None:
-        self.buckets.get(bucket, {}).pop(key, None)
+        if bucket in self.buckets:
+            self._writable(bucket).pop(key, None)
         self.sorted_keys.pop(bucket, None)
 
     def keys(self, bucket: str) -> list[str]:
@@ -109,7 +149,9 @@ class _State:
         not the bucket's)."""
         keys = self.sorted_keys.get(bucket)
         if keys is None:
-            keys = self.sorted_keys[bucket] = sorted(self.buckets.get(bucket, {}))
+            objects = self.buckets.get(bucket, {})
+            keys = objects.sorted if isinstance(objects, _Synthetic) else sorted(objects)
+            self.sorted_keys[bucket] = keys
         return keys
 
     def pick_fault(self, key: str, kinds: tuple[str, ...] = FAULT_KINDS) -> str | None:
@@ -326,7 +368,7 @@ class _Protocol(asyncio.Protocol):
             return
         self._respond(status, data, extra, fault=fault)
 
-    def _list(self, bucket: str, objects: dict[str, _Object], query: dict[str, str]) -> bytes:
+    def _list(self, bucket: str, objects: Mapping[str, _Object], query: dict[str, str]) -> bytes:
         prefix = query.get("prefix", "")
         delimiter = query.get("delimiter", "")
         max_keys = int(query.get("max-keys", "1000"))
@@ -400,7 +442,15 @@ class _Protocol(asyncio.Protocol):
             out = {
                 "counters": dict(st.counters),
                 "gets_by_key": dict(st.gets_by_key),
-                "keys": sorted(k for objs in st.buckets.values() for k in objs),
+                "keys": sorted(
+                    k
+                    for objs in st.buckets.values()
+                    if not isinstance(objs, _Synthetic)  # a million names: ask for a count
+                    for k in objs
+                ),
+                "synthetic": {
+                    b: len(o) for b, o in st.buckets.items() if isinstance(o, _Synthetic)
+                },
             }
             self._respond(200, json.dumps(out).encode(), {"Content-Type": "application/json"})
         elif path == "/_control/reset-stats" and method == "POST":
@@ -428,6 +478,8 @@ async def _serve(args: argparse.Namespace) -> None:
         state.buckets.setdefault(args.bucket, {})
     if args.load:
         load_folder(state, args.bucket, Path(args.load), args.prefix)
+    if args.synthetic:
+        state.buckets[args.bucket] = _synthetic(args)
     loop = asyncio.get_running_loop()
     tls = None
     if args.tls_cert:
@@ -455,11 +507,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bucket", default="")
     p.add_argument("--prefix", default="")
     p.add_argument("--load", default="", help="folder to load into --bucket")
+    p.add_argument("--synthetic", type=int, default=0, help="serve this many keys in --bucket")
+    p.add_argument("--synthetic-folders", type=int, default=0, help="in as many folders")
+    p.add_argument("--synthetic-body", default="", help="every key's bytes (a small JPEG)")
     p.add_argument("--tls-cert", default="", help="serve HTTPS with this PEM certificate")
     p.add_argument("--tls-key", default="", help="its private key (PEM), if not in the cert")
     args = p.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args))
+
+
+def _synthetic(args: argparse.Namespace) -> _Synthetic:
+    body = Path(args.synthetic_body).read_bytes() if args.synthetic_body else _tiny_jpeg()
+    return _Synthetic(args.synthetic, args.synthetic_folders, args.prefix, body)
+
+
+def _tiny_jpeg() -> bytes:
+    """A small, valid JPEG (64×48) for synthetic keys."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (120, 60, 30)).save(buf, "JPEG")
+    return buf.getvalue()
 
 
 def object_url(endpoint: str, bucket: str, key: str) -> str:

@@ -202,6 +202,11 @@ class S3TestServer(_Subprocess):
         tls: Serve HTTPS with a certificate for 127.0.0.1 from a CA made for this server
             (``trustme``); ``ca_file`` is that CA's PEM file, for clients to trust
             (``AWS_CA_BUNDLE``, ``ca_bundle=``).
+        synthetic: Serve this many keys in ``bucket`` under ``prefix`` that all hold one
+            small JPEG (``synthetic_body``, a file; default 64×48): a million keys cost
+            the server their names, not their bodies.  Keys are
+            ``class_FFFF/img_NNNNNNN.jpg`` in ``synthetic_folders`` folders, or
+            ``img_NNNNNNN.jpg`` with none.
     """
 
     def __init__(
@@ -212,6 +217,9 @@ class S3TestServer(_Subprocess):
         bucket: str = "",
         prefix: str = "",
         tls: bool = False,
+        synthetic: int = 0,
+        synthetic_folders: int = 0,
+        synthetic_body: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         self.latency = latency
@@ -219,6 +227,7 @@ class S3TestServer(_Subprocess):
         self.bucket = bucket
         self.prefix = prefix
         self.tls = tls
+        self.synthetic = (synthetic, synthetic_folders, synthetic_body)
 
     def start(self) -> None:
         cmd = [
@@ -232,6 +241,10 @@ class S3TestServer(_Subprocess):
             cmd += ["--bucket", self.bucket, "--prefix", self.prefix]
         if self.load:
             cmd += ["--load", str(self.load)]
+        count, folders, body = self.synthetic
+        if count:
+            cmd += ["--synthetic", str(count), "--synthetic-folders", str(folders)]
+            cmd += ["--synthetic-body", str(body)] if body else []
         if self.tls:
             cmd += ["--tls-cert", str(self._certificate() / "server.pem")]
         proc = subprocess.Popen(
