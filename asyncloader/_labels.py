@@ -139,14 +139,18 @@ def build_dataset(
     keys = listed.keys()
     if manifest is not None:
         # The manifest's order and labels; a key the listing lacks keeps an unknown size.
+        named = [key for key, _ in manifest]
+        if named == keys:  # the objects came from the manifest itself, in its order
+            idx, classes = _label_index([label for _, label in manifest])
+            return Dataset(SampleList(listed, idx), classes)
         where = {k: i for i, k in enumerate(keys)}
-        at = [where.get(key, -1) for key, _ in manifest]
+        at = [where.get(key, -1) for key in named]
         if all(i >= 0 for i in at):
             chosen = listed.take(at)
         else:
             chosen = ObjectList.of(
                 listed[i] if i >= 0 else ObjectInfo(key, -1, "")
-                for i, (key, _) in zip(at, manifest, strict=True)
+                for i, key in zip(at, named, strict=True)
             )
         idx, classes = _label_index([label for _, label in manifest])
         return Dataset(SampleList(chosen, idx), classes)

@@ -9,13 +9,22 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 __all__ = ["is_manifest", "read_manifest"]
+
+# A JSON value that does not become text by itself (true, false, null, a list or object
+# inside a row); a string that merely looks so only sends the file the slower way.
+_NOT_TEXT = re.compile(r":\s*(?:true|false|null|\[|\{)")
 
 
 def is_manifest(labels: object) -> bool:
     """Whether ``labels`` names a manifest (``.jsonl`` or ``.csv``)."""
     return isinstance(labels, str) and labels.endswith((".jsonl", ".csv"))
+
+
+def _float_text(literal: str) -> str:
+    return str(float(literal))  # as the line-by-line path writes it: "1.50" -> "1.5"
 
 
 def read_manifest(data: bytes | bytearray, name: str) -> list[dict[str, str]]:
@@ -37,15 +46,22 @@ def read_manifest(data: bytes | bytearray, name: str) -> list[dict[str, str]]:
                 raise ValueError(f"{name}:{lineno}: empty key")
             rows.append({k: v for k, v in row.items() if k and v})
         return rows
-    lines = text.splitlines()
-    try:  # the whole file in one call (a million rows: ~1 s, not ~3)
-        parsed = json.loads("[" + ",".join(line for line in lines if line.strip()) + "]")
-        if all(isinstance(obj, dict) and obj.get("key") for obj in parsed):
-            return [{str(k): str(v) for k, v in obj.items() if v is not None} for obj in parsed]
-    except ValueError:
-        pass
-    # A bad line somewhere: find it, line by line, to name it.
-    for lineno, line in enumerate(lines, start=1):
+    if not _NOT_TEXT.search(text):
+        # Every value a string or a number: the whole file in one call, numbers read as
+        # their text (a million rows in ~1 s, not ~4).
+        try:
+            body = text.strip()
+            if "\r" in body or "\n\n" in body:  # blank lines, CRLF: line by line
+                body = ",".join(line for line in text.splitlines() if line.strip())
+            else:
+                body = body.replace("\n", ",")
+            parsed = json.loads("[" + body + "]", parse_int=str, parse_float=_float_text)
+            if all(type(obj) is dict and obj.get("key") for obj in parsed):
+                return parsed  # type: ignore[no-any-return]
+        except ValueError:
+            pass
+    # A bad line somewhere (or values that are not text): line by line, to name it.
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

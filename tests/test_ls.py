@@ -103,3 +103,24 @@ def test_a_written_manifest_is_read_instead_of_a_listing(
     assert al.listing("s3://b/train/", labels=str(manifest)) == [
         al.ObjectInfo(r["key"], r["size"], r["etag"]) for r in rows
     ]
+
+
+def test_a_manifest_reads_the_same_whole_or_line_by_line() -> None:
+    """The one-call parse of a plain JSONL manifest gives the rows the line-by-line parse
+    gives (numbers as their text), and a file it cannot take goes line by line."""
+    import pytest
+
+    from asyncloader import _manifest
+
+    plain = b'{"key": "a/1.jpg", "label": 3, "size": 5, "etag": "e"}\n{"key": "b", "w": 1.50}\n'
+    fancy = b'{"key": "a/1.jpg", "label": 3, "size": 5, "etag": "e"}\r\n\r\n{"key": "b", "w": 1.50, "x": null}\n'
+    whole = _manifest.read_manifest(plain, "m.jsonl")
+    assert whole == _manifest.read_manifest(fancy, "m.jsonl")
+    assert whole == [
+        {"key": "a/1.jpg", "label": "3", "size": "5", "etag": "e"},
+        {"key": "b", "w": "1.5"},
+    ]
+    with pytest.raises(ValueError, match=r"m\.jsonl:2: expected \{'key'"):
+        _manifest.read_manifest(b'{"key": "a"}\n{"label": 1}\n', "m.jsonl")
+    with pytest.raises(ValueError, match=r"m\.jsonl:3: expected a JSON object"):
+        _manifest.read_manifest(b'{"key": "a"}\n\n{"key":\n', "m.jsonl")

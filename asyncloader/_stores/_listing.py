@@ -228,10 +228,21 @@ async def list_chunks(
         if not task.cancelled() and task.exception() is not None and not failed.done():
             failed.set_exception(task.exception())  # type: ignore[arg-type]
 
-    def start_new() -> None:
-        for folder in folders[len(tasks) :]:  # in listing order: the first ones first
+    # Folders are listed at most `window` ahead of the one the consumer is at: as many in
+    # parallel as before, but a million keys never wait as objects for an early folder.
+    window = 2 * concurrency
+
+    def start(folder: str) -> asyncio.Task[list[ObjectInfo]]:
+        task = tasks.get(folder)
+        if task is None:
             tasks[folder] = task = asyncio.create_task(one(folder))
             task.add_done_callback(on_done)
+        return task
+
+    def start_new(order: list[str], at: int = 0) -> None:
+        """Start the listings of ``order[at : at + window]`` (the next ones first)."""
+        for folder in order[at : at + window]:
+            start(folder)
 
     async def result(task: asyncio.Task[list[ObjectInfo]]) -> list[ObjectInfo]:
         await asyncio.wait((task, failed), return_when=asyncio.FIRST_COMPLETED)
@@ -243,7 +254,7 @@ async def list_chunks(
     last = ""
     try:
         async for page in pages(full_prefix, folders):
-            start_new()
+            start_new(folders)
             if rest or not folders:
                 now, later = ([], page) if rest else (page, [])
             else:
@@ -256,11 +267,12 @@ async def list_chunks(
                 last = now[-1].key
                 yield now, []
             rest.extend(later)
-        start_new()
+        order = sorted(folders)
         rest.sort(key=_by_key)
-        names = {folder[cut:-1]: folder for folder in tasks}  # "cat" → ".../cat/"
+        names = {folder[cut:-1]: folder for folder in order}  # "cat" → ".../cat/"
         i = 0
-        for folder in sorted(tasks):
+        for at, folder in enumerate(order):
+            start_new(order, at)
             name = folder[cut:]
             j = i
             while j < len(rest) and rest[j].key < name:
@@ -268,7 +280,7 @@ async def list_chunks(
             if j > i:
                 yield rest[i:j], []
             i = j
-            objects = await result(tasks[folder])
+            objects = await result(start(folder))
             ahead = rest[i:]
             # A folder whose name is a prefix of this one, followed by a character that
             # sorts before "/" ("b" for "b."), comes later in key order but is a class
@@ -276,7 +288,10 @@ async def list_chunks(
             stem = name[:-1]
             for k in range(1, len(stem)):
                 if stem[k] < "/" and stem[:k] in names:
-                    ahead = ahead + await result(tasks[names[stem[:k]]])
+                    ahead = ahead + await result(start(names[stem[:k]]))
+            # Done with: a folder passed ahead always sorts after the one it is passed
+            # with, so no later step asks for this one again; its objects can go.
+            del tasks[folder]
             yield objects, ahead
         if i < len(rest):
             yield rest[i:], []
