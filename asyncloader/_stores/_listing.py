@@ -1,8 +1,10 @@
 """Listing a prefix in parallel across its sub-folders, in sorted key order, as it arrives.
 
-A flat paginated listing of a million keys is one request after another.  Datasets are
-almost always split into folders (classes, shards, dates), so one delimited listing of the
-top level finds the sub-folders and those are listed concurrently, each paginated.
+A paginated listing of a million keys is one request after another.  Datasets are almost
+always split into folders (classes, shards, dates), so one delimited listing of the top
+level finds the sub-folders and those are listed concurrently, each paginated, at most a
+window of them ahead of the consumer.  A long flat run of keys is listed by key ranges side
+by side (:func:`ranged_pages`, where the store can start a listing after a given key).
 
 The objects come out in sorted key order, a chunk at a time, so a loader that does not
 shuffle can start on the first chunk while the rest is still being listed:
