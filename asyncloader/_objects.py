@@ -21,12 +21,12 @@ import numpy.typing as npt
 
 from ._types import ObjectInfo, Sample
 
-__all__ = ["ObjectList", "ObjectListBuilder", "SampleList", "pack_strings"]
+__all__ = ["ObjectList", "ObjectListBuilder", "SampleList"]
 
 _I64 = npt.NDArray[np.int64]
 
 
-def pack_strings(items: Sequence[bytes]) -> tuple[bytes, _I64]:
+def _pack(items: Sequence[bytes]) -> tuple[bytes, _I64]:
     """``items`` as one blob and ``len(items) + 1`` offsets (item ``i`` is
     ``blob[offsets[i]:offsets[i + 1]]``)."""
     offsets = np.zeros(len(items) + 1, dtype=np.int64)
@@ -50,7 +50,7 @@ class _Strings:
             except binascii.Error:
                 pass
         self._hex = False
-        self._blob, self._offsets = pack_strings(items)
+        self._blob, self._offsets = _pack(items)
 
     def __len__(self) -> int:
         return len(self._blob) // 16 if self._hex else len(self._offsets) - 1
@@ -70,7 +70,7 @@ class _Strings:
             out._blob, out._hex, out._offsets = rows[order].tobytes(), True, self._offsets
         else:
             out._hex = False
-            out._blob, out._offsets = pack_strings([self.raw(int(i)) for i in order])
+            out._blob, out._offsets = _pack([self.raw(int(i)) for i in order])
         return out
 
     def all(self) -> list[str]:
@@ -187,16 +187,6 @@ class ObjectList(Sequence[ObjectInfo]):
     def keys(self) -> list[str]:
         """Every key (one pass, for building a dataset)."""
         return self._keys.all()
-
-    def key(self, i: int) -> str:
-        return self._keys.get(i)
-
-    @property
-    def sizes(self) -> _I64:
-        """The sizes [bytes] (read-only view)."""
-        view = self._sizes.view()
-        view.flags.writeable = False
-        return view
 
     def take(self, order: Sequence[int] | _I64) -> ObjectList:
         """The objects at ``order``, in that order."""

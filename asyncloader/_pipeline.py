@@ -409,24 +409,23 @@ class Pipeline:
         self, slot: int, epoch: int, sel: np.ndarray[Any, Any]
     ) -> tuple[int, Counter[str]]:
         """Fill ``slot`` with the samples ``sel``; returns how many made it, and why not."""
-        samples = self.listing.samples
+        # Each sample made once per batch (a compact sample list makes one per access).
+        batch = [self.listing.samples[int(i)] for i in sel]
         seed = self.run.seed
         cached: dict[str, CachedAt | None] = {}
         keys = [""] * len(sel)
         if self.cache is not None:
             url = self.fetcher.store.url
-            keys = [
-                ObjectCache.entry_key(url, samples[i].obj.key, samples[i].obj.etag) for i in sel
-            ]
+            keys = [ObjectCache.entry_key(url, b.obj.key, b.obj.etag) for b in batch]
             # One index query per batch, off the loop: which samples are cached, and in which
             # file; the decode workers read the files without another query.
             cached = await asyncio.to_thread(self.cache.locate, keys)
         hits = [j for j in range(len(sel)) if keys[j] in cached]
         hit_set = set(hits)
         hit_results, *fetched = await asyncio.gather(
-            self._hits(slot, epoch, sel, hits, keys, cached),
+            self._hits(slot, epoch, sel, batch, hits, keys, cached),
             *(
-                self._sample(slot, j, epoch, mix_seed(seed, epoch, int(i)), samples[i], keys[j])
+                self._sample(slot, j, epoch, mix_seed(seed, epoch, int(i)), batch[j], keys[j])
                 for j, i in enumerate(sel)
                 if j not in hit_set
             ),
@@ -461,6 +460,7 @@ class Pipeline:
         slot: int,
         epoch: int,
         sel: np.ndarray[Any, Any],
+        batch: list[Sample],
         hits: list[int],
         keys: list[str],
         cached: dict[str, CachedAt | None],
@@ -471,12 +471,11 @@ class Pipeline:
         out: dict[int, BaseException | None] = {}
         if not hits:
             return out
-        samples = self.listing.samples
         seed = self.run.seed
         c = self.counters
         jobs = []
         for j in hits:
-            obj = samples[sel[j]].obj
+            obj = batch[j].obj
             seed_j = mix_seed(seed, epoch, int(sel[j]))
             jobs.append(DecodeJob(cached[keys[j]], slot, j, seed_j, obj.key, keys[j], obj.size))
         c.decode_queue += len(jobs)
@@ -486,7 +485,7 @@ class Pipeline:
             c.decode_queue -= len(jobs)
         gone = []
         for j, outcome in zip(hits, outcomes, strict=True):
-            sample = samples[sel[j]]
+            sample = batch[j]
             if isinstance(outcome, BaseException):
                 out[j] = self._failed(outcome, epoch, "cache", sample.obj.key)
                 continue
@@ -505,7 +504,7 @@ class Pipeline:
                         j,
                         epoch,
                         mix_seed(seed, epoch, int(sel[j])),
-                        samples[sel[j]],
+                        batch[j],
                         keys[j],
                     )
                     for j in gone

@@ -98,10 +98,10 @@ async def ranged_pages(
     delimited: bool,
     concurrency: int,
     split: bool = True,
-) -> AsyncIterator[tuple[Page, list[str], list[str]]]:
+) -> AsyncIterator[tuple[Page, list[str]]]:
     """Every page of one listing of ``full`` (keys relative to the store's ``root``, a
-    prefix of ``full``), in key order, listed in parallel by key
-    ranges where it is long: ``(objects, prefixes, full keys of the objects)``.
+    prefix of ``full``) as ``(objects, sub-folder prefixes)``, in key order, listed in
+    parallel by key ranges where it is long.
 
     A paginated listing is one request after another: a million keys at 1000 a page and
     20 ms a request take 20 s.  After the first page, if it found no sub-folders (a flat
@@ -109,42 +109,37 @@ async def ranged_pages(
     :func:`split_points` and the ranges are listed side by side (``start-after`` their
     start, page after page up to their end), ``concurrency`` requests at a time; each
     range's last request may read up to a page past its end (a few dozen pages in all).
-    Pages come out in key order.  A
-    sub-folder prefix met again in a later range is not repeated.
+    Pages come out in key order.  A sub-folder prefix met again in a later range is not
+    repeated.
     """
     sem = asyncio.Semaphore(concurrency)
-    tasks: list[asyncio.Task[list[tuple[Page, list[str], list[str]]]]] = []
+    Pages = list[tuple[Page, list[str]]]
+    tasks: list[asyncio.Task[Pages]] = []
     seen: set[str] = set()
+    within = full[len(root) :]  # the listed prefix, as keys are (relative to the root)
 
     async def page(start_after: str, token: str | None) -> tuple[Page, list[str], str | None]:
         async with sem:
-            return await fetch(full, delimited, start_after, token)
+            return await fetch(full, delimited, root + start_after if start_after else "", token)
 
-    def full_keys(objects: Page) -> list[str]:
-        return [root + o.key for o in objects]
-
-    async def one_range(lo: str, hi: str) -> list[tuple[Page, list[str], list[str]]]:
+    async def one_range(lo: str, hi: str) -> Pages:
         """The pages of keys after ``lo`` up to ``hi`` (inclusive: the next range starts
         after it), one after another; the last request may read past ``hi``."""
-        out: list[tuple[Page, list[str], list[str]]] = []
+        out: Pages = []
+        last_folder = root + hi
         objects, prefixes, token = await page(lo, None)
         while True:
-            names = full_keys(objects)
-            keep = [i for i, k in enumerate(names) if k <= hi]
-            ended = len(keep) < len(names) or any(p > hi for p in prefixes)
-            if len(keep) < len(names):
-                objects, names = [objects[i] for i in keep], [names[i] for i in keep]
-            out.append((objects, [p for p in prefixes if p <= hi], names))
+            # A page is in key order: only one that ends past the range is cut.
+            ended = bool(objects) and objects[-1].key > hi
+            if ended:
+                objects = [o for o in objects if o.key <= hi]
+            if any(p > last_folder for p in prefixes):
+                ended = True
+                prefixes = [p for p in prefixes if p <= last_folder]
+            out.append((objects, prefixes))
             if token is None or ended:
                 return out
             objects, prefixes, token = await page("", token)
-
-    def _spawn(
-        coro: Awaitable[list[tuple[Page, list[str], list[str]]]],
-    ) -> asyncio.Task[list[tuple[Page, list[str], list[str]]]]:
-        task = asyncio.ensure_future(coro)
-        tasks.append(task)
-        return task
 
     def fresh(prefixes: list[str]) -> list[str]:
         new = [p for p in prefixes if p not in seen]
@@ -153,32 +148,33 @@ async def ranged_pages(
 
     try:
         objects, prefixes, token = await page("", None)
-        names = full_keys(objects)
-        yield objects, fresh(prefixes), names
+        yield objects, fresh(prefixes)
         if token is None:
             return
+        names = [o.key for o in objects]
         dense = _dense(names) if len(names) > 1 else -1
         # The characters of the positions where the page's keys vary: digits for numbered
         # names, hex digits for hashes (a character no key uses makes an empty range).
         alphabet = "".join(sorted({c for k in names for c in k[dense + 1 : dense + 4]}))
-        if not split or prefixes or dense < len(full) or not alphabet:
+        if not split or prefixes or dense < len(within) or not alphabet:
             while token is not None:  # one page after another
                 objects, prefixes, token = await page("", token)
-                yield objects, fresh(prefixes), full_keys(objects)
+                yield objects, fresh(prefixes)
             return
         last = names[-1]
-        points = split_points(last, None, alphabet, floor=len(full), dense=dense)
-        ranges = [_spawn(one_range(a, b)) for a, b in itertools.pairwise([last, *points])]
-        for task in ranges:
-            for objects, prefixes, names in await task:
-                yield objects, fresh(prefixes), names
+        points = split_points(last, None, alphabet, floor=len(within), dense=dense)
+        for lo, hi in itertools.pairwise([last, *points]):
+            tasks.append(asyncio.ensure_future(one_range(lo, hi)))
+        for task in list(tasks):
+            for objects, prefixes in await task:
+                yield objects, fresh(prefixes)
         # The last range has no end: one page after another from the last point.
         if points:
             objects, prefixes, token = await page(points[-1], None)
-            yield objects, fresh(prefixes), full_keys(objects)
+            yield objects, fresh(prefixes)
         while token is not None:
             objects, prefixes, token = await page("", token)
-            yield objects, fresh(prefixes), full_keys(objects)
+            yield objects, fresh(prefixes)
     finally:
         for t in tasks:
             t.cancel()

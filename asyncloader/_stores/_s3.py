@@ -284,7 +284,7 @@ class S3Store(FolderListing):
             delimited=folders is not None,
             concurrency=self._list_concurrency,
         )
-        async for page, prefixes, _ in pages:
+        async for page, prefixes in pages:
             if folders is not None:
                 folders.extend(prefixes)
             yield page
