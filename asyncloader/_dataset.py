@@ -28,8 +28,9 @@ from ._labels import (
     build_dataset,
     manifest_objects,
     parse_manifest,
+    read_columnar_manifest,
 )
-from ._manifest import is_manifest, read_manifest
+from ._manifest import is_columnar, is_manifest, read_manifest
 from ._objects import ObjectList
 from ._types import ObjectInfo, ObjectStore, Sample
 
@@ -131,6 +132,12 @@ async def open_listing(
                 f"({len(objects)} objects listed; extensions={extensions})"
             )
 
+    if is_columnar(labels):  # the samples, labels and objects as arrays: no LIST, no rows
+        assert isinstance(labels, str)
+        data = await read_manifest_file(store, labels)
+        dataset = await asyncio.to_thread(read_columnar_manifest, data, labels)
+        check(dataset.samples.objects, dataset)
+        return Listing(dataset), None
     manifest_data = None
     if is_manifest(labels):
         assert isinstance(labels, str)

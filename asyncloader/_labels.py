@@ -2,6 +2,8 @@
 
 * ``"folder"`` — the ImageFolder convention: the label of ``cat/001.jpg`` is the index of
   ``cat`` among the sorted names of the folders holding images (``classes``).
+* a columnar manifest (``.npz``, written by ``ls --write-manifest``): the objects with
+  their sizes, ETags and labels as arrays, for a million keys read in well under a second;
 * a manifest (``.jsonl`` lines ``{"key": ..., "label": ...}`` or ``.csv`` with a
   ``key,label`` header): the manifest names the samples and their labels, in its order.
   Labels that are not integers are mapped to the index of their sorted distinct values.
@@ -12,15 +14,18 @@
 from __future__ import annotations
 
 import bisect
+import io
 import posixpath
+import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ._errors import StoreError, shown_key
 from ._manifest import read_manifest
-from ._objects import ObjectList, SampleList
+from ._objects import ObjectList, SampleList, texts_from_arrays, texts_to_arrays
 from ._types import ObjectInfo, Sample
 
 __all__ = [
@@ -30,6 +35,8 @@ __all__ = [
     "KeyFilter",
     "key_path",
     "build_dataset",
+    "columnar_manifest",
+    "read_columnar_manifest",
     "manifest_objects",
     "parse_manifest",
 ]
@@ -82,6 +89,36 @@ def manifest_objects(data: bytes | bytearray | Rows, name: str) -> ObjectList | 
         )
     except ValueError as exc:
         raise ValueError(f"{name}: a size that is not a number") from exc
+
+
+def columnar_manifest(objects: ObjectList, labels: Sequence[str]) -> dict[str, Any]:
+    """A manifest as arrays (``.npz``): the objects (keys, sizes, ETags) and their labels
+    as indices, with the class names — the dataset a JSONL manifest of the same rows makes
+    (labels that are all integers stay integers), read without a Python object per row."""
+    idx, classes = _label_index(labels)
+    return {
+        **objects.arrays(),
+        "label_index": np.asarray(idx, dtype=np.int64),
+        **texts_to_arrays("classes", classes),
+    }
+
+
+def read_columnar_manifest(data: bytes | bytearray, name: str) -> Dataset:
+    """The dataset of a columnar manifest (:func:`columnar_manifest`), in its order.
+
+    Raises:
+        ValueError: not such a manifest, or a damaged one, naming it.
+    """
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            objects = ObjectList.from_arrays(arrays)
+            labels = np.asarray(arrays["label_index"], dtype=np.int64)
+            classes = tuple(texts_from_arrays(arrays, "classes"))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{name}: not a columnar manifest ({exc})") from exc
+    if len(labels) != len(objects) or (classes and len(labels) and labels.max() >= len(classes)):
+        raise ValueError(f"{name}: a damaged columnar manifest (labels do not fit)")
+    return Dataset(SampleList(objects, labels), classes)
 
 
 def _label_index(values: Sequence[str]) -> tuple[list[int], tuple[str, ...]]:

@@ -11,7 +11,7 @@ import io
 import json
 import re
 
-__all__ = ["is_manifest", "read_manifest"]
+__all__ = ["is_columnar", "is_manifest", "read_manifest"]
 
 # A JSON value that does not become text by itself (true, false, null, a list or object
 # inside a row); a string that merely looks so only sends the file the slower way.
@@ -19,8 +19,13 @@ _NOT_TEXT = re.compile(r":\s*(?:true|false|null|\[|\{)")
 
 
 def is_manifest(labels: object) -> bool:
-    """Whether ``labels`` names a manifest (``.jsonl`` or ``.csv``)."""
-    return isinstance(labels, str) and labels.endswith((".jsonl", ".csv"))
+    """Whether ``labels`` names a manifest (``.jsonl``, ``.csv``, or columnar ``.npz``)."""
+    return isinstance(labels, str) and labels.endswith((".jsonl", ".csv", ".npz"))
+
+
+def is_columnar(labels: object) -> bool:
+    """Whether ``labels`` names a columnar manifest (``.npz``: arrays, not rows)."""
+    return isinstance(labels, str) and labels.endswith(".npz")
 
 
 def _float_text(literal: str) -> str:

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from ._types import ObjectInfo, Sample
 
-__all__ = ["ObjectList", "ObjectListBuilder", "SampleList"]
+__all__ = ["ObjectList", "ObjectListBuilder", "SampleList", "texts_from_arrays", "texts_to_arrays"]
 
 _I64 = npt.NDArray[np.int64]
 
@@ -125,6 +125,20 @@ class _Strings:
         if not out._hex and (out._offsets[0] != 0 or out._offsets[-1] != len(out._blob)):
             raise ValueError(f"damaged {name} arrays")
         return out
+
+
+def texts_to_arrays(name: str, texts: Sequence[str]) -> dict[str, npt.NDArray[Any]]:
+    """``texts`` as named arrays (a blob and offsets), for ``numpy.savez``."""
+    return _Strings([t.encode() for t in texts]).arrays(name)
+
+
+def texts_from_arrays(arrays: Any, name: str) -> list[str]:
+    """The texts :func:`texts_to_arrays` stored under ``name``.
+
+    Raises:
+        ValueError: damaged arrays; KeyError: missing ones.
+    """
+    return _Strings.from_arrays(arrays, name).all()
 
 
 class ObjectList(Sequence[ObjectInfo]):

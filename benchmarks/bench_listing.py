@@ -12,9 +12,9 @@ Run: ``python benchmarks/bench_listing.py``.
 synthetic bucket (names, sizes and ETags only; every body one small JPEG), ``--latency`` per
 page, in 1000 class folders and flat.  Each measure runs in a fresh process: the time to the
 first batch of a shuffled run from a cold listing and from a published manifest (``ls
---write-manifest``), the client CPU per listed key and the memory the object list holds
-(``asyncloader.listing``), and the LIST requests a ``torchrun`` job of 2 ranks × 2
-DataLoader workers sends, against one listing's.
+--write-manifest``, as JSONL rows and as arrays, ``.npz``), the client CPU per listed key
+and the memory the object list holds (``asyncloader.listing``), and the LIST requests a
+``torchrun`` job of 2 ranks × 2 DataLoader workers sends, against one listing's.
 Run: ``python benchmarks/bench_listing.py --million``.
 """
 
@@ -199,7 +199,7 @@ def million(args: argparse.Namespace) -> None:
         f" median of {args.repeat} (each in a fresh process)\n"
     )
     head = (
-        f"{'layout':14s} {'cold: 1st batch s':>17s} {'manifest: 1st s':>15s} "
+        f"{'layout':14s} {'cold: 1st batch s':>17s} {'jsonl: 1st s':>12s} {'npz: 1st s':>10s} "
         f"{'CPU us/key':>10s} {'list s':>7s} {'held MB':>8s} {'arrays MB':>9s}"
     )
     print(head)
@@ -214,26 +214,30 @@ def million(args: argparse.Namespace) -> None:
                 synthetic_folders=folders,
             ) as srv:
                 manifest = Path(tmp) / f"train-{folders}.jsonl"
+                columnar = manifest.with_suffix(".npz")
                 import asyncloader as al
 
-                al.describe(
-                    "s3://b/train/",
-                    store_options={"endpoint_url": srv.endpoint},
-                    write_manifest=manifest,
-                )
+                for path in (manifest, columnar):
+                    al.describe(
+                        "s3://b/train/",
+                        store_options={"endpoint_url": srv.endpoint},
+                        write_manifest=path,
+                    )
                 rounds = []
                 for _ in range(args.repeat):  # interleaved: cold, manifest, held
                     b = str(args.batch_size)
                     cold = bl.run_case([srv.endpoint, "first", "folder", b], __file__)
                     man = bl.run_case([srv.endpoint, "first", str(manifest), b], __file__)
+                    npz = bl.run_case([srv.endpoint, "first", str(columnar), b], __file__)
                     held = bl.run_case([srv.endpoint, "held"], __file__)
-                    rounds.append((cold, man, held))
+                    rounds.append((cold, man, held, npz))
 
                 def m(i: int, k: str, rs: list[tuple[dict[str, float], ...]] = rounds) -> float:
                     return statistics.median(r[i][k] for r in rs)
 
                 print(
-                    f"{layout:14s} {m(0, 'first'):17.2f} {m(1, 'first'):15.2f} "
+                    f"{layout:14s} {m(0, 'first'):17.2f} {m(1, 'first'):12.2f} "
+                    f"{m(3, 'first'):10.2f} "
                     f"{m(2, 'cpu_us_per_key'):10.2f} {m(2, 'wall'):7.2f} "
                     f"{m(2, 'held_mb'):8.0f} {m(2, 'arrays_mb'):9.0f}"
                 )

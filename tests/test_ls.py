@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import asyncloader as al
 from asyncloader._describe import inventory
 from asyncloader.testing import S3TestServer
@@ -104,12 +106,39 @@ def test_a_written_manifest_is_read_instead_of_a_listing(
         al.ObjectInfo(r["key"], r["size"], r["etag"]) for r in rows
     ]
 
+    # The same as arrays (.npz): the same samples, labels and pixels, still no LIST.
+    columnar = tmp_path / "train.npz"
+    al.describe(
+        "s3://b/train/",
+        store_options={"endpoint_url": light_server.endpoint},
+        write_manifest=columnar,
+    )
+    light_server.reset_stats()
+    npz_labels, npz_pixels = epoch(str(columnar))
+    assert light_server.stats()["counters"].get("list", 0) == 0
+    assert npz_labels == folder_labels and np.array_equal(npz_pixels, folder_pixels)
+    assert al.listing("s3://b/train/", labels=str(columnar)) == al.listing(
+        "s3://b/train/", labels=str(manifest)
+    )
+    with al.ImageLoader(
+        "s3://b/train/",
+        labels=str(columnar),
+        store_options={"endpoint_url": light_server.endpoint},
+    ) as loader:
+        assert loader.classes == tuple(f"class_{i:02d}" for i in range(N_CLASSES))
+    damaged = tmp_path / "damaged.npz"
+    damaged.write_bytes(columnar.read_bytes()[:100])
+    with pytest.raises(ValueError, match="not a columnar manifest"):
+        al.ImageLoader(
+            "s3://b/train/",
+            labels=str(damaged),
+            store_options={"endpoint_url": light_server.endpoint},
+        )
+
 
 def test_a_manifest_reads_the_same_whole_or_line_by_line() -> None:
     """The one-call parse of a plain JSONL manifest gives the rows the line-by-line parse
     gives (numbers as their text), and a file it cannot take goes line by line."""
-    import pytest
-
     from asyncloader import _manifest
 
     plain = b'{"key": "a/1.jpg", "label": 3, "size": 5, "etag": "e"}\n{"key": "b", "w": 1.50}\n'

@@ -76,3 +76,20 @@ def test_a_sample_list_pairs_objects_and_labels() -> None:
     assert list(pickle.loads(pickle.dumps(samples))) == list(samples)
     with pytest.raises(ValueError, match="differ"):
         SampleList(ObjectList.of(items), [0])
+
+
+@pytest.mark.parametrize("labels", [["3", "1", "3"], ["cat", "ant", "cat"]])
+def test_a_columnar_manifest_makes_the_dataset_its_rows_make(labels: list[str]) -> None:
+    from asyncloader._labels import build_dataset, columnar_manifest, read_columnar_manifest
+
+    items = [ObjectInfo(f"k{i}.jpg", 10 + i, f"{i:032x}") for i in range(3)]
+    buf = io.BytesIO()
+    np.savez(buf, **columnar_manifest(ObjectList.of(items), labels))
+    arrays = read_columnar_manifest(buf.getvalue(), "m.npz")
+    rows = build_dataset(
+        items, "m.jsonl", manifest=[(o.key, lab) for o, lab in zip(items, labels, strict=True)]
+    )
+    assert list(arrays.samples) == list(rows.samples)
+    assert arrays.classes == rows.classes
+    with pytest.raises(ValueError, match="not a columnar manifest"):
+        read_columnar_manifest(b"not a zip", "m.npz")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from .._manifest import is_manifest
+from .._manifest import is_columnar, is_manifest
 from .._types import ObjectStore
 from ._azure import AzureStore, azure_store_from_url
 from ._gcs import GCSStore, gcs_store_from_url
@@ -49,7 +49,7 @@ def store_options(url: str, labels: object, options: dict[str, Any] | None) -> d
     """The store options a loader of ``url`` with ``labels`` opens its store with: a plain
     web server has no listing, its manifest lists the objects."""
     out = dict(options or {})
-    if lists_from_manifest(url) and is_manifest(labels):
+    if lists_from_manifest(url) and is_manifest(labels) and not is_columnar(labels):
         out.setdefault("manifest", labels)
     return out
 
