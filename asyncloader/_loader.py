@@ -103,8 +103,9 @@ class ImageLoader:
             from the SSD cache, processes do (they read the files themselves, and decode
             without sharing the GIL with each other or the event loop).  Inside a
             DataLoader worker, and off POSIX systems, always threads.
-        labels: ``"folder"`` (ImageFolder), a manifest path or key (``.jsonl``/``.csv``), a
-            callable ``key -> int`` or None.
+        labels: ``"folder"`` (ImageFolder), a manifest path or key (``.jsonl``/``.csv``
+            rows, or ``.npz`` arrays from ``ls --write-manifest``), a callable
+            ``key -> int`` or None.
         extensions: Keys to keep (ignored with a manifest); None keeps every object.
         decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
         sample_shape: (C, H, W) of a sample; needed with ``decode=``.
