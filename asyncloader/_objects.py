@@ -42,9 +42,10 @@ class _Strings:
 
     def __init__(self, items: Sequence[bytes], *, hex_ok: bool = False) -> None:
         if hex_ok and items and all(len(s) == 32 for s in items):
+            joined = b"".join(items)
             try:
-                self._blob = binascii.unhexlify(b"".join(items))
-                if binascii.hexlify(self._blob) == b"".join(items):  # lower case: exact
+                self._blob = binascii.unhexlify(joined)
+                if binascii.hexlify(self._blob) == joined:  # lower case: exact
                     self._hex, self._offsets = True, np.zeros(0, np.int64)
                     return
             except binascii.Error:
@@ -141,7 +142,22 @@ def texts_from_arrays(arrays: Any, name: str) -> list[str]:
     return _Strings.from_arrays(arrays, name).all()
 
 
-class ObjectList(Sequence[ObjectInfo]):
+class _Items:
+    """Equal to any sequence of the same items, as a list is (and so, like a list,
+    unhashable)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        text = isinstance(other, str | bytes)
+        if isinstance(self, Sequence) and isinstance(other, Sequence) and not text:
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class ObjectList(_Items, Sequence[ObjectInfo]):
     """Listed objects as arrays (see the module's docstring); a read-only sequence of
     :class:`ObjectInfo`, made on access."""
 
@@ -187,13 +203,6 @@ class ObjectList(Sequence[ObjectInfo]):
     def __iter__(self) -> Iterator[ObjectInfo]:
         for key, size, etag in zip(*self.columns(), strict=True):
             yield ObjectInfo(key, size, etag)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"ObjectList({len(self)} objects, {self.nbytes() / 1e6:.1f} MB)"
@@ -276,7 +285,7 @@ class ObjectListBuilder:
         return self._parts[0] if len(self._parts) == 1 else ObjectList.concat(self._parts)
 
 
-class SampleList(Sequence[Sample]):
+class SampleList(_Items, Sequence[Sample]):
     """A dataset's samples: an :class:`ObjectList` and an int32 label per object; a
     read-only sequence of :class:`Sample`, made on access."""
 
@@ -304,13 +313,6 @@ class SampleList(Sequence[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         for obj, label in zip(self.objects, self.labels.tolist(), strict=True):
             yield Sample(obj, label)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"SampleList({len(self)} samples)"

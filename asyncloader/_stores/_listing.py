@@ -97,7 +97,6 @@ async def ranged_pages(
     root: str,
     delimited: bool,
     concurrency: int,
-    split: bool = True,
 ) -> AsyncIterator[tuple[Page, list[str]]]:
     """Every page of one listing of ``full`` (keys relative to the store's ``root``, a
     prefix of ``full``) as ``(objects, sub-folder prefixes)``, in key order, listed in
@@ -156,7 +155,7 @@ async def ranged_pages(
         # The characters of the positions where the page's keys vary: digits for numbered
         # names, hex digits for hashes (a character no key uses makes an empty range).
         alphabet = "".join(sorted({c for k in names for c in k[dense + 1 : dense + 4]}))
-        if not split or prefixes or dense < len(within) or not alphabet:
+        if prefixes or dense < len(within) or not alphabet:
             while token is not None:  # one page after another
                 objects, prefixes, token = await page("", token)
                 yield objects, fresh(prefixes)
