@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from ._transforms import Transform as Transform
     from ._types import ObjectInfo as ObjectInfo
     from ._types import ObjectStore as ObjectStore
+    from ._types import WritableStore as WritableStore
     from ._warm import WarmReport as WarmReport
     from ._warm import warm as warm
 
@@ -98,6 +99,7 @@ _WHERE = {
     "Transform": "._transforms",
     "ObjectInfo": "._types",
     "ObjectStore": "._types",
+    "WritableStore": "._types",
     "WarmReport": "._warm",
     "warm": "._warm",
 }
@@ -141,6 +143,7 @@ __all__ = [
     "Transform",
     "TransientStoreError",
     "WarmReport",
+    "WritableStore",
     "__version__",
     "bench",
     "describe",

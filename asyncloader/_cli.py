@@ -338,10 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     ls.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     ls.add_argument(
         "--write-manifest",
-        metavar="PATH.jsonl|PATH.npz",
+        metavar="PATH_OR_URL",
         default=None,
-        help="write the samples (key, ImageFolder label, size, ETag) there, as JSONL rows or "
-        "as arrays (.npz, the fastest to read): a loader given it as labels= lists nothing",
+        help="write the samples (key, ImageFolder label, size, ETag) there — a local file, "
+        "or a URL next to the data (s3://, gs://, az://, file://) — as JSONL rows (.jsonl) "
+        "or arrays (.npz, the fastest to read): a loader given it as labels= lists nothing",
     )
     bench = sub.add_parser(
         "bench",

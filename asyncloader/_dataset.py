@@ -8,7 +8,7 @@ The listing strategy lives here, on the loader's event loop:
   the first keys;
 * else the whole listing (in parallel where the store can), saved in the cache for the next
   run; with a manifest (``labels="train.jsonl"``, a local file or a key beside the images)
-  the manifest names the samples and their labels.
+  the manifest names the samples and their labels (a URL too: ``s3://bucket/train.npz``).
 
 Which objects are samples and what their labels are is :mod:`asyncloader._labels` (pure).
 """
@@ -16,7 +16,8 @@ Which objects are samples and what their labels are is :mod:`asyncloader._labels
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from ._cache import ObjectCache
 from ._errors import AsyncLoaderError
@@ -113,10 +114,12 @@ async def open_listing(
     stream: bool,
     listed: Callable[[Sequence[ObjectInfo]], None],
     objects: Sequence[ObjectInfo] | None = None,
+    store_options: Mapping[str, Any] | None = None,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """The run's samples: complete, or (``stream``: an unshuffled run) growing in key order
     while a task, returned with it, still lists.  ``listed(objects)`` is told of the whole
     listing when it is complete.  ``objects``: listed already (nothing is listed).
+    ``store_options``: how to reach a manifest URL outside the store's root.
 
     Raises:
         AsyncLoaderError: no samples under the URL (when complete; a growing listing raises
@@ -134,14 +137,14 @@ async def open_listing(
 
     if is_columnar(labels):  # the samples, labels and objects as arrays: no LIST, no rows
         assert isinstance(labels, str)
-        data = await read_manifest_file(store, labels)
+        data = await read_manifest_file(store, labels, store_options)
         dataset = await asyncio.to_thread(read_columnar_manifest, data, labels)
         check(dataset.samples.objects, dataset)
         return Listing(dataset), None
     manifest_data = None
     if is_manifest(labels):
         assert isinstance(labels, str)
-        data = await read_manifest_file(store, labels)
+        data = await read_manifest_file(store, labels, store_options)
         manifest_data = await asyncio.to_thread(read_manifest, data, labels)  # parsed once
         if objects is None:  # a manifest with every size and ETag is a listing: no LIST
             objects = manifest_objects(manifest_data, labels)

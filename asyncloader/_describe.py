@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import io
 import json
 import os
 import posixpath
 from collections import Counter
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
 from ._cache import ObjectCache
-from ._fetch import list_objects, read_manifest_file, saved_listing
+from ._errors import shown_key
+from ._fetch import list_objects, read_manifest_file, saved_listing, write_file
 from ._labels import (
     IMAGE_EXTENSIONS,
     KeyFilter,
@@ -119,40 +120,48 @@ async def describe_store(
     extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
     listing_max_age: float = 3600.0,
     write_manifest: str | os.PathLike[str] | None = None,
+    store_options: dict[str, Any] | None = None,
 ) -> Inventory:
     """The inventory of ``store``: from the cache's saved listing if young enough, else
     listed (and saved when there is a cache); with ``write_manifest``, its samples written
-    there as a listing manifest (see :func:`describe`)."""
+    there as a listing manifest (see :func:`describe`; ``store_options``: how to reach a
+    manifest URL outside the store's root)."""
     saved = await saved_listing(store, cache, listing_max_age)
     objects = saved if saved is not None else await list_objects(store, cache, 0)
     if write_manifest is not None:
-        await asyncio.to_thread(_write_manifest, Path(write_manifest), objects, extensions)
+        target = os.fspath(write_manifest)
+        data = await asyncio.to_thread(manifest_bytes, target, objects, extensions)
+        await write_file(store, target, data, store_options)
     return inventory(store.url, objects, extensions, from_saved_listing=saved is not None)
 
 
-def _write_manifest(
-    path: Path, objects: Sequence[ObjectInfo], extensions: Sequence[str] | None
-) -> None:
-    """The samples as JSONL rows ``{key, label, size, etag}`` (label: the ImageFolder
-    class), sorted by key; written whole or not at all."""
-    if path.suffix not in (".jsonl", ".npz"):
+def manifest_bytes(
+    name: str, objects: Sequence[ObjectInfo], extensions: Sequence[str] | None
+) -> bytes:
+    """The samples, sorted by key, as the manifest ``name`` (by its suffix): JSONL rows
+    ``{key, label, size, etag}`` (label: the ImageFolder class), or ``.npz`` arrays.
+
+    Raises:
+        ValueError: ``name`` is neither.
+    """
+    suffix = posixpath.splitext(name.partition("?")[0])[1]
+    if suffix not in (".jsonl", ".npz"):
         raise ValueError(
             f"write the manifest to a .jsonl file (rows) or a .npz file (arrays, the fastest "
-            f"to read), not {str(path)!r}"
+            f"to read), not {shown_key(name)!r}"
         )
     wanted = KeyFilter(extensions)
     rows = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if path.suffix == ".npz":
+    if suffix == ".npz":
         labels = [posixpath.dirname(o.key) for o in rows]
-        with open(tmp, "wb") as f:
-            np.savez(f, **columnar_manifest(ObjectList.of(rows), labels))
-    else:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for o in rows:
-                row = {"key": o.key, "label": posixpath.dirname(o.key), "size": o.size}
-                f.write(json.dumps({**row, "etag": o.etag}) + "\n")
-    os.replace(tmp, path)
+        out = io.BytesIO()
+        np.savez(out, **columnar_manifest(ObjectList.of(rows), labels))
+        return out.getvalue()
+    lines = []
+    for o in rows:
+        row = {"key": o.key, "label": posixpath.dirname(o.key), "size": o.size}
+        lines.append(json.dumps({**row, "etag": o.etag}) + "\n")
+    return "".join(lines).encode()
 
 
 def describe(
@@ -161,18 +170,20 @@ def describe(
     cache_dir: str | os.PathLike[str] | None = None,
     extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
     refresh_listing: bool = False,
-    store_options: dict[str, object] | None = None,
+    store_options: dict[str, Any] | None = None,
     write_manifest: str | os.PathLike[str] | None = None,
 ) -> Inventory:
     """What is under ``url``: objects, bytes, classes and their counts, sample sizes, the
     extensions found — from the listing saved in ``cache_dir`` when there is a young one.
     Blocking; runs its own event loop.
 
-    ``write_manifest``: a ``.jsonl`` file (rows) or a ``.npz`` file (arrays: a million
-    keys read in well under a second) to write the samples to, with their ImageFolder
-    label, size and ETag.  A loader given it as ``labels=`` reads the objects from it and
-    lists nothing (one file read instead of a listing, for every later job; list again and
-    write it anew when the data changes).
+    ``write_manifest``: a ``.jsonl`` (rows) or ``.npz`` (arrays: a million keys read in
+    well under a second) manifest to write the samples to, with their ImageFolder label,
+    size and ETag: a local file, or a URL (``s3://``, ``gs://``, ``az://``, ``file://``)
+    published next to the data, for every job and node to read (reached with
+    ``store_options`` when it is on the same service).  A loader given it as ``labels=``
+    reads the objects from it and lists nothing (one object read instead of a listing;
+    list again and write it anew when the data changes).
 
     Raises:
         StoreError: the store could not be listed.
@@ -188,6 +199,7 @@ def describe(
                 extensions=extensions,
                 listing_max_age=0 if refresh_listing else 3600,
                 write_manifest=write_manifest,
+                store_options=store_options,
             )
         finally:
             await store.close()
@@ -218,15 +230,17 @@ def listing(
     """
 
     async def main() -> Sequence[ObjectInfo]:
-        store = open_store(url, **store_options_for(url, labels, store_options))
+        options = store_options_for(url, labels, store_options)
+        store = open_store(url, **options)
         try:
             if is_columnar(labels):  # its objects are the listing
                 assert isinstance(labels, str)
-                data = await read_manifest_file(store, labels)
+                data = await read_manifest_file(store, labels, options)
                 return read_columnar_manifest(data, labels).samples.objects
             if is_manifest(labels):  # one with every size and ETag is the listing
                 assert isinstance(labels, str)
-                objects = manifest_objects(await read_manifest_file(store, labels), labels)
+                data = await read_manifest_file(store, labels, options)
+                objects = manifest_objects(data, labels)
                 if objects is not None:
                     return objects
             cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None

@@ -103,9 +103,9 @@ class ImageLoader:
             from the SSD cache, processes do (they read the files themselves, and decode
             without sharing the GIL with each other or the event loop).  Inside a
             DataLoader worker, and off POSIX systems, always threads.
-        labels: ``"folder"`` (ImageFolder), a manifest path or key (``.jsonl``/``.csv``
-            rows, or ``.npz`` arrays from ``ls --write-manifest``), a callable
-            ``key -> int`` or None.
+        labels: ``"folder"`` (ImageFolder), a manifest — a local path, a key beside the
+            images, or a URL (``s3://bucket/train.npz``) — of ``.jsonl``/``.csv`` rows or
+            ``.npz`` arrays (``ls --write-manifest``), a callable ``key -> int`` or None.
         extensions: Keys to keep (ignored with a manifest); None keeps every object.
         decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
         sample_shape: (C, H, W) of a sample; needed with ``decode=``.
@@ -274,6 +274,7 @@ class ImageLoader:
         self._finalizer = weakref.finalize(self, self._rt.close)
         try:
             options = store_options_for(url, labels, store_options)
+            self._store_options = options
             the_store = store if store is not None else open_store(url, **options)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
             self._rt.store = the_store
@@ -305,6 +306,7 @@ class ImageLoader:
             stream=self._run_config.shuffle is False,
             listed=listed,
             objects=self._objects,
+            store_options=self._store_options,
         )
         self._objects = None  # the dataset holds what it needs
         self._rt.listing_task = task

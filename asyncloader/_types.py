@@ -24,6 +24,7 @@ __all__ = [
     "ObjectStore",
     "Outcome",
     "Sample",
+    "WritableStore",
 ]
 
 Blob = bytes | bytearray
@@ -97,6 +98,18 @@ class ObjectStore(Protocol):
 
     async def close(self) -> None:
         """Release connections.  Idempotent."""
+        ...
+
+
+@runtime_checkable
+class WritableStore(ObjectStore, Protocol):
+    """A store that can also write an object (S3, Azure, GCS, local folders; a plain web
+    server cannot): how ``asyncloader ls --write-manifest URL`` publishes a manifest."""
+
+    async def put(self, key: str, data: bytes) -> ObjectInfo:
+        """Write ``data`` as the object ``key``, replacing any object there, whole or not
+        at all; return its size and new ETag (``""`` when the store did not say).  Retried
+        on throttling and transient failures by the store itself (a PUT is idempotent)."""
         ...
 
 

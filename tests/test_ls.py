@@ -12,9 +12,9 @@ import pytest
 
 import asyncloader as al
 from asyncloader._describe import inventory
-from asyncloader.testing import S3TestServer
+from asyncloader.testing import FaultProxy, S3TestServer
 
-from .conftest import N_CLASSES, N_IMAGES
+from .conftest import N_CLASSES, N_IMAGES, Backend
 
 
 def test_describe_a_folder(jpeg_folder: Path) -> None:
@@ -153,3 +153,73 @@ def test_a_manifest_reads_the_same_whole_or_line_by_line() -> None:
         _manifest.read_manifest(b'{"key": "a"}\n{"label": 1}\n', "m.jsonl")
     with pytest.raises(ValueError, match=r"m\.jsonl:3: expected a JSON object"):
         _manifest.read_manifest(b'{"key": "a"}\n\n{"key":\n', "m.jsonl")
+
+
+# What each service's listing request carries (a listing refused there shows a LIST).
+_LIST_MARK = {"s3": "list-type=2", "azure": "comp=list", "gcs": "maxResults"}
+
+
+def test_a_manifest_published_next_to_the_data_replaces_the_listing(
+    backend: Backend, jpeg_folder: Path
+) -> None:
+    """``ls --write-manifest URL`` on each service's emulator: the manifest is uploaded (a
+    throttled upload is sent again) under the data's URL or beside it, and a loader given
+    that URL as ``labels=`` lists nothing and delivers what a folder-labelled loader does."""
+    import numpy as np
+
+    backend.create_bucket("pub")
+    backend.server.upload_folder("pub", jpeg_folder, "train/")
+    data = backend.url("pub", "train/")
+    under, beside = data + "train.jsonl", backend.url("pub", "lists/train.npz")
+    with FaultProxy(backend.server.endpoint) as proxy:
+        options = backend.options_at(proxy.endpoint)
+        if backend.name == "s3":  # the CLI, and the upload on aiohttp (as behind a proxy)
+            out = subprocess.run(
+                [
+                    *(sys.executable, "-m", "asyncloader", "ls", data),
+                    *("--endpoint-url", proxy.endpoint, "--write-manifest", under),
+                ],
+                capture_output=True,
+                text=True,
+            )
+            assert out.returncode == 0, out.stderr
+            options = {**options, "http_client": "aiohttp"}
+        else:
+            al.describe(data, store_options=options, write_manifest=under)
+        proxy.fail_next(1, status=503, code="SlowDown", path_contains="lists/train.npz")
+        al.describe(data, store_options=options, write_manifest=beside)
+        assert proxy.injected == 1
+
+        def epoch(labels: str) -> tuple[list[int], np.ndarray]:
+            with al.ImageLoader(
+                data, labels=labels, batch_size=16, seed=4, store_options=options
+            ) as loader:
+                got = [(lab.tolist(), img.numpy().copy()) for img, lab in loader]
+            return [x for lab, _ in got for x in lab], np.concatenate([img for _, img in got])
+
+        listed = [o for o in al.listing(data, store_options=options) if o.key.endswith(".jpg")]
+        folder_labels, folder_pixels = epoch("folder")
+        proxy.fail_next(
+            10**6, status=403, code="AccessDenied", path_contains=_LIST_MARK[backend.name]
+        )
+        for manifest in (under, beside):
+            assert al.listing(data, labels=manifest, store_options=options) == listed
+            labels, pixels = epoch(manifest)
+            assert labels == folder_labels and np.array_equal(pixels, folder_pixels)
+        with pytest.raises(al.AccessDenied):  # the listing is refused from here on
+            al.listing(data, store_options=options, refresh_listing=True)
+
+
+def test_where_a_manifest_cannot_be_written(light_server: S3TestServer, tmp_path: Path) -> None:
+    options = {"endpoint_url": light_server.endpoint}
+    with pytest.raises(ValueError, match=r"\.jsonl file .* or a \.npz file"):
+        al.describe("s3://b/train/", store_options=options, write_manifest=tmp_path / "m.csv")
+    with pytest.raises(al.StoreError, match="takes no uploads"):
+        al.describe("s3://b/train/", store_options=options, write_manifest="https://h.test/m.npz")
+    # A file:// URL and a local path are written whole, folders made as needed.
+    target = tmp_path / "sub" / "m.npz"
+    al.describe("s3://b/train/", store_options=options, write_manifest=target.as_uri())
+    assert al.listing("s3://b/train/", labels=target.as_uri(), store_options=options) == (
+        al.listing("s3://b/train/", store_options=options)
+    )
+    assert [p.name for p in target.parent.iterdir()] == ["m.npz"]  # no temporary file left

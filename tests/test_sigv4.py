@@ -41,3 +41,19 @@ def test_repr_hides_secrets() -> None:
     for text in (repr(creds), str(creds), repr(signer)):
         assert "supersecret" not in text
         assert "tokentoken" not in text
+
+
+@settings(max_examples=30, deadline=None)
+@given(key=keys, body=st.binary(max_size=2000))
+def test_a_put_with_its_body_signed_matches_botocore(key: str, body: bytes) -> None:
+    """A PUT (a published manifest) signs the SHA-256 of its body, as botocore does."""
+    host = "s3.eu-west-1.amazonaws.com"
+    path = "/bucket/" + uri_encode_path(key)
+    digest = hashlib.sha256(body).hexdigest()
+    req = AWSRequest("PUT", f"https://{host}{path}", data=body)
+    req.headers["X-Amz-Content-SHA256"] = digest
+    S3SigV4Auth(Credentials("AKIDEXAMPLE", "s3cr3t/KEY+x"), "s3", "eu-west-1").add_auth(req)
+    now = calendar.timegm(time.strptime(req.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
+    signer = SigV4Signer(FrozenCredentials("AKIDEXAMPLE", "s3cr3t/KEY+x", None), "eu-west-1")
+    ours = signer.sign("PUT", host, path, now=now, payload_hash=digest)
+    assert ours["Authorization"] == req.headers["Authorization"]

@@ -29,6 +29,7 @@ __all__ = [
     "S3Store",
     "lists_from_manifest",
     "open_store",
+    "service_of",
     "store_options",
 ]
 
@@ -54,30 +55,48 @@ def store_options(url: str, labels: object, options: dict[str, Any] | None) -> d
     return out
 
 
+def service_of(url: str) -> str:
+    """Which backend serves ``url``: ``"s3"``, ``"gs"``, ``"az"``, ``"http"`` (a plain web
+    server) or ``"file"``.
+
+    Raises:
+        ValueError: an unknown scheme.
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    if scheme == "s3":
+        return "s3"
+    if scheme in ("gs", "gcs"):
+        return "gs"
+    if _is_azure(parts):
+        return "az"
+    if scheme in ("http", "https"):
+        return "http"
+    if scheme == "file" or scheme == "" or len(scheme) == 1:  # (a Windows drive letter)
+        return "file"
+    raise ValueError(
+        f"unsupported URL scheme {scheme!r} in {url!r}: "
+        "use s3://, gs://, az://, https://, file:// or a path"
+    )
+
+
 def open_store(url: str, **options: Any) -> ObjectStore:
     """Return the store for ``url``; ``options`` go to the backend's constructor.
 
     Raises:
         ValueError: an unknown scheme, or a URL without its bucket/container.
     """
-    parts = urlsplit(url)
-    scheme = parts.scheme
-    if scheme == "s3":
+    service = service_of(url)
+    if service == "s3":
         bucket, prefix = parse_s3_url(url)
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         return S3Store(bucket, prefix, **options)
-    if scheme in ("gs", "gcs"):
+    if service == "gs":
         return gcs_store_from_url(url, **options)
-    if _is_azure(parts):
+    if service == "az":
         return azure_store_from_url(url, **options)
-    if scheme in ("http", "https"):
+    if service == "http":
         return HttpStore(url, **options)
-    if scheme == "file":
-        return LocalStore(unquote(parts.path), **options)
-    if scheme == "" or len(scheme) == 1:  # a path (or a Windows drive letter)
-        return LocalStore(url, **options)
-    raise ValueError(
-        f"unsupported URL scheme {scheme!r} in {url!r}: "
-        "use s3://, gs://, az://, https://, file:// or a path"
-    )
+    parts = urlsplit(url)
+    return LocalStore(unquote(parts.path) if parts.scheme == "file" else url, **options)

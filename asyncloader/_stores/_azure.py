@@ -17,6 +17,8 @@ anonymous (public containers).  Entra ID bearer tokens come from ``azure-identit
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, MutableSequence
@@ -243,20 +245,29 @@ class AzureStore(FolderListing):
         what: str,
         key: str | None,
         parse: Callable[[bytes], T],
+        extra: Mapping[str, str] | None = None,
+        body: bytes | None = None,
     ) -> tuple[Mapping[str, str], T]:
-        """A listing or HEAD request, retried on throttling and transient failures; the
-        body goes through ``parse`` inside each try (a listing page cut short is retried)."""
+        """A listing, HEAD or PUT request (``extra`` headers, lower-case, and ``body``),
+        retried on throttling and transient failures; the answer's body goes through
+        ``parse`` inside each try (a listing page cut short is retried)."""
         self._ensure()
         assert self._session is not None
         session = self._session
 
         async def once(authorization: str) -> tuple[Mapping[str, str], T]:
-            headers = self._headers(method, path, query, authorization=authorization)
+            headers = self._headers(method, path, query, extra, authorization)
             try:
-                answer, body = await request(
-                    session, method, self._url(path, query), headers, what=what, key=key
+                answer, got = await request(
+                    session,
+                    method,
+                    self._url(path, query),
+                    headers,
+                    what=what,
+                    key=key,
+                    body=body,
                 )
-                return answer, parse(body)
+                return answer, parse(got)
             except ObjectNotFound as exc:
                 if self._signer is None and not self._sas and not authorization:
                     exc.add_note(
@@ -341,6 +352,29 @@ class AzureStore(FolderListing):
             )
 
         return await with_token(self._token, once, refused=_REFUSED)
+
+    async def put(self, key: str, data: bytes) -> ObjectInfo:
+        """Write ``data`` as the blob ``key`` (a Put Blob of a block blob, replacing any blob
+        there), with its MD5, so that a body changed on the way is refused; retried on
+        throttling and transient failures."""
+        full = self.prefix + key
+        extra = {
+            "content-length": str(len(data)),
+            "content-md5": base64.b64encode(hashlib.md5(data).digest()).decode(),
+            "content-type": "application/octet-stream",
+            "x-ms-blob-type": "BlockBlob",
+        }
+        answer, _ = await self._control(
+            "PUT",
+            self._blob_path(full),
+            {},
+            what=self._what(full),
+            key=key,
+            parse=bytes,
+            extra=extra,
+            body=data,
+        )
+        return ObjectInfo(key, len(data), normalize_etag(answer.get("etag", "")))
 
     async def close(self) -> None:
         self._closed = True

@@ -18,6 +18,8 @@ header, no per-request client machinery.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from collections.abc import AsyncIterator, Callable, MutableSequence
 from functools import partial
@@ -119,6 +121,7 @@ class GCSStore(FolderListing):
         quoted = quote(bucket, safe="")
         self._meta_path = f"{root}/storage/v1/b/{quoted}/o"
         self._media_path = f"{root}/download/storage/v1/b/{quoted}/o"
+        self._upload_path = f"{root}/upload/storage/v1/b/{quoted}/o"
         self._max_connections = max_connections
         self._read_timeout = read_timeout
         self._use_lean = http_client == "lean" and not proxy_configured()
@@ -161,23 +164,35 @@ class GCSStore(FolderListing):
             params = {**params, "userProject": self._user_project}
         return urlencode(params, quote_via=quote, safe="/") if params else ""
 
-    async def _control(self, target: str, *, what: str, key: str, parse: Callable[[Blob], T]) -> T:
-        """A metadata or listing GET, retried on throttling and transient failures; the
-        JSON answer goes through ``parse`` inside each try (one cut short is asked again)."""
+    async def _control(
+        self,
+        target: str,
+        *,
+        what: str,
+        key: str,
+        parse: Callable[[Blob], T],
+        method: str = "GET",
+        body: bytes | None = None,
+    ) -> T:
+        """A metadata or listing GET (or an upload's POST of ``body``), retried on
+        throttling and transient failures; the JSON answer goes through ``parse`` inside
+        each try (one cut short is asked again)."""
         self._ensure()
+        kind = {"content-type": "application/octet-stream"} if body is not None else {}
 
         async def once(authorization: str) -> T:
-            headers = {"authorization": authorization} if authorization else {}
+            headers = {**kind, "authorization": authorization} if authorization else kind
             try:
-                _, body = await send(
+                _, answer = await send(
                     self._lean,
                     self._session,
                     self._origin,
-                    "GET",
+                    method,
                     target,
                     headers,
                     what=what,
                     key=key,
+                    body=body,
                 )
             except ObjectNotFound as exc:
                 if self._token is None:
@@ -186,7 +201,7 @@ class GCSStore(FolderListing):
                         "to anonymous requests"
                     )
                 raise
-            return parse(body)
+            return parse(answer)
 
         return await retrying(partial(with_token, self._token, once))
 
@@ -256,6 +271,27 @@ class GCSStore(FolderListing):
             )
 
         return await with_token(self._token, once)
+
+    async def put(self, key: str, data: bytes) -> ObjectInfo:
+        """Write ``data`` as the object ``key`` (a media upload, replacing any object there);
+        the MD5 the service reports is checked against the bytes sent, and an upload that
+        arrived changed is sent again, as are throttled and failed ones."""
+        full = self.prefix + key
+        what = self._what(full)
+        params = {"uploadType": "media", "name": full, "fields": "size,generation,md5Hash"}
+        target = f"{self._upload_path}?{self._query(params)}"
+        md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+
+        def check(body: Blob) -> dict[str, Any]:
+            meta = _json(body, what=what, key=key)
+            if meta.get("md5Hash", md5) != md5 or int(meta.get("size", len(data))) != len(data):
+                raise TransientStoreError(f"{what}: the upload arrived changed", key=key)
+            return meta
+
+        meta = await self._control(
+            target, what=what, key=key, parse=check, method="POST", body=data
+        )
+        return ObjectInfo(key, len(data), str(meta.get("generation", "")))
 
     async def close(self) -> None:
         self._closed = True

@@ -161,8 +161,10 @@ async def request(
     *,
     what: str,
     key: str | None,
+    body: bytes | None = None,
 ) -> tuple[Mapping[str, str], bytes]:
-    """Send one request; return the answer's headers and body, or raise a mapped error.
+    """Send one request (with ``body``, a PUT's or POST's); return the answer's headers and
+    body, or raise a mapped error.
 
     Raises:
         ObjectNotFound, AccessDenied, IntegrityError, Throttled, TransientStoreError,
@@ -170,12 +172,12 @@ async def request(
         time-out, truncated body) become TransientStoreError.
     """
     try:
-        async with session.request(method, url, headers=headers) as resp:
-            body = await resp.read()
+        async with session.request(method, url, headers=headers, data=body) as resp:
+            answer = await resp.read()
             if resp.status >= 300:
                 code = resp.headers.get("x-ms-error-code", "")
-                raise error_for_status(resp.status, body, what=what, key=key, code=code)
-            return resp.headers, body
+                raise error_for_status(resp.status, answer, what=what, key=key, code=code)
+            return resp.headers, answer
     except StoreError:
         raise
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
@@ -260,10 +262,11 @@ async def _lean_request(
     *,
     what: str,
     key: str,
+    body: bytes | None = None,
 ) -> LeanResponse:
     """One request on the lean client; a success, or an error of our tree."""
     try:
-        resp = await client.get(target, headers, method=method)
+        resp = await client.get(target, headers, method=method, body=body)
     except TimeoutError as exc:
         raise TransientStoreError(f"request for {what} timed out", key=key) from exc
     except ssl.SSLCertVerificationError as exc:
@@ -291,20 +294,21 @@ async def send(
     *,
     what: str,
     key: str,
+    body: bytes | None = None,
 ) -> tuple[Mapping[str, str], Blob]:
-    """Send ``method`` for ``target`` (path and query, encoded) on the lean client when there
-    is one, else on aiohttp below ``base``; the answer's headers (lower-case names on the
-    lean client) and body.
+    """Send ``method`` for ``target`` (path and query, encoded), with ``body`` (a PUT's or
+    POST's), on the lean client when there is one, else on aiohttp below ``base``; the
+    answer's headers (lower-case names on the lean client) and body.
 
     Raises:
         The errors of :func:`request`.
     """
     if lean is not None:
-        resp = await _lean_request(lean, method, target, headers, what=what, key=key)
+        resp = await _lean_request(lean, method, target, headers, what=what, key=key, body=body)
         return resp.headers, resp.body
     assert session is not None
     url = URL(base + target, encoded=True)
-    return await request(session, method, url, headers, what=what, key=key)
+    return await request(session, method, url, headers, what=what, key=key, body=body)
 
 
 def object_info(key: str, headers: Mapping[str, str], *, what: str) -> ObjectInfo:

@@ -242,7 +242,8 @@ class _Conn(asyncio.BufferedProtocol):
 
 
 class LeanHTTPClient:
-    """Keep-alive GET/HEAD to one origin (``scheme://host[:port]``).
+    """Keep-alive requests to one origin (``scheme://host[:port]``): GET and HEAD on the hot
+    path, and the odd PUT or POST of a small body (a published manifest).
 
     Args:
         scheme: ``http`` or ``https``.
@@ -287,9 +288,15 @@ class LeanHTTPClient:
         return conn
 
     async def get(
-        self, target: str, headers: dict[str, str], *, method: str = "GET"
+        self,
+        target: str,
+        headers: dict[str, str],
+        *,
+        method: str = "GET",
+        body: bytes | bytearray | memoryview | None = None,
     ) -> LeanResponse:
-        """Send one request for ``target`` (an encoded path + query) and read the answer.
+        """Send one request for ``target`` (an encoded path + query) and read the answer;
+        ``body`` (a PUT's or POST's) is sent after the headers, with its Content-Length.
 
         Raises:
             ProtocolError: the connection broke or the answer was malformed (the request may
@@ -308,12 +315,15 @@ class LeanHTTPClient:
             conn = await self._connect()
         lines = [f"{method} {target} HTTP/1.1\r\nHost: {self.host_header}\r\n"]
         lines += [f"{k}: {v}\r\n" for k, v in headers.items()]
+        if body is not None and not any(k.lower() == "content-length" for k in headers):
+            lines.append(f"Content-Length: {len(body)}\r\n")
         lines.append("\r\n")
+        data = "".join(lines).encode("latin-1")
+        if body is not None:
+            data += body
         ok = False
         try:
-            resp = await conn.request(
-                "".join(lines).encode("latin-1"), method != "HEAD", self._read_timeout
-            )
+            resp = await conn.request(data, method != "HEAD", self._read_timeout)
             ok = True
             return resp
         finally:

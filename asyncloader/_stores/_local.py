@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -84,6 +85,24 @@ class LocalStore:
         if end is not None and len(data) != end - start:
             raise IntegrityError(f"{self.root / key} is shorter than listed", key=key)
         return data
+
+    def _write(self, key: str, data: bytes) -> ObjectInfo:
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # whole or not at all: a reader never sees half of it
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return ObjectInfo(key, len(data), _etag(os.stat(path)))
+
+    async def put(self, key: str, data: bytes) -> ObjectInfo:
+        """Write ``data`` as the file ``key`` (folders made as needed), replacing any file
+        there at once (written beside it, then renamed)."""
+        return await asyncio.to_thread(self._write, key, data)
 
     async def close(self) -> None:
         pass

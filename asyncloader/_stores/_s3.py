@@ -12,6 +12,7 @@ the ``Authorization`` header and the canonical request at DEBUG level.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import time
@@ -43,7 +44,7 @@ from ._http import (
 )
 from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page, ranged_pages
-from ._s3_auth import FrozenCredentials, SigV4Signer, uri_encode_path
+from ._s3_auth import UNSIGNED_PAYLOAD, FrozenCredentials, SigV4Signer, uri_encode_path
 
 __all__ = ["S3Store"]
 
@@ -326,7 +327,9 @@ class S3Store(FolderListing):
             self._lean, self._session, self._base, f"{path}?{query}", headers, what=what, key=key
         )
 
-    async def _auth(self, method: str, path: str, query: str = "") -> dict[str, str]:
+    async def _auth(
+        self, method: str, path: str, query: str = "", payload_hash: str = UNSIGNED_PAYLOAD
+    ) -> dict[str, str]:
         """SigV4 headers for a request (none when anonymous)."""
         signer = self._signer
         if signer is None:
@@ -337,7 +340,7 @@ class S3Store(FolderListing):
             # of expiry when asked, so ask once a minute rather than on every request.
             self._creds_checked = now
             signer.set_credentials(await self._frozen())
-        return signer.sign(method, self._host, path, query)
+        return signer.sign(method, self._host, path, query, payload_hash=payload_hash)
 
     async def stat(self, key: str) -> ObjectInfo:
         """HEAD the object, signed and sent like a GET: botocore's own request path would
@@ -384,6 +387,33 @@ class S3Store(FolderListing):
             end=end,
             etag=etag,
         )
+
+    async def put(self, key: str, data: bytes) -> ObjectInfo:
+        """Write ``data`` as the object ``key`` (a PutObject, replacing any object there),
+        its SHA-256 signed, so that a body changed on the way is refused; retried on
+        throttling and transient failures (a PUT of the same bytes is idempotent)."""
+        await self._ensure()
+        full = self.prefix + key
+        path = self._base_path + "/" + uri_encode_path(full)
+        what = f"s3://{self.bucket}/{full}"
+
+        async def once() -> ObjectInfo:
+            headers = await self._auth("PUT", path, payload_hash=hashlib.sha256(data).hexdigest())
+            headers["Content-Type"] = "application/octet-stream"
+            answer, _ = await send(
+                self._lean,
+                self._session,
+                self._base,
+                "PUT",
+                path,
+                headers,
+                what=what,
+                key=key,
+                body=data,
+            )
+            return ObjectInfo(key, len(data), normalize_etag(answer.get("etag", "")))
+
+        return await retrying(once)
 
     async def close(self) -> None:
         self._closed = True

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
-__all__ = ["FrozenCredentials", "SigV4Signer", "uri_encode_path"]
+__all__ = ["UNSIGNED_PAYLOAD", "FrozenCredentials", "SigV4Signer", "uri_encode_path"]
 
-_UNSIGNED = "UNSIGNED-PAYLOAD"
+UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,7 @@ class SigV4Signer:
         encoded_path: str,
         query: str = "",
         now: float | None = None,
-        payload_hash: str = _UNSIGNED,
+        payload_hash: str = UNSIGNED_PAYLOAD,
     ) -> dict[str, str]:
         """Return the headers that authenticate the request.
 

@@ -19,7 +19,7 @@ from .._config import FetchConfig
 from .._errors import AccessDenied, IntegrityError, ObjectNotFound, StoreError, Throttled
 from .._fetch import Fetcher
 from .._stats import Counters
-from .._types import ObjectInfo, ObjectStore
+from .._types import ObjectInfo, ObjectStore, WritableStore
 
 __all__ = ["StoreFixture", "check_object_store"]
 
@@ -64,7 +64,8 @@ def check_object_store(fixture: StoreFixture) -> None:
     """Run every check against ``fixture``; raise AssertionError naming the first failure.
 
     Writes about 1030 small objects below the root (``paged/``, ``tree/``, ``blobs/``,
-    ``mutable.bin``).  Each check opens and closes its own store.
+    ``mutable.bin``); a store that writes (:class:`~asyncloader.WritableStore`) also
+    writes ``written/``.  Each check opens and closes its own store.
     """
     data = {f"paged/obj{i:05d}.bin": str(i).encode() for i in range(PAGED)}
     tree = {
@@ -160,12 +161,30 @@ def check_object_store(fixture: StoreFixture) -> None:
         assert new.etag != old.etag, "replacing an object did not change its ETag"
         assert bytes(await store.get("mutable.bin", etag=new.etag)) == new_value
 
+    async def writes_read_back(store: ObjectStore) -> None:
+        if not isinstance(store, WritableStore):
+            return  # a read-only store (a web server): nothing to check
+        key = "written/a b+c/manifest.bin"
+        first, second = _blob(200_001, 5), _blob(1000, 6)
+        put = await store.put(key, first)
+        assert (put.key, put.size) == (key, len(first)), put
+        info = await store.stat(key)
+        assert info.size == len(first), info
+        assert not put.etag or put.etag == info.etag, "put and stat ETags differ"
+        assert bytes(await store.get(key, etag=info.etag)) == first
+        assert [o.key async for o in store.list("written/")] == [key]
+        again = await store.put(key, second)  # replaced whole, under a new version
+        assert bytes(await store.get(key)) == second
+        assert (await store.stat(key)).etag not in ("", info.etag), "a new ETag on replace"
+        assert not again.etag or again.etag == (await store.stat(key)).etag
+
     for check in (
         listing_paginates,
         listing_prefixes,
         ranges_are_exact,
         missing_object,
         replaced_mid_read,
+        writes_read_back,
     ):
         run(check)
     if fixture.open_throttled is not None:

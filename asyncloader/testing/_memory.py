@@ -74,7 +74,7 @@ class MemoryStore:
     ) -> None:
         self.bucket = bucket if isinstance(bucket, MemoryBucket) else MemoryBucket(bucket)
         self.name = name
-        self.requests: Counter[str] = Counter()  # "list", "stat", "get"
+        self.requests: Counter[str] = Counter()  # "list", "stat", "get", "put"
         self._closed = False
 
     def __repr__(self) -> str:
@@ -128,6 +128,12 @@ class MemoryStore:
                 status=416,
             )
         return data[start:end]
+
+    async def put(self, key: str, data: bytes) -> ObjectInfo:
+        self._check_open()
+        self.requests["put"] += 1
+        self.bucket.put(key, data)
+        return ObjectInfo(key, len(data), self._object(key)[1])
 
     async def close(self) -> None:
         self._closed = True
