@@ -174,3 +174,25 @@ def test_cache_warm_and_ls_by_url(gcs_data: GCSEmulator, tmp_path: Path) -> None
             stats = loader.stats()  # (the next epoch is prefetched already: more hits)
             assert stats.requests == 0 and stats.cache_hits >= N_IMAGES
         assert proxy.requests == before  # the saved listing and the cached objects
+
+
+def test_a_flat_run_of_names_is_listed_by_ranges_side_by_side(gcs_emulator: GCSEmulator) -> None:
+    """600 numbered names at 50 a page: after the first page the rest of the name space is
+    cut into ranges listed from their ``startOffset`` side by side (one of them throttled
+    once, and asked again); every name comes out once, in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gcs_emulator.create_bucket("flat")
+    names = [f"run/img_{i:05d}.jpg" for i in range(600)]
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda n: gcs_emulator.put("flat", n, n.encode()), names))
+    with FaultProxy(gcs_emulator.endpoint) as proxy:
+        proxy.fail_next(1, status=503, code="SlowDown", path_contains="startOffset")
+        objects = al.listing(
+            "gs://flat/run/",
+            store_options={"endpoint_url": proxy.endpoint, "anonymous": True, "page_size": 50},
+        )
+        assert proxy.injected == 1  # a range was listed from its start
+        assert proxy.requests <= 12 + 45 + 1  # its pages, the ranges' overlaps, the retry
+    assert [o.key for o in objects] == [n[len("run/") :] for n in names]
+    assert [o.size for o in objects] == [len(n) for n in names]

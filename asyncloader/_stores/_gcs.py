@@ -12,7 +12,8 @@ header, no per-request client machinery.
   object, or none (``anonymous=True``, and by default against an emulator named by
   ``STORAGE_EMULATOR_HOST``).  Tokens are refreshed ahead of expiry (:mod:`._bearer`).
 * Listing: delimited pages of up to 1000 objects, sub-folders listed in parallel in sorted
-  chunks (:mod:`._listing`), JSON parsed with the collector paused.
+  chunks, a long flat run of names by name ranges side by side (``startOffset``;
+  :mod:`._listing`), JSON parsed with the collector paused.
 * ``user_project=``: the project billed for a requester-pays bucket.
 """
 
@@ -36,7 +37,7 @@ from ._bearer import BearerToken, with_token
 from ._gcs_auth import emulator_host, google_token_source
 from ._http import gc_paused, get_object, object_headers, open_clients, proxy_configured, send
 from ._lean_http import LeanHTTPClient
-from ._listing import FolderListing, Page
+from ._listing import FolderListing, Page, ranged_pages
 
 __all__ = ["GCS_ENDPOINT", "GCSStore", "gcs_store_from_url", "parse_gcs_url"]
 
@@ -211,24 +212,46 @@ class GCSStore(FolderListing):
     async def _list_pages(
         self, full: str, folders: MutableSequence[str] | None
     ) -> AsyncIterator[Page]:
-        cut = len(self.prefix)
-        what = self._what(full)
-        params = {"prefix": full, "maxResults": str(self._page_size), "fields": _FIELDS}
-        if folders is not None:
-            params["delimiter"] = "/"
-        while True:
-            page, prefixes, token = await self._control(
-                f"{self._meta_path}?{self._query(params)}",
-                what=what,
-                key=full,
-                parse=partial(_listing_page, cut=cut, what=what, key=full),
-            )
+        """One objects.list listing; with ``folders``, delimited (sub-folders collected
+        there).  A long flat run of names is listed by name ranges side by side
+        (:func:`ranged_pages`, each range from its ``startOffset``)."""
+        pages = ranged_pages(
+            self._page,
+            full,
+            root=self.prefix,
+            delimited=folders is not None,
+            concurrency=self._list_concurrency,
+        )
+        async for page, prefixes in pages:
             if folders is not None:
                 folders.extend(prefixes)
             yield page
-            if not token:
-                return
-            params = {**params, "pageToken": token}
+
+    async def _page(
+        self, full: str, delimited: bool, start_after: str, token: str | None
+    ) -> tuple[Page, list[str], str | None]:
+        """One page of objects.list (a :data:`PageFetch`): continuing with ``token``, or
+        starting after the name ``start_after`` (``startOffset`` is inclusive: that name
+        itself, listed by the range before, is dropped)."""
+        params = {"prefix": full, "maxResults": str(self._page_size), "fields": _FIELDS}
+        if delimited:
+            params["delimiter"] = "/"
+        if token is not None:
+            params["pageToken"] = token
+        elif start_after:
+            params["startOffset"] = start_after
+        what = self._what(full)
+        cut = len(self.prefix)
+        page, prefixes, next_token = await self._control(
+            f"{self._meta_path}?{self._query(params)}",
+            what=what,
+            key=full,
+            parse=partial(_listing_page, cut=cut, what=what, key=full),
+        )
+        if token is None and start_after:
+            page = [o for o in page if o.key != start_after[cut:]]
+            prefixes = [p for p in prefixes if p != start_after]
+        return page, prefixes, next_token or None
 
     async def stat(self, key: str) -> ObjectInfo:
         full = self.prefix + key
