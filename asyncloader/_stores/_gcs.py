@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import AsyncIterator, Callable, MutableSequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
@@ -37,7 +37,7 @@ from ._bearer import BearerToken, with_token
 from ._gcs_auth import emulator_host, google_token_source
 from ._http import gc_paused, get_object, object_headers, open_clients, proxy_configured, send
 from ._lean_http import LeanHTTPClient
-from ._listing import FolderListing, Page, ranged_pages
+from ._listing import Page, RangedListing
 
 __all__ = ["GCS_ENDPOINT", "GCSStore", "gcs_store_from_url", "parse_gcs_url"]
 
@@ -53,7 +53,7 @@ def parse_gcs_url(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.lstrip("/")
 
 
-class GCSStore(FolderListing):
+class GCSStore(RangedListing):
     """A Google Cloud Storage bucket (and name prefix) as an :class:`~asyncloader.ObjectStore`.
 
     Args:
@@ -208,24 +208,6 @@ class GCSStore(FolderListing):
 
     async def _ready(self) -> None:
         self._ensure()
-
-    async def _list_pages(
-        self, full: str, folders: MutableSequence[str] | None
-    ) -> AsyncIterator[Page]:
-        """One objects.list listing; with ``folders``, delimited (sub-folders collected
-        there).  A long flat run of names is listed by name ranges side by side
-        (:func:`ranged_pages`, each range from its ``startOffset``)."""
-        pages = ranged_pages(
-            self._page,
-            full,
-            root=self.prefix,
-            delimited=folders is not None,
-            concurrency=self._list_concurrency,
-        )
-        async for page, prefixes in pages:
-            if folders is not None:
-                folders.extend(prefixes)
-            yield page
 
     async def _page(
         self, full: str, delimited: bool, start_after: str, token: str | None

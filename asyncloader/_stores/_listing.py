@@ -38,6 +38,7 @@ __all__ = [
     "Page",
     "PageFetch",
     "PageLister",
+    "RangedListing",
     "list_chunks",
     "ranged_pages",
     "split_points",
@@ -335,3 +336,32 @@ class FolderListing:
             concurrency=self._list_concurrency,
         ):
             yield chunk
+
+
+class RangedListing(FolderListing):
+    """:class:`FolderListing` for a store whose listing can start after a given key (S3
+    ``start-after``, GCS ``startOffset``): the store supplies ``_page`` (a
+    :data:`PageFetch`), and a long flat run of keys is listed by key ranges side by side
+    (:func:`ranged_pages`)."""
+
+    async def _page(
+        self, full: str, delimited: bool, start_after: str, token: str | None
+    ) -> tuple[Page, list[str], str | None]:
+        raise NotImplementedError
+
+    async def _list_pages(
+        self, full: str, folders: MutableSequence[str] | None
+    ) -> AsyncIterator[Page]:
+        """One listing of ``full``; with ``folders``, delimited (sub-folders collected
+        there)."""
+        pages = ranged_pages(
+            self._page,
+            full,
+            root=self.prefix,
+            delimited=folders is not None,
+            concurrency=self._list_concurrency,
+        )
+        async for page, prefixes in pages:
+            if folders is not None:
+                folders.extend(prefixes)
+            yield page

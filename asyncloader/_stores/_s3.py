@@ -16,7 +16,6 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import AsyncIterator, MutableSequence
 from functools import partial
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -43,7 +42,7 @@ from ._http import (
     send,
 )
 from ._lean_http import LeanHTTPClient
-from ._listing import FolderListing, Page, ranged_pages
+from ._listing import Page, RangedListing
 from ._s3_auth import UNSIGNED_PAYLOAD, FrozenCredentials, SigV4Signer, uri_encode_path
 
 __all__ = ["S3Store"]
@@ -119,7 +118,7 @@ def _plain_page(body: Blob, cut: int) -> tuple[Page, list[str], str | None] | No
     return page, [f.decode() for f in folders], (token.group(1).decode() or None) if token else None
 
 
-class S3Store(FolderListing):
+class S3Store(RangedListing):
     """An S3 bucket (and key prefix) as an :class:`~asyncloader.ObjectStore`.
 
     Args:
@@ -265,30 +264,6 @@ class S3Store(FolderListing):
 
     async def _ready(self) -> None:
         await self._ensure()
-
-    async def _list_pages(
-        self, full: str, folders: MutableSequence[str] | None
-    ) -> AsyncIterator[Page]:
-        """One ListObjectsV2 listing; with ``folders``, delimited (sub-folders collected
-        there).  A long flat run of keys is listed by key ranges side by side
-        (:func:`ranged_pages`).
-
-        Sent on the hot path's HTTP client with our signer and read by scanning (a page
-        that is not plain, by ElementTree): botocore's response parser spends about 0.3 ms
-        of CPU per key (timestamps, shapes), which for a million keys would be minutes of
-        the event loop.
-        """
-        pages = ranged_pages(
-            self._page,
-            full,
-            root=self.prefix,
-            delimited=folders is not None,
-            concurrency=self._list_concurrency,
-        )
-        async for page, prefixes in pages:
-            if folders is not None:
-                folders.extend(prefixes)
-            yield page
 
     async def _page(
         self, full: str, delimited: bool, start_after: str, token: str | None
