@@ -18,21 +18,156 @@ Two bounds, the smaller wins, always between ``floor`` and ``ceiling``:
   probed gently there, one that stopped throttling is soon climbed fast again, as CUBIC
   does).  The window grows only while it is what limits.
 
-A leaf module: asyncio and the standard library only.  Runs on one event loop.
+**One budget per node** (:class:`NodeShare`): the loaders of one node that read one store
+into one cache folder — its ranks and their DataLoader workers — are, to the store, one
+client.  Each backing off alone, N of them recover N times as fast as one and the store
+keeps throttling.  Sharing a small file in the cache folder, a back-off of any of them is a
+back-off of all (once per round of requests, node-wide), and each grows its window by
+``1 / active`` of the step and goes down to ``1 / active`` of the floor, so that together
+they climb, and back off, as one client does.
+
+A leaf module: asyncio and the standard library only.  The budget runs on one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import mmap
+import os
+import random
+import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["MIN_NEED", "InflightBudget", "Permit"]
+__all__ = ["MIN_NEED", "InflightBudget", "NodeShare", "Permit"]
 
 MIN_NEED = 16
 PROBE = 0.1
+NODE_POLL = 0.05  # seconds between two looks at the node (while requests are answered)
+
+
+_MAGIC = b"ALNODE01"
+_HEAD = struct.Struct("<8sqd")  # magic, back-offs so far, when the last one was
+_SLOT = struct.Struct("<qd")  # a member's token (0: free), its last heartbeat
+_SLOTS = 128
+_SIZE = _HEAD.size + _SLOTS * _SLOT.size
+
+
+class NodeShare:
+    """What the loaders of one node reading one store share: the node's back-offs, and how
+    many of them are active.  A small file (``path``, in the cache folder), mapped in
+    memory and changed under an advisory lock; a member that has not been heard of for
+    ``stale`` seconds (stopped, killed) no longer counts and its slot is taken again.
+
+    Args:
+        path: The file (made, with its folder, if missing).
+        stale: Seconds without a heartbeat after which a member is gone.
+        clock: Wall-clock seconds (shared by processes: not monotonic).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        stale: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self._stale = stale
+        self._clock = clock
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            with self._lock(fd):
+                if os.fstat(fd).st_size < _SIZE:
+                    os.ftruncate(fd, _SIZE)
+                self._map = mmap.mmap(fd, _SIZE)
+                if self._map[: len(_MAGIC)] != _MAGIC:  # new (or another version's): reset
+                    self._map[:] = bytes(_SIZE)
+                    _HEAD.pack_into(self._map, 0, _MAGIC, 0, 0.0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._token = random.getrandbits(62) | 1
+        self._slot = -1
+        self.generation = 0  # the node's back-offs when this member last looked
+        self.generation, _ = self.poll()  # joined: only later back-offs apply to it
+
+    def __repr__(self) -> str:
+        return f"NodeShare({str(self.path)!r})"
+
+    @contextlib.contextmanager
+    def _lock(self, fd: int | None = None) -> Iterator[None]:
+        fd = self._fd if fd is None else fd
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _beat(self, now: float) -> None:
+        """Refresh this member's heartbeat, taking a slot again if it lost its own (held
+        a long time without a word, and given to another).  Under the lock."""
+        m = self._map
+        if self._slot >= 0 and _SLOT.unpack_from(m, _HEAD.size + self._slot * _SLOT.size)[0] == (
+            self._token
+        ):
+            _SLOT.pack_into(m, _HEAD.size + self._slot * _SLOT.size, self._token, now)
+            return
+        self._slot = -1
+        for i in range(_SLOTS):
+            token, beat = _SLOT.unpack_from(m, _HEAD.size + i * _SLOT.size)
+            if token == 0 or beat < now - self._stale:
+                _SLOT.pack_into(m, _HEAD.size + i * _SLOT.size, self._token, now)
+                self._slot = i
+                return
+        # Every slot taken: this member goes uncounted (the node is larger than the table).
+
+    def poll(self) -> tuple[int, int]:
+        """A heartbeat; the node's back-offs so far and its active members (this one
+        included)."""
+        now = self._clock()
+        with self._lock():
+            self._beat(now)
+            _, generation, _ = _HEAD.unpack_from(self._map, 0)
+            active = sum(
+                1
+                for i in range(_SLOTS)
+                if (slot := _SLOT.unpack_from(self._map, _HEAD.size + i * _SLOT.size))[0]
+                and slot[1] >= now - self._stale
+            )
+        return generation, max(1, active + (self._slot < 0))
+
+    def back_off(self, gap: float) -> int:
+        """A member was throttled: the node backs off, unless it did less than ``gap``
+        seconds ago (one round of requests: the same congestion).  Returns the node's
+        back-offs so far."""
+        now = self._clock()
+        with self._lock():
+            magic, generation, last = _HEAD.unpack_from(self._map, 0)
+            if now - last >= gap or now < last:
+                generation += 1
+                _HEAD.pack_into(self._map, 0, magic, generation, now)
+        return int(generation)
+
+    def close(self) -> None:
+        """Leave the node (the slot is freed).  Idempotent."""
+        if self._fd < 0:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            with self._lock():
+                at = _HEAD.size + self._slot * _SLOT.size
+                if self._slot >= 0 and _SLOT.unpack_from(self._map, at)[0] == self._token:
+                    _SLOT.pack_into(self._map, at, 0, 0.0)
+            self._map.close()
+        os.close(self._fd)
+        self._fd = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +191,8 @@ class InflightBudget:
             the window bounds the limit).
         samples: How many recent slot-hold times the mean is taken over.
         clock: Seconds, monotonic.
+        node: The node this budget is one member of (its back-offs shared, its growth and
+            its floor divided among the active members); None: on its own.
     """
 
     def __init__(
@@ -69,6 +206,7 @@ class InflightBudget:
         rate: Callable[[], float | None] | None = None,
         samples: int = 256,
         clock: Callable[[], float] = time.monotonic,
+        node: NodeShare | None = None,
     ) -> None:
         if ceiling < 1 or floor < 1:
             raise ValueError("need ceiling >= 1 and floor >= 1")
@@ -91,11 +229,21 @@ class InflightBudget:
         self._holds: deque[float] = deque(maxlen=samples)
         self._hold_sum = 0.0
         self._since_sized = 0
+        self._node = node
+        self._node_seen = node.generation if node is not None else 0
+        self.members = 1  # active members of the node (this one included)
+        self.followed = 0  # back-offs made for another member's throttled answer
+        self._polled = clock()
 
     @property
     def limit(self) -> int:
         """Requests that may be in flight now."""
-        return max(self.floor, min(self.ceiling, int(min(self.window, self.need))))
+        return max(self._floor(), min(self.ceiling, int(min(self.window, self.need))))
+
+    def _floor(self) -> int:
+        """The fewest in flight: ``floor``, or in a node its share of it (the node's
+        members together go down to about ``floor``, not ``floor`` each)."""
+        return max(1, -(-self.floor // self.members)) if self.members > 1 else self.floor
 
     async def acquire(self) -> Permit:
         """Wait for a slot (first come, first served)."""
@@ -129,27 +277,54 @@ class InflightBudget:
             if self._slow_start:
                 step = 1.0
             elif self.window < self._wmax:
-                step = 1.0 / self.window
+                step = 1.0 / (self.window * self.members)
             else:  # past where the store last throttled: probe slowly, then faster
-                step = self._probe / self.window
+                step = self._probe / (self.window * self.members)
                 self._probe = min(1.0, self._probe * (1.0 + 0.25 / self.window))
             self.window = min(float(self.ceiling), self.window + step)
         self._since_sized += 1
         if self._since_sized >= 16:
             self._size()
+        if self._node is not None and self._clock() - self._polled >= NODE_POLL:
+            self._poll_node()
         self._wake()
 
     def throttled(self, generation: int) -> bool:
-        """A request sent in ``generation`` was throttled: back off, once per generation.
-        Returns whether this backed off."""
+        """A request sent in ``generation`` was throttled: back off, once per generation
+        (and, in a node, once per node-wide back-off: a member throttled in the round the
+        node backed off for another only follows it).  Returns whether this backed off."""
         if generation != self.generation or self.floor == self.ceiling:
             return False  # sent before the last back-off (that one answered for it), or fixed
+        if self._node is not None:
+            node_generation = self._node.back_off(gap=self._round())
+            if node_generation <= self._node_seen:
+                return False  # the node's back-off for this round was applied here already
+            self._node_seen = node_generation
+        self._back_off()
+        return True
+
+    def _round(self) -> float:
+        """One round of requests [seconds]: the mean time a request holds its slot."""
+        mean = self._hold_sum / len(self._holds) if self._holds else 0.1
+        return min(2.0, max(0.02, mean))
+
+    def _poll_node(self) -> None:
+        """Follow the node: back off for a back-off of another member not applied here
+        yet, and learn how many members share the growth."""
+        assert self._node is not None
+        self._polled = self._clock()
+        node_generation, self.members = self._node.poll()
+        if node_generation > self._node_seen and self.floor != self.ceiling:
+            self._node_seen = node_generation
+            self.followed += 1
+            self._back_off()
+
+    def _back_off(self) -> None:
         self.generation += 1
         self._slow_start = False
         self._wmax = min(self.window, self.inflight)
         self._probe = PROBE
-        self.window = max(float(self.floor), self._decrease * min(self.window, self.inflight))
-        return True
+        self.window = max(float(self._floor()), self._decrease * min(self.window, self.inflight))
 
     def _size(self) -> None:
         self._since_sized = 0

@@ -485,6 +485,11 @@ class ObjectCache:
             np.savez(f, **doc)
         os.replace(tmp, path)
 
+    def budget_path(self, url: str) -> Path:
+        """The file through which the loaders of this node reading ``url`` share one
+        in-flight budget (see :class:`asyncloader._budget.NodeShare`)."""
+        return self._listing_path(url).with_suffix(".budget")
+
     def listing_turn(self, url: str) -> ListingTurn:
         """The node-wide lock on listing ``url`` (see :class:`ListingTurn`)."""
         return ListingTurn(self._listing_path(url).with_suffix(".lock"))

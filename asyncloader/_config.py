@@ -50,6 +50,9 @@ class FetchConfig:
             It starts at 16 (at most ``max_inflight``) and doubles per round of answers up
             to ``max_inflight`` until the first throttled answer (as TCP's slow start).
         throttle_decrease: Factor of the budget on throttling (once per round of requests).
+        node_budget: With a cache folder, the loaders of the node that read the same URL
+            into it (ranks, DataLoader workers, ``warm``) share their back-offs and divide
+            their growth, so that together they respect the store's rate as one client.
         inflight_headroom: Requests in flight over what Little's law says is needed.
         max_attempts: Tries per request for throttling and transient errors.
         backoff_base: First retry's mean delay; doubles per attempt, full jitter [seconds].
@@ -72,6 +75,7 @@ class FetchConfig:
     adaptive: bool = True
     min_inflight: int = 2
     throttle_decrease: float = 0.5
+    node_budget: bool = True
     inflight_headroom: float = 2.0
     max_attempts: int = 10
     backoff_base: float = 0.05

@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ._budget import InflightBudget
+from ._budget import InflightBudget, NodeShare
 from ._cache import ListingTurn, ObjectCache
 from ._config import FetchConfig
 from ._env import usable_cpus
@@ -53,7 +53,9 @@ class Fetcher:
 
     Requests in flight: an :class:`~asyncloader._budget.InflightBudget` with
     ``max_inflight`` as its ceiling (exactly ``max_inflight`` when not ``adaptive``).  Given
-    ``decode_workers``, its need follows Little's law from the rate they decode at.
+    ``decode_workers``, its need follows Little's law from the rate they decode at.  Given
+    ``node`` (a file in the cache folder), it is one member of the node's shared budget
+    (:class:`~asyncloader._budget.NodeShare`); :meth:`close` leaves it.
     """
 
     def __init__(
@@ -63,24 +65,35 @@ class Fetcher:
         config: FetchConfig,
         *,
         decode_workers: int | None = None,
+        node: str | os.PathLike[str] | None = None,
     ) -> None:
         self.store = store
         self.config = cfg = config.for_workers(usable_cpus())  # unless the caller sized it
         self._c = counters
         self._workers = decode_workers
+        self._node: NodeShare | None = None
         if cfg.adaptive:
+            if node is not None and cfg.node_budget:
+                self._node = NodeShare(node)
             self.budget = InflightBudget(
                 cfg.inflight,
                 floor=cfg.min_inflight,
                 decrease=cfg.throttle_decrease,
                 headroom=cfg.inflight_headroom,
                 rate=self._request_rate if decode_workers else None,
+                node=self._node,
             )
         else:
             self.budget = InflightBudget(cfg.inflight, floor=cfg.inflight)
         self._rng = random.Random()
         self._hedges_inflight = 0
         self._max_hedges_inflight = max(self.config.hedge_min_inflight, self.config.inflight // 16)
+
+    def close(self) -> None:
+        """Leave the node's shared budget (if any).  Idempotent."""
+        node, self._node = self._node, None
+        if node is not None:
+            node.close()
 
     async def fetch(self, obj: ObjectInfo) -> Blob:
         """Return the object's bytes, verified against its listed size and ETag.
@@ -141,6 +154,8 @@ class Fetcher:
             finally:
                 budget.release(permit, answered=answered)
                 c.inflight_limit = budget.limit
+                c.backoffs_followed = budget.followed
+                c.node_loaders = budget.members if self._node is not None else 0
 
         def count(err: StoreError) -> None:
             reason = "transient"

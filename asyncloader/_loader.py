@@ -327,7 +327,8 @@ class ImageLoader:
         else:
             pool = ThreadDecodePool(self._workers, self._spec, ring.images)
         self._rt.pool = pool
-        fetcher = Fetcher(store, c, self._fetch_config, decode_workers=self._workers)
+        node = self.cache.budget_path(store.url) if self.cache is not None else None
+        fetcher = Fetcher(store, c, self._fetch_config, decode_workers=self._workers, node=node)
         self._rt.pipeline = Pipeline(
             listing,
             fetcher,

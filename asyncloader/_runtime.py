@@ -91,6 +91,7 @@ class Runtime:
                 await asyncio.wait_for(self.pipeline.stop(), 10)
             with contextlib.suppress(Exception):  # what waits for the disk (64 MB at most)
                 await asyncio.wait_for(asyncio.to_thread(self.pipeline.close_writer), 20)
+            self.pipeline.fetcher.close()
         if self.pool is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.pool.aclose(), 20)

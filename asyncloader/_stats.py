@@ -69,6 +69,8 @@ class Counters:
     hedges_won: int = 0  # hedges whose answer came first
     inflight_limit: int = 0  # the adaptive budget's limit now (0: not fetched yet)
     backoffs: int = 0  # times the budget backed off on a throttled answer
+    backoffs_followed: int = 0  # back-offs for another loader of the node's throttled answer
+    node_loaders: int = 0  # loaders sharing the node's budget (0: not shared)
     latency: LatencyWindow = field(default_factory=LatencyWindow)  # of answered requests
     decoded: int = 0
     decode_seconds: float = 0.0  # summed busy time of decode workers [seconds]
@@ -142,7 +144,9 @@ class Counters:
             inflight_peak=self.inflight_peak,
             max_inflight=max_inflight,
             inflight_limit=self.inflight_limit or max_inflight,
-            backoffs=self.backoffs,
+            backoffs=self.backoffs + self.backoffs_followed,
+            backoffs_followed=self.backoffs_followed,
+            node_loaders=self.node_loaders,
             hedges_sent=self.hedges_sent,
             hedges_won=self.hedges_won,
             request_p50=self.latency.quantile(0.50),
@@ -189,7 +193,10 @@ class Stats:
         inflight: Requests in flight right now; ``inflight_peak`` the most seen at once.
         max_inflight: The ceiling of requests in flight; ``inflight_limit`` the adaptive
             budget's limit now (see :class:`~asyncloader.FetchConfig`).
-        backoffs: Times the budget backed off on a throttled answer (503, 429).
+        backoffs: Times the budget backed off on a throttled answer (503, 429); of those,
+            ``backoffs_followed`` for another loader's (the node's budget is shared).
+        node_loaders: Loaders of this node sharing one budget for this URL (a cache folder
+            is the node; see ``FetchConfig.node_budget``); 0: not shared.
         hedges_sent, hedges_won: Second requests sent for answers later than the deadline
             learned from this run's latencies, and those whose answer came first.
         request_p50, request_p90, request_p99: Latency quantiles of recent requests, from
@@ -234,6 +241,8 @@ class Stats:
     max_inflight: int
     inflight_limit: int
     backoffs: int
+    backoffs_followed: int
+    node_loaders: int
     hedges_sent: int
     hedges_won: int
     request_p50: float

@@ -132,7 +132,9 @@ async def warm_cache(
     if on_listed is not None:
         on_listed(len(todo), report.already_cached)
     counters = Counters()
-    fetcher = Fetcher(store, counters, FetchConfig(max_inflight=max_inflight))
+    fetcher = Fetcher(
+        store, counters, FetchConfig(max_inflight=max_inflight), node=cache.budget_path(url)
+    )
     inflight = fetcher.config.inflight
 
     def written(objs: list[str], error: Exception | None) -> None:  # on the writer thread
@@ -163,6 +165,7 @@ async def warm_cache(
             for _ in range(min(inflight, max(len(todo), 1))):
                 tg.create_task(worker())
     finally:
+        fetcher.close()
         await asyncio.to_thread(writer.close)
         report.write_cpu_seconds = writer.cpu_seconds
     report.seconds = time.perf_counter() - t0

@@ -7,7 +7,11 @@ Our light S3 server at 20 ms time to first byte, with:
 * ``tail-0.1pct-10s`` — 0.1 % of requests wait 10 s more;
 * ``step-20-100ms`` — the latency steps from 20 to 100 ms a third into the epoch (the rate
   before the step, and over the rest of the epoch from 2 s after it);
-* ``rate-limit`` — a token bucket answers 503 SlowDown above ``--rate-limit`` requests/s.
+* ``rate-limit`` — a token bucket answers 503 SlowDown above ``--rate-limit`` requests/s;
+* ``node-shared`` / ``node-alone`` — ``--node-loaders`` loaders of one node (processes, one
+  shard each, one cache folder, started together) against that same limit, with the node's
+  shared budget (``FetchConfig.node_budget``) and without it: their goodput together and
+  the 503s they received (one epoch each, into a fresh cache folder).
 
 Printed per case: images/s and its ratio to the baseline, hedges as a share of requests,
 request p50/p99, 503s received (throttled retries) as a share of requests, the p99 and
@@ -39,7 +43,10 @@ CASES = {
     "tail-0.1pct-10s": {"rates": {"stall": 0.001}, "stall_seconds": 10.0},
     "step-20-100ms": {},  # the step happens mid-epoch, from the case itself
     "rate-limit": {},  # set from --rate-limit
+    "node-shared": {},  # set from --rate-limit
+    "node-alone": {},
 }
+NODE_CASES = ("node-shared", "node-alone")
 
 
 def _set_faults(endpoint: str, **cfg: object) -> None:
@@ -110,6 +117,63 @@ def case(endpoint: str, name: str, batch: int, workers: int) -> dict[str, float]
     return out
 
 
+def node_member(endpoint: str, rank: int, loaders: int, shared: bool, cache: str) -> dict:  # type: ignore[type-arg]
+    """One loader of a node: its shard of one epoch, fetched into the node's cache folder."""
+    import asyncloader as al
+
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=32,
+        decode_workers=1,
+        decode_backend="thread",
+        transform=al.CenterCrop(64),
+        rank=rank,
+        world_size=loaders,
+        cache_dir=cache,
+        fetch=al.FetchConfig(node_budget=shared),
+        store_options={"endpoint_url": endpoint},
+    ) as loader:
+        n = sum(len(images) for images, _ in loader)
+        st = loader.stats()
+    return {
+        "images": n,
+        "requests": st.requests,
+        "throttled": st.retries.get("throttled", 0),
+        "backoffs": st.backoffs,
+        "followed": st.backoffs_followed,
+        "members": st.node_loaders,
+    }
+
+
+def node_case(endpoint: str, shared: bool, loaders: int) -> dict[str, float]:
+    """``loaders`` processes of one node started together; their sums, and the wall time
+    from the first start to the last end."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench-node-") as cache:
+        t0 = time.perf_counter()
+        procs = [
+            subprocess.Popen(
+                [
+                    *(sys.executable, __file__, "--node-member", endpoint),
+                    *(str(r), str(loaders), str(int(shared)), cache),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for r in range(loaders)
+        ]
+        outs = [p.communicate()[0] for p in procs]
+        wall = time.perf_counter() - t0
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a node member failed")
+    rows = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+    total = {k: float(sum(r[k] for r in rows)) for k in rows[0]}
+    total["members"] = max(r["members"] for r in rows)
+    return {**total, "wall": wall}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--images", type=int, default=3000)
@@ -119,8 +183,14 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated")
     p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs-tail"))
+    p.add_argument("--node-loaders", type=int, default=4, help="loaders of one node (node-*)")
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
+    p.add_argument("--node-member", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.node_member:
+        endpoint, rank, loaders, shared, cache = args.node_member
+        print(json.dumps(node_member(endpoint, int(rank), int(loaders), shared == "1", cache)))
+        return
     if args.case:
         endpoint, name = args.case
         res = case(endpoint, name, args.batch_size, args.workers)
@@ -142,10 +212,14 @@ def main() -> None:
             order = names if r % 2 == 0 else names[::-1]
             for name in order:
                 cfg = dict(CASES[name])
-                if name == "rate-limit":
+                if name == "rate-limit" or name in NODE_CASES:
                     cfg["rate_limit"] = args.rate_limit
                 _set_faults(srv.endpoint, seed=r, **cfg)
-                rows[name].append(bl.run_case([srv.endpoint, name, *common], script=__file__))
+                if name in NODE_CASES:
+                    shared = name == "node-shared"
+                    rows[name].append(node_case(srv.endpoint, shared, args.node_loaders))
+                else:
+                    rows[name].append(bl.run_case([srv.endpoint, name, *common], script=__file__))
                 _set_faults(srv.endpoint)
                 print(f"round {r + 1} {name}: {json.dumps(rows[name][-1])}", flush=True)
     med = statistics.median
@@ -163,6 +237,8 @@ def main() -> None:
     )
     for name in names:
         rs = rows[name]
+        if name in NODE_CASES:
+            continue
         ips = [x["images"] / x["wall"] for x in rs]
         ratio = [a / b for a, b in zip(ips, base, strict=False)] if base else []
         other = ""
@@ -189,6 +265,24 @@ def main() -> None:
             f"{med([x['cpu'] / x['images'] for x in rs]) * 1e3:10.2f} "
             f"{max(x['rss_mb'] for x in rs):7.0f}  {other}"
         )
+
+    node = [n for n in names if n in NODE_CASES]
+    if node:
+        print(
+            f"\n{args.node_loaders} loaders of one node against {args.rate_limit:.0f} requests/s "
+            "(medians):\n"
+            f"{'case':12s} {'img/s':>6s} {'goodput/limit':>13s} {'503s/requests':>13s} "
+            f"{'back-offs':>9s} {'followed':>8s} {'members':>7s}"
+        )
+        for name in node:
+            rs = rows[name]
+            ips = med([x["images"] / x["wall"] for x in rs])
+            print(
+                f"{name:12s} {ips:6.0f} {ips / args.rate_limit:13.2f} "
+                f"{med([x['throttled'] / max(x['requests'], 1) for x in rs]):13.1%} "
+                f"{med([x['backoffs'] for x in rs]):9.0f} {med([x['followed'] for x in rs]):8.0f} "
+                f"{med([x['members'] for x in rs]):7.0f}"
+            )
 
 
 if __name__ == "__main__":

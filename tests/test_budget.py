@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -235,3 +236,144 @@ def test_a_rate_limited_server_sees_the_budget_shrink(jpeg_folder: Path) -> None
 def test_bad_budget_settings_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="min_inflight"):
         al.FetchConfig(**bad)  # type: ignore[arg-type]
+
+
+def _steady(budget: InflightBudget, held: list[Permit], answers: int, clock: Clock) -> Any:
+    """``answers`` answers in steady state (each slot refilled), 10 ms apart."""
+
+    async def run() -> None:
+        for _ in range(answers):
+            while budget.inflight < budget.limit:
+                held.append(await budget.acquire())
+            clock.now += 0.01
+            budget.release(held.pop(0), answered=True)
+
+    return run()
+
+
+def test_the_loaders_of_a_node_back_off_together_and_share_the_growth(tmp_path: Path) -> None:
+    """Two budgets sharing a node file: a throttle in one is a back-off of both (the other
+    follows at its next look), a second throttle of the same round is not a second
+    back-off, and after it each grows by half the step a lone budget grows by."""
+    from asyncloader._budget import NODE_POLL, NodeShare
+
+    async def body() -> None:
+        clock, wall = Clock(), Clock()
+        wall.now = 1e9
+        path = tmp_path / "node.budget"
+        a_node, b_node = (NodeShare(path, clock=wall) for _ in range(2))
+        a, b = (
+            InflightBudget(64, floor=2, start=None, clock=clock, node=n) for n in (a_node, b_node)
+        )
+        alone = InflightBudget(64, floor=2, start=None, clock=clock)
+        held: dict[int, list[Permit]] = {id(x): [] for x in (a, b, alone)}
+        for x in (a, b, alone):
+            await _steady(x, held[id(x)], 64, clock)
+            assert x.limit == 64
+        clock.now += NODE_POLL
+        wall.now += 0.001
+        half = 0.5 * min(64, a.inflight)  # 63 in flight: one answer's slot not refilled
+        assert a.throttled(held[id(a)][-1].generation)
+        assert a.window == half and a.followed == 0
+        # b is throttled in the same round: the node backed off for it already, b follows.
+        assert b.throttled(held[id(b)][-1].generation)
+        assert b.window == half and b.followed == 0
+        assert not a.throttled(a.generation)  # no back-off twice for the one round
+        # A later round: b is throttled again; a follows it at its next look.
+        wall.now += 1.0
+        assert b.throttled(b.generation) and b.window == half / 2
+        clock.now += NODE_POLL
+        a.release(held[id(a)].pop(0), answered=True)
+        assert a.followed == 1 and a.members == 2
+        assert half / 2 <= a.window < half / 2 + 0.1  # (and this answer's growth)
+        # Growth below the last throttle: one slot per window of answers alone, half that
+        # for each of two members (together, one).
+        assert alone.throttled(held[id(alone)][-1].generation)
+        alone.window = a.window = 16.0
+        alone._wmax = a._wmax = 64.0
+        for x in (a, alone):
+            del held[id(x)][16:]
+            x.inflight = len(held[id(x)])
+            await _steady(x, held[id(x)], 64, clock)
+        assert 19.5 < alone.window < 20.5  # w² ≈ 16² + 2 × 64
+        assert 17.5 < a.window < 18.5  # w² ≈ 16² + 64
+        for n in (a_node, b_node):
+            n.close()
+
+    _run(body())
+
+
+def test_a_node_member_that_stopped_beating_no_longer_counts(tmp_path: Path) -> None:
+    from asyncloader._budget import NodeShare
+
+    wall = Clock()
+    wall.now = 1e9
+    path = tmp_path / "n" / "node.budget"  # the folder is made
+    first, second = NodeShare(path, clock=wall, stale=10), NodeShare(path, clock=wall, stale=10)
+    assert first.poll() == (0, 2)
+    wall.now += 11  # second was killed without a word
+    assert first.poll() == (0, 1)
+    third = NodeShare(path, clock=wall, stale=10)  # takes a slot again
+    assert third.poll() == (0, 2)
+    assert second.poll() == (0, 3)  # back: it takes a slot of its own again
+    assert first.back_off(gap=1.0) == 1 and third.back_off(gap=1.0) == 1  # one round
+    wall.now += 2
+    assert third.back_off(gap=1.0) == 2
+    for share in (first, second, third):
+        share.close()
+        share.close()  # idempotent
+    reopened = NodeShare(path, clock=wall)
+    assert reopened.poll() == (2, 1) and reopened.generation == 2
+    reopened.close()
+    path.write_bytes(b"not a node file")  # another version's, or damaged: started anew
+    fresh = NodeShare(path, clock=wall)
+    assert fresh.poll() == (0, 1)
+    fresh.close()
+
+
+def test_fetchers_reading_one_url_into_one_cache_folder_share_their_back_offs(
+    tmp_path: Path, jpeg_folder: Path
+) -> None:
+    """The real fetchers, through the node file in the cache folder: a throttled answer
+    in one is a back-off in the other; with ``node_budget=False`` it is not."""
+    from asyncloader._budget import NODE_POLL
+    from asyncloader._fetch import Fetcher
+    from asyncloader._stats import Counters
+    from asyncloader.testing import FaultyStore, MemoryBucket, MemoryStore
+
+    bucket = MemoryBucket({f"k{i}": bytes([i]) * 100 for i in range(32)})
+    cache = al.ObjectCache(tmp_path / "cache")
+
+    async def body(shared: bool) -> tuple[int, int, int]:
+        config = al.FetchConfig(max_inflight=64, backoff_base=0.001, node_budget=shared)
+        throttling = FaultyStore(MemoryStore(bucket))
+        a, b = (
+            Fetcher(store, Counters(), config, node=cache.budget_path(store.url))
+            for store in (throttling, MemoryStore(bucket))
+        )
+        try:
+            objects = [al.ObjectInfo(k, 100, bucket.get(k)[1]) for k in bucket.sorted_keys()]  # type: ignore[index]
+            throttling.fail_next(1, "k1")
+            assert bytes(await a.fetch(objects[1])) == bytes([1]) * 100  # retried
+            await asyncio.sleep(2 * NODE_POLL)
+            for o in objects:  # b's answers: it looks at the node
+                await b.fetch(o)
+                await asyncio.sleep(NODE_POLL / 8)
+            return a.budget.generation, b.budget.followed, b._c.node_loaders
+        finally:
+            a.close()
+            b.close()
+
+    assert _run(body(True)) == (1, 1, 2)
+    assert _run(body(False)) == (1, 0, 0)
+    # A loader with a cache folder is a member of its node's budget.
+    with S3TestServer(load=jpeg_folder, bucket="data", prefix="train/") as srv:
+        with al.ImageLoader(
+            "s3://data/train/",
+            batch_size=16,
+            transform=al.CenterCrop(32),
+            cache_dir=tmp_path / "loader-cache",
+            store_options={"endpoint_url": srv.endpoint},
+        ) as loader:
+            assert sum(len(lab) for _, lab in loader) == N_IMAGES
+            assert loader.stats().node_loaders == 1
