@@ -85,7 +85,10 @@ class NodeShare:
         try:
             with self._lock(fd):
                 if os.fstat(fd).st_size < _SIZE:
-                    os.ftruncate(fd, _SIZE)
+                    # Written, not truncated to size: a sparse file's page would need its
+                    # block when first written through the map, and on a full disk that
+                    # is SIGBUS, not an error.
+                    os.pwrite(fd, bytes(_SIZE), 0)
                 self._map = mmap.mmap(fd, _SIZE)
                 if self._map[: len(_MAGIC)] != _MAGIC:  # new (or another version's): reset
                     self._map[:] = bytes(_SIZE)

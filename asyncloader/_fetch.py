@@ -12,6 +12,7 @@ import contextlib
 import os
 import random
 import time
+import warnings
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from pathlib import Path
@@ -74,7 +75,14 @@ class Fetcher:
         self._node: NodeShare | None = None
         if cfg.adaptive:
             if node is not None and cfg.node_budget:
-                self._node = NodeShare(node)
+                try:
+                    self._node = NodeShare(node)
+                except OSError as exc:  # a full or read-only cache disk: on its own, then
+                    warnings.warn(
+                        f"the in-flight budget is not shared with the node ({exc})",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
             self.budget = InflightBudget(
                 cfg.inflight,
                 floor=cfg.min_inflight,

@@ -377,3 +377,20 @@ def test_fetchers_reading_one_url_into_one_cache_folder_share_their_back_offs(
         ) as loader:
             assert sum(len(lab) for _, lab in loader) == N_IMAGES
             assert loader.stats().node_loaders == 1
+
+
+def test_a_node_file_that_cannot_be_made_leaves_the_loader_on_its_own(tmp_path: Path) -> None:
+    from asyncloader._fetch import Fetcher
+    from asyncloader._stats import Counters
+    from asyncloader.testing import MemoryStore
+
+    (tmp_path / "not-a-folder").write_bytes(b"")
+    with pytest.warns(RuntimeWarning, match="not shared with the node"):
+        fetcher = Fetcher(
+            MemoryStore({"k": b"v"}),
+            Counters(),
+            al.FetchConfig(),
+            node=tmp_path / "not-a-folder" / "x.budget",
+        )
+    assert bytes(_run(fetcher.fetch(al.ObjectInfo("k", 1)))) == b"v"  # type: ignore[arg-type]
+    fetcher.close()
