@@ -21,7 +21,7 @@ from typing import Any
 
 from ._cache import ObjectCache
 from ._errors import AsyncLoaderError
-from ._fetch import list_and_save, listing_turn, read_manifest_file
+from ._fetch import list_and_save, listing_turn
 from ._labels import (
     Dataset,
     DatasetBuilder,
@@ -31,6 +31,7 @@ from ._labels import (
     parse_manifest,
     read_columnar_manifest,
 )
+from ._located import read_manifest_file
 from ._manifest import is_columnar, is_manifest, read_manifest
 from ._objects import ObjectList
 from ._types import ObjectInfo, ObjectStore, Sample

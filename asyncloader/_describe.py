@@ -18,7 +18,7 @@ import numpy as np
 
 from ._cache import ObjectCache
 from ._errors import shown_key
-from ._fetch import list_objects, read_manifest_file, saved_listing, write_file
+from ._fetch import list_objects, saved_listing
 from ._labels import (
     IMAGE_EXTENSIONS,
     KeyFilter,
@@ -27,6 +27,7 @@ from ._labels import (
     manifest_objects,
     read_columnar_manifest,
 )
+from ._located import read_manifest_file, write_file
 from ._manifest import is_columnar, is_manifest
 from ._objects import ObjectList
 from ._stores import open_store

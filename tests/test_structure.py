@@ -35,11 +35,13 @@ ALLOWED = {
     # The cache's writer thread, over the cache.
     "_cache_writer": LEAVES | {"_cache"},
     "_fetch": LEAVES | RESOURCES,
-    "_dataset": LEAVES | RESOURCES | {"_fetch"},
+    # Manifests by location (a path, a key, a URL), read and written whole.
+    "_located": LEAVES | RESOURCES,
+    "_dataset": LEAVES | RESOURCES | {"_fetch", "_located"},
     "_pipeline": LEAVES | RESOURCES | {"_fetch", "_dataset", "_cache_writer"},
     "_runtime": LEAVES | RESOURCES | {"_pipeline"},
     "_warm": LEAVES | RESOURCES | {"_fetch", "_cache_writer"},
-    "_describe": LEAVES | RESOURCES | {"_fetch"},
+    "_describe": LEAVES | RESOURCES | {"_fetch", "_located"},
     "_bench": LEAVES | RESOURCES | {"_fetch"},
     "_loader": LEAVES | RESOURCES | {"_fetch", "_dataset", "_pipeline", "_runtime"},
     # Test equipment: stores, the fetcher (the conformance suite retries through it), the
