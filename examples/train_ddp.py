@@ -3,7 +3,9 @@
     torchrun --nproc_per_node=2 examples/train_ddp.py --steps 50
 
 Rank 0 starts the demo's moto_server and shares its endpoint; with --url every rank
-reads that URL directly.
+reads that URL directly.  With --manifest (a key beside the images, ``train.npz``, or a
+URL), rank 0 publishes the listing there first and every rank reads that one object
+instead of listing — what later jobs on the same data do.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main() -> None:
     p.add_argument("--endpoint-url")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--manifest", help="publish the listing there (.npz or .jsonl), then read it")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -41,11 +44,20 @@ def main() -> None:
                 where = list(stack.enter_context(demo_bucket(images=args.images))[:2])
         dist.broadcast_object_list(where, src=0)
         url, endpoint = where
+        options = {"endpoint_url": endpoint} if endpoint else {}
+        labels = "folder"
+        if args.manifest:
+            labels = args.manifest if "://" in args.manifest else url + args.manifest
+            if rank == 0:
+                al.describe(url, store_options=options, write_manifest=labels)
+                print(f"manifest published: {labels}", flush=True)
+            dist.barrier()  # written before any rank reads it
         ds = ImageDataset(
             url,
             batch_size=32,
+            labels=labels,
             transform=al.RandomResizedCrop(96),
-            store_options={"endpoint_url": endpoint} if endpoint else {},
+            store_options=options,
         )
         model = nn.parallel.DistributedDataParallel(small_cnn(10))
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

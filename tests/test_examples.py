@@ -62,8 +62,11 @@ def test_train_ddp_under_torchrun(tmp_path: Path) -> None:
             "2",
             "--images",
             "64",
+            "--manifest",
+            "train.npz",
         ],
         tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step 2 epoch 1 loss" in out.stdout  # 32 samples per rank: a batch per epoch
+    assert "manifest published: s3://" in out.stdout and "/train.npz" in out.stdout
