@@ -5,7 +5,8 @@ its pipeline (policies, request/response objects, deserialisers).  The Blob REST
 very little for what a loader does — List Blobs, Get Blob Properties, Get Blob with a range —
 so this store builds those requests itself: SharedKey signing (one HMAC-SHA256), a SAS token
 appended to the URL, or nothing for public containers.  Object GETs go out on the lean
-HTTP/1.1 client; listing and HEADs on aiohttp, retried on throttling with backoff.
+HTTP/1.1 client, and so do listing pages, HEADs and PUTs (aiohttp only behind a proxy),
+retried on throttling with backoff.
 
 Credentials, in order: the constructor's arguments (``credential=`` for Microsoft Entra
 ID); ``AZURE_STORAGE_AUTH_MODE=login`` (Entra ID through ``DefaultAzureCredential``); a
@@ -49,7 +50,7 @@ from ._http import (
     open_clients,
     parse_xml,
     proxy_configured,
-    request,
+    send,
 )
 from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
@@ -192,16 +193,15 @@ class AzureStore(FolderListing):
     def _ensure(self) -> None:
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
-        if self._session is not None:
+        if self._session is not None or self._lean is not None:
             return
         if self.creds.credential is not None and self._token is None:
             source, what = entra_token_source(self.creds.credential)
             self._token = BearerToken(source, what=what)
-        # Listing and HEADs on aiohttp; GETs on the lean client.
+        # Every request on the lean client (aiohttp behind a proxy).
         self._lean, self._session = open_clients(
             self._origin,
             lean=self._use_lean,
-            aiohttp_too=True,
             max_connections=self._max_connections,
             read_timeout=self._read_timeout,
             ca_bundle=self._ca_bundle,
@@ -230,11 +230,12 @@ class AzureStore(FolderListing):
             headers["authorization"] = authorization
         return headers
 
-    def _url(self, path: str, query: Mapping[str, str]) -> URL:
+    def _target(self, path: str, query: Mapping[str, str]) -> str:
+        """The request target: ``path`` (encoded) and the query, with the SAS token."""
         qs = urlencode(query, quote_via=quote)
         if self._sas_suffix:
             qs = f"{qs}&{self.creds.sas}" if qs else self.creds.sas or ""
-        return URL(f"{self._origin}{path}{'?' + qs if qs else ''}", encoded=True)
+        return f"{path}{'?' + qs if qs else ''}"
 
     async def _control(
         self,
@@ -244,7 +245,7 @@ class AzureStore(FolderListing):
         *,
         what: str,
         key: str | None,
-        parse: Callable[[bytes], T],
+        parse: Callable[[Blob], T],
         extra: Mapping[str, str] | None = None,
         body: bytes | None = None,
     ) -> tuple[Mapping[str, str], T]:
@@ -252,19 +253,19 @@ class AzureStore(FolderListing):
         retried on throttling and transient failures; the answer's body goes through
         ``parse`` inside each try (a listing page cut short is retried)."""
         self._ensure()
-        assert self._session is not None
-        session = self._session
 
         async def once(authorization: str) -> tuple[Mapping[str, str], T]:
             headers = self._headers(method, path, query, extra, authorization)
             try:
-                answer, got = await request(
-                    session,
+                answer, got = await send(
+                    self._lean,
+                    self._session,
+                    self._origin,
                     method,
-                    self._url(path, query),
+                    self._target(path, query),
                     headers,
                     what=what,
-                    key=key,
+                    key=key or "",
                     body=body,
                 )
                 return answer, parse(got)
@@ -326,7 +327,7 @@ class AzureStore(FolderListing):
     async def get(
         self, key: str, *, start: int = 0, end: int | None = None, etag: str = ""
     ) -> Blob:
-        if self._session is None:
+        if self._session is None and self._lean is None:
             self._ensure()
         full = self.prefix + key
         path = self._blob_path(full)
