@@ -230,9 +230,8 @@ class GCSStore(RangedListing):
             key=full,
             parse=partial(_listing_page, cut=cut, what=what, key=full),
         )
-        if token is None and start_after:
+        if token is None and start_after:  # (a prefix met again, ranged_pages drops)
             page = [o for o in page if o.key != start_after[cut:]]
-            prefixes = [p for p in prefixes if p != start_after]
         return page, prefixes, next_token or None
 
     async def stat(self, key: str) -> ObjectInfo:
