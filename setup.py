@@ -1,9 +1,11 @@
-"""The optional C extension: region-of-interest JPEG decoding over libjpeg-turbo.
+"""The optional C extensions: region-of-interest JPEG decoding over libjpeg-turbo, and
+Pillow's BILINEAR resize straight into a sample.
 
-Everything else is in pyproject.toml.  The extension builds where libjpeg-turbo's headers
-are (Debian/Ubuntu: ``libjpeg62-turbo-dev`` / ``libjpeg-turbo8-dev``; ``.ci/run`` installs
-them when it can); where they are not, the package installs without it and Pillow decodes
-every JPEG whole (``asyncloader._decode.ROI_DECODE`` says which).
+Everything else is in pyproject.toml.  ``_jpegroi`` builds where libjpeg-turbo's headers are
+(Debian/Ubuntu: ``libjpeg62-turbo-dev`` / ``libjpeg-turbo8-dev``; ``.ci/run`` installs them
+when it can); where they are not, the package installs without it and Pillow decodes every
+JPEG whole (``asyncloader._decode.ROI_DECODE`` says which).  ``_resize`` needs only a C
+compiler; without it Pillow resizes (``asyncloader._decode.FAST_RESIZE``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as exc:  # a missing header or library, no compiler
-            self.warn(f"{ext.name} not built ({exc}); JPEGs will be decoded whole, through Pillow")
+            self.warn(f"{ext.name} not built ({exc}); Pillow will do its work")
 
 
 setup(
@@ -30,7 +32,13 @@ setup(
             libraries=["jpeg"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "asyncloader._decode._resize",
+            ["asyncloader/_decode/_resize.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

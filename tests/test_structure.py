@@ -53,10 +53,10 @@ ALLOWED = {
 
 # Inside the decode package: pixels ← one job ← the pools; the worker process's side never
 # imports the parent's (it starts with numpy, Pillow and what it runs, nothing more).
-# ``_jpegroi`` is the C extension beside ``_image``.
+# ``_jpegroi`` and ``_resize`` are the C extensions beside ``_image``.
 DECODE_SIBLINGS = {
     "_arena": set(),
-    "_image": {"_jpegroi"},
+    "_image": {"_jpegroi", "_resize"},
     "_job": {"_image"},
     "_threads": {"_image", "_job"},
     "_worker": {"_arena", "_image", "_job"},

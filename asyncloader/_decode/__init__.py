@@ -8,7 +8,8 @@ Two pools with one async interface (:class:`DecodePool`: ``await pool.decode(job
   attached to the ring's shared memory.
 
 ``_image`` turns bytes into pixels (JPEGs by region through the ``_jpegroi`` C extension
-where it is built: ``ROI_DECODE``); ``_job`` runs one job as a worker does (a cache read if
+where it is built: ``ROI_DECODE``; the resize straight into the slot through ``_resize``:
+``FAST_RESIZE``); ``_job`` runs one job as a worker does (a cache read if
 need be, then pixels).  The names below are imported on first use, so that a worker process
 imports its side only.
 """
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ._image import FAST_RESIZE as FAST_RESIZE
     from ._image import ROI_DECODE as ROI_DECODE
     from ._image import DecodeSpec as DecodeSpec
     from ._image import decode_into as decode_into
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from ._threads import ThreadDecodePool as ThreadDecodePool
 
 _WHERE = {
+    "FAST_RESIZE": "._image",
     "ROI_DECODE": "._image",
     "DecodeSpec": "._image",
     "decode_into": "._image",
@@ -39,6 +42,7 @@ _WHERE = {
 }
 
 __all__ = [
+    "FAST_RESIZE",
     "ROI_DECODE",
     "DecodePool",
     "DecodeSpec",

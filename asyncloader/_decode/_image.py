@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+import PIL
 from PIL import Image
 
 from .._errors import DecodeError, shown_key
@@ -29,11 +30,23 @@ try:
     from . import _jpegroi  # type: ignore[attr-defined]
 except ImportError:  # built without libjpeg-turbo's headers: Pillow decodes everything
     _jpegroi = None
+try:
+    from . import _resize  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: Pillow resizes
+    _resize = None
 
-__all__ = ["ROI_DECODE", "DecodeSpec", "U8Array", "decode_into"]
+__all__ = ["FAST_RESIZE", "ROI_DECODE", "DecodeSpec", "U8Array", "decode_into"]
 
 ROI_DECODE = _jpegroi is not None
 """Whether JPEGs can be decoded by region here (the ``_jpegroi`` extension is built)."""
+FAST_RESIZE = _resize is not None
+"""Whether the resize goes straight into the sample (the ``_resize`` extension is built)."""
+
+# Pillow 13 runs the vertical pass of a resize first when the height shrinks more than
+# twice as much as the width; earlier releases always run the horizontal pass first.  The
+# passes round to 8 bits in between, so the order shows in the pixels: ``_resize`` follows
+# the installed Pillow.
+_PILLOW_VERTICAL_FIRST = int(PIL.__version__.split(".")[0]) >= 13
 
 U8Array = npt.NDArray[np.uint8]
 
@@ -97,6 +110,7 @@ def decode_into(
         left, top, right, bottom = plan.box
         out_w, out_h = plan.size
         region = None
+        pixels: bytearray | U8Array
         if img.format == "JPEG":
             # Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the crop is at least twice
             # the output: it skips most of the IDCT work.  draft()'s rule: the largest scale
@@ -114,20 +128,52 @@ def decode_into(
                 img.draft("RGB", want)
                 sx, sy = img.size[0] / width, img.size[1] / height
                 left, top, right, bottom = left * sx, top * sy, right * sx, bottom * sy
+        box = (left, top, right, bottom)
         if region is not None:
-            img, (left, top, right, bottom) = region
-        elif img.mode != "RGB":
-            img = img.convert("RGB")
-        img = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=(left, top, right, bottom))
-        arr = np.asarray(img)
+            pixels, size, channels, box = region
+        else:
+            if img.mode != "RGB":
+                img = img.convert("RGB")
+            if not (spec.roi and _resize is not None):  # today's path: Pillow resizes
+                img = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=box)
+                _store(np.asarray(img), out, plan.flip)
+                return
+            pixels, size, channels = np.asarray(img), img.size, 3
+        _resize_into(pixels, size, channels, box, out, plan.flip)
     except DecodeError:
         raise
     except Exception as exc:
         raise DecodeError(
             f"cannot decode {shown_key(key)}: {type(exc).__name__}: {exc}", key=key
         ) from exc
-    arr = arr[:, :, :3]  # RGB of RGB or RGBX
-    if plan.flip:
+
+
+def _resize_into(
+    pixels: bytearray | U8Array,
+    size: tuple[int, int],
+    channels: int,
+    box: tuple[float, float, float, float],
+    out: U8Array,
+    flip: bool,
+) -> None:
+    """BILINEAR resize of ``box`` of RGB or RGBX ``pixels`` into ``out`` (CHW), mirrored if
+    ``flip``: Pillow's own pixels, whichever does it."""
+    w, h = size
+    out_h, out_w = out.shape[1:]
+    if _resize is not None and out.flags.c_contiguous:
+        # Bit for bit Pillow's resize, with the flip, straight into the sample's planes.
+        vertical_first = _PILLOW_VERTICAL_FIRST and h > out_h and h - out_h > (w - out_w) * 2
+        _resize.resize_into(pixels, w, h, channels, box, out, out_w, out_h, flip, vertical_first)
+        return
+    mode = "RGBX" if channels == 4 else "RGB"
+    img = Image.frombuffer(mode, size, pixels, "raw", mode, 0, 1)
+    _store(np.asarray(img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=box)), out, flip)
+
+
+def _store(pixels: U8Array, out: U8Array, flip: bool) -> None:
+    """HWC RGB or RGBX pixels into ``out`` (CHW), mirrored if ``flip``."""
+    arr = pixels[:, :, :3]
+    if flip:
         arr = arr[:, ::-1]
     # One strided copy HWC → CHW into shared memory; numpy releases the GIL for it.
     np.copyto(out, arr.transpose(2, 0, 1))
@@ -146,9 +192,10 @@ def _decode_region(
     height: int,
     box: tuple[float, float, float, float],
     size: tuple[int, int],
-) -> tuple[Image.Image, tuple[float, float, float, float]] | None:
+) -> tuple[bytearray, tuple[int, int], int, tuple[float, float, float, float]] | None:
     """The part of the JPEG, at 1/``scale``, that a BILINEAR resize of ``box`` to ``size``
-    reads, and the box within it; None when libjpeg-turbo leaves it to Pillow."""
+    reads, in a canvas of the scaled image's size (RGBX): the canvas, its size, 4 bytes a
+    pixel, and the box in it; None when libjpeg-turbo leaves it to Pillow."""
     assert _jpegroi is not None
     sw, sh = -(-width // scale), -(-height // scale)  # libjpeg's scaled size
     sx, sy = sw / width, sh / height
@@ -163,9 +210,7 @@ def _decode_region(
     if got is None:
         return None
     # The region is in place in a canvas of the scaled size, in Pillow's own RGBX layout
-    # (mapped, not copied; pages never written are never backed), so the resize sees the
-    # same box, in the same coordinates, as a whole decode: the same filter weights, the
-    # same pixels.  X is dropped when the sample is copied out.
+    # (pages never written are never backed), so the resize sees the same box, in the same
+    # coordinates, as a whole decode: the same filter weights, the same pixels.
     canvas, _, _, _, _, cw, ch = got
-    img = Image.frombuffer("RGBX", (cw, ch), canvas, "raw", "RGBX", 0, 1)
-    return img, (left, top, right, bottom)
+    return canvas, (cw, ch), 4, (left, top, right, bottom)
