@@ -151,7 +151,9 @@ def test_manifest_labels_and_missing_object(backend: Backend, tmp_path: Path) ->
         assert loader.stats().skipped == {"ObjectNotFound": 1}
 
 
-def test_corrupt_truncated_and_bomb_images(backend: Backend) -> None:
+@pytest.mark.parametrize("decode_backend", ["thread", "process"])
+def test_corrupt_truncated_and_bomb_images(backend: Backend, decode_backend: str) -> None:
+    # Decode processes answer several jobs in one message: failures and samples mixed.
     backend.create_bucket("bad")
     good = jpeg_bytes()
     backend.put("bad", "c/ok1.jpg", good)
@@ -161,28 +163,15 @@ def test_corrupt_truncated_and_bomb_images(backend: Backend) -> None:
     buf = io.BytesIO()
     Image.new("RGB", (4000, 3000)).save(buf, "JPEG")  # 12 Mpx, tiny file
     backend.put("bad", "c/bomb.jpg", buf.getvalue())
-    with _loader(backend.url("bad"), backend, shuffle=False, max_pixels=1_000_000) as loader:
+    common = {"shuffle": False, "max_pixels": 1_000_000, "decode_backend": decode_backend}
+    with _loader(backend.url("bad"), backend, **common) as loader:
         with pytest.raises(al.DecodeError, match=r"c/bomb\.jpg.*decompression bomb"):
             list(loader)
-    with _loader(
-        backend.url("bad"),
-        backend,
-        shuffle=False,
-        max_pixels=1_000_000,
-        on_error="skip",
-        max_failures=3,
-    ) as loader:
+    with _loader(backend.url("bad"), backend, on_error="skip", max_failures=3, **common) as loader:
         batches = [len(images) for images, _ in loader]
         assert batches == [2]
         assert loader.stats().skipped == {"DecodeError": 3}
-    with _loader(
-        backend.url("bad"),
-        backend,
-        shuffle=False,
-        max_pixels=1_000_000,
-        on_error="skip",
-        max_failures=2,
-    ) as loader:
+    with _loader(backend.url("bad"), backend, on_error="skip", max_failures=2, **common) as loader:
         with pytest.raises(al.FailureBudgetExceeded) as info:
             list(loader)
         assert len(info.value.exceptions) == 3

@@ -291,16 +291,16 @@ class ProcessDecodePool:
                 if msg == READY:
                     w.ready = True
                     continue
-                job_id, outcome, err = msg  # (job id, Outcome, None) or (job id, None, error)
-                done = w.jobs.pop(job_id, None)
-                if done is not None:
-                    self._release(done)
-                fut = self._futures.get(job_id)
-                if fut is not None and not fut.done():
-                    if err is None:
-                        fut.set_result(outcome)
-                    else:
-                        fut.set_exception(err)
+                for job_id, outcome, err in msg:  # (id, Outcome, None) or (id, None, error)
+                    done = w.jobs.pop(job_id, None)
+                    if done is not None:
+                        self._release(done)
+                    fut = self._futures.get(job_id)
+                    if fut is not None and not fut.done():
+                        if err is None:
+                            fut.set_result(outcome)
+                        else:
+                            fut.set_exception(err)
         except (EOFError, OSError):
             self._on_death(w)
             return
