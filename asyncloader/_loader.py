@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from ._cache import ObjectCache
 from ._config import IMAGENET_MEAN, IMAGENET_STD, FetchConfig, OnError, RunConfig
 from ._dataset import open_listing
-from ._decode import DecodePool, DecodeSpec, ProcessDecodePool, ThreadDecodePool
+from ._decode import (
+    FAST_RESIZE,
+    ROI_DECODE,
+    DecodePool,
+    DecodeSpec,
+    ProcessDecodePool,
+    ThreadDecodePool,
+)
 from ._env import usable_cpus
 from ._errors import (
     AsyncLoaderError,
@@ -97,12 +104,14 @@ class ImageLoader:
         seed: Seed of the order and the augmentations.
         decode_workers: Decode threads/processes (default: the usable CPUs divided among
             ``num_workers``).
-        decode_backend: ``"thread"``, ``"process"`` or ``"auto"`` (default): processes when
-            a ``cache_dir`` is given, threads otherwise.  Measured on 2 cores: from the
-            network, threads decode faster (fetched bytes need not travel to a process);
-            from the SSD cache, processes do (they read the files themselves, and decode
-            without sharing the GIL with each other or the event loop).  Inside a
-            DataLoader worker, and off POSIX systems, always threads.
+        decode_backend: ``"thread"``, ``"process"`` or ``"auto"`` (default): threads,
+            except with a ``cache_dir`` where JPEGs would be decoded by Pillow (the
+            ``_jpegroi``/``_resize`` extensions not built) or by a ``decode=`` hook:
+            processes.  Measured on 2 cores: from the network, threads decode faster
+            (fetched bytes need not travel to a process); from the SSD cache, processes did
+            with Pillow's decode and resize (Python parts that hold the GIL), and threads do
+            as well or better with the extensions, which hold it for almost nothing.  Inside
+            a DataLoader worker, and off POSIX systems, always threads.
         labels: ``"folder"`` (ImageFolder), a manifest — a local path, a key beside the
             images, or a URL (``s3://bucket/train.npz``) — of ``.jsonl``/``.csv`` rows or
             ``.npz`` arrays (``ls --write-manifest``), a callable ``key -> int`` or None.
@@ -220,7 +229,9 @@ class ImageLoader:
             # and DataLoader terminates its workers without giving a loader time to close.
             daemon = multiprocessing.current_process().daemon
             posix = os.name == "posix"  # decode processes get their socket by fd inheritance
-            decode_backend = "process" if cache_dir and posix and not daemon else "thread"
+            gil_free = ROI_DECODE and FAST_RESIZE and decode is None
+            process = cache_dir and posix and not daemon and not gil_free
+            decode_backend = "process" if process else "thread"
         elif decode_backend == "process" and os.name != "posix":
             raise ValueError("decode_backend='process' needs a POSIX system: use 'thread'")
         base = fetch or FetchConfig()

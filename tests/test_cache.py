@@ -58,8 +58,7 @@ def test_later_run_uses_the_cache_and_matches_uncached_pixels(
 ) -> None:
     with _loader(moto, tmp_path / "c", seed=3, decode_backend="thread") as loader:
         labels_cold, cold = _epoch(loader, 5)
-    with _loader(moto, tmp_path / "c", seed=3, decode_backend="auto") as loader:
-        assert loader.decode_backend == "process"  # "auto" with a cache
+    with _loader(moto, tmp_path / "c", seed=3, decode_backend="process") as loader:
         labels_warm, warm = _epoch(loader, 5)
         stats = loader.stats()
     assert labels_cold == labels_warm
@@ -72,6 +71,20 @@ def test_later_run_uses_the_cache_and_matches_uncached_pixels(
         assert loader.decode_backend == "thread"  # "auto" without a cache
         _, uncached = _epoch(loader, 5)
     assert np.array_equal(uncached, warm)
+
+
+def test_auto_decodes_cache_hits_in_processes_only_where_decode_holds_the_gil(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    from asyncloader._decode import FAST_RESIZE, ROI_DECODE
+
+    with _loader(moto, tmp_path / "c", decode_backend="auto") as loader:
+        # The region decoder and the resize hold the GIL for almost nothing: threads.
+        assert loader.decode_backend == ("thread" if ROI_DECODE and FAST_RESIZE else "process")
+    with _loader(
+        moto, tmp_path / "c", decode_backend="auto", decode=bytes, sample_shape=(1, 1, 1)
+    ) as loader:
+        assert loader.decode_backend == "process"  # a decode= hook: Python, under the GIL
 
 
 def test_damaged_entry_is_dropped_and_refetched(light_server: S3TestServer, tmp_path: Path) -> None:

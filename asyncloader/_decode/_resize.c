@@ -30,7 +30,11 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define RESIZE_X86 1
+#if defined(__GLIBC__) /* target_clones resolves through an ifunc: glibc's */
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
 #else
 #define RESIZE_X86 0
 #define VECTOR_CLONES
