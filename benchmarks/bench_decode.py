@@ -10,8 +10,9 @@ Sets, each decoded from bytes in RAM in this one process (CPU time is per core):
 Paths: ``pillow`` (today's: Pillow decodes the whole image, at 1/2–1/8 scale where the crop
 allows, and resizes) and ``roi`` (``_decode/_jpegroi``: only the crop's rows and iMCU
 columns, same scale rule; then ``_decode/_resize``: Pillow's resize bit for bit, straight
-into the sample's planes).  Both give the same pixels.  Rounds interleave the paths (the order flips each round); printed: CPU ms per
-image and images/s per core (medians), and the median of each round's roi/pillow CPU ratio.
+into the sample's planes).  Both give the same pixels.  Rounds interleave the paths (the
+order flips each round); printed: CPU ms per image and images/s per core (medians), and the
+median of each round's roi/pillow CPU ratio.
 Run: ``python benchmarks/bench_decode.py [--rounds 5]``.
 """
 
