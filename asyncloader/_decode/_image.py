@@ -6,8 +6,10 @@ when the crop is at least twice the output.  With the ``_jpegroi`` extension (bu
 package where libjpeg-turbo's headers are), a JPEG in YCbCr, RGB or grayscale is decoded only
 where the crop needs it — its rows, its iMCU columns, plus the resize filter's reach — and
 the resize reads only that region: exactly the pixels of a whole decode at the same scale,
-then the same crop and resize (tested).  Everything else goes through Pillow as before.  A
-``decode=`` hook replaces all of it for other blobs.
+then the same crop and resize (tested).  Everything else is decoded by Pillow.  With the
+``_resize`` extension, the resize, the flip and the copy into the sample are one pass that
+gives Pillow's resize bit for bit (tested).  ``DecodeSpec(roi=False)`` keeps today's
+all-Pillow path.  A ``decode=`` hook replaces all of it for other blobs.
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ def decode_into(
                 _store(np.asarray(img), out, plan.flip)
                 return
             pixels, size, channels = np.asarray(img), img.size, 3
-        _resize_into(pixels, size, channels, box, out, plan.flip)
+        _resize_into(pixels, size, channels, box, (out_w, out_h), out, plan.flip)
     except DecodeError:
         raise
     except Exception as exc:
@@ -153,14 +155,15 @@ def _resize_into(
     size: tuple[int, int],
     channels: int,
     box: tuple[float, float, float, float],
+    out_size: tuple[int, int],
     out: U8Array,
     flip: bool,
 ) -> None:
-    """BILINEAR resize of ``box`` of RGB or RGBX ``pixels`` into ``out`` (CHW), mirrored if
-    ``flip``: Pillow's own pixels, whichever does it."""
+    """BILINEAR resize of ``box`` of RGB or RGBX ``pixels`` to ``out_size`` into ``out``
+    (CHW), mirrored if ``flip``: Pillow's own pixels, whichever does it."""
     w, h = size
-    out_h, out_w = out.shape[1:]
-    if _resize is not None and out.flags.c_contiguous:
+    out_w, out_h = out_size
+    if _resize is not None and out.flags.c_contiguous and out.shape == (3, out_h, out_w):
         # Bit for bit Pillow's resize, with the flip, straight into the sample's planes.
         vertical_first = _PILLOW_VERTICAL_FIRST and h > out_h and h - out_h > (w - out_w) * 2
         _resize.resize_into(pixels, w, h, channels, box, out, out_w, out_h, flip, vertical_first)
