@@ -1,12 +1,15 @@
 """The asyncio flow: sampler → fetcher → decode pool → batch ring → output queue.
 
-Everything here runs on the loader's one event loop; there are no threads of our own and no
-torch.  Bounds: ``max_inflight`` requests, a window of fetched-but-undecoded objects, and the
-ring's slots (a batch is only started once a slot is free, so when the consumer stops taking
-batches, decode, fetch and listing all wait).
+Everything here runs on the loader's one event loop, and no torch; with a cache, the index
+queries run on one thread of their own (in batch order) and fetched bytes go to the cache's
+writer thread.  Bounds: ``max_inflight`` requests, a window of fetched-but-undecoded
+objects, and the ring's slots (a batch is only started once a slot is free, so when the
+consumer stops taking batches, decode, fetch and listing all wait).
 
 Batches are published in order; each is the samples ``indices[b*B:(b+1)*B]`` of the epoch,
-so the same seed and epoch give the same batches however the work interleaves.  After the
+so the same seed and epoch give the same batches however the work interleaves.  Work is
+also *done* in batch order where it queues: a batch's decode jobs carry its place in the
+stream as their priority, and its index query answers before a later batch's.  After the
 last batch of an epoch the next epoch starts at once (its first batches are in flight before
 the consumer has finished the current one).
 """
@@ -18,6 +21,7 @@ import contextlib
 import queue
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -129,6 +133,14 @@ class Pipeline:
         # thread; when the disk falls behind (CacheWriter.full), objects are not
         # cached this time (counted), rather than slowing the epoch down.
         self._writer = CacheWriter(cache, done=self._written) if cache is not None else None
+        # The batches' index queries, off the loop on one thread: they answer in the order
+        # the batches started, so their fetches start in that order too (several threads
+        # let a later batch's requests go ahead of an earlier one's), on one connection.
+        self._index = (
+            ThreadPoolExecutor(1, thread_name_prefix="asyncloader-index")
+            if cache is not None
+            else None
+        )
         self._admit: int | None = None  # see _admission
         self._free: asyncio.Queue[int] = asyncio.Queue()
         # Slots published and not yet given back: announced on `output`, or delivered and
@@ -138,6 +150,10 @@ class Pipeline:
         self._window = asyncio.Semaphore(decode_window)
         self._failures: dict[int, list[Exception]] = {}
         self._epoch_samples: int | None = None
+        # Each batch's place in the stream: its decode jobs' priority, so that a batch's
+        # samples are decoded before a later batch's (cache hits of the next epoch, ready at
+        # once, would otherwise hold up the end of this one).
+        self._seq = 0
 
     def _admission(self) -> int:
         """The cache's admission threshold for this node's objects (see
@@ -171,9 +187,12 @@ class Pipeline:
             self.counters.cache_store_failed += len(keys)
 
     def close_writer(self) -> None:
-        """Write what the cache writer holds, then stop it (blocks: call off the loop)."""
+        """Write what the cache writer holds, then stop it and the index thread (blocks:
+        call off the loop)."""
         if self._writer is not None:
             self._writer.close()
+        if self._index is not None:
+            self._index.shutdown()
 
     def epoch_samples(self, epoch: int) -> int:
         """Samples this rank sees in ``epoch`` (the same for every epoch); the listing must
@@ -266,11 +285,11 @@ class Pipeline:
             self.counters.ring_out = len(self._out)
             self._free.put_nowait(slot)
 
-    async def _decode(self, job: DecodeJob) -> Outcome:
+    async def _decode(self, job: DecodeJob, seq: int) -> Outcome:
         c = self.counters
         c.decode_queue += 1
         try:
-            return await self.pool.decode(job)
+            return await self.pool.decode(job, seq)
         finally:
             c.decode_queue -= 1
 
@@ -361,7 +380,8 @@ class Pipeline:
                 while inflight and (inflight[0][4].done() or self._free.empty()):
                     await self._publish(*inflight.popleft())
                 slot = await self._free.get()
-                task = asyncio.create_task(self._fill(slot, ep, sel))
+                task = asyncio.create_task(self._fill(slot, ep, sel, self._seq))
+                self._seq += 1
                 inflight.append((ep, b, last, slot, task))
         except asyncio.CancelledError:
             raise
@@ -406,9 +426,10 @@ class Pipeline:
             self.output.put(EpochEnd(epoch))
 
     async def _fill(
-        self, slot: int, epoch: int, sel: np.ndarray[Any, Any]
+        self, slot: int, epoch: int, sel: np.ndarray[Any, Any], seq: int
     ) -> tuple[int, Counter[str]]:
-        """Fill ``slot`` with the samples ``sel``; returns how many made it, and why not."""
+        """Fill ``slot`` with the samples ``sel`` (batch ``seq`` of the stream); returns how
+        many made it, and why not."""
         # Each sample made once per batch (a compact sample list makes one per access).
         batch = [self.listing.samples[int(i)] for i in sel]
         seed = self.run.seed
@@ -419,13 +440,14 @@ class Pipeline:
             keys = [ObjectCache.entry_key(url, b.obj.key, b.obj.etag) for b in batch]
             # One index query per batch, off the loop: which samples are cached, and in which
             # file; the decode workers read the files without another query.
-            cached = await asyncio.to_thread(self.cache.locate, keys)
+            loop = asyncio.get_running_loop()
+            cached = await loop.run_in_executor(self._index, self.cache.locate, keys)
         hits = [j for j in range(len(sel)) if keys[j] in cached]
         hit_set = set(hits)
         hit_results, *fetched = await asyncio.gather(
-            self._hits(slot, epoch, sel, batch, hits, keys, cached),
+            self._hits(slot, epoch, sel, seq, batch, hits, keys, cached),
             *(
-                self._sample(slot, j, epoch, mix_seed(seed, epoch, int(i)), batch[j], keys[j])
+                self._sample(slot, j, epoch, seq, mix_seed(seed, epoch, int(i)), batch[j], keys[j])
                 for j, i in enumerate(sel)
                 if j not in hit_set
             ),
@@ -460,6 +482,7 @@ class Pipeline:
         slot: int,
         epoch: int,
         sel: np.ndarray[Any, Any],
+        seq: int,
         batch: list[Sample],
         hits: list[int],
         keys: list[str],
@@ -480,7 +503,7 @@ class Pipeline:
             jobs.append(DecodeJob(cached[keys[j]], slot, j, seed_j, obj.key, keys[j], obj.size))
         c.decode_queue += len(jobs)
         try:
-            outcomes = await self.pool.decode_many(jobs)
+            outcomes = await self.pool.decode_many(jobs, seq)
         finally:
             c.decode_queue -= len(jobs)
         gone = []
@@ -503,6 +526,7 @@ class Pipeline:
                         slot,
                         j,
                         epoch,
+                        seq,
                         mix_seed(seed, epoch, int(sel[j])),
                         batch[j],
                         keys[j],
@@ -527,7 +551,7 @@ class Pipeline:
         return failure
 
     async def _sample(
-        self, slot: int, j: int, epoch: int, seed: int, sample: Sample, cache_key: str
+        self, slot: int, j: int, epoch: int, seq: int, seed: int, sample: Sample, cache_key: str
     ) -> None:
         """Fetch one sample, then decode it into ``slot`` (storing it in the cache)."""
         obj = sample.obj
@@ -543,7 +567,7 @@ class Pipeline:
                         self._writer.submit(obj.key, cache_key, data)
                 job = DecodeJob(data, slot, j, seed, obj.key, "", obj.size)
                 del data  # the job holds the bytes until the worker is done with them
-                outcome = await self._decode(job)
+                outcome = await self._decode(job, seq)
                 del job
                 self._account(outcome, obj.size)
             self.ring.labels[slot, j] = sample.label

@@ -3,14 +3,19 @@ their budget, resume, and faults injected at the store protocol."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import asyncloader as al
+from asyncloader._cache import ObjectCache
+from asyncloader._types import Blob, CachedAt
 from asyncloader.testing import FaultyStore, MemoryBucket, MemoryStore
 
 from .conftest import N_CLASSES, N_IMAGES
@@ -186,3 +191,36 @@ def test_a_late_sample_does_not_stop_the_batches_after_it(bucket: MemoryBucket) 
         assert stats.batches_produced == 0  # batch 0 is first, whatever finished before it
         assert store.faults["stall"] == 1
     assert time.monotonic() - t0 < 60  # closing does not wait for the stalled answer
+
+
+def test_with_a_cache_batches_fetch_in_their_order(
+    bucket: MemoryBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch asks the cache's index which of its samples are cached, then fetches the
+    rest.  The answers come in batch order: a slow answer for one batch never lets a later
+    batch's requests go ahead of it."""
+    keys = bucket.sorted_keys()
+    index = {k: i for i, k in enumerate(keys)}
+    requested: list[str] = []
+
+    class Recording(MemoryStore):
+        async def get(self, key: str, **kw: Any) -> Blob:
+            requested.append(key)
+            return await super().get(key, **kw)
+
+    locate = ObjectCache.locate
+    calls = itertools.count()
+
+    def slow_first(self: ObjectCache, keys: Sequence[str]) -> dict[str, CachedAt | None]:
+        if next(calls) == 0:  # the first batch's query
+            time.sleep(0.3)
+        return locate(self, keys)
+
+    monkeypatch.setattr(ObjectCache, "locate", slow_first)
+    store = Recording(bucket)
+    with _loader(store, labels=index.__getitem__, seed=3, cache_dir=tmp_path / "c") as loader:
+        batches = [labels.tolist() for _, labels in loader]
+    batch_of = {keys[label]: b for b, labels in enumerate(batches) for label in labels}
+    order = [batch_of[k] for k in dict.fromkeys(requested)]  # first requests, epoch 0 first
+    assert order[: len(keys)] == sorted(order[: len(keys)])
+    assert order[0] == 0
