@@ -235,6 +235,27 @@ def test_eviction_drops_the_oldest_pack_whole(tmp_path: Path) -> None:
     assert cache.verify() == (len(kept), 0)
 
 
+def test_a_batch_written_in_part_by_each_call_lands_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's values go to the pack in one gathered write where the OS takes it all; a
+    write that takes only part (a signal, a slow disk) is continued where it stopped."""
+    sizes: list[int] = []
+
+    def stingy(fd: int, views: list[memoryview]) -> int:  # at most 25 000 bytes a call
+        sizes.append(sum(len(v) for v in views))
+        return os.write(fd, b"".join(bytes(v) for v in views)[:25_000])
+
+    monkeypatch.setattr("asyncloader._cache._writev", stingy)
+    cache = ObjectCache(tmp_path, size_limit=10**9)
+    values = [(f"k{i}", _value(i, 40_000 + 996 * i)) for i in range(5)]
+    cache.put_many(values)
+    assert all(cache.get(k, len(v)) == v for k, v in values)
+    assert cache.verify() == (5, 0)
+    total = sum(len(v) for _, v in values)
+    assert sizes[0] == total and len(sizes) == -(-total // 25_000)
+
+
 def test_a_pack_evicted_under_its_writer_is_left_for_a_new_one(tmp_path: Path) -> None:
     """Another process evicts (or clears) the pack this one appends to: the next batch goes
     to a new pack, nothing is indexed into the removed one."""
