@@ -231,15 +231,17 @@ def main() -> None:
             f"{name:28s} {med(ips):7.0f} {med(xc):7.2f} {med(cpu) * 1e3:10.2f} "
             f"{med(xcpu):7.2f}  {max(gets):4d}  {' '.join(f'{x:.2f}' for x in xc)}"
         )
+
     # What filling the cache costs: the cold epoch against the same epoch without a cache.
-    speed = [
-        (run1["first_images"] / run1["first_wall"]) / (nc["first_images"] / nc["first_wall"])
-        for _, run1, _, _, nc, _ in rounds
-    ]
-    cpu_x = [
-        (run1["first_cpu"] / run1["first_images"]) / (nc["first_cpu"] / nc["first_images"])
-        for _, run1, _, _, nc, _ in rounds
-    ]
+    def cold_over_nocache(of: str, per: str) -> list[float]:
+        """Per round: the cold epoch's ``of`` per ``per`` over the no-cache epoch's."""
+        return [
+            (run1[f"first_{of}"] / run1[f"first_{per}"]) / (nc[f"first_{of}"] / nc[f"first_{per}"])
+            for _, run1, _, _, nc, _ in rounds
+        ]
+
+    speed = cold_over_nocache("images", "wall")
+    cpu_x = cold_over_nocache("cpu", "images")
     print(
         f"\ncold epoch filling the cache / the same epoch without a cache: img/s "
         f"{med(speed):.2f} x ({' '.join(f'{x:.2f}' for x in speed)}), CPU per image "
@@ -247,14 +249,11 @@ def main() -> None:
     )
     # The same, per sample decoded while the epoch ran: both loaders start the next epoch
     # as slots free up, but its cache hits are decoded at once, its fetches only later.
-    ahead = [(run1["first_decoded"], nc["first_decoded"]) for _, run1, _, _, nc, _ in rounds]
-    per_decoded = [
-        (run1["first_decoded"] / run1["first_wall"]) / (nc["first_decoded"] / nc["first_wall"])
-        for _, run1, _, _, nc, _ in rounds
-    ]
+    decoded = [(run1["first_decoded"], nc["first_decoded"]) for _, run1, _, _, nc, _ in rounds]
+    per_decoded = cold_over_nocache("decoded", "wall")
     print(
-        f"  per sample decoded in the epoch's time (cold {med(a for a, _ in ahead):.0f}, "
-        f"no cache {med(b for _, b in ahead):.0f}, of {rounds[0][1]['first_images']:.0f} in "
+        f"  per sample decoded in the epoch's time (cold {med(a for a, _ in decoded):.0f}, "
+        f"no cache {med(b for _, b in decoded):.0f}, of {rounds[0][1]['first_images']:.0f} in "
         f"the epoch): {med(per_decoded):.2f} x "
         f"({' '.join(f'{x:.2f}' for x in per_decoded)})"
     )
