@@ -32,6 +32,8 @@ ALLOWED = {
     # module: modules of the package it may import
     **{m: LEAVES for m in LEAVES},
     **{m: LEAVES for m in RESOURCES},
+    # The cache, over its C extension (the CRC-32).
+    "_cache": LEAVES | {"_crc"},
     # The cache's writer thread, over the cache.
     "_cache_writer": LEAVES | {"_cache"},
     "_fetch": LEAVES | RESOURCES,
