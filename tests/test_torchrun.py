@@ -3,12 +3,15 @@ epoch exactly once across ranks and DataLoader workers, equal batch counts per r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from asyncloader.testing import MotoServer, S3TestServer, free_port
@@ -17,10 +20,18 @@ from .conftest import N_IMAGES
 
 
 def _torchrun(script: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
-    """``torchrun --nproc_per_node=nproc script args...`` on 127.0.0.1, to its end."""
+    """``torchrun --nproc_per_node=nproc script args...`` on 127.0.0.1, to its end.
+
+    A job still running after ``HANG`` seconds (a normal one takes 10-30) fails the test
+    with every process's stacks: each Python process of the job (torchrun, the ranks, their
+    DataLoader workers) runs with faulthandler on and is sent SIGABRT, which makes it print
+    all its threads' tracebacks to the job's stderr before it dies.
+    """
     torchrun = shutil.which("torchrun")
     cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    proc = subprocess.run(
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    env["PYTHONFAULTHANDLER"] = "1"
+    with subprocess.Popen(
         [
             *cmd,
             f"--nproc_per_node={nproc}",
@@ -29,13 +40,53 @@ def _torchrun(script: Path, nproc: int, *args: str) -> subprocess.CompletedProce
             str(script),
             *args,
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+        env=env,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=HANG)
+        except subprocess.TimeoutExpired:
+            job = [proc.pid, *_descendants(proc.pid)]  # the ranks are sessions of their own
+            _signal(job, signal.SIGABRT, pause=0.5)  # one at a time: dumps not interleaved
+            try:
+                stdout, stderr = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                _signal(job, signal.SIGKILL)
+                stdout, stderr = proc.communicate()
+            raise AssertionError(
+                f"torchrun still running after {HANG} s; the job's stacks:\n{stderr[-12000:]}"
+            ) from None
+    assert proc.returncode == 0, stderr[-4000:]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+HANG = 90  # seconds: under the suite's per-test timeout, which would print only ours
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (Linux: from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _signal(pids: list[int], sig: int, pause: float = 0.0) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        time.sleep(pause)
 
 
 TRAIN = textwrap.dedent(
