@@ -186,7 +186,7 @@ class Pipeline:
         else:
             self.counters.cache_store_failed += len(keys)
 
-    def close_writer(self) -> None:
+    def close_threads(self) -> None:
         """Write what the cache writer holds, then stop it and the index thread (blocks:
         call off the loop)."""
         if self._writer is not None:

@@ -90,7 +90,7 @@ class Runtime:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.pipeline.stop(), 10)
             with contextlib.suppress(Exception):  # what waits for the disk (64 MB at most)
-                await asyncio.wait_for(asyncio.to_thread(self.pipeline.close_writer), 20)
+                await asyncio.wait_for(asyncio.to_thread(self.pipeline.close_threads), 20)
             self.pipeline.fetcher.close()
         if self.pool is not None:
             with contextlib.suppress(Exception):
