@@ -7,9 +7,8 @@ objects, and the ring's slots (a batch is only started once a slot is free, so w
 consumer stops taking batches, decode, fetch and listing all wait).
 
 Batches are published in order; each is the samples ``indices[b*B:(b+1)*B]`` of the epoch,
-so the same seed and epoch give the same batches however the work interleaves.  Work is
-also *done* in batch order where it queues: a batch's decode jobs carry its place in the
-stream as their priority, and its index query answers before a later batch's.  After the
+so the same seed and epoch give the same batches however the work interleaves; with a
+cache, a batch's index query also answers before a later batch's.  After the
 last batch of an epoch the next epoch starts at once (its first batches are in flight before
 the consumer has finished the current one).
 """
@@ -150,10 +149,6 @@ class Pipeline:
         self._window = asyncio.Semaphore(decode_window)
         self._failures: dict[int, list[Exception]] = {}
         self._epoch_samples: int | None = None
-        # Each batch's place in the stream: its decode jobs' priority, so that a batch's
-        # samples are decoded before a later batch's (cache hits of the next epoch, ready at
-        # once, would otherwise hold up the end of this one).
-        self._seq = 0
 
     def _admission(self) -> int:
         """The cache's admission threshold for this node's objects (see
@@ -285,11 +280,11 @@ class Pipeline:
             self.counters.ring_out = len(self._out)
             self._free.put_nowait(slot)
 
-    async def _decode(self, job: DecodeJob, seq: int) -> Outcome:
+    async def _decode(self, job: DecodeJob) -> Outcome:
         c = self.counters
         c.decode_queue += 1
         try:
-            return await self.pool.decode(job, seq)
+            return await self.pool.decode(job)
         finally:
             c.decode_queue -= 1
 
@@ -380,8 +375,7 @@ class Pipeline:
                 while inflight and (inflight[0][4].done() or self._free.empty()):
                     await self._publish(*inflight.popleft())
                 slot = await self._free.get()
-                task = asyncio.create_task(self._fill(slot, ep, sel, self._seq))
-                self._seq += 1
+                task = asyncio.create_task(self._fill(slot, ep, sel))
                 inflight.append((ep, b, last, slot, task))
         except asyncio.CancelledError:
             raise
@@ -426,10 +420,9 @@ class Pipeline:
             self.output.put(EpochEnd(epoch))
 
     async def _fill(
-        self, slot: int, epoch: int, sel: np.ndarray[Any, Any], seq: int
+        self, slot: int, epoch: int, sel: np.ndarray[Any, Any]
     ) -> tuple[int, Counter[str]]:
-        """Fill ``slot`` with the samples ``sel`` (batch ``seq`` of the stream); returns how
-        many made it, and why not."""
+        """Fill ``slot`` with the samples ``sel``; returns how many made it, and why not."""
         # Each sample made once per batch (a compact sample list makes one per access).
         batch = [self.listing.samples[int(i)] for i in sel]
         seed = self.run.seed
@@ -445,9 +438,9 @@ class Pipeline:
         hits = [j for j in range(len(sel)) if keys[j] in cached]
         hit_set = set(hits)
         hit_results, *fetched = await asyncio.gather(
-            self._hits(slot, epoch, sel, seq, batch, hits, keys, cached),
+            self._hits(slot, epoch, sel, batch, hits, keys, cached),
             *(
-                self._sample(slot, j, epoch, seq, mix_seed(seed, epoch, int(i)), batch[j], keys[j])
+                self._sample(slot, j, epoch, mix_seed(seed, epoch, int(i)), batch[j], keys[j])
                 for j, i in enumerate(sel)
                 if j not in hit_set
             ),
@@ -482,7 +475,6 @@ class Pipeline:
         slot: int,
         epoch: int,
         sel: np.ndarray[Any, Any],
-        seq: int,
         batch: list[Sample],
         hits: list[int],
         keys: list[str],
@@ -503,7 +495,7 @@ class Pipeline:
             jobs.append(DecodeJob(cached[keys[j]], slot, j, seed_j, obj.key, keys[j], obj.size))
         c.decode_queue += len(jobs)
         try:
-            outcomes = await self.pool.decode_many(jobs, seq)
+            outcomes = await self.pool.decode_many(jobs)
         finally:
             c.decode_queue -= len(jobs)
         gone = []
@@ -526,7 +518,6 @@ class Pipeline:
                         slot,
                         j,
                         epoch,
-                        seq,
                         mix_seed(seed, epoch, int(sel[j])),
                         batch[j],
                         keys[j],
@@ -551,7 +542,7 @@ class Pipeline:
         return failure
 
     async def _sample(
-        self, slot: int, j: int, epoch: int, seq: int, seed: int, sample: Sample, cache_key: str
+        self, slot: int, j: int, epoch: int, seed: int, sample: Sample, cache_key: str
     ) -> None:
         """Fetch one sample, then decode it into ``slot`` (storing it in the cache)."""
         obj = sample.obj
@@ -567,7 +558,7 @@ class Pipeline:
                         self._writer.submit(obj.key, cache_key, data)
                 job = DecodeJob(data, slot, j, seed, obj.key, "", obj.size)
                 del data  # the job holds the bytes until the worker is done with them
-                outcome = await self._decode(job, seq)
+                outcome = await self._decode(job)
                 del job
                 self._account(outcome, obj.size)
             self.ring.labels[slot, j] = sample.label

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import heapq
 import multiprocessing.connection as mpc
 import multiprocessing.spawn as mp_spawn
 import pickle
@@ -21,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
@@ -33,8 +33,6 @@ from ._image import DecodeSpec
 from ._worker import READY
 
 __all__ = ["ProcessDecodePool"]
-
-_RETRY = -1  # the priority of a dead worker's jobs: lower than any batch's
 
 
 def _launch(
@@ -161,8 +159,7 @@ class ProcessDecodePool:
         self._spec_bytes = pickle.dumps(spec)
         self._prep = mp_spawn.get_preparation_data("asyncloader-decode")
         self._pool: list[_Worker] = []
-        # (priority, job id, job), lowest first: the pipeline's batch order, then arrival.
-        self._pending: list[tuple[int, int, DecodeJob]] = []
+        self._pending: deque[tuple[int, DecodeJob]] = deque()  # (job id, job)
         self._futures: dict[int, asyncio.Future[Outcome]] = {}
         self._attempts: dict[int, int] = {}
         self._next_id = 0
@@ -234,7 +231,7 @@ class ProcessDecodePool:
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._pool]
 
-    async def decode(self, job: DecodeJob, priority: int = 0) -> Outcome:
+    async def decode(self, job: DecodeJob) -> Outcome:
         if self._broken is not None:
             raise self._broken
         if self._closed:
@@ -244,7 +241,7 @@ class ProcessDecodePool:
         self._next_id += 1
         fut: asyncio.Future[Outcome] = self._loop.create_future()
         self._futures[job_id] = fut
-        heapq.heappush(self._pending, (priority, job_id, job))
+        self._pending.append((job_id, job))
         self._dispatch()
         try:
             return await fut
@@ -252,13 +249,9 @@ class ProcessDecodePool:
             self._futures.pop(job_id, None)
             self._attempts.pop(job_id, None)
 
-    async def decode_many(
-        self, jobs: Sequence[DecodeJob], priority: int = 0
-    ) -> list[Outcome | BaseException]:
+    async def decode_many(self, jobs: Sequence[DecodeJob]) -> list[Outcome | BaseException]:
         """Each job as its own :meth:`decode` (results already travel in chunks here)."""
-        results = await asyncio.gather(
-            *(self.decode(job, priority) for job in jobs), return_exceptions=True
-        )
+        results = await asyncio.gather(*(self.decode(job) for job in jobs), return_exceptions=True)
         return list(results)
 
     async def drain(self, limit: float = 30.0) -> None:
@@ -280,7 +273,7 @@ class ProcessDecodePool:
                 return
             chunk: list[tuple[int, DecodeJob]] = []
             while self._pending and len(chunk) < room:
-                _, job_id, job = heapq.heappop(self._pending)
+                job_id, job = self._pending.popleft()
                 fut = self._futures.get(job_id)
                 if fut is None or fut.done():
                     self._release(job)
@@ -383,7 +376,7 @@ class ProcessDecodePool:
                     )
                 )
             else:
-                heapq.heappush(self._pending, (_RETRY, job_id, job))  # before any other
+                self._pending.appendleft((job_id, job))
 
     async def aclose(self) -> None:
         """Stop the workers: ask, then terminate, then kill (each step waits up to 2 s), in a

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import queue
 import threading
 from collections import deque
@@ -45,12 +43,9 @@ _WAKE_EVERY = 8
 class ThreadDecodePool:
     """Decode in threads, straight into the ring's arrays.
 
-    Jobs wait in a heap, lowest ``priority`` first (the pipeline's batch order: a later
-    batch's samples never hold up an earlier one's that arrive after them), in the order
-    they came within one priority; a plain queue of tokens wakes one thread per job.
-    Results come back through a deque, and the event loop is woken only when no wake-up is
-    already pending — and, while more jobs are queued, only once a few completions have
-    gathered.  One wake-up serves many samples:
+    Jobs go to the threads through a plain queue; results come back through a deque, and the
+    event loop is woken only when no wake-up is already pending — and, while more jobs are
+    queued, only once a few completions have gathered.  One wake-up serves many samples:
     fewer self-pipe writes, loop iterations and GIL hand-offs than one ``run_in_executor``
     future per sample.
     """
@@ -60,11 +55,8 @@ class ThreadDecodePool:
         self.restarts = 0
         self._spec = spec
         self._images = images
-        # (priority, arrival, (future, job) or (group, index in the group, job)), under
-        # the lock; a True token per job wakes a thread, a False one stops it.
-        self._jobs: list[tuple[int, int, tuple[Any, ...]]] = []
-        self._arrival = itertools.count()
-        self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        # (future, job) or (group, index in the group, job); None stops a thread.
+        self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._done: deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = deque()
         self._lock = threading.Lock()
         self._wake_pending = False
@@ -79,16 +71,17 @@ class ThreadDecodePool:
         for t in self._threads:
             t.start()
 
-    async def decode(self, job: DecodeJob, priority: int = 0) -> Outcome:
+    async def decode(self, job: DecodeJob) -> Outcome:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Outcome] = self._loop.create_future()
-        self._queue([(fut, job)], priority)
+        with self._lock:
+            self._active += 1
+            self._idle.clear()
+        self._jobs.put((fut, job))
         return await fut
 
-    async def decode_many(
-        self, jobs: Sequence[DecodeJob], priority: int = 0
-    ) -> list[Outcome | BaseException]:
+    async def decode_many(self, jobs: Sequence[DecodeJob]) -> list[Outcome | BaseException]:
         """The jobs of a batch as one group: one future and one wake-up for all of them
         (cache hits of a whole batch cost the loop almost nothing per sample)."""
         if not jobs:
@@ -96,25 +89,19 @@ class ThreadDecodePool:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         group = _Group(self._loop.create_future(), len(jobs))
-        self._queue([(group, i, job) for i, job in enumerate(jobs)], priority)
-        return await group.fut
-
-    def _queue(self, items: list[tuple[Any, ...]], priority: int) -> None:
         with self._lock:
-            self._active += len(items)
+            self._active += len(jobs)
             self._idle.clear()
-            for item in items:
-                heapq.heappush(self._jobs, (priority, next(self._arrival), item))
-        for _ in items:
-            self._tokens.put(True)
+        for i, job in enumerate(jobs):
+            self._jobs.put((group, i, job))
+        return await group.fut
 
     def _work(self) -> None:
         images, spec = self._images, self._spec
         while True:
-            if not self._tokens.get():
+            item = self._jobs.get()
+            if item is None:
                 return
-            with self._lock:
-                item = heapq.heappop(self._jobs)[2]
             target = item[0]
             job: DecodeJob = item[-1]
             fut: Any = target.fut if isinstance(target, _Group) else target
@@ -142,7 +129,9 @@ class ThreadDecodePool:
                 # Wake the loop for the first completion since the last wake-up, unless
                 # more jobs are queued (another completion follows soon) and few are
                 # waiting: one wake-up then delivers several samples.
-                wake = not self._wake_pending and (len(self._done) >= _WAKE_EVERY or not self._jobs)
+                wake = not self._wake_pending and (
+                    len(self._done) >= _WAKE_EVERY or self._jobs.empty()
+                )
                 if wake:
                     self._wake_pending = True
             if wake and self._loop is not None:
@@ -169,7 +158,7 @@ class ThreadDecodePool:
     async def aclose(self) -> None:
         """Stop the threads once their current jobs are done (joined off the loop)."""
         for _ in self._threads:
-            self._tokens.put(False)
+            self._jobs.put(None)
         try:
             await asyncio.to_thread(self._join)
         except RuntimeError:
