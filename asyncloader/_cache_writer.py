@@ -9,11 +9,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from ._cache import ObjectCache
-from ._types import Blob
+from ._types import Blob, derived_key
 
 __all__ = ["WRITE_BEHIND", "CacheWriter"]
+
+_Item = tuple[str, str, Blob, bool]  # key, cache key, bytes, stored already
 
 WRITE_BEHIND = 64 * 2**20
 """Fetched bytes waiting for the writer at most, by default (a few hundred JPEGs)."""
@@ -34,6 +37,11 @@ class CacheWriter:
             ``warm`` waits for room, the loader leaves objects uncached.
         done: Called on the writer thread with the object keys of each batch and None once
             written, or the exception that failed them (disk full, permissions).
+        derive: Makes what is kept beside an object from its bytes, as (name, bytes) pairs
+            (the scaled copies of a large JPEG); stored with it, in the same transaction,
+            under :func:`~asyncloader._types.derived_key`.
+        derive_threads: Threads running ``derive`` on a batch's objects at once (it must
+            release the GIL to gain from more than one); 1: the writer thread itself.
     """
 
     _BATCH = 32  # entries per index transaction
@@ -44,11 +52,19 @@ class CacheWriter:
         *,
         max_bytes: int = WRITE_BEHIND,
         done: Callable[[list[str], Exception | None], None],
+        derive: Callable[[Blob], list[tuple[str, bytes]]] | None = None,
+        derive_threads: int = 1,
     ) -> None:
         self._cache = cache
+        self._derive = derive
+        self._derivers = (
+            ThreadPoolExecutor(derive_threads, thread_name_prefix="asyncloader-derive")
+            if derive is not None and derive_threads > 1
+            else None
+        )
         self._max_bytes = max_bytes
         self._done = done
-        self._queue: queue.SimpleQueue[tuple[str, str, Blob] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         # Bytes handed over (counted by the submitting thread) and written (by the writer):
         # each counter has one writer, so no lock.
         self._submitted = 0
@@ -84,11 +100,13 @@ class CacheWriter:
                 break
             await self._room.wait()
 
-    def submit(self, key: str, cache_key: str, data: Blob) -> None:
+    def submit(self, key: str, cache_key: str, data: Blob, *, stored: bool = False) -> None:
         """Queue ``data`` (verified fetched bytes, never changed afterwards) for
-        ``cache_key``; ``key`` names it to ``done``."""
+        ``cache_key``; ``key`` names it to ``done``.  ``stored``: the object is in the cache
+        already, only what ``derive`` makes of it is to be stored (else nothing is derived
+        from an object stored already: it was fetched twice)."""
         self._submitted += len(data)
-        self._queue.put((key, cache_key, data))
+        self._queue.put((key, cache_key, data, stored))
 
     def _run(self) -> None:
         try:
@@ -105,6 +123,8 @@ class CacheWriter:
                     self._write(items)
         finally:
             self.cpu_seconds = time.thread_time()
+            if self._derivers is not None:
+                self._derivers.shutdown()
             self._cache.close()  # this thread's pack file and index connection
             self._wake()  # whoever waits sees the thread gone
 
@@ -114,14 +134,23 @@ class CacheWriter:
             with contextlib.suppress(RuntimeError):  # the loop is gone
                 loop.call_soon_threadsafe(room.set)
 
-    def _write(self, items: list[tuple[str, str, Blob]]) -> None:
+    def _write(self, items: list[_Item]) -> None:
         error: Exception | None = None
         try:
-            self._cache.put_many([(ck, data) for _, ck, data in items])
+            entries: list[tuple[str, Blob | bytes]] = [(ck, data) for _, ck, data, _ in items]
+            if self._derive is not None:
+                have = self._cache.contains(ck for _, ck, _, stored in items if not stored)
+                fresh = {ck: data for _, ck, data, stored in items if stored or ck not in have}
+                datas = list(fresh.values())
+                pool = self._derivers
+                made = pool.map(self._derive, datas) if pool else map(self._derive, datas)
+                for ck, derived in zip(fresh, made, strict=True):
+                    entries += [(derived_key(ck, name), d) for name, d in derived]
+            self._cache.put_many(entries)
         except Exception as exc:  # disk full, permissions: every object of the batch
             error = exc
-        self._written += sum(len(data) for _, _, data in items)
-        self._done([k for k, _, _ in items], error)
+        self._written += sum(len(data) for _, _, data, _ in items)
+        self._done([k for k, _, _, _ in items], error)
         self._wake()
 
     def close(self) -> None:

@@ -182,6 +182,7 @@ def _warm(args: argparse.Namespace) -> int:
             shard=args.shard,
             node_seed=args.node_local_seed,
             refresh_listing=args.refresh_listing,
+            scaled_jpegs=args.scaled_jpegs,
             store_options=options,
             on_listed=listed,
             on_object=one,
@@ -327,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     warm.add_argument("--refresh-listing", action="store_true", help="list the store again")
     warm.add_argument("--all-objects", action="store_true", help="not only image files")
+    warm.add_argument(
+        "--scaled-jpegs",
+        action="store_true",
+        help="also keep copies of JPEGs >= 1 MiB that decode at 1/4 and 1/8 scale to the same "
+        "pixels from a fraction of the data (large photos decode several times faster)",
+    )
     ls = sub.add_parser("ls", help="objects, bytes, classes, sizes and extensions under a URL")
     ls.add_argument("url", help="s3://bucket/prefix/, az://container/prefix/, a path, ...")
     ls.add_argument(

@@ -142,6 +142,15 @@ class ImageLoader:
             safely by every process on the node (see ``asyncloader warm``).
         cache_size: Most bytes the cache keeps (``"500GB"``, ``"64GiB"``, an int); the least
             recently stored entries are evicted.
+        cache_scaled_jpegs: Also keep, beside each JPEG of at least 1 MiB, copies that
+            decode at 1/4 and 1/8 scale to exactly its pixels from a fraction of its data
+            (the DCT coefficients those scales never read are dropped).  Later epochs decode
+            such photos several times faster (a 12-megapixel photo's RandomResizedCrop(224)
+            is mostly decoded at 1/8).  Making them costs ~3 decodes of the photo, once, on
+            the cache's writer thread, and ~65 % more cache space for those objects; objects
+            it cannot keep up with are not cached that epoch (``cache_store_skipped``).
+            ``asyncloader warm --scaled-jpegs`` makes them ahead of a run on every core.
+            Copies in the cache are used whether or not this is set.
         listing_max_age: With a cache, reuse the saved object list of the URL if younger
             than this [seconds]; objects replaced since then fail their ETag check clearly.
         refresh_listing: List the store again even if a saved list is young enough.
@@ -199,6 +208,7 @@ class ImageLoader:
         timeout: float | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_size: int | str = "100GB",
+        cache_scaled_jpegs: bool = False,
         listing_max_age: float = 3600.0,
         refresh_listing: bool = False,
         objects: Sequence[ObjectInfo] | None = None,
@@ -256,7 +266,21 @@ class ImageLoader:
         self.cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
         self._listing_max_age = 0.0 if refresh_listing else listing_max_age
         self._objects = objects
-        self._spec = DecodeSpec(shape, transform, decode, max_pixels, self.cache)
+        if cache_scaled_jpegs and (self.cache is None or decode is not None):
+            raise ValueError(
+                "cache_scaled_jpegs needs a cache_dir and the built-in decode (no decode= hook)"
+            )
+        self._scaled_copies = cache_scaled_jpegs
+        # Hits of large JPEGs are decoded from their scaled copies wherever the cache has
+        # them (made by this option or by `asyncloader warm --scaled-jpegs`): same pixels.
+        self._spec = DecodeSpec(
+            shape,
+            transform,
+            decode,
+            max_pixels,
+            self.cache,
+            scaled_copies=self.cache is not None and decode is None,
+        )
         # One slot more than the work in flight needs: a plain `for` loop still holds the
         # previous batch while it asks for the next.
         self._slots = prefetch_batches or max(5, -(-inflight // batch_size) + 4)
@@ -350,6 +374,7 @@ class ImageLoader:
             self._output,
             decode_window=self._fetch_config.inflight + 4 * self._workers,
             cache=self.cache,
+            scaled_copies=self._scaled_copies,
         )
         # Captures the runtime, never the loader: the loader must stay collectable.
         pipeline, rt = self._rt.pipeline, self._rt

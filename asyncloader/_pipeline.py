@@ -33,6 +33,7 @@ from ._cache_writer import CacheWriter
 from ._config import RunConfig
 from ._dataset import Listing
 from ._decode import DecodePool
+from ._decode import scaled_copies as make_scaled_copies
 from ._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
 from ._fetch import Fetcher
 from ._ring import BatchRing
@@ -104,6 +105,8 @@ class Pipeline:
         decode_window: Most samples between the start of their fetch and the end of their
             decode (bounds the bytes held in memory).
         cache: The SSD cache: hits are read by decode workers, fetched bytes written back.
+        scaled_copies: Also keep scaled copies of large JPEGs in the cache, made by the
+            cache's writer thread (:func:`~asyncloader._decode._image.scaled_copies`).
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class Pipeline:
         *,
         decode_window: int,
         cache: ObjectCache | None = None,
+        scaled_copies: bool = False,
     ) -> None:
         self.listing = listing
         self.fetcher = fetcher
@@ -131,7 +135,13 @@ class Pipeline:
         # Fetched bytes go to the cache off the decode path, written in batches by one
         # thread; when the disk falls behind (CacheWriter.full), objects are not
         # cached this time (counted), rather than slowing the epoch down.
-        self._writer = CacheWriter(cache, done=self._written) if cache is not None else None
+        self._writer = (
+            CacheWriter(
+                cache, done=self._written, derive=make_scaled_copies if scaled_copies else None
+            )
+            if cache is not None
+            else None
+        )
         # The batches' index queries, off the loop on one thread: they answer in the order
         # the batches started, so their fetches start in that order too (several threads
         # let a later batch's requests go ahead of an earlier one's), on one connection.

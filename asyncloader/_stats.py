@@ -82,6 +82,7 @@ class Counters:
     listing_seconds: float = 0.0
     objects_listed: int = 0
     cache_hits: int = 0
+    cache_scaled_hits: int = 0
     cache_misses: int = 0
     bytes_from_cache: int = 0
     cache_stored: int = 0
@@ -112,6 +113,7 @@ class Counters:
             self.decoded += 1
             if events & CacheEvent.HIT:
                 self.cache_hits += 1
+                self.cache_scaled_hits += bool(events & CacheEvent.SCALED)
                 self.bytes_from_cache += max(size, 0)
             elif caching:
                 self.cache_misses += 1
@@ -164,6 +166,7 @@ class Counters:
             objects_listed=self.objects_listed,
             listing_seconds=self.listing_seconds,
             cache_hits=self.cache_hits,
+            cache_scaled_hits=self.cache_scaled_hits,
             cache_misses=self.cache_misses,
             bytes_from_cache=self.bytes_from_cache,
             cache_stored=self.cache_stored,
@@ -212,6 +215,8 @@ class Stats:
             keeps its slot until the last tensor or view of it is gone), or by the uploader
             while it copies.  When every slot is held, no batch can be made.
         cache_hits, cache_misses: Samples read from the SSD cache / not found there.
+        cache_scaled_hits: Of ``cache_hits``, samples decoded from a scaled copy of a large
+            JPEG (``cache_scaled_jpegs``): the same pixels from a fraction of the data.
         bytes_from_cache: Bytes read from the SSD cache (``bytes_fetched``: from the network).
         cache_stored, cache_store_failed: Fetched objects written to the cache / not written
             (disk full, ...; not fatal).  Written by a thread of their own, in batches: a
@@ -260,6 +265,7 @@ class Stats:
     objects_listed: int
     listing_seconds: float
     cache_hits: int
+    cache_scaled_hits: int
     cache_misses: int
     bytes_from_cache: int
     cache_stored: int
@@ -288,7 +294,9 @@ class Stats:
             f"{self.inflight_peak}/{self.max_inflight} (limit now {self.inflight_limit}, "
             f"{self.backoffs} back-offs), mean fetch "
             f"{self.mean_fetch_seconds * 1e3:.1f} ms)",
-            f"cache: {self.cache_hits} hits ({self.bytes_from_cache / 1e6:.0f} MB from disk), "
+            f"cache: {self.cache_hits} hits ({self.bytes_from_cache / 1e6:.0f} MB from disk"
+            + (f"; {self.cache_scaled_hits} from scaled copies" if self.cache_scaled_hits else "")
+            + "), "
             f"{self.cache_misses} misses, {self.cache_stored} stored, "
             f"{self.cache_damaged} damaged, {self.cache_store_failed} store failures, "
             f"{self.cache_store_skipped} not stored (disk behind)"

@@ -25,6 +25,7 @@ __all__ = [
     "Outcome",
     "Sample",
     "WritableStore",
+    "derived_key",
 ]
 
 Blob = bytes | bytearray
@@ -149,6 +150,12 @@ class BlobCache(Protocol):
         ...
 
 
+def derived_key(entry_key: str, name: str) -> str:
+    """The cache key of something kept beside the entry ``entry_key`` and made from its
+    bytes (``name``: which, e.g. a scaled copy of a JPEG)."""
+    return f"{entry_key}\x00{name}"
+
+
 DecodeFn = Callable[[Blob], npt.NDArray[np.uint8]]
 """A ``decode=`` hook: object bytes → uint8 array of the loader's sample shape."""
 
@@ -163,6 +170,7 @@ class CacheEvent(enum.IntFlag):
     HIT = 1  # the bytes came from the cache
     MISS = 2  # not in the cache (or damaged): nothing decoded, the loop must fetch
     DAMAGED = 4  # a damaged cache entry was found and dropped
+    SCALED = 8  # decoded from a scaled copy of the object (a large JPEG), not the object
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,10 @@ Objects already cached are skipped after a quick index check, so an interrupted 
 where it stopped.  Fetched bytes are verified (length, ETag) like any other fetch and written
 by the cache's writer thread (appended to a pack file, indexed 32 at a time; the event loop
 never waits on the disk).  ``shard=(i, n)`` warms every n-th object of the
-sorted listing, so the nodes of a cluster can each warm their part.
+sorted listing, so the nodes of a cluster can each warm their part.  With
+``scaled_jpegs``, large JPEGs also get their scaled copies (see
+:func:`~asyncloader._decode._image.scaled_copies`), made on every core; objects cached
+earlier without them get them from the cache, without a fetch.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from ._admission import ADMIT_ALL, admission, admitted
 from ._cache import ObjectCache
 from ._cache_writer import CacheWriter
 from ._config import FetchConfig
-from ._env import local_world_size, shard_from_env
+from ._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
+from ._env import local_world_size, shard_from_env, usable_cpus
 from ._errors import AsyncLoaderError, shown_key
 from ._fetch import Fetcher, list_objects
 from ._labels import IMAGE_EXTENSIONS, KeyFilter
 from ._sampler import node_subset
 from ._stats import Counters
-from ._types import ObjectStore
+from ._types import Blob, ObjectStore, derived_key
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
 
@@ -47,6 +51,7 @@ class WarmReport:
         write_cpu_seconds: CPU time of the thread writing the cache [seconds].
         not_admitted: Left out: the shard does not fit the cache, which keeps a fixed
             subset of it (the one loaders keep; counted in ``listed``).
+        scaled: Objects given scaled copies (``scaled_jpegs``), cached before or now.
     """
 
     listed: int = 0
@@ -58,6 +63,7 @@ class WarmReport:
     retries: dict[str, int] = field(default_factory=dict)
     write_cpu_seconds: float = 0.0
     not_admitted: int = 0
+    scaled: int = 0
 
     def summary(self) -> str:
         secs = max(self.seconds, 1e-9)
@@ -66,6 +72,7 @@ class WarmReport:
             f"{self.seconds:.1f} s: {self.warmed / secs:.0f} objects/s, "
             f"{self.bytes_fetched / secs / 1e6:.1f} MB/s; {self.already_cached} already "
             f"cached, {len(self.failed)} failed, retries {sum(self.retries.values())}"
+            + (f"; {self.scaled} given scaled copies" if self.scaled else "")
             + (
                 f"; {self.not_admitted} left out: the data does not fit the cache, which "
                 "keeps a fixed subset"
@@ -86,6 +93,7 @@ async def warm_cache(
     on_listed: Callable[[int, int], None] | None = None,
     on_object: Callable[[int], None] | None = None,
     node_seed: int | None = None,
+    scaled_jpegs: bool = False,
 ) -> WarmReport:
     """Fetch every object of ``shard`` not yet in ``cache`` and store it.
 
@@ -101,6 +109,8 @@ async def warm_cache(
         listing_max_age: Reuse a saved listing younger than this [seconds].
         on_listed: Called with (objects to warm, already cached) once known.
         on_object: Called with the byte count of each object warmed (progress).
+        scaled_jpegs: Also store the scaled copies of JPEGs of at least 1 MiB (those
+            already cached without them too), made by a thread per usable CPU.
 
     Raises:
         AsyncLoaderError: an impossible shard.
@@ -129,8 +139,18 @@ async def warm_cache(
     present = await asyncio.to_thread(cache.contains, keys.values())
     todo = [o for o in mine if keys[o.key] not in present]
     report.already_cached = len(mine) - len(todo)
+    # Cached before, large, and without the copy every image that has copies has (1/8).
+    copied = {o.key: derived_key(keys[o.key], scaled_name(8)) for o in mine}
+    later = [o for o in mine if keys[o.key] in present and o.size >= SCALED_COPY_MIN]
+    if scaled_jpegs and later:
+        have = await asyncio.to_thread(cache.contains, [copied[o.key] for o in later])
+        later = [o for o in later if copied[o.key] not in have]
+    else:
+        later = []
+    again = {o.key for o in later}
+    refreshed: set[str] = set()  # of those, read from the cache (added before submitting)
     if on_listed is not None:
-        on_listed(len(todo), report.already_cached)
+        on_listed(len(todo) + len(later), report.already_cached)
     counters = Counters()
     fetcher = Fetcher(
         store, counters, FetchConfig(max_inflight=max_inflight), node=cache.budget_path(url)
@@ -139,24 +159,44 @@ async def warm_cache(
 
     def written(objs: list[str], error: Exception | None) -> None:  # on the writer thread
         if error is None:
-            report.warmed += len(objs)  # only this thread writes it
+            # only this thread writes it; objects read from the cache were there already
+            report.warmed += sum(k not in refreshed for k in objs)
         else:
             report.failed.extend((shown_key(k), f"cache write failed: {error}") for k in objs)
 
-    writer = CacheWriter(cache, done=written)  # fetches wait while it is full
-    pending = iter(todo)
+    made: list[int] = []  # one item per object given copies (appends are atomic)
+
+    def derive(data: Blob) -> list[tuple[str, bytes]]:  # on a derive thread
+        copies = scaled_copies(data)
+        if copies:
+            made.append(1)
+        return copies
+
+    writer = CacheWriter(  # fetches wait while it is full
+        cache,
+        done=written,
+        derive=derive if scaled_jpegs else None,
+        derive_threads=usable_cpus(),
+    )
+    pending = iter([*later, *todo])
     t0 = time.perf_counter()
 
     async def worker() -> None:
         for obj in pending:  # shared iterator: each object goes to one worker
+            data: Blob | None = None
+            if obj.key in again:  # cached already: only its copies are made
+                data = await asyncio.to_thread(cache.get, keys[obj.key], obj.size)
+            stored = data is not None  # else gone meanwhile (evicted, damaged): fetched
+            if stored:
+                refreshed.add(obj.key)
             try:
-                data = await fetcher.fetch(obj)
+                data = data if data is not None else await fetcher.fetch(obj)
             except AsyncLoaderError as exc:
                 report.failed.append((shown_key(obj.key), str(exc).splitlines()[0]))
                 continue
             if writer.full():
                 await writer.room()
-            writer.submit(obj.key, keys[obj.key], data)
+            writer.submit(obj.key, keys[obj.key], data, stored=stored)
             if on_object is not None:
                 on_object(len(data))
 
@@ -168,6 +208,7 @@ async def warm_cache(
         fetcher.close()
         await asyncio.to_thread(writer.close)
         report.write_cpu_seconds = writer.cpu_seconds
+        report.scaled = len(made)
     report.seconds = time.perf_counter() - t0
     report.bytes_fetched = counters.bytes_fetched
     report.retries = dict(counters.retries)
@@ -188,6 +229,7 @@ def warm(
     on_object: Callable[[int], None] | None = None,
     node_seed: int | None = None,
     concurrency: int | None = None,
+    scaled_jpegs: bool = False,
 ) -> WarmReport:
     """Fill ``cache_dir`` with the objects under ``url`` (see :func:`warm_cache`).
 
@@ -224,6 +266,7 @@ def warm(
                 on_listed=on_listed,
                 on_object=on_object,
                 node_seed=node_seed,
+                scaled_jpegs=scaled_jpegs,
             )
         finally:
             await store.close()

@@ -9,9 +9,9 @@ Two pools with one async interface (:class:`DecodePool`: ``await pool.decode(job
 
 ``_image`` turns bytes into pixels (JPEGs by region through the ``_jpegroi`` C extension
 where it is built: ``ROI_DECODE``; the resize straight into the slot through ``_resize``:
-``FAST_RESIZE``); ``_job`` runs one job as a worker does (a cache read if
-need be, then pixels).  The names below are imported on first use, so that a worker process
-imports its side only.
+``FAST_RESIZE``) and makes the :func:`scaled_copies` of large JPEGs for the SSD cache;
+``_job`` runs one job as a worker does (a cache read if need be, then pixels).  The names
+below are imported on first use, so that a worker process imports its side only.
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ from .._lazy import lazy_exports
 if TYPE_CHECKING:
     from ._image import FAST_RESIZE as FAST_RESIZE
     from ._image import ROI_DECODE as ROI_DECODE
+    from ._image import SCALED_COPY_MIN as SCALED_COPY_MIN
     from ._image import DecodeSpec as DecodeSpec
     from ._image import decode_into as decode_into
+    from ._image import scaled_copies as scaled_copies
+    from ._image import scaled_name as scaled_name
     from ._job import DecodePool as DecodePool
     from ._job import run_job as run_job
     from ._processes import ProcessDecodePool as ProcessDecodePool
@@ -33,8 +36,11 @@ if TYPE_CHECKING:
 _WHERE = {
     "FAST_RESIZE": "._image",
     "ROI_DECODE": "._image",
+    "SCALED_COPY_MIN": "._image",
     "DecodeSpec": "._image",
     "decode_into": "._image",
+    "scaled_copies": "._image",
+    "scaled_name": "._image",
     "DecodePool": "._job",
     "run_job": "._job",
     "ProcessDecodePool": "._processes",
@@ -44,12 +50,15 @@ _WHERE = {
 __all__ = [
     "FAST_RESIZE",
     "ROI_DECODE",
+    "SCALED_COPY_MIN",
     "DecodePool",
     "DecodeSpec",
     "ProcessDecodePool",
     "ThreadDecodePool",
     "decode_into",
     "run_job",
+    "scaled_copies",
+    "scaled_name",
 ]
 
 

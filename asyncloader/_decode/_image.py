@@ -10,6 +10,13 @@ then the same crop and resize (tested).  Everything else is decoded by Pillow.  
 ``_resize`` extension, the resize, the flip and the copy into the sample are one pass that
 gives Pillow's resize bit for bit (tested).  ``DecodeSpec(roi=False)`` keeps today's
 all-Pillow path.  A ``decode=`` hook replaces all of it for other blobs.
+
+*Scaled copies* (:func:`scaled_copies`, kept in the SSD cache beside large JPEGs with
+``cache_scaled_jpegs``): for 1/4 and 1/8 scale, the same JPEG with the DCT coefficients that
+libjpeg's reduced inverse DCT never reads at that scale set to zero.  Decoded at that scale,
+a copy gives the original's pixels exactly (tested), from a fraction of the entropy-coded
+data: a 12-megapixel photo's 1/8 copy is ~8 % of its bytes.  :func:`decode_scale` tells
+which copy a sample's crop can use.
 """
 
 from __future__ import annotations
@@ -37,7 +44,17 @@ try:
 except ImportError:  # built without a C compiler: Pillow resizes
     _resize = None
 
-__all__ = ["FAST_RESIZE", "ROI_DECODE", "DecodeSpec", "U8Array", "decode_into"]
+__all__ = [
+    "FAST_RESIZE",
+    "ROI_DECODE",
+    "SCALED_COPY_MIN",
+    "DecodeSpec",
+    "U8Array",
+    "decode_into",
+    "decode_scale",
+    "scaled_copies",
+    "scaled_name",
+]
 
 ROI_DECODE = _jpegroi is not None
 """Whether JPEGs can be decoded by region here (the ``_jpegroi`` extension is built)."""
@@ -52,6 +69,11 @@ _PILLOW_VERTICAL_FIRST = int(PIL.__version__.split(".")[0]) >= 13
 
 U8Array = npt.NDArray[np.uint8]
 
+SCALED_COPY_MIN = 2**20
+"""Objects of at least this many bytes get scaled copies (``cache_scaled_jpegs``) [bytes]:
+photos of several megapixels, whose crops are mostly decoded at 1/4 or 1/8."""
+_SCALED = (4, 8)  # the scales copies are made for (1/2 keeps most of the coefficients)
+
 
 @dataclass(frozen=True, slots=True)
 class DecodeSpec:
@@ -64,6 +86,8 @@ class DecodeSpec:
         max_pixels: Refuse sources with more pixels (decompression bombs).
         cache: The SSD cache workers read hits from.
         roi: Decode JPEGs by region where the extension is built (False: whole, by Pillow).
+        scaled_copies: Read a large JPEG's hit from its scaled copy in the cache where the
+            crop's DCT scale has one (:func:`scaled_copies`).
     """
 
     sample_shape: tuple[int, int, int]
@@ -72,6 +96,7 @@ class DecodeSpec:
     max_pixels: int = 89_478_485
     cache: BlobCache | None = None
     roi: bool = True
+    scaled_copies: bool = False
 
 
 def decode_into(
@@ -114,16 +139,7 @@ def decode_into(
         region = None
         pixels: bytearray | U8Array
         if img.format == "JPEG":
-            # Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the crop is at least twice
-            # the output: it skips most of the IDCT work.  draft()'s rule: the largest scale
-            # that keeps the crop at least as large as the output.
-            want = (
-                math.ceil(width * out_w / max(right - left, 1)),
-                math.ceil(height * out_h / max(bottom - top, 1)),
-            )
-            scale = 1
-            if want[0] * 2 <= width and want[1] * 2 <= height:
-                scale = _dct_scale(width, height, want)
+            want, scale = _jpeg_scale(width, height, plan.box, plan.size)
             if spec.roi and _jpegroi is not None and img.mode in ("RGB", "L"):
                 region = _decode_region(data, scale, width, height, plan.box, (out_w, out_h))
             if region is None and scale > 1:
@@ -180,6 +196,63 @@ def _store(pixels: U8Array, out: U8Array, flip: bool) -> None:
         arr = arr[:, ::-1]
     # One strided copy HWC → CHW into shared memory; numpy releases the GIL for it.
     np.copyto(out, arr.transpose(2, 0, 1))
+
+
+def decode_scale(data: Blob | memoryview, spec: DecodeSpec, seed: int) -> int:
+    """The DCT scale (1, 2, 4 or 8) :func:`decode_into` decodes ``data`` at with this
+    ``seed``: 1 for what is not a JPEG, or is decoded by a hook; from the header alone.
+
+    Raises:
+        Exception: Pillow's, for bytes it cannot open.
+    """
+    if spec.transform is None or spec.decode_fn is not None:
+        return 1
+    img = Image.open(io.BytesIO(data))
+    if img.format != "JPEG":
+        return 1
+    width, height = img.size
+    plan = spec.transform.plan(width, height, random.Random(seed))
+    return _jpeg_scale(width, height, plan.box, plan.size)[1]
+
+
+def scaled_name(scale: int) -> str:
+    """The name of a JPEG's copy for 1/``scale`` beside its cache entry."""
+    return f"jpeg/{scale}"
+
+
+def scaled_copies(data: Blob | memoryview) -> list[tuple[str, bytes]]:
+    """Copies of a JPEG of at least :data:`SCALED_COPY_MIN` bytes for decoding at 1/4 and
+    1/8 scale (see the module's docstring), with their names (:func:`scaled_name`): none
+    for anything else, for JPEGs libjpeg-turbo leaves to Pillow (CMYK, corrupt data), or
+    without the ``_jpegroi`` extension."""
+    if _jpegroi is None or len(data) < SCALED_COPY_MIN or bytes(data[:2]) != b"\xff\xd8":
+        return []
+    try:
+        copies = _jpegroi.scaled(data, _SCALED)
+    except ValueError:  # not a JPEG libjpeg can read: decoded (and refused) as it is
+        return []
+    return [(scaled_name(s), c) for s, c in zip(_SCALED, copies, strict=True) if c is not None]
+
+
+def _jpeg_scale(
+    width: int,
+    height: int,
+    box: tuple[float, float, float, float],
+    size: tuple[int, int],
+) -> tuple[tuple[int, int], int]:
+    """The size a JPEG decode must reach for ``box`` → ``size``, and the DCT scale that
+    gives it.  libjpeg decodes at 1/2, 1/4 or 1/8 scale when the crop is at least twice the
+    output (it skips most of the IDCT work); draft()'s rule: the largest scale that keeps
+    the crop at least as large as the output."""
+    left, top, right, bottom = box
+    want = (
+        math.ceil(width * size[0] / max(right - left, 1)),
+        math.ceil(height * size[1] / max(bottom - top, 1)),
+    )
+    scale = 1
+    if want[0] * 2 <= width and want[1] * 2 <= height:
+        scale = _dct_scale(width, height, want)
+    return want, scale
 
 
 def _dct_scale(width: int, height: int, want: tuple[int, int]) -> int:

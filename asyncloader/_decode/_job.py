@@ -8,8 +8,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .._errors import DecodeError, shown_key
-from .._types import ArenaSlice, CachedAt, CacheEvent, DecodeJob, Outcome
-from ._image import DecodeSpec, U8Array, decode_into
+from .._types import ArenaSlice, BlobCache, CachedAt, CacheEvent, DecodeJob, Outcome, derived_key
+from ._image import (
+    SCALED_COPY_MIN,
+    DecodeSpec,
+    U8Array,
+    decode_into,
+    decode_scale,
+    scaled_name,
+)
 
 __all__ = ["DecodePool", "run_job"]
 
@@ -20,7 +27,9 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
 
     ``data=None`` means "look in the cache", a :class:`CachedAt` "read the cache at this
     place" (found by the batch's one index query): a miss returns ``MISS`` without
-    decoding.  Fetched bytes reach the cache another way (the pipeline's
+    decoding.  With ``spec.scaled_copies``, a large object's hit is decoded from its
+    scaled copy where the crop's scale has one (``SCALED``), without reading the object.
+    Fetched bytes reach the cache another way (the pipeline's
     :class:`~asyncloader._cache_writer.CacheWriter`), off the decode path.
     """
     t0 = time.perf_counter()
@@ -32,7 +41,16 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
         cache = spec.cache if cache_key else None
         if cache is None:
             raise DecodeError(f"no cache to read {shown_key(job.key)} from", key=job.key)
-        data = cache.get(cache_key, size) if data is None else cache.read(cache_key, size, data)
+        copy = None
+        if spec.scaled_copies and size >= SCALED_COPY_MIN:
+            copy = _scaled_copy(cache, cache_key, spec, job.seed)
+        if copy is not None:
+            data = copy
+            events |= CacheEvent.SCALED
+        elif data is None:
+            data = cache.get(cache_key, size)
+        else:
+            data = cache.read(cache_key, size, data)
         if cache.take_damaged():
             events |= CacheEvent.DAMAGED
         if data is None:
@@ -40,6 +58,27 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
         events |= CacheEvent.HIT
     decode_into(data, out, spec, job.seed, job.key)
     return Outcome(time.perf_counter() - t0, events)
+
+
+def _scaled_copy(cache: BlobCache, cache_key: str, spec: DecodeSpec, seed: int) -> bytes | None:
+    """The entry's scaled copy that this sample's decode can use instead of the object
+    (the same pixels from less data), or None: none was made, the crop needs a larger
+    scale, or the copy is damaged (dropped, and counted by ``take_damaged``).
+
+    The 1/8 copy is read first, small as it is: its header gives the image's size, so the
+    crop and its scale, without reading the object."""
+    small = cache.get(derived_key(cache_key, scaled_name(8)), -1)
+    if small is None:
+        return None
+    try:
+        scale = decode_scale(small, spec, seed)
+    except Exception:  # a copy Pillow cannot open: the object decides
+        return None
+    if scale == 8:
+        return small
+    if scale == 4:
+        return cache.get(derived_key(cache_key, scaled_name(4)), -1)
+    return None
 
 
 class DecodePool(Protocol):

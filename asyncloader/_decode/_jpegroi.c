@@ -59,16 +59,22 @@ typedef struct {
     int unsupported, bad_region;
 } roi_job;
 
+/* The header of data; whether its colour space is one this module handles (YCbCr, RGB,
+   grayscale; not CMYK/YCCK).  Errors jump to the caller's setjmp. */
+static int read_header(j_decompress_ptr cinfo, const unsigned char *data, unsigned long len) {
+    jpeg_mem_src(cinfo, data, len);
+    jpeg_read_header(cinfo, TRUE);
+    return cinfo->jpeg_color_space == JCS_YCbCr || cinfo->jpeg_color_space == JCS_GRAYSCALE ||
+           cinfo->jpeg_color_space == JCS_RGB;
+}
+
 /* Phase 1, without the GIL: the header, the scale, the region's columns.  0: failed. */
 static int roi_start(roi_job *job) {
     struct jpeg_decompress_struct *cinfo = &job->cinfo;
     if (setjmp(job->err.jump)) {
         return 0;
     }
-    jpeg_mem_src(cinfo, job->data, job->len);
-    jpeg_read_header(cinfo, TRUE);
-    if (cinfo->jpeg_color_space != JCS_YCbCr && cinfo->jpeg_color_space != JCS_GRAYSCALE &&
-        cinfo->jpeg_color_space != JCS_RGB) {
+    if (!read_header(cinfo, job->data, job->len)) {
         job->unsupported = 1;
         return 1;
     }
@@ -202,9 +208,200 @@ static PyObject *roi_decode(PyObject *Py_UNUSED(self), PyObject *args) {
         "(NIIIIII)", out, job.left, job.top, job.width, job.height, job.full_w, job.full_h);
 }
 
+/* scaled(data, scales) -> one copy per scale, or None where there is none to give.
+ *
+ * A JPEG decoded at 1/2, 1/4 or 1/8 scale reads only some of each block's DCT coefficients:
+ * libjpeg's reduced inverse DCTs (jidctred.c, and their SIMD twins) produce a 4x4 block from
+ * every coefficient but row and column 4, a 2x2 block from rows and columns 0, 1, 3, 5, 7,
+ * and a 1x1 block from the DC coefficient alone.  Which of these a component gets at a
+ * given scale depends on its sampling (chroma is often scaled by the IDCT rather than
+ * upsampled).  The copy for 1/s is the same image with every coefficient that libjpeg at
+ * 1/s never reads set to zero, entropy-coded again (baseline, optimal Huffman tables): a
+ * decode of the copy at 1/s gives the original's pixels at 1/s exactly, from much less
+ * data.  The coefficients are read once for all the scales asked for.
+ *
+ * None for a scale where the copy would not be smaller, and for every scale where the
+ * image is not YCbCr, RGB or grayscale, or libjpeg warns (corrupt data).  Raises
+ * ValueError for data libjpeg cannot read.  The GIL is released while libjpeg works.
+ */
+#define SCALED_MAX 4
+
+typedef struct {
+    struct jpeg_decompress_struct src;
+    struct jpeg_compress_struct dst;
+    roi_error err; /* one error manager for both: errors jump to the same place */
+    const unsigned char *data;
+    unsigned long len;
+    int count, scales[SCALED_MAX];
+    int unsupported;
+    unsigned char *out[SCALED_MAX];
+    unsigned long out_len[SCALED_MAX];
+} scaled_job;
+
+/* Which rows/columns of a block libjpeg's IDCT reads at a scaled block size of n. */
+static int scaled_keeps(int n, int k) {
+    switch (n) {
+    case 1:
+        return k == 0;
+    case 2:
+        return k == 0 || k == 1 || k == 3 || k == 5 || k == 7;
+    case 4:
+        return k != 4;
+    default:
+        return 1;
+    }
+}
+
+static int scaled_run(scaled_job *job) {
+    struct jpeg_decompress_struct *src = &job->src;
+    struct jpeg_compress_struct *dst = &job->dst;
+    if (setjmp(job->err.jump)) {
+        return 0;
+    }
+    if (!read_header(src, job->data, job->len)) {
+        job->unsupported = 1;
+        return 1;
+    }
+    /* Each component's scaled block size at each scale, as the decoder will choose it. */
+    int sizes[SCALED_MAX][MAX_COMPONENTS];
+    for (int i = 0; i < job->count; i++) {
+        src->scale_num = 1;
+        src->scale_denom = (unsigned int)job->scales[i];
+        jpeg_calc_output_dimensions(src);
+        for (int ci = 0; ci < src->num_components; ci++) {
+            sizes[i][ci] = src->comp_info[ci].DCT_scaled_size;
+        }
+    }
+    /* Back to full size: the entropy decoder keeps no AC coefficients of a component whose
+       scaled block size is 1, and every copy needs them all to start from. */
+    src->scale_denom = 1;
+    jpeg_calc_output_dimensions(src);
+    jvirt_barray_ptr *coefs = jpeg_read_coefficients(src);
+    if (job->err.warned) {
+        return 1;
+    }
+    /* Largest scale first: what 1/8 keeps, 1/4 keeps too, so zeroing only ever adds. */
+    for (int i = 0; i < job->count; i++) {
+        for (int ci = 0; ci < src->num_components; ci++) {
+            jpeg_component_info *comp = &src->comp_info[ci];
+            int n = sizes[i][ci];
+            if (n >= DCTSIZE) {
+                continue;
+            }
+            JCOEF keep[DCTSIZE2]; /* natural order: row * 8 + column; all ones or zero */
+            for (int k = 0; k < DCTSIZE2; k++) {
+                keep[k] = scaled_keeps(n, k / DCTSIZE) && scaled_keeps(n, k % DCTSIZE) ? -1 : 0;
+            }
+            for (JDIMENSION row = 0; row < comp->height_in_blocks; row++) {
+                JBLOCKARRAY blocks = (*src->mem->access_virt_barray)(
+                    (j_common_ptr)src, coefs[ci], row, 1, TRUE);
+                for (JDIMENSION col = 0; col < comp->width_in_blocks; col++) {
+                    JCOEF *block = blocks[0][col];
+                    for (int k = 0; k < DCTSIZE2; k++) { /* vectorised by the compiler */
+                        block[k] &= keep[k];
+                    }
+                }
+            }
+        }
+        jpeg_mem_dest(dst, &job->out[i], &job->out_len[i]);
+        jpeg_copy_critical_parameters(src, dst);
+        dst->optimize_coding = TRUE;
+        jpeg_write_coefficients(dst, coefs);
+        jpeg_finish_compress(dst);
+    }
+    return 1;
+}
+
+static int scaled_order(const void *a, const void *b) {
+    return *(const int *)a - *(const int *)b;
+}
+
+static PyObject *roi_scaled(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer data;
+    PyObject *wanted;
+    scaled_job job;
+    memset(&job, 0, sizeof(job));
+    if (!PyArg_ParseTuple(args, "y*O", &data, &wanted)) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(wanted, "scales must be a sequence of 2, 4 or 8");
+    if (seq == NULL) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    int asked[SCALED_MAX];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long s = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        int seen = 0;
+        for (Py_ssize_t j = 0; j < i; j++) {
+            seen |= asked[j] == s;
+        }
+        if ((s != 2 && s != 4 && s != 8) || seen || i >= 3) {
+            Py_DECREF(seq);
+            PyBuffer_Release(&data);
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "scales must be distinct, each 2, 4 or 8");
+            }
+            return NULL;
+        }
+        asked[i] = (int)s;
+    }
+    Py_DECREF(seq);
+    job.count = (int)count;
+    memcpy(job.scales, asked, sizeof(int) * (size_t)count);
+    qsort(job.scales, (size_t)job.count, sizeof(int), scaled_order);
+    job.data = (const unsigned char *)data.buf;
+    job.len = (unsigned long)data.len;
+    job.src.err = jpeg_std_error(&job.err.pub);
+    job.err.pub.error_exit = roi_error_exit;
+    job.err.pub.emit_message = roi_emit_message;
+    job.dst.err = &job.err.pub;
+    jpeg_create_decompress(&job.src);
+    jpeg_create_compress(&job.dst);
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = scaled_run(&job);
+    jpeg_destroy_compress(&job.dst);
+    jpeg_destroy_decompress(&job.src);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    PyObject *result = NULL;
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "%s", job.err.message);
+    } else {
+        result = PyTuple_New(count);
+        for (Py_ssize_t i = 0; result != NULL && i < count; i++) {
+            int at = 0;
+            while (job.scales[at] != asked[i]) {
+                at++;
+            }
+            PyObject *item;
+            if (job.unsupported || job.err.warned || job.out[at] == NULL ||
+                job.out_len[at] >= (unsigned long)job.len) {
+                item = Py_NewRef(Py_None);
+            } else {
+                item = PyBytes_FromStringAndSize((const char *)job.out[at],
+                                                 (Py_ssize_t)job.out_len[at]);
+            }
+            if (item == NULL) {
+                Py_CLEAR(result);
+                break;
+            }
+            PyTuple_SET_ITEM(result, i, item);
+        }
+    }
+    for (int i = 0; i < SCALED_MAX; i++) {
+        free(job.out[i]);
+    }
+    return result;
+}
+
 static PyMethodDef roi_methods[] = {
     {"decode", roi_decode, METH_VARARGS,
      "decode(data, scale, x0, y0, x1, y1) -> (canvas, left, top, width, height, cw, ch) | None"},
+    {"scaled", roi_scaled, METH_VARARGS,
+     "scaled(data, scales) -> tuple of bytes | None: copies that decode at 1/scale exactly"},
     {NULL, NULL, 0, NULL},
 };
 

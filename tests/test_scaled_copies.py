@@ -1,0 +1,261 @@
+"""Scaled copies of large JPEGs: a copy decoded at its scale gives the original's pixels
+exactly (any subsampling, grayscale, RGB, progressive input, any size); samples decoded from
+copies in the cache are the samples decoded from the objects; a damaged copy is dropped and
+the object decoded instead; ``warm --scaled-jpegs`` makes copies of objects cached before,
+without fetching them."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+import asyncloader as al
+from asyncloader._decode._image import (
+    ROI_DECODE,
+    SCALED_COPY_MIN,
+    DecodeSpec,
+    decode_into,
+    decode_scale,
+    scaled_copies,
+    scaled_name,
+)
+from asyncloader._types import derived_key
+from asyncloader.testing import S3TestServer
+
+from .test_roi_decode import KINDS, _jpeg, _whole
+
+pytestmark = pytest.mark.skipif(not ROI_DECODE, reason="_jpegroi extension not built")
+
+N_LARGE = 6
+
+
+def _scaled(data: bytes, scales: tuple[int, ...]) -> tuple[bytes | None, ...]:
+    from asyncloader._decode import _jpegroi  # type: ignore[attr-defined]
+
+    got: tuple[bytes | None, ...] = _jpegroi.scaled(data, scales)
+    return got
+
+
+def _photo(seed: int, size: tuple[int, int] = (2400, 1800)) -> bytes:
+    """A JPEG of at least SCALED_COPY_MIN bytes, from the demo's real photos."""
+    from asyncloader._demo import make_jpeg, source_photos
+
+    data = make_jpeg(source_photos(), seed, size=size)
+    assert len(data) >= SCALED_COPY_MIN, len(data)
+    return data
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    kind=st.sampled_from([*KINDS, "grayscale", "rgb"]),
+    size=st.tuples(st.integers(8, 400), st.integers(8, 400)),
+    scale=st.sampled_from([2, 4, 8]),
+)
+def test_a_copy_decodes_to_the_originals_pixels_at_its_scale(
+    kind: str, size: tuple[int, int], scale: int
+) -> None:
+    w, h = size
+    save: dict[str, object] = {"mode": "L"} if kind == "grayscale" else dict(KINDS.get(kind, {}))
+    if kind == "rgb":
+        save = {"keep_rgb": True}  # an RGB JPEG (Adobe marker), not YCbCr
+    data = _jpeg(w, h, seed=w * h, **save)  # type: ignore[arg-type]
+    (copy,) = _scaled(data, (scale,))
+    if copy is None:  # nothing to gain (a tiny image): the object is decoded
+        return
+    assert len(copy) < len(data)
+    assert np.array_equal(_whole(copy, scale), _whole(data, scale))
+
+
+def test_copies_made_together_are_the_copies_made_one_by_one() -> None:
+    # The coefficients are read once for all the scales asked for; each copy must start
+    # from all of them (libjpeg drops a component's AC coefficients at a 1x1 block size).
+    data = _jpeg(640, 480, seed=5)
+    together = _scaled(data, (8, 2, 4))
+    alone = tuple(_scaled(data, (s,))[0] for s in (8, 2, 4))
+    assert together == alone
+    assert all(c is not None for c in together)
+    assert len(together[0]) < len(together[2]) < len(together[1]) < len(data)  # type: ignore[arg-type]
+
+
+def test_a_large_photos_copies_are_small_and_exact() -> None:
+    data = _photo(0)
+    copies = dict(scaled_copies(data))
+    assert set(copies) == {scaled_name(4), scaled_name(8)}
+    assert len(copies[scaled_name(8)]) < 0.3 * len(data)
+    for scale in (4, 8):
+        assert np.array_equal(_whole(copies[scaled_name(scale)], scale), _whole(data, scale))
+
+
+@pytest.mark.parametrize(
+    "transform", [al.RandomResizedCrop(224), al.CenterCrop(224, resize=256), al.Resize(96)]
+)
+def test_samples_from_copies_are_the_samples_from_the_object(transform: al.Transform) -> None:
+    datas = [_jpeg(1600, 1200, seed=s, subsampling=s % 3) for s in range(3)]
+    datas.append(_jpeg(1200, 1600, seed=9, mode="L"))
+    h, w = transform.output_size
+    spec = DecodeSpec((3, h, w), transform=transform)
+    a, b = np.empty((3, h, w), np.uint8), np.empty((3, h, w), np.uint8)
+    used = set()
+    for i, data in enumerate(datas):
+        copies = dict(zip((4, 8), _scaled(data, (4, 8)), strict=True))
+        for seed in range(40):
+            scale = decode_scale(data, spec, seed)
+            copy = copies.get(scale)
+            if copy is None:
+                continue
+            assert decode_scale(copy, spec, seed) == scale  # the same header, the same plan
+            decode_into(data, a, spec, seed, "k")
+            decode_into(copy, b, spec, seed, "k")
+            assert np.array_equal(a, b), (i, seed, scale)
+            used.add(scale)
+    assert used  # the test decoded from copies at all
+
+
+def test_what_gets_no_copies() -> None:
+    from asyncloader._decode import _jpegroi  # type: ignore[attr-defined]
+
+    photo = _photo(1)
+    assert scaled_copies(photo[:-1000]) == []  # cut short: libjpeg warns, nothing is made
+    assert scaled_copies(_jpeg(300, 200)) == []  # below SCALED_COPY_MIN
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, (1200, 1000, 4), np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(noise, "CMYK").save(buf, "JPEG", quality=95)
+    assert len(buf.getvalue()) >= SCALED_COPY_MIN
+    assert scaled_copies(buf.getvalue()) == []  # CMYK: Pillow decodes it whole
+    buf = io.BytesIO()
+    Image.fromarray(noise[:, :, :3]).save(buf, "PNG")
+    assert scaled_copies(buf.getvalue()) == []
+    assert scaled_copies(b"\xff\xd8" + bytes(SCALED_COPY_MIN)) == []  # not a JPEG inside
+    for bad in ((3,), (4, 4), (1,), ("8",), 8):
+        with pytest.raises((ValueError, TypeError)):
+            _jpegroi.scaled(photo, bad)
+
+
+# --- in the cache, through the loader and warm ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def large_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("large")
+    for i in range(N_LARGE):
+        (root / f"c{i % 2}").mkdir(exist_ok=True)
+        (root / f"c{i % 2}" / f"p{i}.jpg").write_bytes(_photo(10 + i))
+    return root
+
+
+@pytest.fixture
+def large_server(large_folder: Path) -> S3TestServer:
+    with S3TestServer(load=large_folder, bucket="b", prefix="big/") as server:
+        yield server
+
+
+def _epochs(
+    server: S3TestServer, epochs: int, **options: object
+) -> tuple[list[torch.Tensor], al.Stats]:
+    loader = al.ImageLoader(
+        "s3://b/big/",
+        batch_size=2,
+        shuffle=True,
+        seed=7,
+        transform=al.RandomResizedCrop(160),
+        store_options={"endpoint_url": server.endpoint},
+        timeout=60,
+        **options,  # type: ignore[arg-type]
+    )
+    try:
+        images = []
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            images += [x.clone() for x, _ in loader]
+        return images, loader.stats()
+    finally:
+        loader.close()
+
+
+def _assert_every_object_has_copies(cache_dir: Path) -> None:
+    cache = al.ObjectCache(cache_dir)
+    try:
+        entries = set(cache.entry_keys())
+    finally:
+        cache.close()
+    objects = {k for k in entries if k.count("\x00") == 2}
+    assert len(objects) == N_LARGE
+    for key in objects:
+        assert {derived_key(key, scaled_name(s)) for s in (4, 8)} <= entries
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_the_loader_makes_copies_and_decodes_from_them(
+    large_server: S3TestServer, tmp_path: Path, backend: str
+) -> None:
+    plain, _ = _epochs(large_server, 3, decode_backend=backend)
+    cache_dir = tmp_path / "cache"
+    first, _ = _epochs(
+        large_server, 1, cache_dir=cache_dir, cache_scaled_jpegs=True, decode_backend=backend
+    )
+    _assert_every_object_has_copies(cache_dir)  # closing the loader wrote what it held
+    # A later run on the same cache: every sample a hit, many from their copies.
+    again, stats = _epochs(large_server, 3, cache_dir=cache_dir, decode_backend=backend)
+    assert stats.objects_fetched == 0 and stats.cache_scaled_hits > 0
+    assert len(first) == len(plain) // 3 and len(again) == len(plain)
+    for x, y in zip(first + again, plain[: len(first)] + plain, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_a_damaged_copy_is_dropped_and_the_object_decoded(
+    large_server: S3TestServer, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "cache"
+    opts = {"endpoint_url": large_server.endpoint}
+    report = al.warm("s3://b/big/", cache_dir, store_options=opts, scaled_jpegs=True)
+    assert report.warmed == N_LARGE and report.scaled == N_LARGE
+    cache = al.ObjectCache(cache_dir)
+    try:
+        keys = [k for k in cache.entry_keys() if k.endswith(scaled_name(8))]
+        assert len(keys) == N_LARGE
+        for where in cache.locate(keys).values():  # one byte of each 1/8 copy flipped
+            assert where is not None and where.offset >= 0
+            path = cache_dir / "packs" / where.filename
+            with open(path, "r+b") as f:
+                f.seek(where.offset + where.length // 2)
+                byte = f.read(1)
+                f.seek(where.offset + where.length // 2)
+                f.write(bytes([byte[0] ^ 0xFF]))
+    finally:
+        cache.close()
+    plain, _ = _epochs(large_server, 1)
+    got, stats = _epochs(large_server, 1, cache_dir=cache_dir, decode_backend="thread")
+    assert stats.objects_fetched == 0 and stats.cache_damaged == N_LARGE
+    assert stats.cache_scaled_hits == 0  # the 1/8 copy is read first, for the header
+    for x, y in zip(got, plain, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_warm_gives_objects_cached_before_their_copies_without_a_fetch(
+    large_server: S3TestServer, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "cache"
+    opts = {"endpoint_url": large_server.endpoint}
+    report = al.warm("s3://b/big/", cache_dir, store_options=opts)
+    assert report.warmed == N_LARGE and report.scaled == 0
+    report = al.warm("s3://b/big/", cache_dir, store_options=opts, scaled_jpegs=True)
+    assert report.already_cached == N_LARGE and report.warmed == 0
+    assert report.scaled == N_LARGE and report.bytes_fetched == 0
+    assert "given scaled copies" in report.summary()
+    report = al.warm("s3://b/big/", cache_dir, store_options=opts, scaled_jpegs=True)
+    assert report.scaled == 0 and report.bytes_fetched == 0  # nothing left to do
+    _assert_every_object_has_copies(cache_dir)
+
+
+def test_scaled_copies_need_a_cache_and_the_built_in_decode(large_server: S3TestServer) -> None:
+    opts = {"endpoint_url": large_server.endpoint}
+    with pytest.raises(ValueError, match="cache_scaled_jpegs"):
+        al.ImageLoader("s3://b/big/", store_options=opts, cache_scaled_jpegs=True)
