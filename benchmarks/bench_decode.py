@@ -10,9 +10,13 @@ Sets, each decoded from bytes in RAM in this one process (CPU time is per core):
 Paths: ``pillow`` (today's: Pillow decodes the whole image, at 1/2–1/8 scale where the crop
 allows, and resizes) and ``roi`` (``_decode/_jpegroi``: only the crop's rows and iMCU
 columns, same scale rule; then ``_decode/_resize``: Pillow's resize bit for bit, straight
-into the sample's planes).  Both give the same pixels.  Rounds interleave the paths (the
+into the sample's planes).  For the 12-megapixel set, also ``scaled``: the roi path reading
+each sample from the photo's scaled copy for the crop's DCT scale (1/4 or 1/8; what a hit
+from the SSD cache reads with ``cache_scaled_jpegs`` or ``warm --scaled-jpegs``), the
+object itself where the crop needs a larger scale; the copies' one-time cost and size are
+printed below the table.  All paths give the same pixels.  Rounds interleave the paths (the
 order flips each round); printed: CPU ms per image and images/s per core (medians), and the
-median of each round's roi/pillow CPU ratio.
+median of each round's path/pillow CPU ratio.
 Run: ``python benchmarks/bench_decode.py [--rounds 5]``.
 """
 
@@ -51,18 +55,40 @@ def make_photos(root: Path, count: int, size: tuple[int, int] = (4000, 3000)) ->
     return paths
 
 
-def measure(datas: list[bytes], transform: object, roi: bool, passes: int) -> float:
-    """CPU seconds per image of decode + transform into a sample (one core)."""
+def measure(
+    datas: list[bytes],
+    transform: object,
+    path: str,
+    passes: int,
+    copies: list[dict[int, bytes]] | None = None,
+) -> float:
+    """CPU seconds per image of decode + transform into a sample (one core); ``path``
+    ``"scaled"`` decodes from ``copies`` (per image: scale → copy) where the crop's scale
+    has one, as a worker does on a cache hit (the header read for the scale included)."""
     from asyncloader._decode import DecodeSpec, decode_into
+    from asyncloader._decode._image import decode_scale
 
     h, w = transform.output_size  # type: ignore[attr-defined]
-    spec = DecodeSpec((3, h, w), transform=transform, roi=roi)  # type: ignore[arg-type]
+    spec = DecodeSpec((3, h, w), transform=transform, roi=path != "pillow")  # type: ignore[arg-type]
     out = np.empty((3, h, w), np.uint8)
     c0 = time.process_time()
     for p in range(passes):
         for i, data in enumerate(datas):
-            decode_into(data, out, spec, p * 100_003 + i, "k")
+            seed = p * 100_003 + i
+            if path == "scaled" and copies is not None:
+                data = copies[i].get(decode_scale(data, spec, seed), data)
+            decode_into(data, out, spec, seed, "k")
     return (time.process_time() - c0) / (passes * len(datas))
+
+
+def make_copies(datas: list[bytes]) -> tuple[list[dict[int, bytes]], float]:
+    """Each photo's scaled copies (scale → bytes), and the CPU seconds per photo they took."""
+    from asyncloader._decode import scaled_copies, scaled_name
+
+    c0 = time.process_time()
+    made = [dict(scaled_copies(d)) for d in datas]
+    cpu = (time.process_time() - c0) / len(datas)
+    return [{s: m[scaled_name(s)] for s in (4, 8) if scaled_name(s) in m} for m in made], cpu
 
 
 def main() -> None:
@@ -86,14 +112,17 @@ def main() -> None:
         "photo12mp-rrc": (photos, al.RandomResizedCrop(224), 2),
         "imagenet-center": (imagenet, al.CenterCrop(224), 2),
     }
-    for datas, tf, _ in sets.values():  # warm up: imports, allocator, caches
-        measure(datas[:10], tf, True, 1)
-        measure(datas[:10], tf, False, 1)
-    cpu: dict[tuple[str, bool], list[float]] = {}
+    paths = {name: ["pillow", "roi"] for name in sets}
+    paths["photo12mp-rrc"].append("scaled")
+    copies, copy_cpu = make_copies(photos)
+    for name, (datas, tf, _) in sets.items():  # warm up: imports, allocator, caches
+        for path in paths[name]:
+            measure(datas[:10], tf, path, 1, copies)
+    cpu: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
         for name, (datas, tf, passes) in sets.items():
-            for roi in (False, True) if r % 2 == 0 else (True, False):
-                cpu.setdefault((name, roi), []).append(measure(datas, tf, roi, passes))
+            for path in paths[name] if r % 2 == 0 else paths[name][::-1]:
+                cpu.setdefault((name, path), []).append(measure(datas, tf, path, passes, copies))
         print(f"round {r + 1} done", file=sys.stderr, flush=True)
     kb = {n: statistics.mean(len(d) for d in s[0]) / 1e3 for n, s in sets.items()}
     print(
@@ -105,15 +134,23 @@ def main() -> None:
         f"{'x pillow':>9s}"
     )
     for name in sets:
-        base = cpu[(name, False)]
-        for roi in (False, True):
-            xs = cpu[(name, roi)]
+        base = cpu[(name, "pillow")]
+        for path in paths[name]:
+            xs = cpu[(name, path)]
             ratio = statistics.median(a / b for a, b in zip(xs, base, strict=True))
             med = statistics.median(xs)
             print(
-                f"{name:16s} {kb[name]:6.0f} {'roi' if roi else 'pillow':7s} {med * 1e3:10.2f} "
+                f"{name:16s} {kb[name]:6.0f} {path:7s} {med * 1e3:10.2f} "
                 f"{1 / med:10.0f} {ratio:9.2f}"
             )
+    size = sum(len(d) for d in photos)
+    share = {s: sum(len(c.get(s, b"")) for c in copies) / size for s in (4, 8)}
+    print(
+        f"\nscaled copies of the 12 MP photos: made once in {copy_cpu * 1e3:.0f} CPU ms per "
+        f"photo ({copy_cpu / statistics.median(cpu[('photo12mp-rrc', 'pillow')]):.1f} x a "
+        f"pillow decode); 1/4 copy {share[4]:.0%} and 1/8 copy {share[8]:.0%} of the photos' "
+        "bytes"
+    )
 
 
 if __name__ == "__main__":
