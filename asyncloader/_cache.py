@@ -471,7 +471,8 @@ class ObjectCache:
         return checked, dropped
 
     def entry_keys(self) -> Iterator[str]:
-        """Every entry key (``store URL, key, ETag`` joined by NUL)."""
+        """Every entry key (``store URL, key, ETag`` joined by NUL; what is kept beside an
+        entry adds a NUL and its name: :func:`~asyncloader._types.derived_key`)."""
         yield from self._db().iterkeys()
 
     def clear(self) -> int:

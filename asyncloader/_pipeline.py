@@ -32,7 +32,7 @@ from ._cache import ObjectCache
 from ._cache_writer import CacheWriter
 from ._config import RunConfig
 from ._dataset import Listing
-from ._decode import DecodePool
+from ._decode import DecodePool, scaled_footprint
 from ._decode import scaled_copies as make_scaled_copies
 from ._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
 from ._fetch import Fetcher
@@ -132,6 +132,7 @@ class Pipeline:
         self.output = output
         self._decode_window = decode_window
         self.cache = cache
+        self._scaled_copies = scaled_copies
         # Fetched bytes go to the cache off the decode path, written in batches by one
         # thread; when the disk falls behind (CacheWriter.full), objects are not
         # cached this time (counted), rather than slowing the epoch down.
@@ -179,7 +180,10 @@ class Pipeline:
                 objects = [objects[int(i)] for i in mine]
             elif not r.shuffle:  # the fixed shards of this node's ranks
                 part = min((r.local_world_size or r.world_size) / r.world_size, 1.0)
-            sizes = ((o.key, o.size) for o in objects)
+            # The copies too, where this loader makes them (warm with --scaled-jpegs counts
+            # them the same way, so both keep the same subset).
+            footprint = scaled_footprint if self._scaled_copies else int
+            sizes = ((o.key, footprint(o.size)) for o in objects)
             threshold, self.counters.cache_share = admission(sizes, self.cache.size_limit, part)
             self._admit = threshold
         return threshold

@@ -23,7 +23,7 @@ from ._admission import ADMIT_ALL, admission, admitted
 from ._cache import ObjectCache
 from ._cache_writer import CacheWriter
 from ._config import FetchConfig
-from ._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
+from ._decode import SCALED_COPY_MIN, scaled_copies, scaled_footprint, scaled_name
 from ._env import local_world_size, shard_from_env, usable_cpus
 from ._errors import AsyncLoaderError, shown_key
 from ._fetch import Fetcher, list_objects
@@ -127,7 +127,9 @@ async def warm_cache(
         mine = [ordered[j] for j in node_subset(len(ordered), seed=node_seed, node=i, nodes=n)]
     # A cache too small for this shard keeps a fixed subset, the loader's (see admission).
     threshold, _ = await asyncio.to_thread(
-        admission, [(o.key, o.size) for o in mine], cache.size_limit
+        admission,
+        [(o.key, scaled_footprint(o.size) if scaled_jpegs else o.size) for o in mine],
+        cache.size_limit,
     )
     report = WarmReport(listed=len(mine))
     if threshold < ADMIT_ALL:

@@ -255,6 +255,41 @@ def test_warm_gives_objects_cached_before_their_copies_without_a_fetch(
     _assert_every_object_has_copies(cache_dir)
 
 
+@pytest.mark.parametrize("how", ["warm", "loader"])
+def test_a_cache_too_small_budgets_for_the_copies(
+    large_server: S3TestServer, large_folder: Path, tmp_path: Path, how: str
+) -> None:
+    # The photos fit the cache, their copies with them do not: warm and the loader keep a
+    # subset whose objects and copies fit, evicting nothing (else the oldest pack goes,
+    # objects and all, and what is left is not the subset the other keeps).
+    total = sum(p.stat().st_size for p in large_folder.rglob("*.jpg"))
+    limit = int(total * 1.3)
+    cache_dir = tmp_path / "cache"
+    opts = {"endpoint_url": large_server.endpoint}
+    if how == "warm":
+        report = al.warm(
+            "s3://b/big/", cache_dir, cache_size=limit, store_options=opts, scaled_jpegs=True
+        )
+        assert 0 < report.not_admitted < N_LARGE and not report.failed
+        assert report.warmed == report.scaled == N_LARGE - report.not_admitted
+    else:
+        _, stats = _epochs(
+            large_server, 2, cache_dir=cache_dir, cache_size=limit, cache_scaled_jpegs=True
+        )
+        assert 0 < stats.cache_share < 1
+    cache = al.ObjectCache(cache_dir, size_limit=limit)
+    try:
+        entries = set(cache.entry_keys())
+        assert cache.stats().volume <= limit
+    finally:
+        cache.close()
+    objects = {k for k in entries if k.count("\x00") == 2}
+    assert 0 < len(objects) < N_LARGE
+    assert len(entries) == 3 * len(objects)  # each with its two copies: nothing evicted
+    if how == "warm":
+        assert len(objects) == report.warmed
+
+
 def test_scaled_copies_need_a_cache_and_the_built_in_decode(large_server: S3TestServer) -> None:
     opts = {"endpoint_url": large_server.endpoint}
     with pytest.raises(ValueError, match="cache_scaled_jpegs"):

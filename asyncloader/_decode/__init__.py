@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ._image import DecodeSpec as DecodeSpec
     from ._image import decode_into as decode_into
     from ._image import scaled_copies as scaled_copies
+    from ._image import scaled_footprint as scaled_footprint
     from ._image import scaled_name as scaled_name
     from ._job import DecodePool as DecodePool
     from ._job import run_job as run_job
@@ -40,6 +41,7 @@ _WHERE = {
     "DecodeSpec": "._image",
     "decode_into": "._image",
     "scaled_copies": "._image",
+    "scaled_footprint": "._image",
     "scaled_name": "._image",
     "DecodePool": "._job",
     "run_job": "._job",
@@ -58,6 +60,7 @@ __all__ = [
     "decode_into",
     "run_job",
     "scaled_copies",
+    "scaled_footprint",
     "scaled_name",
 ]
 
