@@ -28,6 +28,7 @@ from ._config import IMAGENET_MEAN, IMAGENET_STD, FetchConfig, OnError, RunConfi
 from ._dataset import open_listing
 from ._decode import (
     FAST_RESIZE,
+    MAX_PIXELS,
     ROI_DECODE,
     DecodePool,
     DecodeSpec,
@@ -190,7 +191,7 @@ class ImageLoader:
         extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
         decode: DecodeFn | None = None,
         sample_shape: tuple[int, int, int] | None = None,
-        max_pixels: int = 89_478_485,
+        max_pixels: int = MAX_PIXELS,
         prefetch_batches: int | None = None,
         max_inflight: int | None = None,
         on_error: OnError = "raise",
@@ -375,6 +376,7 @@ class ImageLoader:
             decode_window=self._fetch_config.inflight + 4 * self._workers,
             cache=self.cache,
             scaled_copies=self._scaled_copies,
+            max_pixels=self._spec.max_pixels,
         )
         # Captures the runtime, never the loader: the loader must stay collectable.
         pipeline, rt = self._rt.pipeline, self._rt

@@ -22,6 +22,7 @@ from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -32,7 +33,7 @@ from ._cache import ObjectCache
 from ._cache_writer import CacheWriter
 from ._config import RunConfig
 from ._dataset import Listing
-from ._decode import DecodePool, scaled_footprint
+from ._decode import MAX_PIXELS, DecodePool, scaled_footprint
 from ._decode import scaled_copies as make_scaled_copies
 from ._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
 from ._fetch import Fetcher
@@ -107,6 +108,7 @@ class Pipeline:
         cache: The SSD cache: hits are read by decode workers, fetched bytes written back.
         scaled_copies: Also keep scaled copies of large JPEGs in the cache, made by the
             cache's writer thread (:func:`~asyncloader._decode._image.scaled_copies`).
+        max_pixels: No copies of images with more pixels (the decode refuses them).
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class Pipeline:
         decode_window: int,
         cache: ObjectCache | None = None,
         scaled_copies: bool = False,
+        max_pixels: int = MAX_PIXELS,
     ) -> None:
         self.listing = listing
         self.fetcher = fetcher
@@ -138,7 +141,11 @@ class Pipeline:
         # cached this time (counted), rather than slowing the epoch down.
         self._writer = (
             CacheWriter(
-                cache, done=self._written, derive=make_scaled_copies if scaled_copies else None
+                cache,
+                done=self._written,
+                derive=partial(make_scaled_copies, max_pixels=max_pixels)
+                if scaled_copies
+                else None,
             )
             if cache is not None
             else None

@@ -18,6 +18,7 @@ from PIL import Image
 
 import asyncloader as al
 from asyncloader._decode._image import (
+    MAX_PIXELS,
     ROI_DECODE,
     SCALED_COPY_MIN,
     DecodeSpec,
@@ -39,7 +40,7 @@ N_LARGE = 6
 def _scaled(data: bytes, scales: tuple[int, ...]) -> tuple[bytes | None, ...]:
     from asyncloader._decode import _jpegroi  # type: ignore[attr-defined]
 
-    got: tuple[bytes | None, ...] = _jpegroi.scaled(data, scales)
+    got: tuple[bytes | None, ...] = _jpegroi.scaled(data, scales, MAX_PIXELS)
     return got
 
 
@@ -136,7 +137,21 @@ def test_what_gets_no_copies() -> None:
     assert scaled_copies(b"\xff\xd8" + bytes(SCALED_COPY_MIN)) == []  # not a JPEG inside
     for bad in ((3,), (4, 4), (1,), ("8",), 8):
         with pytest.raises((ValueError, TypeError)):
-            _jpegroi.scaled(photo, bad)
+            _jpegroi.scaled(photo, bad, MAX_PIXELS)
+
+
+def test_a_bomb_gets_no_copies_and_no_coefficient_is_read() -> None:
+    # The frame header claims 30000 x 30000 pixels: its coefficients alone would take
+    # 2.7 GB.  Refused from the header, as the decode refuses it.
+    photo = _photo(2)
+    sof = photo.index(b"\xff\xc0")
+    assert photo[sof + 5 : sof + 9] == (1800).to_bytes(2, "big") + (2400).to_bytes(2, "big")
+    bomb = photo[: sof + 5] + (30000).to_bytes(2, "big") * 2 + photo[sof + 9 :]
+    with pytest.raises(Image.DecompressionBombError):  # Pillow reads the same header
+        Image.open(io.BytesIO(bomb))
+    assert scaled_copies(bomb) == []
+    assert scaled_copies(photo, max_pixels=2400 * 1800 - 1) == []
+    assert len(scaled_copies(photo, max_pixels=2400 * 1800)) == 2
 
 
 # --- in the cache, through the loader and warm ------------------------------------------

@@ -22,6 +22,7 @@ from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._image import FAST_RESIZE as FAST_RESIZE
+    from ._image import MAX_PIXELS as MAX_PIXELS
     from ._image import ROI_DECODE as ROI_DECODE
     from ._image import SCALED_COPY_MIN as SCALED_COPY_MIN
     from ._image import DecodeSpec as DecodeSpec
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "FAST_RESIZE": "._image",
+    "MAX_PIXELS": "._image",
     "ROI_DECODE": "._image",
     "SCALED_COPY_MIN": "._image",
     "DecodeSpec": "._image",
@@ -51,6 +53,7 @@ _WHERE = {
 
 __all__ = [
     "FAST_RESIZE",
+    "MAX_PIXELS",
     "ROI_DECODE",
     "SCALED_COPY_MIN",
     "DecodePool",

@@ -46,6 +46,7 @@ except ImportError:  # built without a C compiler: Pillow resizes
 
 __all__ = [
     "FAST_RESIZE",
+    "MAX_PIXELS",
     "ROI_DECODE",
     "SCALED_COPY_MIN",
     "DecodeSpec",
@@ -69,6 +70,9 @@ FAST_RESIZE = _resize is not None
 _PILLOW_VERTICAL_FIRST = int(PIL.__version__.split(".")[0]) >= 13
 
 U8Array = npt.NDArray[np.uint8]
+
+MAX_PIXELS = 89_478_485
+"""Sources with more pixels are refused (decompression bombs), by default: Pillow's limit."""
 
 SCALED_COPY_MIN = 2**20
 """Objects of at least this many bytes get scaled copies (``cache_scaled_jpegs``) [bytes]:
@@ -103,7 +107,7 @@ class DecodeSpec:
     sample_shape: tuple[int, int, int]
     transform: Transform | None = None
     decode_fn: DecodeFn | None = None
-    max_pixels: int = 89_478_485
+    max_pixels: int = MAX_PIXELS
     cache: BlobCache | None = None
     roi: bool = True
     scaled_copies: bool = False
@@ -230,15 +234,16 @@ def scaled_name(scale: int) -> str:
     return f"jpeg/{scale}"
 
 
-def scaled_copies(data: Blob | memoryview) -> list[tuple[str, bytes]]:
+def scaled_copies(data: Blob | memoryview, max_pixels: int = MAX_PIXELS) -> list[tuple[str, bytes]]:
     """Copies of a JPEG of at least :data:`SCALED_COPY_MIN` bytes for decoding at 1/4 and
     1/8 scale (see the module's docstring), with their names (:func:`scaled_name`): none
-    for anything else, for JPEGs libjpeg-turbo leaves to Pillow (CMYK, corrupt data), or
-    without the ``_jpegroi`` extension."""
+    for anything else, for JPEGs libjpeg-turbo leaves to Pillow (CMYK, corrupt data), for
+    images of more than ``max_pixels`` (refused from the header, as a decode refuses
+    them), or without the ``_jpegroi`` extension."""
     if _jpegroi is None or len(data) < SCALED_COPY_MIN or bytes(data[:2]) != b"\xff\xd8":
         return []
     try:
-        copies = _jpegroi.scaled(data, _SCALED)
+        copies = _jpegroi.scaled(data, _SCALED, max_pixels)
     except ValueError:  # not a JPEG libjpeg can read: decoded (and refused) as it is
         return []
     return [(scaled_name(s), c) for s, c in zip(_SCALED, copies, strict=True) if c is not None]

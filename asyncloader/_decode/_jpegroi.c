@@ -208,7 +208,7 @@ static PyObject *roi_decode(PyObject *Py_UNUSED(self), PyObject *args) {
         "(NIIIIII)", out, job.left, job.top, job.width, job.height, job.full_w, job.full_h);
 }
 
-/* scaled(data, scales) -> one copy per scale, or None where there is none to give.
+/* scaled(data, scales, max_pixels) -> one copy per scale, or None where there is none.
  *
  * A JPEG decoded at 1/2, 1/4 or 1/8 scale reads only some of each block's DCT coefficients:
  * libjpeg's reduced inverse DCTs (jidctred.c, and their SIMD twins) produce a 4x4 block from
@@ -221,7 +221,8 @@ static PyObject *roi_decode(PyObject *Py_UNUSED(self), PyObject *args) {
  * data.  The coefficients are read once for all the scales asked for.
  *
  * None for a scale where the copy would not be smaller, and for every scale where the
- * image is not YCbCr, RGB or grayscale, or libjpeg warns (corrupt data).  Raises
+ * image is not YCbCr, RGB or grayscale, has more than max_pixels pixels (checked from the
+ * header, before any coefficient is read: a decompression bomb), or libjpeg warns.  Raises
  * ValueError for data libjpeg cannot read.  The GIL is released while libjpeg works.
  */
 #define SCALED_MAX 4
@@ -233,6 +234,7 @@ typedef struct {
     const unsigned char *data;
     unsigned long len;
     int count, scales[SCALED_MAX];
+    unsigned long long max_pixels;
     int unsupported;
     unsigned char *out[SCALED_MAX];
     unsigned long out_len[SCALED_MAX];
@@ -258,7 +260,8 @@ static int scaled_run(scaled_job *job) {
     if (setjmp(job->err.jump)) {
         return 0;
     }
-    if (!read_header(src, job->data, job->len)) {
+    if (!read_header(src, job->data, job->len) ||
+        (unsigned long long)src->image_width * src->image_height > job->max_pixels) {
         job->unsupported = 1;
         return 1;
     }
@@ -321,7 +324,7 @@ static PyObject *roi_scaled(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *wanted;
     scaled_job job;
     memset(&job, 0, sizeof(job));
-    if (!PyArg_ParseTuple(args, "y*O", &data, &wanted)) {
+    if (!PyArg_ParseTuple(args, "y*OK", &data, &wanted, &job.max_pixels)) {
         return NULL;
     }
     PyObject *seq = PySequence_Fast(wanted, "scales must be a sequence of 2, 4 or 8");
@@ -401,7 +404,7 @@ static PyMethodDef roi_methods[] = {
     {"decode", roi_decode, METH_VARARGS,
      "decode(data, scale, x0, y0, x1, y1) -> (canvas, left, top, width, height, cw, ch) | None"},
     {"scaled", roi_scaled, METH_VARARGS,
-     "scaled(data, scales) -> tuple of bytes | None: copies that decode at 1/scale exactly"},
+     "scaled(data, scales, max_pixels) -> tuple of bytes | None: copies exact at 1/scale"},
     {NULL, NULL, 0, NULL},
 };
 
