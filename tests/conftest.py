@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import os
 from collections.abc import Iterator
@@ -25,6 +26,15 @@ from asyncloader.testing import (
 
 N_IMAGES = 96
 N_CLASSES = 4
+WORKER_HANG = 90  # seconds: under the suite's per-test timeout (120 s)
+
+
+def stacks_if_hung(worker_id: int) -> None:
+    """``worker_init_fn`` of forked DataLoader workers: a worker still alive after
+    ``WORKER_HANG`` seconds prints every thread's stack to stderr and exits.  A hung worker
+    then fails its test with its own stacks (the test's captured stderr); the suite's
+    timeout shows only the parent's, waiting on the workers' queue."""
+    faulthandler.dump_traceback_later(WORKER_HANG, exit=True)
 
 
 @pytest.fixture(autouse=True)

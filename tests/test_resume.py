@@ -15,7 +15,7 @@ import pytest
 import asyncloader as al
 from asyncloader.testing import S3TestServer
 
-from .conftest import N_IMAGES
+from .conftest import N_IMAGES, stacks_if_hung
 
 
 def _index(server: S3TestServer) -> dict[str, int]:
@@ -253,7 +253,11 @@ def test_stateful_dataloader_resumes_mid_epoch(
     def loader(ds: ImageDataset, workers: int) -> Any:
         context = "fork" if workers else None
         return stateful.StatefulDataLoader(
-            ds, batch_size=None, num_workers=workers, multiprocessing_context=context
+            ds,
+            batch_size=None,
+            num_workers=workers,
+            multiprocessing_context=context,
+            worker_init_fn=stacks_if_hung if workers else None,
         )
 
     first = loader(dataset(), 2)

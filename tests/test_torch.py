@@ -10,7 +10,7 @@ import asyncloader as al
 from asyncloader.testing import S3TestServer
 from asyncloader.torch import ImageDataset, dist_shard, to_device
 
-from .conftest import N_IMAGES
+from .conftest import N_IMAGES, stacks_if_hung
 
 
 class KeyIndex:
@@ -48,7 +48,13 @@ def test_dataloader_workers_cover_the_epoch_in_order(
     ) as plain:
         plain.set_epoch(1)
         expected = [lab.tolist() for _, lab in plain]
-    dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    dl = DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=context,
+        worker_init_fn=stacks_if_hung if context == "fork" else None,
+    )
     ds.set_epoch(1)
     got = []
     for images, labels in dl:
@@ -85,7 +91,13 @@ def test_device_on_the_dataset_and_to_device_after_workers(light_server: S3TestS
     finally:
         direct.close()
     assert expected[0][0].dtype == torch.float32
-    dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    dl = DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="fork",
+        worker_init_fn=stacks_if_hung,
+    )
     got = [(images.clone(), labels) for images, labels in to_device(dl, "cpu")]
     assert len(got) == len(expected)
     for (a, la), (b, lb) in zip(got, expected, strict=True):
