@@ -217,7 +217,8 @@ class Stats:
         cache_hits, cache_misses: Samples read from the SSD cache / not found there.
         cache_scaled_hits: Of ``cache_hits``, samples decoded from a scaled copy of a large
             JPEG (``cache_scaled_jpegs``): the same pixels from a fraction of the data.
-        bytes_from_cache: Bytes read from the SSD cache (``bytes_fetched``: from the network).
+        bytes_from_cache: Bytes of the objects served from the SSD cache (a hit decoded
+            from a scaled copy reads less of the disk; ``bytes_fetched``: from the network).
         cache_stored, cache_store_failed: Fetched objects written to the cache / not written
             (disk full, ...; not fatal).  Written by a thread of their own, in batches: a
             few may still be on their way when the epoch ends.
