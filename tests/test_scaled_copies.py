@@ -7,6 +7,8 @@ without fetching them."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -303,6 +305,17 @@ def test_a_cache_too_small_budgets_for_the_copies(
     assert len(entries) == 3 * len(objects)  # each with its two copies: nothing evicted
     if how == "warm":
         assert len(objects) == report.warmed
+
+
+def test_the_warm_command_makes_copies(large_server: S3TestServer, tmp_path: Path) -> None:
+    args = ["warm", "s3://b/big/", "--cache-dir", str(tmp_path / "cache")]
+    args += ["--endpoint-url", large_server.endpoint, "--scaled-jpegs"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncloader", *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"{N_LARGE} given scaled copies" in proc.stdout
+    _assert_every_object_has_copies(tmp_path / "cache")
 
 
 def test_scaled_copies_need_a_cache_and_the_built_in_decode(large_server: S3TestServer) -> None:
