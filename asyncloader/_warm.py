@@ -30,7 +30,7 @@ from ._fetch import Fetcher, list_objects
 from ._labels import IMAGE_EXTENSIONS, KeyFilter
 from ._sampler import node_subset
 from ._stats import Counters
-from ._types import Blob, ObjectStore, derived_key
+from ._types import Blob, ObjectInfo, ObjectStore, derived_key
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
 
@@ -142,13 +142,12 @@ async def warm_cache(
     todo = [o for o in mine if keys[o.key] not in present]
     report.already_cached = len(mine) - len(todo)
     # Cached before, large, and without the copy every image that has copies has (1/8).
-    copied = {o.key: derived_key(keys[o.key], scaled_name(8)) for o in mine}
-    later = [o for o in mine if keys[o.key] in present and o.size >= SCALED_COPY_MIN]
-    if scaled_jpegs and later:
-        have = await asyncio.to_thread(cache.contains, [copied[o.key] for o in later])
-        later = [o for o in later if copied[o.key] not in have]
-    else:
-        later = []
+    later: list[ObjectInfo] = []
+    if scaled_jpegs:
+        large = [o for o in mine if keys[o.key] in present and o.size >= SCALED_COPY_MIN]
+        copied = {o.key: derived_key(keys[o.key], scaled_name(8)) for o in large}
+        have = await asyncio.to_thread(cache.contains, copied.values())
+        later = [o for o in large if copied[o.key] not in have]
     again = {o.key for o in later}
     refreshed: set[str] = set()  # of those, read from the cache (added before submitting)
     if on_listed is not None:
