@@ -17,6 +17,7 @@ from ._types import Blob, derived_key
 __all__ = ["WRITE_BEHIND", "CacheWriter"]
 
 _Item = tuple[str, str, Blob, bool]  # key, cache key, bytes, stored already
+_FLUSH = ("", "", b"", True)  # in the queue: write the batch gathered so far at once
 
 WRITE_BEHIND = 64 * 2**20
 """Fetched bytes waiting for the writer at most, by default (a few hundred JPEGs)."""
@@ -31,6 +32,15 @@ class CacheWriter:
     interleaved rounds, 256 in flight, 20 ms): they contend on SQLite's lock.  Objects come
     through a plain queue, without a future per object; at most ``max_bytes`` wait in it.
 
+    A batch gathers for up to ``linger`` seconds after its first object (or until it holds
+    32 entries, 16 MiB or half of ``max_bytes``).  A loader hands over about one object per
+    millisecond, one at a time, and an index transaction costs about as much as writing
+    110 KB to a pack: writing each on arrival cost 160 µs of CPU per object against 55 µs
+    in batches of 16 or more (``put_many`` alone on this machine; inside a busy loader, 97
+    µs in batches of about 30, most of it copying the bytes into the page cache).  Nothing
+    waits on the write: the objects are in the cache ``linger`` later, and :meth:`drain`
+    and :meth:`close` write at once.
+
     Args:
         cache: Where the objects go.
         max_bytes: Most bytes waiting to be written (:meth:`full` says when it is reached):
@@ -42,9 +52,11 @@ class CacheWriter:
             under :func:`~asyncloader._types.derived_key`.
         derive_threads: Threads running ``derive`` on a batch's objects at once (it must
             release the GIL to gain from more than one); 1: the writer thread itself.
+        linger: Seconds a batch waits for more objects after its first one.
     """
 
-    _BATCH = 32  # entries per index transaction
+    _BATCH = 32  # entries per index transaction, at most
+    _BATCH_BYTES = 16 * 2**20  # bytes per batch, at most (large photos: fewer entries)
 
     def __init__(
         self,
@@ -54,6 +66,7 @@ class CacheWriter:
         done: Callable[[list[str], Exception | None], None],
         derive: Callable[[Blob], list[tuple[str, bytes]]] | None = None,
         derive_threads: int = 1,
+        linger: float = 0.025,
     ) -> None:
         self._cache = cache
         self._derive = derive
@@ -63,6 +76,9 @@ class CacheWriter:
             else None
         )
         self._max_bytes = max_bytes
+        self._linger = linger
+        # A batch of half the bound is written at once: nobody waits on a lingering writer.
+        self._batch_bytes = min(self._BATCH_BYTES, max(1, max_bytes // 2))
         self._done = done
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         # Bytes handed over (counted by the submitting thread) and written (by the writer):
@@ -71,6 +87,7 @@ class CacheWriter:
         self._written = 0
         self._room: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting = 0  # tasks in _wait: the writer wakes the loop only for them
         self.cpu_seconds = 0.0  # the writer thread's, once closed
         self._thread = threading.Thread(target=self._run, name="asyncloader-cache-write")
         self._thread.daemon = True  # never holds up the interpreter's exit
@@ -85,20 +102,27 @@ class CacheWriter:
         await self._wait(lambda: not self.full())
 
     async def drain(self) -> None:
-        """Wait until everything submitted so far is written (or failed)."""
+        """Wait until everything submitted so far is written (or failed); the batch being
+        gathered is written at once."""
         target = self._submitted
+        if self._written < target:
+            self._queue.put(_FLUSH)
         await self._wait(lambda: self._written >= target)
 
     async def _wait(self, ready: Callable[[], bool]) -> None:
-        # The writer thread sets the event after each batch, waking every waiting task at
-        # once; polling instead cost a timer per fetch every few ms.
-        while not ready() and self._thread.is_alive():  # a dead writer writes no more
-            if self._room is None:
-                self._room, self._loop = asyncio.Event(), asyncio.get_running_loop()
-            self._room.clear()
-            if ready() or not self._thread.is_alive():  # it got there before the event
-                break
-            await self._room.wait()
+        # The writer thread sets the event after each batch while a task waits, waking
+        # every waiting task at once; polling instead cost a timer per fetch every few ms.
+        self._waiting += 1
+        try:
+            while not ready() and self._thread.is_alive():  # a dead writer writes no more
+                if self._room is None:
+                    self._room, self._loop = asyncio.Event(), asyncio.get_running_loop()
+                self._room.clear()
+                if ready() or not self._thread.is_alive():  # it got there before the event
+                    break
+                await self._room.wait()
+        finally:
+            self._waiting -= 1
 
     def submit(self, key: str, cache_key: str, data: Blob, *, stored: bool = False) -> None:
         """Queue ``data`` (verified fetched bytes, never changed afterwards) for
@@ -112,13 +136,7 @@ class CacheWriter:
         try:
             done = False
             while not done:
-                batch = [self._queue.get()]
-                while len(batch) < self._BATCH and not self._queue.empty():
-                    batch.append(self._queue.get())
-                if batch[-1] is None:
-                    done = True
-                    batch.pop()
-                items = [b for b in batch if b is not None]
+                items, done = self._gather()
                 if items:
                     self._write(items)
         finally:
@@ -128,9 +146,32 @@ class CacheWriter:
             self._cache.close()  # this thread's pack file and index connection
             self._wake()  # whoever waits sees the thread gone
 
+    def _gather(self) -> tuple[list[_Item], bool]:
+        """The next batch (waits for its first object), and whether to stop after it."""
+        get = self._queue.get
+        first = get()
+        if first is None:
+            return [], True
+        items = [first] if first is not _FLUSH else []
+        size = len(first[2])
+        deadline = time.monotonic() + self._linger
+        while first is not _FLUSH and len(items) < self._BATCH and size < self._batch_bytes:
+            left = deadline - time.monotonic()
+            try:
+                item = get(timeout=left) if left > 0 else get(block=False)
+            except queue.Empty:
+                break
+            if item is None:
+                return items, True
+            if item is _FLUSH:
+                break
+            items.append(item)
+            size += len(item[2])
+        return items, False
+
     def _wake(self) -> None:
         room, loop = self._room, self._loop
-        if room is not None and loop is not None:
+        if self._waiting and room is not None and loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is gone
                 loop.call_soon_threadsafe(room.set)
 

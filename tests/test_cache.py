@@ -340,6 +340,57 @@ def test_cache_writer_batches_reports_and_fails_loudly(tmp_path: Path) -> None:
     assert {e for _, e in failed} == {"NotADirectoryError"}
 
 
+def test_the_writer_gathers_objects_that_come_one_by_one_into_one_transaction(
+    tmp_path: Path,
+) -> None:
+    """Objects handed over a few milliseconds apart are written as one batch (one index
+    transaction), not one each; ``drain`` and ``close`` write a gathering batch at once."""
+    import asyncio
+
+    from asyncloader._cache_writer import CacheWriter
+
+    batches: list[list[str]] = []
+
+    def done(keys: list[str], error: Exception | None) -> None:
+        assert error is None
+        batches.append(keys)
+
+    async def main(cache: ObjectCache) -> None:
+        writer = CacheWriter(cache, done=done, linger=600.0)  # only full batches on their own
+        for i in range(40):
+            writer.submit(f"obj{i}", f"k{i}", _value(i))
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.2)
+        assert [len(b) for b in batches] == [32]  # the other 8 wait for more
+        await asyncio.wait_for(writer.drain(), 60)  # far sooner than the linger
+        assert [len(b) for b in batches] == [32, 8]
+        writer.submit("obj40", "k40", _value(40))
+        writer.submit("obj41", "k41", _value(41))
+        await asyncio.to_thread(writer.close)  # writes them, without waiting the linger
+        assert [len(b) for b in batches] == [32, 8, 2]
+
+    cache = ObjectCache(tmp_path / "c")
+    asyncio.run(asyncio.wait_for(main(cache), 120))
+    assert [k for b in batches for k in b] == [f"obj{i}" for i in range(42)]
+    assert all(cache.get(f"k{i}", 40_000) == _value(i) for i in range(42))
+
+    # With the default linger, a trickle of objects still goes in batches.
+    batches.clear()
+
+    async def trickle(cache: ObjectCache) -> CacheWriter:
+        writer = CacheWriter(cache, done=done)
+        for i in range(60):
+            writer.submit(f"obj{i}", f"t{i}", _value(i))
+            await asyncio.sleep(0.001)
+        await writer.drain()
+        return writer
+
+    writer = asyncio.run(asyncio.wait_for(trickle(ObjectCache(tmp_path / "t")), 120))
+    writer.close()
+    assert sorted(k for b in batches for k in b) == sorted(f"obj{i}" for i in range(60))
+    assert len(batches) < 30
+
+
 def test_a_cache_smaller_than_the_data_keeps_a_fixed_subset(
     light_server: S3TestServer, tmp_path: Path
 ) -> None:
