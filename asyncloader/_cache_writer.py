@@ -85,6 +85,9 @@ class CacheWriter:
         # each counter has one writer, so no lock.
         self._submitted = 0
         self._written = 0
+        # The bytes handed over and not yet written, by cache key: set on the submitting
+        # thread, dropped by the writer once written (one dict operation each, atomic).
+        self._held: dict[str, Blob] = {}
         self._room: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting = 0  # tasks in _wait: the writer wakes the loop only for them
@@ -130,7 +133,14 @@ class CacheWriter:
         already, only what ``derive`` makes of it is to be stored (else nothing is derived
         from an object stored already: it was fetched twice)."""
         self._submitted += len(data)
+        if not stored:
+            self._held[cache_key] = data
         self._queue.put((key, cache_key, data, stored))
+
+    def held(self, cache_key: str) -> Blob | None:
+        """The bytes of ``cache_key`` if they wait to be written (not yet in the index): a
+        batch that looked before they were written can use them instead of a fetch."""
+        return self._held.get(cache_key)
 
     def _run(self) -> None:
         try:
@@ -190,6 +200,9 @@ class CacheWriter:
             self._cache.put_many(entries)
         except Exception as exc:  # disk full, permissions: every object of the batch
             error = exc
+        for _, ck, _, stored in items:  # in the index now (or failed: fetched again)
+            if not stored:
+                self._held.pop(ck, None)
         self._written += sum(len(data) for _, _, data, _ in items)
         self._done([k for k, _, _, _ in items], error)
         self._wake()

@@ -214,7 +214,9 @@ class Stats:
         ring_held: Batch slots whose batch is still referenced — by the consumer (a batch
             keeps its slot until the last tensor or view of it is gone), or by the uploader
             while it copies.  When every slot is held, no batch can be made.
-        cache_hits, cache_misses: Samples read from the SSD cache / not found there.
+        cache_hits, cache_misses: Samples read from the SSD cache / not found there.  A
+            sample whose object another batch was fetching into the cache, or whose bytes
+            still waited for the cache's writer, is a hit: it shares those bytes.
         cache_scaled_hits: Of ``cache_hits``, samples decoded from a scaled copy of a large
             JPEG (``cache_scaled_jpegs``): the same pixels from a fraction of the data.
         bytes_from_cache: Bytes of the objects served from the SSD cache (a hit decoded

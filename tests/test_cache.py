@@ -17,7 +17,9 @@ from asyncloader.testing import MotoServer, S3TestServer
 from .conftest import N_IMAGES
 
 
-def _loader(server: S3TestServer | MotoServer, cache_dir: Path, **kw: object) -> al.ImageLoader:
+def _loader(
+    server: S3TestServer | MotoServer, cache_dir: Path | None, **kw: object
+) -> al.ImageLoader:
     kw.setdefault("batch_size", 16)
     kw.setdefault("decode_workers", 2)
     kw.setdefault("decode_backend", "thread")  # spawning decode processes is not the subject
@@ -51,6 +53,37 @@ def test_second_epoch_is_served_from_disk(light_server: S3TestServer, tmp_path: 
     assert stats.bytes_from_cache > 0
     assert stats.cache_stored == N_IMAGES
     assert "hits" in stats.summary()
+
+
+@pytest.mark.parametrize("written", ["at close", "as usual"])
+def test_each_object_is_fetched_once_while_later_batches_need_it(
+    light_server: S3TestServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str
+) -> None:
+    """The loader runs ahead into the next epoch while this one is fetched and written: a
+    batch needing an object another batch is fetching shares that fetch, and one whose
+    bytes still wait for the writer decodes them (a hit), so with a cache each object is
+    fetched once, whatever the timing; the pixels are those of a run without a cache."""
+    from asyncloader._cache_writer import CacheWriter
+
+    with _loader(light_server, None, seed=1) as loader:
+        expected = [_epoch(loader, e) for e in (0, 1)]
+    gets = light_server.stats()["counters"]["get"]
+    if written == "at close":  # a writer that writes nothing before the loader closes
+        assert CacheWriter.__init__.__kwdefaults__ is not None
+        monkeypatch.setitem(CacheWriter.__init__.__kwdefaults__, "linger", 600.0)
+        monkeypatch.setattr(CacheWriter, "_BATCH", 10_000)
+    with _loader(light_server, tmp_path / "c", seed=1, prefetch_batches=4) as loader:
+        got = [_epoch(loader, e) for e in (0, 1)]
+    stats = loader.stats()
+    assert light_server.stats()["counters"]["get"] - gets == N_IMAGES  # each object once
+    assert stats.cache_misses == N_IMAGES and stats.cache_hits >= N_IMAGES
+    assert stats.cache_stored == N_IMAGES
+    for (labels, pixels), (want_labels, want_pixels) in zip(got, expected, strict=True):
+        assert labels == want_labels and np.array_equal(pixels, want_pixels)
+    with _loader(light_server, tmp_path / "c", seed=1) as loader:  # all on disk now
+        assert np.array_equal(_epoch(loader, 1)[1], expected[1][1])
+        assert loader.stats().cache_hits >= N_IMAGES
+    assert light_server.stats()["counters"]["get"] - gets == N_IMAGES
 
 
 def test_later_run_uses_the_cache_and_matches_uncached_pixels(
