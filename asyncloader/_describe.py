@@ -4,13 +4,12 @@ listing the cache saved when there is one (``asyncloader ls``)."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import io
 import json
 import os
 import posixpath
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -30,6 +29,7 @@ from ._labels import (
 from ._located import read_manifest_file, write_file
 from ._manifest import is_columnar, is_manifest
 from ._objects import ObjectList
+from ._own_thread import run_on_own_thread
 from ._stores import open_store
 from ._stores import store_options as store_options_for
 from ._types import ObjectInfo, ObjectStore
@@ -205,7 +205,7 @@ def describe(
         finally:
             await store.close()
 
-    return _blocking(main())
+    return run_on_own_thread(main())
 
 
 def listing(
@@ -249,10 +249,4 @@ def listing(
         finally:
             await store.close()
 
-    return _blocking(main())
-
-
-def _blocking(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to the end on an event loop of its own, in a thread of its own."""
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="asyncloader") as pool:
-        return pool.submit(asyncio.run, coro).result()
+    return run_on_own_thread(main())

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._decode import DecodePool
 from ._errors import PipelineDeadError
+from ._own_thread import wait_exited
 from ._ring import BatchRing
 from ._types import ObjectStore
 
@@ -117,6 +118,7 @@ class Runtime:
                     fut.result(30)
                 self.loop.call_soon_threadsafe(self.loop.stop)
                 self.thread.join(10)
+                wait_exited(self.thread)  # a fork from now on is safe (see _own_thread)
             if not self.thread.is_alive() and not self.loop.is_closed():
                 self.loop.close()
         finally:

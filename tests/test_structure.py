@@ -26,6 +26,7 @@ LEAVES = {
     "_bench_report",
     "_resume",
     "_objects",
+    "_own_thread",
 }
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
 ALLOWED = {

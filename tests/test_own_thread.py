@@ -1,0 +1,59 @@
+"""Ending a thread of our own waits until the operating system has ended it: a ``fork()``
+right after must not copy a lock its C library exit handlers hold (OpenSSL's)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+import threading
+
+import pytest
+
+from asyncloader._own_thread import run_on_own_thread, wait_exited
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="/proc/self/task and pthread keys"
+)
+
+_EXIT_MS = 300
+
+
+def _slow_exit() -> None:
+    """Give this thread a C thread-exit handler that runs ``_EXIT_MS`` after its Python part
+    ended (as OpenSSL's per-thread cleanup does, only longer): a pthread key whose destructor
+    is libc's ``usleep``, called with the key's value."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    key = ctypes.c_uint()
+    usleep = ctypes.cast(libc.usleep, ctypes.c_void_p)
+    assert libc.pthread_key_create(ctypes.byref(key), usleep) == 0
+    assert libc.pthread_setspecific(key, ctypes.c_void_p(_EXIT_MS * 1000)) == 0
+
+
+def test_wait_exited_returns_once_the_thread_is_gone_for_the_os() -> None:
+    thread = threading.Thread(target=_slow_exit)
+    thread.start()
+    thread.join()
+    task = f"/proc/self/task/{thread.native_id}"
+    assert os.path.exists(task)  # joined, yet still running its exit handlers
+    wait_exited(thread)
+    assert not os.path.exists(task)
+
+
+def test_run_on_own_thread_returns_after_its_thread_is_gone() -> None:
+    seen: list[int] = []
+
+    async def work() -> int:
+        seen.append(threading.get_native_id())
+        _slow_exit()
+        return 7
+
+    assert run_on_own_thread(work()) == 7
+    assert not os.path.exists(f"/proc/self/task/{seen[0]}")
+
+    async def fail() -> None:
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        run_on_own_thread(fail())
