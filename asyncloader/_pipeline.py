@@ -7,8 +7,9 @@ objects, and the ring's slots (a batch is only started once a slot is free, so w
 consumer stops taking batches, decode, fetch and listing all wait).
 
 Batches are published in order; each is the samples ``indices[b*B:(b+1)*B]`` of the epoch,
-so the same seed and epoch give the same batches however the work interleaves; with a
-cache, a batch's index query also answers before a later batch's.  After the
+so the same seed and epoch give the same batches however the work interleaves.  Work is
+also *done* in batch order where it queues: a batch's decode jobs carry its place in the
+stream as their priority, and its index query answers before a later batch's.  After the
 last batch of an epoch the next epoch starts at once (its first batches are in flight before
 the consumer has finished the current one).
 """
@@ -170,6 +171,10 @@ class Pipeline:
         # Objects being fetched to be cached, by cache key (on the loop): a batch that needs
         # one of them meanwhile shares that fetch instead of sending a second GET.
         self._fetching: dict[str, asyncio.Future[Blob]] = {}
+        # Each batch's place in the stream: its decode jobs' priority, so that a batch's
+        # samples are decoded before a later batch's (cache hits of the next epoch, ready at
+        # once, would otherwise hold up the end of this one).
+        self._seq = 0
 
     def _admission(self) -> int:
         """The cache's admission threshold for this node's objects (see
@@ -304,11 +309,11 @@ class Pipeline:
             self.counters.ring_out = len(self._out)
             self._free.put_nowait(slot)
 
-    async def _decode(self, job: DecodeJob) -> Outcome:
+    async def _decode(self, job: DecodeJob, seq: int) -> Outcome:
         c = self.counters
         c.decode_queue += 1
         try:
-            return await self.pool.decode(job)
+            return await self.pool.decode(job, seq)
         finally:
             c.decode_queue -= 1
 
@@ -399,7 +404,8 @@ class Pipeline:
                 while inflight and (inflight[0][4].done() or self._free.empty()):
                     await self._publish(*inflight.popleft())
                 slot = await self._free.get()
-                task = asyncio.create_task(self._fill(slot, ep, sel))
+                task = asyncio.create_task(self._fill(slot, ep, sel, self._seq))
+                self._seq += 1
                 inflight.append((ep, b, last, slot, task))
         except asyncio.CancelledError:
             raise
@@ -444,9 +450,10 @@ class Pipeline:
             self.output.put(EpochEnd(epoch))
 
     async def _fill(
-        self, slot: int, epoch: int, sel: np.ndarray[Any, Any]
+        self, slot: int, epoch: int, sel: np.ndarray[Any, Any], seq: int
     ) -> tuple[int, Counter[str]]:
-        """Fill ``slot`` with the samples ``sel``; returns how many made it, and why not."""
+        """Fill ``slot`` with the samples ``sel`` (batch ``seq`` of the stream); returns how
+        many made it, and why not."""
         # Each sample made once per batch (a compact sample list makes one per access).
         batch = [self.listing.samples[int(i)] for i in sel]
         seed = self.run.seed
@@ -468,12 +475,13 @@ class Pipeline:
         hits = [j for j in range(len(sel)) if keys[j] in cached]
         hit_set = set(hits)
         hit_results, *fetched = await asyncio.gather(
-            self._hits(slot, epoch, sel, batch, hits, keys, cached),
+            self._hits(slot, epoch, sel, seq, batch, hits, keys, cached),
             *(
                 self._sample(
                     slot,
                     j,
                     epoch,
+                    seq,
                     mix_seed(seed, epoch, int(i)),
                     batch[j],
                     keys[j],
@@ -513,6 +521,7 @@ class Pipeline:
         slot: int,
         epoch: int,
         sel: np.ndarray[Any, Any],
+        seq: int,
         batch: list[Sample],
         hits: list[int],
         keys: list[str],
@@ -533,7 +542,7 @@ class Pipeline:
             jobs.append(DecodeJob(cached[keys[j]], slot, j, seed_j, obj.key, keys[j], obj.size))
         c.decode_queue += len(jobs)
         try:
-            outcomes = await self.pool.decode_many(jobs)
+            outcomes = await self.pool.decode_many(jobs, seq)
         finally:
             c.decode_queue -= len(jobs)
         gone = []
@@ -556,6 +565,7 @@ class Pipeline:
                         slot,
                         j,
                         epoch,
+                        seq,
                         mix_seed(seed, epoch, int(sel[j])),
                         batch[j],
                         keys[j],
@@ -633,6 +643,7 @@ class Pipeline:
         slot: int,
         j: int,
         epoch: int,
+        seq: int,
         seed: int,
         sample: Sample,
         cache_key: str,
@@ -653,7 +664,7 @@ class Pipeline:
                 stage = "decode"
                 job = DecodeJob(data, slot, j, seed, obj.key, "", obj.size)
                 del data  # the job holds the bytes until the worker is done with them
-                outcome = await self._decode(job)
+                outcome = await self._decode(job, seq)
                 del job
                 if hit:
                     outcome = Outcome(outcome.busy, outcome.events | hit)

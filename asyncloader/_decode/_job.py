@@ -87,8 +87,10 @@ class DecodePool(Protocol):
     workers: int
     restarts: int
 
-    async def decode(self, job: DecodeJob) -> Outcome:
-        """Run one job.
+    async def decode(self, job: DecodeJob, priority: int = 0) -> Outcome:
+        """Run one job.  Queued jobs run lowest ``priority`` first (the pipeline passes its
+        batch's place in the stream, so a later batch never holds up an earlier one), in
+        the order they came within one priority.
 
         Raises:
             DecodeError: the sample could not be decoded (or a worker died on it twice).
@@ -96,7 +98,9 @@ class DecodePool(Protocol):
         """
         ...
 
-    async def decode_many(self, jobs: Sequence[DecodeJob]) -> list[Outcome | BaseException]:
+    async def decode_many(
+        self, jobs: Sequence[DecodeJob], priority: int = 0
+    ) -> list[Outcome | BaseException]:
         """Several :meth:`decode` jobs awaited as one (per-job result or exception)."""
         ...
 

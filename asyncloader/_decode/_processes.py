@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import heapq
 import multiprocessing.connection as mpc
 import multiprocessing.spawn as mp_spawn
 import pickle
@@ -20,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
@@ -33,6 +33,8 @@ from ._image import DecodeSpec
 from ._worker import READY
 
 __all__ = ["ProcessDecodePool"]
+
+_RETRY = -1  # the priority of a dead worker's jobs: lower than any batch's
 
 
 def _launch(
@@ -159,7 +161,8 @@ class ProcessDecodePool:
         self._spec_bytes = pickle.dumps(spec)
         self._prep = mp_spawn.get_preparation_data("asyncloader-decode")
         self._pool: list[_Worker] = []
-        self._pending: deque[tuple[int, DecodeJob]] = deque()  # (job id, job)
+        # (priority, job id, job), lowest first: the pipeline's batch order, then arrival.
+        self._pending: list[tuple[int, int, DecodeJob]] = []
         self._futures: dict[int, asyncio.Future[Outcome]] = {}
         self._attempts: dict[int, int] = {}
         self._next_id = 0
@@ -231,7 +234,7 @@ class ProcessDecodePool:
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._pool]
 
-    async def decode(self, job: DecodeJob) -> Outcome:
+    async def decode(self, job: DecodeJob, priority: int = 0) -> Outcome:
         if self._broken is not None:
             raise self._broken
         if self._closed:
@@ -241,7 +244,7 @@ class ProcessDecodePool:
         self._next_id += 1
         fut: asyncio.Future[Outcome] = self._loop.create_future()
         self._futures[job_id] = fut
-        self._pending.append((job_id, job))
+        heapq.heappush(self._pending, (priority, job_id, job))
         self._dispatch()
         try:
             return await fut
@@ -249,9 +252,13 @@ class ProcessDecodePool:
             self._futures.pop(job_id, None)
             self._attempts.pop(job_id, None)
 
-    async def decode_many(self, jobs: Sequence[DecodeJob]) -> list[Outcome | BaseException]:
+    async def decode_many(
+        self, jobs: Sequence[DecodeJob], priority: int = 0
+    ) -> list[Outcome | BaseException]:
         """Each job as its own :meth:`decode` (results already travel in chunks here)."""
-        results = await asyncio.gather(*(self.decode(job) for job in jobs), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self.decode(job, priority) for job in jobs), return_exceptions=True
+        )
         return list(results)
 
     async def drain(self, limit: float = 30.0) -> None:
@@ -273,7 +280,7 @@ class ProcessDecodePool:
                 return
             chunk: list[tuple[int, DecodeJob]] = []
             while self._pending and len(chunk) < room:
-                job_id, job = self._pending.popleft()
+                _, job_id, job = heapq.heappop(self._pending)
                 fut = self._futures.get(job_id)
                 if fut is None or fut.done():
                     self._release(job)
@@ -376,7 +383,7 @@ class ProcessDecodePool:
                     )
                 )
             else:
-                self._pending.appendleft((job_id, job))
+                heapq.heappush(self._pending, (_RETRY, job_id, job))  # before any other
 
     async def aclose(self) -> None:
         """Stop the workers: ask, then terminate, then kill (each step waits up to 2 s), in a

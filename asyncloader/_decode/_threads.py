@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import queue
 import threading
 from collections import deque
@@ -43,9 +45,12 @@ _WAKE_EVERY = 8
 class ThreadDecodePool:
     """Decode in threads, straight into the ring's arrays.
 
-    Jobs go to the threads through a plain queue; results come back through a deque, and the
-    event loop is woken only when no wake-up is already pending — and, while more jobs are
-    queued, only once a few completions have gathered.  One wake-up serves many samples:
+    Jobs wait in a heap, lowest ``priority`` first (the pipeline's batch order: a later
+    batch's samples never hold up an earlier one's that arrive after them), in the order
+    they came within one priority; a plain queue of tokens wakes one thread per job.
+    Results come back through a deque, and the event loop is woken only when no wake-up is
+    already pending — and, while more jobs are queued, only once a few completions have
+    gathered.  One wake-up serves many samples:
     fewer self-pipe writes, loop iterations and GIL hand-offs than one ``run_in_executor``
     future per sample.
     """
@@ -55,8 +60,11 @@ class ThreadDecodePool:
         self.restarts = 0
         self._spec = spec
         self._images = images
-        # (future, job) or (group, index in the group, job); None stops a thread.
-        self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        # (priority, arrival, (future, job) or (group, index in the group, job)), under
+        # the lock; a True token per job wakes a thread, a False one stops it.
+        self._jobs: list[tuple[int, int, tuple[Any, ...]]] = []
+        self._arrival = itertools.count()
+        self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._done: deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = deque()
         self._lock = threading.Lock()
         self._wake_pending = False
@@ -71,17 +79,16 @@ class ThreadDecodePool:
         for t in self._threads:
             t.start()
 
-    async def decode(self, job: DecodeJob) -> Outcome:
+    async def decode(self, job: DecodeJob, priority: int = 0) -> Outcome:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Outcome] = self._loop.create_future()
-        with self._lock:
-            self._active += 1
-            self._idle.clear()
-        self._jobs.put((fut, job))
+        self._queue([(fut, job)], priority)
         return await fut
 
-    async def decode_many(self, jobs: Sequence[DecodeJob]) -> list[Outcome | BaseException]:
+    async def decode_many(
+        self, jobs: Sequence[DecodeJob], priority: int = 0
+    ) -> list[Outcome | BaseException]:
         """The jobs of a batch as one group: one future and one wake-up for all of them
         (cache hits of a whole batch cost the loop almost nothing per sample)."""
         if not jobs:
@@ -89,19 +96,25 @@ class ThreadDecodePool:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         group = _Group(self._loop.create_future(), len(jobs))
-        with self._lock:
-            self._active += len(jobs)
-            self._idle.clear()
-        for i, job in enumerate(jobs):
-            self._jobs.put((group, i, job))
+        self._queue([(group, i, job) for i, job in enumerate(jobs)], priority)
         return await group.fut
+
+    def _queue(self, items: list[tuple[Any, ...]], priority: int) -> None:
+        with self._lock:
+            self._active += len(items)
+            self._idle.clear()
+            for item in items:
+                heapq.heappush(self._jobs, (priority, next(self._arrival), item))
+        for _ in items:
+            self._tokens.put(True)
 
     def _work(self) -> None:
         images, spec = self._images, self._spec
         while True:
-            item = self._jobs.get()
-            if item is None:
+            if not self._tokens.get():
                 return
+            with self._lock:
+                item = heapq.heappop(self._jobs)[2]
             target = item[0]
             job: DecodeJob = item[-1]
             fut: Any = target.fut if isinstance(target, _Group) else target
@@ -129,9 +142,7 @@ class ThreadDecodePool:
                 # Wake the loop for the first completion since the last wake-up, unless
                 # more jobs are queued (another completion follows soon) and few are
                 # waiting: one wake-up then delivers several samples.
-                wake = not self._wake_pending and (
-                    len(self._done) >= _WAKE_EVERY or self._jobs.empty()
-                )
+                wake = not self._wake_pending and (len(self._done) >= _WAKE_EVERY or not self._jobs)
                 if wake:
                     self._wake_pending = True
             if wake and self._loop is not None:
@@ -158,7 +169,7 @@ class ThreadDecodePool:
     async def aclose(self) -> None:
         """Stop the threads once their current jobs are done (joined off the loop)."""
         for _ in self._threads:
-            self._jobs.put(None)
+            self._tokens.put(False)
         try:
             await asyncio.to_thread(self._join)
         except RuntimeError:
