@@ -38,10 +38,11 @@ from ._decode import MAX_PIXELS, DecodePool, scaled_footprint
 from ._decode import scaled_copies as make_scaled_copies
 from ._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
 from ._fetch import Fetcher
+from ._fetch_once import InHand, OnceFetcher
 from ._ring import BatchRing
 from ._sampler import epoch_indices, mix_seed, node_subset, num_batches, unshuffled_batch
 from ._stats import Counters
-from ._types import Blob, CachedAt, CacheEvent, DecodeJob, ObjectInfo, Outcome, Sample
+from ._types import CachedAt, CacheEvent, DecodeJob, Outcome, Sample
 
 __all__ = [
     "BatchReady",
@@ -168,9 +169,17 @@ class Pipeline:
         self._window = asyncio.Semaphore(decode_window)
         self._failures: dict[int, list[Exception]] = {}
         self._epoch_samples: int | None = None
-        # Objects being fetched to be cached, by cache key (on the loop): a batch that needs
-        # one of them meanwhile shares that fetch instead of sending a second GET.
-        self._fetching: dict[str, asyncio.Future[Blob]] = {}
+        # With a cache, each object is fetched once while other batches need it.
+        self._once = (
+            OnceFetcher(
+                fetcher,
+                self._writer,
+                lambda key: admitted(key, self._admission()),
+                self.counters,
+            )
+            if self._writer is not None
+            else None
+        )
         # Each batch's place in the stream: its decode jobs' priority, so that a batch's
         # samples are decoded before a later batch's (cache hits of the next epoch, ready at
         # once, would otherwise hold up the end of this one).
@@ -464,10 +473,9 @@ class Pipeline:
             keys = [ObjectCache.entry_key(url, b.obj.key, b.obj.etag) for b in batch]
             # One index query per batch, off the loop: which samples are cached, and in which
             # file; the decode workers read the files without another query.
-            # What is being fetched or waits to be written, looked at *before* the query: an
-            # object goes fetched -> held by the writer -> in the index, so one that leaves
-            # the writer meanwhile is in the index when the query runs.
-            early = self._in_hand(keys)
+            # What is being fetched or waits to be written, looked at *before* the query
+            # (see _fetch_once).
+            early = self._once.all_in_hand(keys) if self._once is not None else {}
             loop = asyncio.get_running_loop()
             cached = await loop.run_in_executor(self._index, self.cache.locate, keys)
         else:
@@ -589,55 +597,6 @@ class Pipeline:
         failure.__cause__ = exc
         return failure
 
-    def _in(self, cache_key: str) -> Blob | asyncio.Future[Blob] | None:
-        """The object's fetch in flight, or its bytes waiting to be written; None if
-        neither (on the loop)."""
-        fetching = self._fetching.get(cache_key)
-        if fetching is not None:
-            return fetching
-        return self._writer.held(cache_key) if self._writer is not None else None
-
-    def _in_hand(self, keys: list[str]) -> dict[str, Blob | asyncio.Future[Blob]]:
-        """:meth:`_in` for each of ``keys`` that has one."""
-        found = {}
-        for key in keys:
-            got = self._in(key)
-            if got is not None:
-                found[key] = got
-        return found
-
-    @staticmethod
-    async def _shared(got: Blob | asyncio.Future[Blob] | None) -> Blob | None:
-        """The bytes of another batch's fetch (None if it failed or was stopped: the caller
-        fetches them itself, and sees its own error)."""
-        if not isinstance(got, asyncio.Future):
-            return got
-        await asyncio.wait([got])
-        return None if got.cancelled() else got.result()
-
-    async def _fetch(self, obj: ObjectInfo, cache_key: str) -> Blob:
-        """Fetch ``obj``; one the cache admits is handed to the writer, and other batches
-        share its fetch meanwhile."""
-        writer = self._writer
-        if writer is None or not admitted(obj.key, self._admission()):
-            return await self.fetcher.fetch(obj)
-        shared = asyncio.get_running_loop().create_future()
-        self._fetching[cache_key] = shared
-        try:
-            data = await self.fetcher.fetch(obj)
-        except BaseException:
-            shared.cancel()  # whoever waits fetches it itself
-            raise
-        finally:
-            if self._fetching.get(cache_key) is shared:
-                del self._fetching[cache_key]
-        if writer.full():
-            self.counters.cache_store_skipped += 1
-        else:
-            writer.submit(obj.key, cache_key, data)  # held by the writer until written
-        shared.set_result(data)
-        return data
-
     async def _sample(
         self,
         slot: int,
@@ -647,7 +606,7 @@ class Pipeline:
         seed: int,
         sample: Sample,
         cache_key: str,
-        early: Blob | asyncio.Future[Blob] | None = None,
+        early: InHand | None = None,
     ) -> None:
         """Fetch one sample, then decode it into ``slot`` (storing it in the cache).
         ``early``: its bytes, or their fetch, in hand before the batch's index query."""
@@ -655,12 +614,16 @@ class Pipeline:
         stage = "fetch"
         try:
             async with self._window:
-                # Fetched by an earlier batch and not yet in the index: a hit on the
-                # cache's bytes in memory, not a second GET.
-                data = await self._shared(early if early is not None else self._in(cache_key))
+                # Fetched by another batch and not yet in the index: a hit on the cache's
+                # bytes in memory, not a second GET.
+                once = self._once
+                if early is None and once is not None:
+                    early = once.in_hand(cache_key)
+                data = await OnceFetcher.shared(early)
                 hit = CacheEvent.HIT if data is not None else CacheEvent.NONE
                 if data is None:
-                    data = await self._fetch(obj, cache_key)
+                    fetch = self.fetcher.fetch(obj) if once is None else once.fetch(obj, cache_key)
+                    data = await fetch
                 stage = "decode"
                 job = DecodeJob(data, slot, j, seed, obj.key, "", obj.size)
                 del data  # the job holds the bytes until the worker is done with them

@@ -41,7 +41,9 @@ ALLOWED = {
     # Manifests by location (a path, a key, a URL), read and written whole.
     "_located": LEAVES | RESOURCES,
     "_dataset": LEAVES | RESOURCES | {"_fetch", "_located"},
-    "_pipeline": LEAVES | RESOURCES | {"_fetch", "_dataset", "_cache_writer"},
+    # The fetch stage with a cache: each object fetched once on its way in.
+    "_fetch_once": LEAVES | {"_fetch", "_cache_writer"},
+    "_pipeline": LEAVES | RESOURCES | {"_fetch", "_fetch_once", "_dataset", "_cache_writer"},
     "_runtime": LEAVES | RESOURCES | {"_pipeline"},
     "_warm": LEAVES | RESOURCES | {"_fetch", "_cache_writer"},
     "_describe": LEAVES | RESOURCES | {"_fetch", "_located"},

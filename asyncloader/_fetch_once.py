@@ -1,0 +1,96 @@
+"""Objects on their way into the SSD cache, each fetched once (the loader's fetch stage with
+a cache).
+
+The loader runs into the next epoch while this one is still fetched and written, so a batch
+may need an object that another batch is fetching, or whose bytes wait for the cache's
+writer: it shares them instead of sending a second GET.  An object goes fetching -> held by
+the writer -> in the index, so a batch that looks at the first two *before* its index query
+misses none (one that leaves the writer meanwhile is in the index when the query runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ._cache_writer import CacheWriter
+from ._fetch import Fetcher
+from ._stats import Counters
+from ._types import Blob, ObjectInfo
+
+__all__ = ["InHand", "OnceFetcher"]
+
+InHand = Blob | asyncio.Future[Blob]
+"""An object's bytes waiting to be written, or its fetch in flight."""
+
+
+class OnceFetcher:
+    """Fetches for the cache, shared while they are in flight or wait to be written (used
+    on the loop only).
+
+    Args:
+        fetcher: Sends the requests.
+        writer: Where fetched objects go.
+        admit: Whether the cache keeps an object (by its key); others are fetched plainly,
+            and not shared.
+        counters: Counts objects the writer had no room for.
+    """
+
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        writer: CacheWriter,
+        admit: Callable[[str], bool],
+        counters: Counters,
+    ) -> None:
+        self._fetcher = fetcher
+        self._writer = writer
+        self._admit = admit
+        self._counters = counters
+        self._fetching: dict[str, asyncio.Future[Blob]] = {}  # by cache key
+
+    def in_hand(self, cache_key: str) -> InHand | None:
+        """The object's fetch in flight, or its bytes waiting to be written; None if
+        neither."""
+        fetching = self._fetching.get(cache_key)
+        return fetching if fetching is not None else self._writer.held(cache_key)
+
+    def all_in_hand(self, keys: list[str]) -> dict[str, InHand]:
+        """:meth:`in_hand` for each of ``keys`` that has one (look before the index query)."""
+        found = {}
+        for key in keys:
+            got = self.in_hand(key)
+            if got is not None:
+                found[key] = got
+        return found
+
+    @staticmethod
+    async def shared(got: InHand | None) -> Blob | None:
+        """The bytes ``got`` stands for (None if another batch's fetch failed or was
+        stopped: the caller fetches the object itself, and sees its own error)."""
+        if not isinstance(got, asyncio.Future):
+            return got
+        await asyncio.wait([got])
+        return None if got.cancelled() else got.result()
+
+    async def fetch(self, obj: ObjectInfo, cache_key: str) -> Blob:
+        """Fetch ``obj``; one the cache admits is handed to the writer, and other batches
+        share its fetch meanwhile."""
+        if not self._admit(obj.key):
+            return await self._fetcher.fetch(obj)
+        shared = asyncio.get_running_loop().create_future()
+        self._fetching[cache_key] = shared
+        try:
+            data = await self._fetcher.fetch(obj)
+        except BaseException:
+            shared.cancel()  # whoever waits fetches it itself
+            raise
+        finally:
+            if self._fetching.get(cache_key) is shared:
+                del self._fetching[cache_key]
+        if self._writer.full():
+            self._counters.cache_store_skipped += 1
+        else:
+            self._writer.submit(obj.key, cache_key, data)  # held until written
+        shared.set_result(data)
+        return data
