@@ -619,7 +619,7 @@ class Pipeline:
                 once = self._once
                 if early is None and once is not None:
                     early = once.in_hand(cache_key)
-                data = await OnceFetcher.shared(early)
+                data = await OnceFetcher.shared(early) if early is not None else None
                 hit = CacheEvent.HIT if data is not None else CacheEvent.NONE
                 if data is None:
                     fetch = self.fetcher.fetch(obj) if once is None else once.fetch(obj, cache_key)
