@@ -17,6 +17,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     # As from a fresh shell: no AWS credentials; the examples use the emulator's own.
     env = {k: v for k, v in os.environ.items() if k not in TEST_ENV}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["TMPDIR"] = str(cwd)  # what a run leaves there (torchrun's log folder) goes with it
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 

@@ -31,6 +31,8 @@ def _torchrun(script: Path, nproc: int, *args: str) -> subprocess.CompletedProce
     cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
     env["PYTHONFAULTHANDLER"] = "1"
+    # torchrun makes a log folder under the temporary folder and leaves it: the test's own.
+    env["TMPDIR"] = str(script.parent)
     with subprocess.Popen(
         [
             *cmd,
