@@ -281,7 +281,9 @@ class Fetcher:
             if timer:
                 timer[0].cancel()
             for task in tasks:
-                if not task.done():
+                if task.done():  # an error this fetch did not look at (it was stopped)
+                    _consume(task)
+                else:
                     task.cancel()
                     task.add_done_callback(_consume)
 
@@ -295,7 +297,8 @@ def _settle(wake: asyncio.Future[None], _: object) -> None:
 
 
 def _consume(task: asyncio.Future[Blob]) -> None:
-    """Retrieve a cancelled loser's outcome, so an error it raised anyway is not logged."""
+    """Retrieve a request's outcome that nobody awaits (a cancelled loser, or one that failed
+    as its fetch was stopped), so that its error is not logged when it is collected."""
     if not task.cancelled():
         task.exception()
 

@@ -4,6 +4,7 @@ second, identical one; the first complete, verified answer wins.  Hedges are bou
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import time
 from pathlib import Path
@@ -157,3 +158,53 @@ def test_a_late_request_gets_its_hedge_once_one_is_free(bucket: MemoryBucket) ->
     assert store.faults["stall"] == 2
     assert stats.hedges_won == 2
     assert time.monotonic() - t0 < 30  # far less than one stall (60 s)
+
+
+def test_a_hedge_that_failed_as_its_fetch_was_stopped_leaves_no_unretrieved_error(
+    bucket: MemoryBucket,
+) -> None:
+    # The hedge fails (503) in the same turn of the loop in which its fetch is cancelled (a
+    # loader closing, a batch stopped): its error must be taken, not left for the loop to
+    # report as "Task exception was never retrieved" when the task is collected.
+    keys = bucket.sorted_keys()
+
+    class StallThenThrottle(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__(bucket)
+            self.outer: asyncio.Task[object] | None = None
+            self.calls = 0
+
+        async def get(
+            self, key: str, *, start: int = 0, end: int | None = None, etag: str = ""
+        ) -> bytes:
+            if key != keys[-1]:
+                return bytes(await super().get(key, start=start, end=end, etag=etag))
+            self.calls += 1
+            if self.calls == 1:
+                await asyncio.sleep(60)  # the first request stalls: it gets a hedge
+            assert self.outer is not None
+            self.outer.cancel()  # the fetch is stopped as its hedge fails
+            raise al.Throttled("503 SlowDown")
+
+    store = StallThenThrottle()
+    cfg = al.FetchConfig(hedge_min_samples=16, hedge_min_inflight=1, hedge_share=1.0)
+    reported: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, ctx: reported.append(str(ctx.get("message"))))
+        fetcher = Fetcher(store, Counters(), cfg)
+        for key in keys[:20]:  # latencies to learn the deadline from
+            await fetcher.fetch(al.ObjectInfo(key, -1))
+        store.outer = asyncio.create_task(fetcher.fetch(al.ObjectInfo(keys[-1], -1)))
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(store.outer, 20)
+        del store.outer
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gc.collect()  # a task's unretrieved error is reported when it is collected
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert store.calls == 2  # the request and its hedge
+    assert not [m for m in reported if "never retrieved" in m], reported
