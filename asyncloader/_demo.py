@@ -87,7 +87,9 @@ def make_jpeg_folder(
 ) -> Path:
     """Create (once) ``root`` with ``images`` JPEGs in ``classes`` class folders.
 
-    A marker file records the parameters; an existing complete folder is reused.
+    A marker file records the parameters; an existing complete folder is reused.  Made
+    again with other parameters, the folder keeps only the new set: JPEGs an earlier call
+    made that are not part of it (more images, other classes) are removed.
     """
     root = Path(root)
     marker = root / ".complete.json"
@@ -96,9 +98,21 @@ def make_jpeg_folder(
         return root
     photos = source_photos()
     root.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+
+    def path_of(i: int) -> Path:
+        return root / f"class_{i % classes:02d}" / f"img_{i:06d}.jpg"
+
+    wanted = {path_of(i) for i in range(images)}
+    for old in root.glob("class_*/img_*.jpg"):  # only names this function gives
+        if old not in wanted:
+            old.unlink()
+    for folder in root.glob("class_*"):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
     def one(i: int) -> None:
-        path = root / f"class_{i % classes:02d}" / f"img_{i:06d}.jpg"
+        path = path_of(i)
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(make_jpeg(photos, seed * 1_000_003 + i))
 

@@ -75,3 +75,26 @@ def test_the_demo_counts_the_cpu_of_its_child_processes() -> None:
         child.wait()
         assert child.stdout is not None
         child.stdout.close()
+
+
+def test_a_data_folder_made_again_with_other_counts_holds_only_the_new_images(
+    tmp_path: Path,
+) -> None:
+    from asyncloader._demo import make_jpeg_folder
+
+    root = tmp_path / "jpegs"
+    (root / "notes.txt").parent.mkdir()
+    (root / "notes.txt").write_text("not ours")  # anything else in the folder stays
+    make_jpeg_folder(root, images=12, classes=3)
+    first = (root / "class_00" / "img_000000.jpg").read_bytes()
+    assert len(list(root.rglob("*.jpg"))) == 12
+    make_jpeg_folder(root, images=5, classes=2)  # fewer images, fewer classes
+    names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.jpg"))
+    assert names == [
+        f"class_{i % 2:02d}/img_{i:06d}.jpg" for i in sorted(range(5), key=lambda i: (i % 2, i))
+    ]
+    assert not (root / "class_02").exists()
+    assert (root / "notes.txt").read_text() == "not ours"
+    assert (root / "class_00" / "img_000000.jpg").read_bytes() == first  # same seed, same bytes
+    make_jpeg_folder(root, images=5, classes=2)  # the same again: reused as it is
+    assert len(list(root.rglob("*.jpg"))) == 5
