@@ -116,7 +116,8 @@ def _demo(args: argparse.Namespace) -> int:
     print()
     print(stats.summary())
     print(
-        f"throughput: {samples / wall:.0f} images/s, {stats.bytes_fetched / wall / 1e6:.1f} MB/s, "
+        f"throughput: {samples / wall:.0f} images/s, "
+        f"{stats.bytes_fetched / wall / 1e6:.1f} MB/s fetched from the store, "
         f"{cpu / samples * 1e3:.2f} ms of loader CPU per image, all its processes "
         f"({args.epochs} epochs, {len(files)} images, {os.cpu_count()} cores)"
     )

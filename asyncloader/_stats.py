@@ -291,7 +291,8 @@ class Stats:
         mb = self.bytes_fetched / 1e6
         lines = [
             f"{self.samples} samples in {self.batches} batches, {self.wall_seconds:.1f} s "
-            f"({self.samples_per_second:.0f} samples/s, {mb / self.wall_seconds:.1f} MB/s)",
+            f"({self.samples_per_second:.0f} samples/s, {mb / self.wall_seconds:.1f} MB/s "
+            "fetched)",
             f"bound by: {self.bound}  (consumer waited {self.consumer_wait_seconds:.1f} s, "
             f"decode busy {self.decode_utilization:.0%}, peak in flight "
             f"{self.inflight_peak}/{self.max_inflight} (limit now {self.inflight_limit}, "
