@@ -258,3 +258,33 @@ def test_decode_workers_import_the_package_the_parent_imported(
     parent = next(line.split()[1] for line in lines if line.startswith("PARENT"))
     assert parent in copies
     assert len(copies) == 3  # the parent and both workers
+
+
+def test_decode_workers_that_met_a_bad_file_exit_without_a_word(
+    tmp_path: Path, jpeg_folder: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # A worker's decode error held the frames it was raised in, and with them views of the
+    # ring and of the arena: at the worker's exit each segment failed to close, and the
+    # interpreter printed "Exception ignored ... BufferError" for it (on every close of a
+    # loader whose data had a damaged file).
+    data = tmp_path / "data" / "cls"
+    data.mkdir(parents=True)
+    good = sorted(jpeg_folder.rglob("*.jpg"))[:6]
+    for p in good:
+        shutil.copy(p, data / p.name)
+    (data / "damaged.jpg").write_bytes(good[0].read_bytes()[:3000])
+    (data / "empty.jpg").write_bytes(b"")
+    with al.ImageLoader(
+        (tmp_path / "data").as_uri() + "/",
+        batch_size=4,
+        decode_workers=2,
+        decode_backend="process",
+        transform=al.RandomResizedCrop(32),
+        on_error="skip",
+        max_failures=2,
+    ) as loader:
+        assert sum(len(labels) for _, labels in loader) == 6
+        assert loader.stats().skipped == {"DecodeError": 2}
+    assert not _children()  # the workers have exited (their stderr is this test's)
+    err = capfd.readouterr().err
+    assert "BufferError" not in err and "Exception ignored" not in err, err

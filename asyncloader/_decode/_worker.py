@@ -88,6 +88,19 @@ def _attach(name: str) -> SharedMemory:
         resource_tracker.register = register
 
 
+def _without_frames(exc: BaseException) -> BaseException:
+    """``exc`` and the errors chained to it, without their tracebacks (their text is in a
+    note already).  A traceback holds the frames the error went through, and with them
+    views of the ring and of the arena: segments that then cannot close at exit."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return exc
+
+
 REPLY_BATCH = 2
 """Replies a worker sends in one message at most (the parent keeps ``depth`` jobs queued
 in each worker, more than this)."""
@@ -127,7 +140,8 @@ def _serve(
                         exc if isinstance(exc, DecodeError) else DecodeError(repr(exc), key=job.key)
                     )
                     err.add_note("in a decode worker:\n" + traceback.format_exc())
-                    replies.append((job_id, None, err))
+                    replies.append((job_id, None, _without_frames(err)))
+                    del err
                 # Replies go back in twos (each message wakes the parent: a write and a
                 # context switch, 5 % of a worker's time when sent one by one), and at once
                 # when this worker would otherwise wait: the parent sends more jobs as
