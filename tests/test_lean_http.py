@@ -79,3 +79,23 @@ def test_a_stalled_answer_is_abandoned(where: str) -> None:
             assert loop.time() - t0 < 5
 
     asyncio.run(main())
+
+
+def test_a_refused_connection_is_a_transient_error_that_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncloader as al
+    from asyncloader.testing import TEST_ENV, free_port
+
+    for name, value in TEST_ENV.items():
+        monkeypatch.setenv(name, value)
+    store = al.S3Store("b", endpoint_url=f"http://127.0.0.1:{free_port()}")  # nobody there
+
+    async def main() -> None:
+        try:
+            await store.get("x.jpg")
+        finally:
+            await store.close()
+
+    with pytest.raises(al.TransientStoreError, match="ConnectionRefusedError"):
+        asyncio.run(main())

@@ -271,8 +271,10 @@ async def _lean_request(
         raise TransientStoreError(f"request for {what} timed out", key=key) from exc
     except ssl.SSLCertVerificationError as exc:
         raise _untrusted(what, key, exc) from exc
-    except (ProtocolError, OSError) as exc:
+    except ProtocolError as exc:
         raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
+    except OSError as exc:  # connecting: refused, unreachable, a name not resolved
+        raise TransientStoreError(f"request for {what} failed: {exc!r}", key=key) from exc
     if resp.status >= 300:
         raise error_for_status(
             resp.status,
