@@ -274,6 +274,7 @@ def test_decode_workers_that_met_a_bad_file_exit_without_a_word(
         shutil.copy(p, data / p.name)
     (data / "damaged.jpg").write_bytes(good[0].read_bytes()[:3000])
     (data / "empty.jpg").write_bytes(b"")
+    children_before = _children()  # the session's emulators
     with al.ImageLoader(
         (tmp_path / "data").as_uri() + "/",
         batch_size=4,
@@ -285,6 +286,7 @@ def test_decode_workers_that_met_a_bad_file_exit_without_a_word(
     ) as loader:
         assert sum(len(labels) for _, labels in loader) == 6
         assert loader.stats().skipped == {"DecodeError": 2}
-    assert not _children()  # the workers have exited (their stderr is this test's)
+    # The workers have exited (what they printed is in this test's stderr).
+    assert _children() <= children_before
     err = capfd.readouterr().err
     assert "BufferError" not in err and "Exception ignored" not in err, err
