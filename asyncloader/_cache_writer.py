@@ -41,6 +41,12 @@ class CacheWriter:
     waits on the write: the objects are in the cache ``linger`` later, and :meth:`drain`
     and :meth:`close` write at once.
 
+    While it gathers, the thread sleeps until the linger ends or a batch is due (full, or
+    asked for): it does not wake for each object.  Waking takes the GIL from the loop thread
+    and the decode threads, about a thousand times a second in a cold epoch.  Cold epochs
+    against the same epoch without a cache, 10 interleaved rounds in one run: 1.01 × its
+    rate sleeping, 0.95 × waking for each object (CPU per image 1.06 × against 1.11 ×).
+
     Args:
         cache: Where the objects go.
         max_bytes: Most bytes waiting to be written (:meth:`full` says when it is reached):
@@ -81,10 +87,18 @@ class CacheWriter:
         self._batch_bytes = min(self._BATCH_BYTES, max(1, max_bytes // 2))
         self._done = done
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        # Bytes handed over (counted by the submitting thread) and written (by the writer):
-        # each counter has one writer, so no lock.
+        # Bytes handed over (counted by the submitting thread), taken from the queue and
+        # written (by the writer): each counter has one writer, so no lock.
         self._submitted = 0
+        self._taken = 0
         self._written = 0
+        # Flush and stop marks put in the queue and taken from it: while one waits, the
+        # batch is written without lingering.
+        self._marks_lock = threading.Lock()
+        self._marks = 0
+        self._marks_taken = 0
+        # Set when a batch is due (full, or asked for): wakes the writer from its linger.
+        self._due_now = threading.Event()
         # The bytes handed over and not yet written, by cache key: set on the submitting
         # thread, dropped by the writer once written (one dict operation each, atomic).
         self._held: dict[str, Blob] = {}
@@ -109,7 +123,7 @@ class CacheWriter:
         gathered is written at once."""
         target = self._submitted
         if self._written < target:
-            self._queue.put(_FLUSH)
+            self._mark(_FLUSH)
         await self._wait(lambda: self._written >= target)
 
     async def _wait(self, ready: Callable[[], bool]) -> None:
@@ -136,6 +150,25 @@ class CacheWriter:
         if not stored:
             self._held[cache_key] = data
         self._queue.put((key, cache_key, data, stored))
+        if not self._due_now.is_set() and self._full_batch_waits():
+            self._due_now.set()
+
+    def _mark(self, mark: _Item | None) -> None:
+        """Queue a flush (``_FLUSH``) or stop (None) mark, and wake the writer for it."""
+        with self._marks_lock:
+            self._marks += 1
+            self._queue.put(mark)
+        self._due_now.set()
+
+    def _full_batch_waits(self) -> bool:
+        """Whether the objects not yet taken by the writer make a full batch."""
+        return (
+            self._queue.qsize() >= self._BATCH or self._submitted - self._taken >= self._batch_bytes
+        )
+
+    def _due(self) -> bool:
+        """Whether the batch being gathered is to be written now, without lingering."""
+        return self._marks != self._marks_taken or self._full_batch_waits()
 
     def held(self, cache_key: str) -> Blob | None:
         """The bytes of ``cache_key`` if they wait to be written (not yet in the index): a
@@ -157,27 +190,37 @@ class CacheWriter:
             self._wake()  # whoever waits sees the thread gone
 
     def _gather(self) -> tuple[list[_Item], bool]:
-        """The next batch (waits for its first object), and whether to stop after it."""
-        get = self._queue.get
-        first = get()
-        if first is None:
-            return [], True
-        items = [first] if first is not _FLUSH else []
-        size = len(first[2])
-        deadline = time.monotonic() + self._linger
-        while first is not _FLUSH and len(items) < self._BATCH and size < self._batch_bytes:
-            left = deadline - time.monotonic()
+        """The next batch (waits for its first object, then lingers unless a batch is due),
+        and whether to stop after it."""
+        first = self._queue.get()
+        if first is not None and first is not _FLUSH:
+            deadline = time.monotonic() + self._linger
+            while not self._due():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._due_now.clear()
+                if self._due():  # due just before the clear: that set() is not lost
+                    break
+                self._due_now.wait(left)
+        items: list[_Item] = []
+        size = 0
+        item: _Item | None = first
+        while True:
+            if item is None or item is _FLUSH:
+                self._marks_taken += 1
+                if item is None:
+                    return items, True
+            else:
+                items.append(item)
+                size += len(item[2])
+                self._taken += len(item[2])
+            if len(items) >= self._BATCH or size >= self._batch_bytes:
+                return items, False
             try:
-                item = get(timeout=left) if left > 0 else get(block=False)
+                item = self._queue.get_nowait()
             except queue.Empty:
-                break
-            if item is None:
-                return items, True
-            if item is _FLUSH:
-                break
-            items.append(item)
-            size += len(item[2])
-        return items, False
+                return items, False
 
     def _wake(self) -> None:
         room, loop = self._room, self._loop
@@ -210,5 +253,5 @@ class CacheWriter:
     def close(self) -> None:
         """Write what is queued, then stop the thread (blocks: call it off the loop)."""
         if self._thread.is_alive():
-            self._queue.put(None)
+            self._mark(None)
             self._thread.join()

@@ -373,6 +373,42 @@ def test_cache_writer_batches_reports_and_fails_loudly(tmp_path: Path) -> None:
     assert {e for _, e in failed} == {"NotADirectoryError"}
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux: thread switches")
+def test_the_writer_sleeps_through_its_linger_instead_of_waking_for_each_object(
+    tmp_path: Path,
+) -> None:
+    """Each wake-up of the writer thread takes the GIL from the threads that fetch and
+    decode: while it gathers a batch it sleeps until the batch is due."""
+    import asyncio
+
+    from asyncloader._cache_writer import CacheWriter
+
+    def switches(tid: int) -> int:
+        with open(f"/proc/self/task/{tid}/status") as f:
+            line = next(x for x in f if x.startswith("voluntary_ctxt_switches"))
+        return int(line.split()[1])
+
+    batches: list[int] = []
+
+    async def main(cache: ObjectCache) -> int:
+        writer = CacheWriter(cache, done=lambda keys, _: batches.append(len(keys)), linger=600.0)
+        tid = writer._thread.native_id
+        writer.submit("obj0", "k0", _value(0))
+        await asyncio.sleep(0.1)  # the writer has its first object and lingers
+        before = switches(tid)
+        for i in range(1, 25):
+            writer.submit(f"obj{i}", f"k{i}", _value(i))
+            await asyncio.sleep(0.002)
+        woke = switches(tid) - before
+        await asyncio.wait_for(writer.drain(), 60)
+        await asyncio.to_thread(writer.close)
+        return woke
+
+    woke = asyncio.run(main(ObjectCache(tmp_path / "c")))
+    assert batches == [25]
+    assert woke < 8, f"the writer woke {woke} times for 24 objects"
+
+
 def test_the_writer_gathers_objects_that_come_one_by_one_into_one_transaction(
     tmp_path: Path,
 ) -> None:
