@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import queue
 import threading
 import time
@@ -59,6 +60,8 @@ class CacheWriter:
         derive_threads: Threads running ``derive`` on a batch's objects at once (it must
             release the GIL to gain from more than one); 1: the writer thread itself.
         linger: Seconds a batch waits for more objects after its first one.
+        remember: How many of the objects written last it remembers
+            (:meth:`written_lately`): enough for the batches a loader has in flight.
     """
 
     _BATCH = 32  # entries per index transaction, at most
@@ -73,6 +76,7 @@ class CacheWriter:
         derive: Callable[[Blob], list[tuple[str, bytes]]] | None = None,
         derive_threads: int = 1,
         linger: float = 0.025,
+        remember: int = 0,
     ) -> None:
         self._cache = cache
         self._derive = derive
@@ -102,6 +106,9 @@ class CacheWriter:
         # The bytes handed over and not yet written, by cache key: set on the submitting
         # thread, dropped by the writer once written (one dict operation each, atomic).
         self._held: dict[str, Blob] = {}
+        # The cache keys written last, oldest first (set and trimmed by the writer only).
+        self._remember = remember
+        self._recent: dict[str, None] = {}
         self._room: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting = 0  # tasks in _wait: the writer wakes the loop only for them
@@ -175,6 +182,11 @@ class CacheWriter:
         batch that looked before they were written can use them instead of a fetch."""
         return self._held.get(cache_key)
 
+    def written_lately(self, cache_key: str) -> bool:
+        """Whether ``cache_key`` is among the last ``remember`` objects written: in the
+        index now, though a batch's index query that ran before may have missed it."""
+        return cache_key in self._recent
+
     def _run(self) -> None:
         try:
             done = False
@@ -243,9 +255,15 @@ class CacheWriter:
             self._cache.put_many(entries)
         except Exception as exc:  # disk full, permissions: every object of the batch
             error = exc
-        for _, ck, _, stored in items:  # in the index now (or failed: fetched again)
-            if not stored:
-                self._held.pop(ck, None)
+        written = [ck for _, ck, _, stored in items if not stored]
+        if error is None and self._remember:
+            recent = self._recent
+            for ck in written:  # remembered before they stop being held: never neither
+                recent[ck] = None
+            for ck in list(itertools.islice(recent, max(len(recent) - self._remember, 0))):
+                del recent[ck]
+        for ck in written:  # in the index now (or failed: fetched again)
+            self._held.pop(ck, None)
         self._written += sum(len(data) for _, _, data, _ in items)
         self._done([k for k, _, _, _ in items], error)
         self._wake()

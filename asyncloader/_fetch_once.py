@@ -5,7 +5,10 @@ The loader runs into the next epoch while this one is still fetched and written,
 may need an object that another batch is fetching, or whose bytes wait for the cache's
 writer: it shares them instead of sending a second GET.  An object goes fetching -> held by
 the writer -> in the index, so a batch that looks at the first two *before* its index query
-misses none (one that leaves the writer meanwhile is in the index when the query runs).
+misses none (one that leaves the writer meanwhile is in the index when the query runs).  An
+object that none of the three held at the batch's query may have been fetched and written
+by another batch by the time this one's fetch would start: it looks at the first two again
+then, and at the writer's record of the objects it wrote last.
 """
 
 from __future__ import annotations
@@ -54,6 +57,12 @@ class OnceFetcher:
         neither."""
         fetching = self._fetching.get(cache_key)
         return fetching if fetching is not None else self._writer.held(cache_key)
+
+    def written_lately(self, cache_key: str) -> bool:
+        """Whether the object went into the index lately: a batch whose index query ran
+        before that, and found neither its fetch nor its bytes in hand, reads it from the
+        cache instead of fetching it again."""
+        return self._writer.written_lately(cache_key)
 
     def all_in_hand(self, keys: list[str]) -> dict[str, InHand]:
         """:meth:`in_hand` for each of ``keys`` that has one (look before the index query)."""

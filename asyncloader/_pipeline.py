@@ -145,6 +145,8 @@ class Pipeline:
             CacheWriter(
                 cache,
                 done=self._written,
+                # What was written while a batch was in flight: its ring slots' worth, twice.
+                remember=2 * ring.slots * run.batch_size,
                 derive=partial(make_scaled_copies, max_pixels=max_pixels)
                 if scaled_copies
                 else None,
@@ -619,6 +621,18 @@ class Pipeline:
                 once = self._once
                 if early is None and once is not None:
                     early = once.in_hand(cache_key)
+                    if early is None and once.written_lately(cache_key):
+                        # Written after this batch's index query: read from the cache.
+                        stage = "cache"
+                        job = DecodeJob(None, slot, j, seed, obj.key, cache_key, obj.size)
+                        outcome = await self._decode(job, seq)
+                        del job
+                        if not outcome.events & CacheEvent.MISS:
+                            self._account(outcome, obj.size)
+                            self.ring.labels[slot, j] = sample.label
+                            return
+                        self._account(outcome)  # evicted since: fetched after all
+                        stage = "fetch"
                 data = await OnceFetcher.shared(early) if early is not None else None
                 hit = CacheEvent.HIT if data is not None else CacheEvent.NONE
                 if data is None:

@@ -86,6 +86,31 @@ def test_each_object_is_fetched_once_while_later_batches_need_it(
     assert light_server.stats()["counters"]["get"] - gets == N_IMAGES
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_an_object_written_after_a_batch_looked_is_read_from_the_cache_not_fetched(
+    light_server: S3TestServer, tmp_path: Path, shuffle: bool
+) -> None:
+    """A batch whose index query ran before another batch fetched and wrote one of its
+    objects, and whose own fetch of it would start after that write, reads it from the
+    cache (the writer remembers what it wrote last): a small dataset, three batches an
+    epoch, and the loader runs epochs ahead with few requests in flight, so the samples of
+    later batches wait while earlier ones fetch and write theirs."""
+    fetch = al.FetchConfig(max_inflight=4)
+    with _loader(light_server, None, seed=2, shuffle=shuffle, batch_size=32) as loader:
+        expected = [_epoch(loader, e) for e in (0, 1, 2)]
+    gets = light_server.stats()["counters"]["get"]
+    with _loader(
+        light_server, tmp_path / "c", seed=2, shuffle=shuffle, batch_size=32, fetch=fetch
+    ) as loader:
+        got = [_epoch(loader, e) for e in (0, 1, 2)]
+    stats = loader.stats()
+    assert light_server.stats()["counters"]["get"] - gets == N_IMAGES  # each object once
+    assert stats.cache_misses == N_IMAGES and stats.cache_stored == N_IMAGES
+    assert stats.cache_hits >= 2 * N_IMAGES
+    for (labels, pixels), (want_labels, want_pixels) in zip(got, expected, strict=True):
+        assert labels == want_labels and np.array_equal(pixels, want_pixels)
+
+
 def test_later_run_uses_the_cache_and_matches_uncached_pixels(
     moto: MotoServer, moto_dataset: str, tmp_path: Path
 ) -> None:
