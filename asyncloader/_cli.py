@@ -158,11 +158,15 @@ def _warm(args: argparse.Namespace) -> int:
     print(f"listing {args.url} ...", file=sys.stderr)
     state: dict[str, object] = {}
     bar = tqdm(total=0, unit="obj", desc="warm", smoothing=0.05, dynamic_ncols=True)
-    t0 = time.perf_counter()
-    received = [0, t0]
+    # Bytes received, when the fetching started (after the listing), the last postfix.
+    received = [0.0, time.perf_counter(), 0.0]
+
+    def rate() -> str:
+        return f"{received[0] / max(time.perf_counter() - received[1], 1e-9) / 1e6:.1f} MB/s"
 
     def listed(todo: int, cached: int) -> None:
         state["cached"] = cached
+        received[1] = received[2] = time.perf_counter()
         bar.reset(total=todo)
         bar.set_postfix_str(f"{cached} already cached")
 
@@ -170,9 +174,9 @@ def _warm(args: argparse.Namespace) -> int:
         received[0] += nbytes
         bar.update()
         now = time.perf_counter()
-        if now - received[1] > 0.5:
-            received[1] = now
-            bar.set_postfix_str(f"{received[0] / (now - t0) / 1e6:.1f} MB/s")
+        if now - received[2] > 0.5:
+            received[2] = now
+            bar.set_postfix_str(rate())
 
     try:
         report = al.warm(
@@ -189,6 +193,8 @@ def _warm(args: argparse.Namespace) -> int:
             on_object=one,
             **extra,  # type: ignore[arg-type]
         )
+        if received[0]:
+            bar.set_postfix_str(rate(), refresh=False)  # the whole run's, shown by close()
     finally:
         bar.close()
     print(report.summary())
