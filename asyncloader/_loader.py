@@ -119,7 +119,9 @@ class ImageLoader:
         extensions: Keys to keep (ignored with a manifest); None keeps every object.
         decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
         sample_shape: (C, H, W) of a sample; needed with ``decode=``.
-        max_pixels: Sources with more pixels are refused (decompression bombs).
+        max_pixels: Sources with more pixels are refused (decompression bombs); default
+            Pillow's ``Image.MAX_IMAGE_PIXELS``.  A larger value raises Pillow's limit (a
+            setting of the process) to it where images are decoded.
         prefetch_batches: Ring slots: batches filling, waiting, or still referenced by the
             consumer (default from the in-flight bound, at least 5: one for the batch the
             loop body holds).  Memory is ``prefetch_batches × batch bytes``.

@@ -148,3 +148,28 @@ def test_flip_mirrors_the_same_crop(box: tuple[float, float, float, float]) -> N
         )
         outs.append(out)
     assert np.array_equal(outs[1], outs[0][:, :, ::-1])
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "TIFF"])
+@pytest.mark.parametrize("roi", [True, False])
+def test_max_pixels_decides_even_above_pillows_own_limit(
+    fmt: str, roi: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image over twice Pillow's ``MAX_IMAGE_PIXELS`` (a global of the process, which
+    decode processes do not share; Pillow refuses such images) decodes when it is within
+    ``max_pixels``, the same pixels as under Pillow's default; over ``max_pixels`` it is
+    refused by that name."""
+    buf = io.BytesIO()
+    rgb = np.random.default_rng(0).integers(0, 256, (60, 80, 3), np.uint8)
+    Image.fromarray(rgb).save(buf, fmt)
+    data = buf.getvalue()
+    transform = al.RandomResizedCrop(32)
+    expected = np.empty((3, 32, 32), np.uint8)
+    decode_into(data, expected, DecodeSpec((3, 32, 32), transform, roi=roi), 7, "k")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 60 × 80 is over twice it: an error
+    out = np.empty((3, 32, 32), np.uint8)
+    spec = DecodeSpec((3, 32, 32), transform, max_pixels=60 * 80, roi=roi)
+    decode_into(data, out, spec, 7, "k")
+    assert np.array_equal(out, expected)
+    with pytest.raises(al.DecodeError, match="max_pixels"):
+        decode_into(data, out, DecodeSpec((3, 32, 32), transform, max_pixels=60 * 80 - 1), 7, "k")

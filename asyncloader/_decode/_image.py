@@ -113,6 +113,20 @@ class DecodeSpec:
     scaled_copies: bool = False
 
 
+def open_image(data: Blob | memoryview, max_pixels: int) -> Image.Image:
+    """``Image.open`` of ``data``, where ``max_pixels`` decides which images are too large.
+
+    Pillow refuses images over twice its ``Image.MAX_IMAGE_PIXELS``, a setting of the whole
+    process (decode processes never see a value the application set): where it is below
+    ``max_pixels`` it is raised to it, in whichever process decodes.  The caller checks the
+    size against ``max_pixels`` before any pixel is decoded.
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and limit < max_pixels:
+        Image.MAX_IMAGE_PIXELS = max_pixels
+    return Image.open(io.BytesIO(data))
+
+
 def decode_into(
     data: Blob | memoryview, out: U8Array, spec: DecodeSpec, seed: int, key: str
 ) -> None:
@@ -138,7 +152,7 @@ def decode_into(
         return
     assert spec.transform is not None
     try:
-        img: Image.Image = Image.open(io.BytesIO(data))
+        img: Image.Image = open_image(data, spec.max_pixels)
         width, height = img.size
         if width * height > spec.max_pixels:
             raise DecodeError(
@@ -221,7 +235,7 @@ def decode_scale(data: Blob | memoryview, spec: DecodeSpec, seed: int) -> int:
     """
     if spec.transform is None or spec.decode_fn is not None:
         return 1
-    img = Image.open(io.BytesIO(data))
+    img = open_image(data, spec.max_pixels)
     if img.format != "JPEG":
         return 1
     width, height = img.size
