@@ -227,6 +227,8 @@ class Pipeline:
         if self._writer is not None:
             self._writer.close()
         if self._index is not None:
+            if self.cache is not None:  # its index connection, on its own thread
+                self._index.submit(self.cache.close)
             self._index.shutdown()
 
     def epoch_samples(self, epoch: int) -> int:

@@ -149,6 +149,12 @@ class BlobCache(Protocol):
         """Damaged entries this thread dropped since the last call."""
         ...
 
+    def close(self) -> None:
+        """Close this thread's handles (its index connection, its open pack file): each
+        thread that read calls it before it ends, as SQLite connections belong to their
+        thread and none other can close them."""
+        ...
+
 
 def derived_key(entry_key: str, name: str) -> str:
     """The cache key of something kept beside the entry ``entry_key`` and made from its

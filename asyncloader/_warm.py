@@ -17,7 +17,9 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ._admission import ADMIT_ALL, admission, admitted
 from ._cache import ObjectCache
@@ -31,6 +33,8 @@ from ._labels import IMAGE_EXTENSIONS, KeyFilter
 from ._sampler import node_subset
 from ._stats import Counters
 from ._types import Blob, ObjectInfo, ObjectStore, derived_key
+
+T = TypeVar("T")
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
 
@@ -138,82 +142,94 @@ async def warm_cache(
         mine = kept
     url = store.url
     keys = {o.key: ObjectCache.entry_key(url, o.key, o.etag) for o in mine}
-    present = await asyncio.to_thread(cache.contains, keys.values())
-    todo = [o for o in mine if keys[o.key] not in present]
-    report.already_cached = len(mine) - len(todo)
-    # Cached before, large, and without the copy every image that has copies has (1/8).
-    later: list[ObjectInfo] = []
-    if scaled_jpegs:
-        large = [o for o in mine if keys[o.key] in present and o.size >= SCALED_COPY_MIN]
-        copied = {o.key: derived_key(keys[o.key], scaled_name(8)) for o in large}
-        have = await asyncio.to_thread(cache.contains, copied.values())
-        later = [o for o in large if copied[o.key] not in have]
-    again = {o.key for o in later}
-    refreshed: set[str] = set()  # of those, read from the cache (added before submitting)
-    if on_listed is not None:
-        on_listed(len(todo) + len(later), report.already_cached)
-    counters = Counters()
-    fetcher = Fetcher(
-        store, counters, FetchConfig(max_inflight=max_inflight), node=cache.budget_path(url)
-    )
-    inflight = fetcher.config.inflight
+    # The cache's index is read on one thread of our own, which closes its connection at
+    # the end (a SQLite connection belongs to its thread).
+    index = ThreadPoolExecutor(1, thread_name_prefix="asyncloader-warm-index")
+    loop = asyncio.get_running_loop()
 
-    def written(objs: list[str], error: Exception | None) -> None:  # on the writer thread
-        if error is None:
-            # only this thread writes it; objects read from the cache were there already
-            report.warmed += sum(k not in refreshed for k in objs)
-        else:
-            report.failed.extend((shown_key(k), f"cache write failed: {error}") for k in objs)
-
-    made: list[int] = []  # one item per object given copies (appends are atomic)
-
-    def derive(data: Blob) -> list[tuple[str, bytes]]:  # on a derive thread
-        copies = scaled_copies(data)
-        if copies:
-            made.append(1)
-        return copies
-
-    writer = CacheWriter(  # fetches wait while it is full
-        cache,
-        done=written,
-        derive=derive if scaled_jpegs else None,
-        derive_threads=usable_cpus(),
-    )
-    pending = iter([*later, *todo])
-    t0 = time.perf_counter()
-
-    async def worker() -> None:
-        for obj in pending:  # shared iterator: each object goes to one worker
-            data: Blob | None = None
-            if obj.key in again:  # cached already: only its copies are made
-                data = await asyncio.to_thread(cache.get, keys[obj.key], obj.size)
-            stored = data is not None  # else gone meanwhile (evicted, damaged): fetched
-            if stored:
-                refreshed.add(obj.key)
-            try:
-                data = data if data is not None else await fetcher.fetch(obj)
-            except AsyncLoaderError as exc:
-                report.failed.append((shown_key(obj.key), str(exc).splitlines()[0]))
-                continue
-            if writer.full():
-                await writer.room()
-            writer.submit(obj.key, keys[obj.key], data, stored=stored)
-            if on_object is not None:
-                on_object(len(data))
+    def in_index(fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
+        return loop.run_in_executor(index, fn, *args)
 
     try:
-        async with asyncio.TaskGroup() as tg:
-            for _ in range(min(inflight, max(len(todo), 1))):
-                tg.create_task(worker())
+        present = await in_index(cache.contains, keys.values())
+        todo = [o for o in mine if keys[o.key] not in present]
+        report.already_cached = len(mine) - len(todo)
+        # Cached before, large, and without the copy every image that has copies has (1/8).
+        later: list[ObjectInfo] = []
+        if scaled_jpegs:
+            large = [o for o in mine if keys[o.key] in present and o.size >= SCALED_COPY_MIN]
+            copied = {o.key: derived_key(keys[o.key], scaled_name(8)) for o in large}
+            have = await in_index(cache.contains, copied.values())
+            later = [o for o in large if copied[o.key] not in have]
+        again = {o.key for o in later}
+        refreshed: set[str] = set()  # of those, read from the cache (added before submitting)
+        if on_listed is not None:
+            on_listed(len(todo) + len(later), report.already_cached)
+        counters = Counters()
+        fetcher = Fetcher(
+            store, counters, FetchConfig(max_inflight=max_inflight), node=cache.budget_path(url)
+        )
+        inflight = fetcher.config.inflight
+
+        def written(objs: list[str], error: Exception | None) -> None:  # on the writer thread
+            if error is None:
+                # only this thread writes it; objects read from the cache were there already
+                report.warmed += sum(k not in refreshed for k in objs)
+            else:
+                report.failed.extend((shown_key(k), f"cache write failed: {error}") for k in objs)
+
+        made: list[int] = []  # one item per object given copies (appends are atomic)
+
+        def derive(data: Blob) -> list[tuple[str, bytes]]:  # on a derive thread
+            copies = scaled_copies(data)
+            if copies:
+                made.append(1)
+            return copies
+
+        writer = CacheWriter(  # fetches wait while it is full
+            cache,
+            done=written,
+            derive=derive if scaled_jpegs else None,
+            derive_threads=usable_cpus(),
+        )
+        pending = iter([*later, *todo])
+        t0 = time.perf_counter()
+
+        async def worker() -> None:
+            for obj in pending:  # shared iterator: each object goes to one worker
+                data: Blob | None = None
+                if obj.key in again:  # cached already: only its copies are made
+                    data = await in_index(cache.get, keys[obj.key], obj.size)
+                stored = data is not None  # else gone meanwhile (evicted, damaged): fetched
+                if stored:
+                    refreshed.add(obj.key)
+                try:
+                    data = data if data is not None else await fetcher.fetch(obj)
+                except AsyncLoaderError as exc:
+                    report.failed.append((shown_key(obj.key), str(exc).splitlines()[0]))
+                    continue
+                if writer.full():
+                    await writer.room()
+                writer.submit(obj.key, keys[obj.key], data, stored=stored)
+                if on_object is not None:
+                    on_object(len(data))
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(min(inflight, max(len(todo), 1))):
+                    tg.create_task(worker())
+        finally:
+            fetcher.close()
+            await asyncio.to_thread(writer.close)
+            report.write_cpu_seconds = writer.cpu_seconds
+            report.scaled = len(made)
+        report.seconds = time.perf_counter() - t0
+        report.bytes_fetched = counters.bytes_fetched
+        report.retries = dict(counters.retries)
+        return report
     finally:
-        fetcher.close()
-        await asyncio.to_thread(writer.close)
-        report.write_cpu_seconds = writer.cpu_seconds
-        report.scaled = len(made)
-    report.seconds = time.perf_counter() - t0
-    report.bytes_fetched = counters.bytes_fetched
-    report.retries = dict(counters.retries)
-    return report
+        await in_index(cache.close)
+        index.shutdown()
 
 
 def warm(

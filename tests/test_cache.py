@@ -602,3 +602,43 @@ def test_loaders_of_a_node_starting_together_list_once(
     assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
     assert [int(out) for out, _ in outs] == [N_IMAGES] * 4
     assert light_server.stats()["counters"]["list"] == one_listing
+
+
+def test_every_index_connection_is_closed_by_its_thread(
+    light_server: S3TestServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each thread that reads or writes the cache (index queries, decode threads reading
+    hits, the writer, warm's reads) closes its SQLite connection before it ends: no other
+    thread can, and Python 3.13 warns of every connection left to the garbage collector."""
+    import sqlite3
+    import threading
+
+    opened: list[tuple[str, _Tracked]] = []
+
+    class _Tracked(sqlite3.Connection):
+        closed_explicitly = False
+
+        def close(self) -> None:
+            self.closed_explicitly = True
+            super().close()
+
+    connect = sqlite3.connect
+
+    def tracked(*args: object, **kw: object) -> sqlite3.Connection:
+        con = connect(*args, factory=_Tracked, **kw)  # type: ignore[call-overload]
+        opened.append((threading.current_thread().name, con))
+        return con  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(sqlite3, "connect", tracked)
+    al.warm(
+        "s3://b/train/",
+        tmp_path / "c",
+        shard=(0, 2),
+        store_options={"endpoint_url": light_server.endpoint},
+    )
+    with _loader(light_server, tmp_path / "c", shuffle=False) as loader:
+        _epoch(loader, 0)  # half from the cache, half fetched and written
+        _epoch(loader, 0)  # all from the cache
+    left = sorted(name for name, con in opened if not con.closed_explicitly)
+    assert len(opened) >= 4, [name for name, _ in opened]
+    assert not left, f"connections left open by {left}"

@@ -109,6 +109,13 @@ class ThreadDecodePool:
             self._tokens.put(True)
 
     def _work(self) -> None:
+        try:
+            self._work_until_stopped()
+        finally:
+            if self._spec.cache is not None:
+                self._spec.cache.close()  # this thread's index connection
+
+    def _work_until_stopped(self) -> None:
         images, spec = self._images, self._spec
         while True:
             if not self._tokens.get():

@@ -153,6 +153,9 @@ def _serve(
     except (EOFError, OSError):
         return  # the parent is gone
     finally:
+        if spec.cache is not None:
+            with contextlib.suppress(Exception):
+                spec.cache.close()  # the index connection, before the interpreter ends
         del images, view
         with contextlib.suppress(Exception):
             shm.close()
