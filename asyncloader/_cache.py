@@ -532,11 +532,28 @@ class ObjectCache:
             return None
 
     def close(self) -> None:
+        """Close this thread's handles: its index connection and its open pack file.  A
+        SQLite connection belongs to the thread that opened it, so each thread that used
+        the cache closes its own (the loader's threads do); the thread that drops the
+        last reference to the cache, or leaves a ``with`` block, closes its own here."""
         self._drop_pack()
         db = getattr(self._local, "db", None)
         if db is not None:
             db.close()
             self._local.db = None
+
+    def __enter__(self) -> ObjectCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # `ObjectCache(d).stats()`: the connection it opened goes with it, not to the
+        # garbage collector (which Python 3.13 warns of).
+        with contextlib.suppress(Exception):
+            if getattr(self._local, "pid", None) == os.getpid():
+                self.close()
 
 
 class ListingTurn:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -604,24 +606,20 @@ def test_loaders_of_a_node_starting_together_list_once(
     assert light_server.stats()["counters"]["list"] == one_listing
 
 
-def test_every_index_connection_is_closed_by_its_thread(
-    light_server: S3TestServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each thread that reads or writes the cache (index queries, decode threads reading
-    hits, the writer, warm's reads) closes its SQLite connection before it ends: no other
-    thread can, and Python 3.13 warns of every connection left to the garbage collector."""
-    import sqlite3
-    import threading
+class _Tracked(sqlite3.Connection):
+    """A connection that knows whether it was closed, rather than left to the collector."""
 
+    closed_explicitly = False
+
+    def close(self) -> None:
+        self.closed_explicitly = True
+        super().close()
+
+
+@pytest.fixture
+def connections(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, _Tracked]]:
+    """Every SQLite connection opened during the test, with its thread's name."""
     opened: list[tuple[str, _Tracked]] = []
-
-    class _Tracked(sqlite3.Connection):
-        closed_explicitly = False
-
-        def close(self) -> None:
-            self.closed_explicitly = True
-            super().close()
-
     connect = sqlite3.connect
 
     def tracked(*args: object, **kw: object) -> sqlite3.Connection:
@@ -630,6 +628,15 @@ def test_every_index_connection_is_closed_by_its_thread(
         return con  # type: ignore[no-any-return]
 
     monkeypatch.setattr(sqlite3, "connect", tracked)
+    return opened
+
+
+def test_every_index_connection_is_closed_by_its_thread(
+    light_server: S3TestServer, tmp_path: Path, connections: list[tuple[str, _Tracked]]
+) -> None:
+    """Each thread that reads or writes the cache (index queries, decode threads reading
+    hits, the writer, warm's reads) closes its SQLite connection before it ends: no other
+    thread can, and Python 3.13 warns of every connection left to the garbage collector."""
     al.warm(
         "s3://b/train/",
         tmp_path / "c",
@@ -639,6 +646,13 @@ def test_every_index_connection_is_closed_by_its_thread(
     with _loader(light_server, tmp_path / "c", shuffle=False) as loader:
         _epoch(loader, 0)  # half from the cache, half fetched and written
         _epoch(loader, 0)  # all from the cache
-    left = sorted(name for name, con in opened if not con.closed_explicitly)
-    assert len(opened) >= 4, [name for name, _ in opened]
+    left = sorted(name for name, con in connections if not con.closed_explicitly)
+    assert len(connections) >= 4, [name for name, _ in connections]
     assert not left, f"connections left open by {left}"
+    # The application's own look at a cache: in a `with` block, or in one statement.
+    before = len(connections)
+    with ObjectCache(tmp_path / "c") as cache:
+        assert sum(1 for _ in cache.entry_keys()) == N_IMAGES
+    assert ObjectCache(tmp_path / "c").stats().entries == N_IMAGES
+    assert len(connections) > before
+    assert all(con.closed_explicitly for _, con in connections[before:])
