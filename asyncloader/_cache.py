@@ -34,9 +34,10 @@ import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -55,6 +56,7 @@ _crc32: Callable[..., int] = _crc.crc32 if _crc is not None and _crc.FAST else z
 
 __all__ = [
     "CacheStats",
+    "IndexThread",
     "ListingTurn",
     "ObjectCache",
     "parse_size",
@@ -554,6 +556,33 @@ class ObjectCache:
         with contextlib.suppress(Exception):
             if getattr(self._local, "pid", None) == os.getpid():
                 self.close()
+
+
+T = TypeVar("T")
+
+
+class IndexThread:
+    """One thread of its own for a cache's index queries, off the event loop.
+
+    A SQLite connection belongs to the thread that opened it, so the thread that queried
+    the index is the one that closes its connection: :meth:`close` runs ``cache.close``
+    there before the thread ends.  One thread, so queries answer in the order they were
+    asked, on one connection.
+    """
+
+    def __init__(self, cache: ObjectCache, name: str) -> None:
+        self.cache = cache
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    def run(self, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
+        """``fn(*args)`` on the index thread, awaited from the running loop."""
+        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        """Close the thread's index connection there, then end the thread (blocks until
+        queries asked before have answered; call off the loop)."""
+        self._pool.submit(self.cache.close)
+        self._pool.shutdown()
 
 
 class ListingTurn:

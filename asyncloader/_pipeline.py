@@ -21,7 +21,6 @@ import contextlib
 import queue
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -30,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._admission import ADMIT_ALL, admission, admitted
-from ._cache import ObjectCache
+from ._cache import IndexThread, ObjectCache
 from ._cache_writer import CacheWriter
 from ._config import RunConfig
 from ._dataset import Listing
@@ -157,11 +156,7 @@ class Pipeline:
         # The batches' index queries, off the loop on one thread: they answer in the order
         # the batches started, so their fetches start in that order too (several threads
         # let a later batch's requests go ahead of an earlier one's), on one connection.
-        self._index = (
-            ThreadPoolExecutor(1, thread_name_prefix="asyncloader-index")
-            if cache is not None
-            else None
-        )
+        self._index = IndexThread(cache, "asyncloader-index") if cache is not None else None
         self._admit: int | None = None  # see _admission
         self._free: asyncio.Queue[int] = asyncio.Queue()
         # Slots published and not yet given back: announced on `output`, or delivered and
@@ -227,9 +222,7 @@ class Pipeline:
         if self._writer is not None:
             self._writer.close()
         if self._index is not None:
-            if self.cache is not None:  # its index connection, on its own thread
-                self._index.submit(self.cache.close)
-            self._index.shutdown()
+            self._index.close()
 
     def epoch_samples(self, epoch: int) -> int:
         """Samples this rank sees in ``epoch`` (the same for every epoch); the listing must
@@ -472,7 +465,7 @@ class Pipeline:
         seed = self.run.seed
         cached: dict[str, CachedAt | None] = {}
         keys = [""] * len(sel)
-        if self.cache is not None:
+        if self.cache is not None and self._index is not None:
             url = self.fetcher.store.url
             keys = [ObjectCache.entry_key(url, b.obj.key, b.obj.etag) for b in batch]
             # One index query per batch, off the loop: which samples are cached, and in which
@@ -480,8 +473,7 @@ class Pipeline:
             # What is being fetched or waits to be written, looked at *before* the query
             # (see _fetch_once).
             early = self._once.all_in_hand(keys) if self._once is not None else {}
-            loop = asyncio.get_running_loop()
-            cached = await loop.run_in_executor(self._index, self.cache.locate, keys)
+            cached = await self._index.run(self.cache.locate, keys)
         else:
             early = {}
         hits = [j for j in range(len(sel)) if keys[j] in cached]

@@ -17,12 +17,10 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from ._admission import ADMIT_ALL, admission, admitted
-from ._cache import ObjectCache
+from ._cache import IndexThread, ObjectCache
 from ._cache_writer import CacheWriter
 from ._config import FetchConfig
 from ._decode import SCALED_COPY_MIN, scaled_copies, scaled_footprint, scaled_name
@@ -33,8 +31,6 @@ from ._labels import IMAGE_EXTENSIONS, KeyFilter
 from ._sampler import node_subset
 from ._stats import Counters
 from ._types import Blob, ObjectInfo, ObjectStore, derived_key
-
-T = TypeVar("T")
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
 
@@ -144,12 +140,8 @@ async def warm_cache(
     keys = {o.key: ObjectCache.entry_key(url, o.key, o.etag) for o in mine}
     # The cache's index is read on one thread of our own, which closes its connection at
     # the end (a SQLite connection belongs to its thread).
-    index = ThreadPoolExecutor(1, thread_name_prefix="asyncloader-warm-index")
-    loop = asyncio.get_running_loop()
-
-    def in_index(fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
-        return loop.run_in_executor(index, fn, *args)
-
+    index = IndexThread(cache, "asyncloader-warm-index")
+    in_index = index.run
     try:
         present = await in_index(cache.contains, keys.values())
         todo = [o for o in mine if keys[o.key] not in present]
@@ -228,8 +220,7 @@ async def warm_cache(
         report.retries = dict(counters.retries)
         return report
     finally:
-        await in_index(cache.close)
-        index.shutdown()
+        await asyncio.to_thread(index.close)
 
 
 def warm(
