@@ -118,7 +118,8 @@ class ImageLoader:
             ``.npz`` arrays (``ls --write-manifest``), a callable ``key -> int`` or None.
         extensions: Keys to keep (ignored with a manifest); None keeps every object.
         decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
-        sample_shape: (C, H, W) of a sample; needed with ``decode=``.
+        sample_shape: (C, H, W) of a sample; needed with ``decode=``.  Images get theirs
+            from ``transform`` (3 × its output size); a different one is an error.
         max_pixels: Sources with more pixels are refused (decompression bombs); default
             Pillow's ``Image.MAX_IMAGE_PIXELS``.  A larger value raises Pillow's limit (a
             setting of the process) to it where images are decoded.
@@ -229,6 +230,12 @@ class ImageLoader:
             transform = transform or RandomResizedCrop(224)
             h, w = transform.output_size
             shape = (3, h, w)
+            if sample_shape is not None and tuple(sample_shape) != shape:
+                raise ValueError(
+                    f"sample_shape={tuple(sample_shape)} but images come out as {shape} "
+                    f"(transform={transform!r}): the transform sets the size of decoded "
+                    "images; sample_shape= is for decode= hooks"
+                )
         else:
             if sample_shape is None:
                 raise ValueError("decode= needs sample_shape=(C, H, W)")

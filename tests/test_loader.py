@@ -167,6 +167,17 @@ def test_corrupt_truncated_and_bomb_images(backend: Backend, decode_backend: str
     with _loader(backend.url("bad"), backend, **common) as loader:
         with pytest.raises(al.DecodeError, match=r"c/bomb\.jpg.*decompression bomb"):
             list(loader)
+    # Not an image (an error page saved under a .jpg name): the message shows its first
+    # bytes, not Pillow's name for an in-memory file.
+    backend.create_bucket("page")
+    backend.put("page", "c/page.jpg", b"<!DOCTYPE html><html>Access Denied</html>")
+    with _loader(backend.url("page"), backend, **common) as loader:
+        with pytest.raises(
+            al.DecodeError,
+            match=r"c/page\.jpg: UnidentifiedImageError: not an image format Pillow reads "
+            r"\(41 bytes, starting 3c 21 44 4f 43 54 59 50 45 20 68 74 6d 6c 3e 3c\)",
+        ):
+            list(loader)
     with _loader(backend.url("bad"), backend, on_error="skip", max_failures=3, **common) as loader:
         batches = [len(images) for images, _ in loader]
         assert batches == [2]
@@ -203,6 +214,21 @@ def test_decode_hook_for_other_blobs(backend: Backend) -> None:
         images, labels = next(iter(loader))
     assert images[:, 0, 0, 0].tolist() == [0, 1, 2, 3, 4]
     assert labels.tolist() == [-1] * 5
+
+
+def test_a_sample_shape_the_transform_does_not_make_is_an_error(backend: Backend) -> None:
+    # Without decode=, the transform decides the size: a different sample_shape would be
+    # silently ignored, and batches would not be what the caller sized its model for.
+    backend.create_bucket("shape")
+    backend.put("shape", "c/a.jpg", jpeg_bytes())
+    url = backend.url("shape")
+    with pytest.raises(
+        ValueError, match=r"sample_shape=\(3, 16, 16\) but images come out as \(3, 32, 32\)"
+    ):
+        _loader(url, backend, transform=al.CenterCrop(32), sample_shape=(3, 16, 16))
+    with _loader(url, backend, transform=al.CenterCrop(32), sample_shape=(3, 32, 32)) as loader:
+        images, _ = next(iter(loader))  # the same shape: allowed, as documentation
+    assert tuple(images.shape) == (1, 3, 32, 32)
 
 
 def test_empty_prefix_is_a_clear_error(backend: Backend) -> None:

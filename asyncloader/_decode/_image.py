@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import PIL
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from .._errors import DecodeError, shown_key
 from .._transforms import Transform
@@ -124,7 +124,15 @@ def open_image(data: Blob | memoryview, max_pixels: int) -> Image.Image:
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and limit < max_pixels:
         Image.MAX_IMAGE_PIXELS = max_pixels
-    return Image.open(io.BytesIO(data))
+    try:
+        return Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        # Pillow's message names an in-memory file; its first bytes tell more (an HTML
+        # error page saved as .jpg starts "3c 21", a JPEG "ff d8 ff").
+        head = bytes(memoryview(data)[:16]).hex(" ")
+        raise UnidentifiedImageError(
+            f"not an image format Pillow reads ({len(data)} bytes, starting {head})"
+        ) from None
 
 
 def decode_into(
