@@ -573,6 +573,7 @@ class IndexThread:
     def __init__(self, cache: ObjectCache, name: str) -> None:
         self.cache = cache
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._closed = False
 
     def run(self, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
         """``fn(*args)`` on the index thread, awaited from the running loop."""
@@ -580,9 +581,11 @@ class IndexThread:
 
     def close(self) -> None:
         """Close the thread's index connection there, then end the thread (blocks until
-        queries asked before have answered; call off the loop)."""
-        self._pool.submit(self.cache.close)
-        self._pool.shutdown()
+        queries asked before have answered; call off the loop).  Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._pool.submit(self.cache.close)
+            self._pool.shutdown()
 
 
 class ListingTurn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asyncloader as al
-from asyncloader._cache import ObjectCache, parse_size
+from asyncloader._cache import IndexThread, ObjectCache, parse_size
 from asyncloader.testing import MotoServer, S3TestServer
 
 from .conftest import N_IMAGES
@@ -656,3 +657,27 @@ def test_every_index_connection_is_closed_by_its_thread(
     assert ObjectCache(tmp_path / "c").stats().entries == N_IMAGES
     assert len(connections) > before
     assert all(con.closed_explicitly for _, con in connections[before:])
+
+
+def test_the_index_thread_asks_in_order_and_closes_its_own_connection(
+    tmp_path: Path, connections: list[tuple[str, _Tracked]]
+) -> None:
+    cache = ObjectCache(tmp_path / "c")
+    index = IndexThread(cache, "probe-index")
+
+    async def ask() -> list[object]:
+        cache.put("k", b"x" * 100)  # from the loop's thread: its own connection
+        return await asyncio.gather(
+            index.run(cache.contains, ["k", "absent"]),
+            index.run(threading.current_thread),  # queued behind the query: one thread
+        )
+
+    present, thread = asyncio.run(ask())
+    assert present == {"k"}
+    assert isinstance(thread, threading.Thread) and thread.name.startswith("probe-index")
+    index.close()
+    index.close()  # a second close is a no-op, not "cannot schedule after shutdown"
+    assert not thread.is_alive()
+    ours = [con for name, con in connections if name.startswith("probe-index")]
+    assert ours and all(con.closed_explicitly for con in ours)
+    cache.close()
