@@ -107,6 +107,32 @@ def _rebuild_store_error(
     return cls(message, key=key, status=status)
 
 
+class WrongRegion(StoreError):
+    """S3 answered that the bucket is in another region than the one requests were signed
+    for (``301 PermanentRedirect``, ``400 AuthorizationHeaderMalformed``, or a HEAD's 301 or
+    400 with ``x-amz-bucket-region``).  The S3 store moves to ``region`` and asks again;
+    users see this only where the answer named no region.
+
+    Attributes:
+        region: The bucket's region as the answer named it ("" if it did not).
+    """
+
+    def __init__(
+        self, message: str, *, key: str | None = None, status: int | None = None, region: str = ""
+    ):
+        super().__init__(message, key=key, status=status)
+        self.region = region
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_wrong_region, (str(self), self.key, self.status, self.region))
+
+
+def _rebuild_wrong_region(
+    message: str, key: str | None, status: int | None, region: str
+) -> WrongRegion:
+    return WrongRegion(message, key=key, status=status, region=region)
+
+
 class ObjectNotFound(StoreError):
     """The object (or bucket/container) does not exist."""
 

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
+from pathlib import Path
 
 import pytest
 
-from asyncloader import FetchConfig, IntegrityError, ObjectNotFound, S3Store
+import asyncloader as al
+from asyncloader import FetchConfig, IntegrityError, ObjectNotFound, S3Store, StoreError
+from asyncloader._errors import WrongRegion
 from asyncloader._fetch import Fetcher
 from asyncloader._stats import Counters
-from asyncloader.testing import MotoServer
+from asyncloader.testing import MotoServer, S3TestServer
+
+from .conftest import N_IMAGES
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -69,3 +75,113 @@ def test_missing_bucket_is_a_clear_error(moto: MotoServer) -> None:
             await store.close()
 
     run(main())
+
+
+# --- a bucket in another region ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("http_client", ["lean", "aiohttp"])
+@pytest.mark.parametrize("answer", ["redirect", "malformed"])
+def test_a_bucket_in_another_region_is_found_from_s3s_answer(
+    light_server: S3TestServer, answer: str, http_client: str
+) -> None:
+    # The environment says us-east-1 (as an unset region does); the bucket is elsewhere.
+    # Whatever the first request is, its answer names the region, the store signs for
+    # it from then on, and only that first request is refused.
+    light_server.set_region("b", "eu-west-1", answer=answer)
+    opts = {"endpoint_url": light_server.endpoint, "http_client": http_client}
+
+    key = sorted(light_server.stats()["keys"])[0][len("train/") :]
+
+    async def first(what: str) -> object:
+        store = S3Store("b", "train/", **opts)  # type: ignore[arg-type]
+        try:
+            if what == "list":
+                return len([o async for o in store.list()])
+            if what == "stat":
+                return (await store.stat(key)).size > 0
+            if what == "put":
+                return (await store.put("new/x.bin", b"abc")).size
+            return len(await store.get(key))
+        finally:
+            await store.close()
+
+    for what in ("list", "stat", "get", "put"):
+        before = light_server.stats()["counters"].get("wrong_region", 0)
+        assert run(first(what))
+        assert light_server.stats()["counters"]["wrong_region"] == before + 1, what
+
+
+def test_a_loader_reads_a_bucket_in_another_region(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    # A saved listing: the first requests are dozens of GETs at once, all refused; the
+    # store moves once, and every sample arrives.
+    light_server.set_region("b", "ap-southeast-2")
+    opts = {"endpoint_url": light_server.endpoint}
+    kw = {"batch_size": 16, "decode_workers": 2, "store_options": opts, "cache_dir": tmp_path}
+    with al.ImageLoader("s3://b/train/", **kw) as loader:  # type: ignore[arg-type]
+        assert loader.classes  # listed and saved beside the cache
+    light_server.reset_stats()
+    with al.ImageLoader("s3://b/train/", **kw, shuffle=False) as loader:  # type: ignore[arg-type]
+        n = sum(len(images) for images, _ in loader)
+        stats = loader.stats()
+    counters = light_server.stats()["counters"]
+    assert n == N_IMAGES and stats.skipped == {} and counters.get("list", 0) == 0
+    assert 1 <= counters["wrong_region"] <= stats.max_inflight
+
+
+def test_an_answer_that_names_no_region_is_a_clear_error() -> None:
+    from asyncloader._stores._http import error_for_status
+
+    body = b"<Error><Code>PermanentRedirect</Code><Message>use the endpoint</Message></Error>"
+    exc = error_for_status(301, body, what="s3://b/k", key="k")
+    assert isinstance(exc, WrongRegion) and exc.region == ""
+    assert "pass the bucket's region (store_options={'region': ...}) or set AWS_REGION" in str(exc)
+    head = error_for_status(400, b"", what="s3://b/k", key="k", region="eu-west-1")  # a HEAD
+    assert isinstance(head, WrongRegion) and head.region == "eu-west-1"
+    # A 400 that is not about the region stays what it was.
+    other = error_for_status(400, b"<Error><Code>InvalidArgument</Code></Error>", what="x", key="k")
+    assert not isinstance(other, WrongRegion) and isinstance(other, StoreError)
+    # Errors travel between processes with their region.
+    assert pickle.loads(pickle.dumps(head)).region == "eu-west-1"
+
+
+@pytest.mark.parametrize(
+    ("host", "old", "new", "moved"),
+    [
+        ("b.s3.us-east-1.amazonaws.com", "us-east-1", "eu-west-1", "b.s3.eu-west-1.amazonaws.com"),
+        ("s3.amazonaws.com", "us-east-1", "eu-west-1", "s3.eu-west-1.amazonaws.com"),
+        (
+            "s3.dualstack.us-west-2.amazonaws.com",
+            "us-west-2",
+            "eu-north-1",
+            "s3.dualstack.eu-north-1.amazonaws.com",
+        ),
+        ("minio.local:9000", "us-east-1", "eu-west-1", "minio.local:9000"),
+        ("127.0.0.1:8000", "us-east-1", "eu-west-1", "127.0.0.1:8000"),
+    ],
+)
+def test_only_aws_hosts_move_with_the_region(host: str, old: str, new: str, moved: str) -> None:
+    from asyncloader._stores._s3 import _aws_host_in
+
+    assert _aws_host_in(host, old, new) == moved
+
+
+def test_on_aws_the_store_moves_to_the_buckets_regional_endpoint() -> None:
+    # No endpoint given: AWS itself, virtual-hosted.  Nothing is sent; the move is local.
+    async def moved() -> tuple[str, str, str, int]:
+        store = S3Store("b", "train/")
+        try:
+            await store._ensure()
+            assert store._host == "b.s3.us-east-1.amazonaws.com"
+            store._move(WrongRegion("elsewhere", region="eu-west-1"))
+            store._move(WrongRegion("elsewhere", region="eu-west-1"))  # a second: no-op
+            assert store._signer is not None
+            return store._host, store._base, store._signer.region, len(store._retired)
+        finally:
+            await store.close()
+
+    host, base, region, retired = run(moved())
+    assert (host, region, retired) == ("b.s3.eu-west-1.amazonaws.com", "eu-west-1", 1)
+    assert base == "https://b.s3.eu-west-1.amazonaws.com"

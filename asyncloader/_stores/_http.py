@@ -28,6 +28,7 @@ from .._errors import (
     StoreError,
     Throttled,
     TransientStoreError,
+    WrongRegion,
 )
 from .._types import Blob, ObjectInfo
 from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError, tls_context
@@ -50,6 +51,7 @@ __all__ = [
 
 T = TypeVar("T")
 _CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
+_REGION = re.compile(rb"<Region>([a-z0-9-]{1,64})</Region>")
 
 
 def make_session(
@@ -118,18 +120,35 @@ def range_header(start: int, end: int | None) -> str | None:
 
 
 def error_for_status(
-    status: int, body: bytes, *, what: str, key: str | None, code: str = ""
+    status: int, body: bytes, *, what: str, key: str | None, code: str = "", region: str = ""
 ) -> StoreError:
     """Map an HTTP error answer to our error tree; ``what`` names the object for humans.
 
     ``code`` is the service's error code when it came in a header (Azure's
     ``x-ms-error-code``, the only place a HEAD answer has it); else it is read from the
-    XML body (``<Code>...</Code>``, S3 and Azure alike).
+    XML body (``<Code>...</Code>``, S3 and Azure alike).  ``region``: S3's
+    ``x-amz-bucket-region`` header, which names the bucket's region when a request went to
+    (or was signed for) another one.
     """
     if not code:
         m = _CODE.search(body[:2048])
         code = m.group(1).decode(errors="replace") if m else ""
     detail = f"{status} {code}".strip()
+    if not region:
+        m = _REGION.search(body[:2048])
+        region = m.group(1).decode() if m else ""
+    # Signed for another region: the malformed header's answer names the right one.  A
+    # HEAD's answer has no body: its status and the region header are all it says.
+    if code == "PermanentRedirect" or (
+        region and (code == "AuthorizationHeaderMalformed" or (status in (301, 400) and not code))
+    ):
+        return WrongRegion(
+            f"{what} is in another region ({detail}{f', region {region}' if region else ''})"
+            ": pass the bucket's region (store_options={'region': ...}) or set AWS_REGION",
+            key=key,
+            status=status,
+            region=region,
+        )
     if status == 404:
         return ObjectNotFound(f"not found: {what} ({detail})", key=key, status=status)
     if status in (401, 403):
@@ -175,8 +194,14 @@ async def request(
         async with session.request(method, url, headers=headers, data=body) as resp:
             answer = await resp.read()
             if resp.status >= 300:
-                code = resp.headers.get("x-ms-error-code", "")
-                raise error_for_status(resp.status, answer, what=what, key=key, code=code)
+                raise error_for_status(
+                    resp.status,
+                    answer,
+                    what=what,
+                    key=key,
+                    code=resp.headers.get("x-ms-error-code", ""),
+                    region=resp.headers.get("x-amz-bucket-region", ""),
+                )
             return resp.headers, answer
     except StoreError:
         raise
@@ -282,6 +307,7 @@ async def _lean_request(
             what=what,
             key=key,
             code=resp.headers.get("x-ms-error-code", ""),
+            region=resp.headers.get("x-amz-bucket-region", ""),
         )
     return resp
 

@@ -27,6 +27,7 @@ from .._errors import (
     AccessDenied,
     ClosedError,
     StoreError,
+    WrongRegion,
 )
 from .._retry import retrying
 from .._types import Blob, ObjectInfo
@@ -126,7 +127,9 @@ class S3Store(RangedListing):
         prefix: Key prefix of the dataset root ("train/"); keys are reported relative to it.
         endpoint_url: An S3-compatible endpoint (MinIO, moto, ...).  Default: the AWS way
             (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, profile, then AWS itself).
-        region: Region; default from the environment or profile, else us-east-1.
+        region: Region; default from the environment or profile, else us-east-1.  A bucket
+            in another region is found as botocore finds it: S3's answer names the bucket's
+            region, and the store signs for it (and on AWS sends to it) from then on.
         profile: An AWS profile name.
         anonymous: Send unsigned requests (public buckets).
         max_connections: Connection pool size of the hot GET session (aiohttp).
@@ -180,6 +183,8 @@ class S3Store(RangedListing):
         self._base = ""
         self._host = ""
         self._base_path = ""
+        self._signing_region = ""
+        self._retired: list[tuple[LeanHTTPClient | None, aiohttp.ClientSession | None]] = []
         self._closed = False
 
     def __repr__(self) -> str:
@@ -226,7 +231,7 @@ class S3Store(RangedListing):
             ) from exc
         self._stack = stack
         meta = self._client.meta
-        region = meta.region_name or "us-east-1"
+        region = self._signing_region = meta.region_name or "us-east-1"
         endpoint = URL(meta.endpoint_url)
         if (
             self._endpoint_url is None
@@ -249,6 +254,9 @@ class S3Store(RangedListing):
                 raise AccessDenied(f"no AWS credentials found for {self.url}")
             self._signer = SigV4Signer(await self._frozen(), region)
             self._creds_checked = time.monotonic()
+        self._open_clients()
+
+    def _open_clients(self) -> None:
         self._lean, self._session = open_clients(
             self._base,
             lean=self._use_lean,
@@ -256,6 +264,26 @@ class S3Store(RangedListing):
             read_timeout=self._read_timeout,
             ca_bundle=self._ca_bundle,
         )
+
+    def _move(self, exc: WrongRegion) -> None:
+        """S3 answered that the bucket is in ``exc.region``: sign for that region from now
+        on, and on AWS's own endpoints send there too (botocore's redirector does the
+        same).  Requests in flight on the old connections finish there; those connections
+        close with the store.  Raises ``exc`` if the answer named no region."""
+        region = exc.region
+        if not region:
+            raise exc
+        old, self._signing_region = self._signing_region, region
+        if old == region:  # moved already, by a request beside this one
+            return
+        if self._signer is not None:
+            self._signer = self._signer.in_region(region)
+        host = _aws_host_in(self._host, old, region)
+        if host != self._host:
+            self._host = host
+            self._base = f"https://{host}"
+            self._retired.append((self._lean, self._session))
+            self._open_clients()
 
     async def _frozen(self) -> FrozenCredentials:
         c = self._botocore_creds
@@ -293,6 +321,13 @@ class S3Store(RangedListing):
     async def _control_get(self, params: dict[str, str], *, what: str, key: str) -> Blob:
         """A signed GET of the bucket with query ``params`` (a listing page)."""
         await self._ensure()
+        try:
+            return await self._bucket_get(params, what=what, key=key)
+        except WrongRegion as exc:
+            self._move(exc)
+        return await self._bucket_get(params, what=what, key=key)
+
+    async def _bucket_get(self, params: dict[str, str], *, what: str, key: str) -> Blob:
         query = "&".join(
             f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items())
         )
@@ -322,6 +357,13 @@ class S3Store(RangedListing):
         log the credentials, the ``Authorization`` header and the canonical request at
         DEBUG level."""
         await self._ensure()
+        try:
+            return await self._stat(key)
+        except WrongRegion as exc:
+            self._move(exc)
+        return await self._stat(key)
+
+    async def _stat(self, key: str) -> ObjectInfo:
         full = self.prefix + key
         path = self._base_path + "/" + uri_encode_path(full)
         what = f"s3://{self.bucket}/{full}"
@@ -346,6 +388,13 @@ class S3Store(RangedListing):
     ) -> Blob:
         if self._session is None and self._lean is None:
             await self._ensure()
+        try:
+            return await self._get(key, start, end, etag)
+        except WrongRegion as exc:
+            self._move(exc)
+        return await self._get(key, start, end, etag)
+
+    async def _get(self, key: str, start: int, end: int | None, etag: str) -> Blob:
         path = self._base_path + "/" + uri_encode_path(self.prefix + key)
         headers = await self._auth("GET", path)  # SigV4 signs neither Range nor If-Match
         headers.update(object_headers(start, end, etag))
@@ -388,6 +437,10 @@ class S3Store(RangedListing):
             )
             return ObjectInfo(key, len(data), normalize_etag(answer.get("etag", "")))
 
+        try:
+            return await retrying(once)
+        except WrongRegion as exc:
+            self._move(exc)
         return await retrying(once)
 
     async def close(self) -> None:
@@ -396,12 +449,29 @@ class S3Store(RangedListing):
         lean, self._lean = self._lean, None
         stack, self._stack = self._stack, None
         self._client = None
-        if session is not None:
-            await session.close()
-        if lean is not None:
-            await lean.close()
+        retired, self._retired = self._retired, []
+        for old_lean, old_session in [(lean, session), *retired]:
+            if old_session is not None:
+                await old_session.close()
+            if old_lean is not None:
+                await old_lean.close()
         if stack is not None:
             await stack.aclose()
+
+
+def _aws_host_in(host: str, old: str, region: str) -> str:
+    """``host``, an endpoint of AWS's in region ``old``, as the same endpoint in ``region``
+    (``b.s3.us-east-1.amazonaws.com`` → ``b.s3.eu-west-1.amazonaws.com``; the global
+    ``s3.amazonaws.com`` too); any other host as it is: an S3-compatible service keeps its
+    address, and only the signing region moves."""
+    if not host.endswith(".amazonaws.com"):
+        return host
+    labels = host.split(".")
+    if old in labels:
+        labels[labels.index(old)] = region
+    elif "s3" in labels:
+        labels.insert(labels.index("s3") + 1, region)
+    return ".".join(labels)
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:

@@ -56,6 +56,10 @@ class SigV4Signer:
     def __repr__(self) -> str:
         return f"SigV4Signer(region={self.region!r}, service={self.service!r})"
 
+    def in_region(self, region: str) -> SigV4Signer:
+        """A signer with the same credentials for ``region``."""
+        return SigV4Signer(self._creds, region, self.service)
+
     def set_credentials(self, creds: FrozenCredentials) -> None:
         if creds != self._creds:
             self._creds = creds

@@ -3,7 +3,8 @@
 moto costs ~2.5 ms of CPU per GET, too much to measure a loader with.  This server speaks the
 small part of the S3 REST API a loader needs (path-style ListObjectsV2 with pagination and
 delimiter, HEAD/GET with ``Range`` and ``If-Match``, PUT, bucket create) over a raw asyncio
-protocol, at a few tens of microseconds of CPU per GET.  It does not check signatures.  It
+protocol, at a few tens of microseconds of CPU per GET.  It does not check signatures (of
+the ``Authorization`` header it reads only the region, for buckets put in one).  It
 also answers GCS media downloads (``/download/storage/v1/b/BUCKET/o/NAME``) of the same
 objects, so that the S3 and GCS clients can be compared on one server.
 
@@ -18,6 +19,12 @@ It injects, per request to an object:
   whose Content-Length and body are cut to half, as a middlebox that rewrote the length
   sends it; listing pages get this one too) and ``stall_body`` (headers and half the body
   are sent, the rest ``stall_seconds`` later).
+
+A bucket can be put in a region (``POST /_control/region``): a request signed for another
+region is answered as S3 answers it — ``301 PermanentRedirect`` (``answer="redirect"``, what
+an endpoint of the wrong region says) or ``400 AuthorizationHeaderMalformed`` naming the
+``<Region>`` (``answer="malformed"``), with ``x-amz-bucket-region`` either way and no body to
+a HEAD.  Only the credential scope of the ``Authorization`` header is read.
 
 A bucket can also be synthetic (``--synthetic N``): N keys over one body, with sizes and
 ETags, for listing a million keys without holding a million bodies.
@@ -40,6 +47,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import ssl
 import sys
@@ -62,6 +70,7 @@ FAULT_KINDS = (
     "stall_body",
 )
 _DATE = "2026-01-01T00:00:00.000Z"
+_SCOPE = re.compile(r"Credential=[^/,]+/[0-9]{8}/([^/,]+)/")
 
 
 @dataclass
@@ -111,6 +120,8 @@ class _State:
     counters: Counter[str] = field(default_factory=Counter)
     gets_by_key: Counter[str] = field(default_factory=Counter)
     sorted_keys: dict[str, list[str]] = field(default_factory=dict)  # bucket → keys, in order
+    regions: dict[str, str] = field(default_factory=dict)  # bucket → region (else any)
+    region_answer: str = "redirect"  # or "malformed": how a wrong region is answered
     rate_limit: float = 0.0  # object requests per second before 503 SlowDown (0: none)
     burst: float = 0.0  # the token bucket's size
     _tokens: float = 0.0
@@ -300,6 +311,8 @@ class _Protocol(asyncio.Protocol):
                 return
         else:
             bucket, _, key = path.lstrip("/").partition("/")
+        if self._wrong_region(bucket, method, headers):
+            return
         objects = st.buckets.get(bucket)
         if not key:
             if method == "PUT":
@@ -308,7 +321,8 @@ class _Protocol(asyncio.Protocol):
             elif objects is None:
                 self._respond(404, _error_xml("NoSuchBucket", bucket))
             elif method == "HEAD":
-                self._respond(200, headers={"x-amz-bucket-region": "us-east-1"}, head=True)
+                region = st.regions.get(bucket, "us-east-1")
+                self._respond(200, headers={"x-amz-bucket-region": region}, head=True)
             else:
                 st.counters["list"] += 1
                 fault = st.pick_fault(f"list?{parts.query}", kinds=("short",))
@@ -367,6 +381,35 @@ class _Protocol(asyncio.Protocol):
             self._respond(status, data, extra, head=True)
             return
         self._respond(status, data, extra, fault=fault)
+
+    def _wrong_region(self, bucket: str, method: str, headers: dict[str, str]) -> bool:
+        """Answer, as S3 does, a request signed for another region than ``bucket``'s."""
+        st = self.state
+        region = st.regions.get(bucket)
+        m = _SCOPE.search(headers.get("authorization", ""))
+        if region is None or m is None or m.group(1) == region:
+            return False
+        st.counters["wrong_region"] += 1
+        extra = {"x-amz-bucket-region": region}
+        if st.region_answer == "redirect":
+            body = _error_xml(
+                "PermanentRedirect",
+                "The bucket you are attempting to access must be addressed using the "
+                "specified endpoint. Please send all future requests to this endpoint.",
+            ).replace(
+                b"</Error>",
+                f"<Endpoint>{bucket}.s3.{region}.amazonaws.com</Endpoint>"
+                f"<Bucket>{bucket}</Bucket></Error>".encode(),
+            )
+            self._respond(301, body, extra, head=method == "HEAD")
+        else:
+            body = _error_xml(
+                "AuthorizationHeaderMalformed",
+                f"The authorization header is malformed; the region '{m.group(1)}' is wrong; "
+                f"expecting '{region}'",
+            ).replace(b"</Error>", f"<Region>{region}</Region></Error>".encode())
+            self._respond(400, body, extra, head=method == "HEAD")
+        return True
 
     def _list(self, bucket: str, objects: Mapping[str, _Object], query: dict[str, str]) -> bytes:
         prefix = query.get("prefix", "")
@@ -437,6 +480,11 @@ class _Protocol(asyncio.Protocol):
             st._tokens, st._refilled = st.burst, asyncio.get_running_loop().time()
             st.rng = random.Random(int(cfg.get("seed", 0)))
             st.faults_by_key.clear()
+            self._respond(200, b"{}")
+        elif path == "/_control/region" and method == "POST":
+            cfg = json.loads(body or b"{}")
+            st.regions[str(cfg["bucket"])] = str(cfg["region"])
+            st.region_answer = str(cfg.get("answer", "redirect"))
             self._respond(200, b"{}")
         elif path == "/_control/stats":
             out = {

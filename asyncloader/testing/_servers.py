@@ -293,6 +293,18 @@ class S3TestServer(_Subprocess):
             context=self._context,
         )
 
+    def set_region(self, bucket: str, region: str, *, answer: str = "redirect") -> None:
+        """Put ``bucket`` in ``region``: requests signed for another are answered as S3
+        answers them, ``answer="redirect"`` (301 PermanentRedirect) or ``"malformed"``
+        (400 AuthorizationHeaderMalformed naming the region); counted as ``wrong_region``."""
+        cfg = {"bucket": bucket, "region": region, "answer": answer}
+        _http(
+            "POST",
+            f"{self.endpoint}/_control/region",
+            json.dumps(cfg).encode(),
+            context=self._context,
+        )
+
     def stats(self) -> dict[str, Any]:
         """Request counters: ``counters`` (get, head, list, fault_*) and ``gets_by_key``."""
         out: dict[str, Any] = json.loads(
