@@ -185,3 +185,29 @@ def test_on_aws_the_store_moves_to_the_buckets_regional_endpoint() -> None:
     host, base, region, retired = run(moved())
     assert (host, region, retired) == ("b.s3.eu-west-1.amazonaws.com", "eu-west-1", 1)
     assert base == "https://b.s3.eu-west-1.amazonaws.com"
+
+
+def test_a_requester_pays_bucket_is_read_with_requester_pays(light_server: S3TestServer) -> None:
+    light_server.set_requester_pays("b")
+    opts = {"endpoint_url": light_server.endpoint}
+
+    async def without() -> None:
+        store = S3Store("b", "train/", **opts)  # type: ignore[arg-type]
+        try:
+            await store.stat("x.jpg")
+        finally:
+            await store.close()
+
+    with pytest.raises(al.AccessDenied):  # without: refused, as S3 refuses it
+        run(without())
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=32,
+        decode_workers=2,
+        store_options={**opts, "requester_pays": True},
+    ) as loader:
+        n = sum(len(images) for images, _ in loader)
+    assert n == N_IMAGES
+    assert light_server.stats()["counters"]["payer_refused"] == 1  # only the one without
+    with pytest.raises(ValueError, match="needs credentials"):
+        S3Store("b", anonymous=True, requester_pays=True)

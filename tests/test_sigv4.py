@@ -22,17 +22,25 @@ keys = st.text(
 
 @settings(max_examples=60, deadline=None)
 @given(
-    key=keys, token=st.one_of(st.none(), st.text(min_size=1, max_size=30).filter(str.isprintable))
+    key=keys,
+    token=st.one_of(st.none(), st.text(min_size=1, max_size=30).filter(str.isprintable)),
+    payer=st.booleans(),
 )
-def test_signature_matches_botocore(key: str, token: str | None) -> None:
+def test_signature_matches_botocore(key: str, token: str | None, payer: bool) -> None:
     host = "s3.eu-west-1.amazonaws.com"
     path = "/bucket/" + uri_encode_path(key)
     req = AWSRequest("GET", f"https://{host}{path}")
+    if payer:  # boto3's RequestPayer="requester"
+        req.headers["x-amz-request-payer"] = "requester"
     S3SigV4Auth(Credentials("AKIDEXAMPLE", "s3cr3t/KEY+x", token), "s3", "eu-west-1").add_auth(req)
     now = calendar.timegm(time.strptime(req.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
-    signer = SigV4Signer(FrozenCredentials("AKIDEXAMPLE", "s3cr3t/KEY+x", token), "eu-west-1")
+    creds = FrozenCredentials("AKIDEXAMPLE", "s3cr3t/KEY+x", token)
+    signer = SigV4Signer(creds, "eu-west-1", request_payer=payer)
     ours = signer.sign("GET", host, path, now=now, payload_hash=EMPTY)
     assert ours["Authorization"] == req.headers["Authorization"]
+    assert ours.get("x-amz-request-payer") == ("requester" if payer else None)
+    # Moving to another region keeps the rest.
+    assert signer.in_region("us-west-2").request_payer is payer
 
 
 def test_repr_hides_secrets() -> None:

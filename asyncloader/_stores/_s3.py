@@ -141,6 +141,9 @@ class S3Store(RangedListing):
         list_concurrency: Sub-folders listed at once.
         ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's (a
             private endpoint's own CA).  Default: ``AWS_CA_BUNDLE``, as the AWS tools.
+        requester_pays: Read a requester-pays bucket, the requests billed to this account
+            (every request carries ``x-amz-request-payer: requester``, signed; boto3's
+            ``RequestPayer="requester"``).  Needs credentials.
     """
 
     def __init__(
@@ -157,11 +160,15 @@ class S3Store(RangedListing):
         http_client: str = "lean",
         list_concurrency: int = 32,
         ca_bundle: str | None = None,
+        requester_pays: bool = False,
     ) -> None:
         if http_client not in ("lean", "aiohttp"):
             raise ValueError(f"http_client must be 'lean' or 'aiohttp', not {http_client!r}")
         if not bucket:
             raise ValueError("an S3 URL needs a bucket: s3://bucket/prefix/")
+        if requester_pays and anonymous:
+            raise ValueError("requester_pays bills the requester: it needs credentials")
+        self._requester_pays = requester_pays
         self.bucket = bucket
         self.prefix = prefix
         self._endpoint_url = endpoint_url
@@ -252,7 +259,9 @@ class S3Store(RangedListing):
             self._botocore_creds = creds
             if self._botocore_creds is None:
                 raise AccessDenied(f"no AWS credentials found for {self.url}")
-            self._signer = SigV4Signer(await self._frozen(), region)
+            self._signer = SigV4Signer(
+                await self._frozen(), region, request_payer=self._requester_pays
+            )
             self._creds_checked = time.monotonic()
         self._open_clients()
 

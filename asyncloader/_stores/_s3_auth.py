@@ -44,12 +44,21 @@ def _hmac(key: bytes, msg: str) -> bytes:
 class SigV4Signer:
     """Signs GET/HEAD requests for one service and region with a cached signing key."""
 
-    __slots__ = ("_creds", "_date_cache", "_key_cache", "region", "service")
+    __slots__ = ("_creds", "_date_cache", "_key_cache", "region", "request_payer", "service")
 
-    def __init__(self, creds: FrozenCredentials, region: str, service: str = "s3") -> None:
+    def __init__(
+        self,
+        creds: FrozenCredentials,
+        region: str,
+        service: str = "s3",
+        *,
+        request_payer: bool = False,
+    ) -> None:
         self._creds = creds
         self.region = region
         self.service = service
+        # Requester pays: every request says so (``x-amz-request-payer: requester``, signed).
+        self.request_payer = request_payer
         self._key_cache: tuple[str, bytes] = ("", b"")
         self._date_cache: tuple[int, str] = (-1, "")
 
@@ -58,7 +67,7 @@ class SigV4Signer:
 
     def in_region(self, region: str) -> SigV4Signer:
         """A signer with the same credentials for ``region``."""
-        return SigV4Signer(self._creds, region, self.service)
+        return SigV4Signer(self._creds, region, self.service, request_payer=self.request_payer)
 
     def set_credentials(self, creds: FrozenCredentials) -> None:
         if creds != self._creds:
@@ -105,19 +114,19 @@ class SigV4Signer:
         amz_date = self._amz_date(now)
         day = amz_date[:8]
         token = self._creds.token
+        # Signed headers in name order: host, x-amz-content-sha256, x-amz-date, then
+        # x-amz-request-payer and x-amz-security-token where sent.
+        canonical_headers = (
+            f"host:{host}\nx-amz-content-sha256:{payload_hash}\nx-amz-date:{amz_date}\n"
+        )
+        signed = "host;x-amz-content-sha256;x-amz-date"
+        if self.request_payer:
+            canonical_headers += "x-amz-request-payer:requester\n"
+            signed += ";x-amz-request-payer"
         if token:
             # Canonical header values are trimmed, inner runs of spaces collapsed (SigV4).
-            canonical_token = " ".join(token.split())
-            canonical_headers = (
-                f"host:{host}\nx-amz-content-sha256:{payload_hash}\n"
-                f"x-amz-date:{amz_date}\nx-amz-security-token:{canonical_token}\n"
-            )
-            signed = "host;x-amz-content-sha256;x-amz-date;x-amz-security-token"
-        else:
-            canonical_headers = (
-                f"host:{host}\nx-amz-content-sha256:{payload_hash}\nx-amz-date:{amz_date}\n"
-            )
-            signed = "host;x-amz-content-sha256;x-amz-date"
+            canonical_headers += f"x-amz-security-token:{' '.join(token.split())}\n"
+            signed += ";x-amz-security-token"
         canonical = (
             f"{method}\n{encoded_path}\n{query}\n{canonical_headers}\n{signed}\n{payload_hash}"
         )
@@ -135,6 +144,8 @@ class SigV4Signer:
                 f"SignedHeaders={signed}, Signature={signature}"
             ),
         }
+        if self.request_payer:
+            headers["x-amz-request-payer"] = "requester"
         if token:
             headers["x-amz-security-token"] = token
         return headers

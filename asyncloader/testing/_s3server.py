@@ -20,11 +20,13 @@ It injects, per request to an object:
   sends it; listing pages get this one too) and ``stall_body`` (headers and half the body
   are sent, the rest ``stall_seconds`` later).
 
-A bucket can be put in a region (``POST /_control/region``): a request signed for another
+A bucket can be put in a region (``POST /_control/bucket``): a request signed for another
 region is answered as S3 answers it — ``301 PermanentRedirect`` (``answer="redirect"``, what
 an endpoint of the wrong region says) or ``400 AuthorizationHeaderMalformed`` naming the
 ``<Region>`` (``answer="malformed"``), with ``x-amz-bucket-region`` either way and no body to
-a HEAD.  Only the credential scope of the ``Authorization`` header is read.
+a HEAD.  Only the credential scope of the ``Authorization`` header is read.  A bucket can
+also be requester-pays: a request without ``x-amz-request-payer: requester`` is refused
+(403 AccessDenied), as S3 refuses it.
 
 A bucket can also be synthetic (``--synthetic N``): N keys over one body, with sizes and
 ETags, for listing a million keys without holding a million bodies.
@@ -122,6 +124,7 @@ class _State:
     sorted_keys: dict[str, list[str]] = field(default_factory=dict)  # bucket → keys, in order
     regions: dict[str, str] = field(default_factory=dict)  # bucket → region (else any)
     region_answer: str = "redirect"  # or "malformed": how a wrong region is answered
+    requester_pays: set[str] = field(default_factory=set)  # buckets that bill the requester
     rate_limit: float = 0.0  # object requests per second before 503 SlowDown (0: none)
     burst: float = 0.0  # the token bucket's size
     _tokens: float = 0.0
@@ -313,6 +316,10 @@ class _Protocol(asyncio.Protocol):
             bucket, _, key = path.lstrip("/").partition("/")
         if self._wrong_region(bucket, method, headers):
             return
+        if bucket in st.requester_pays and headers.get("x-amz-request-payer") != "requester":
+            st.counters["payer_refused"] += 1
+            self._respond(403, _error_xml("AccessDenied", "Access Denied"), head=method == "HEAD")
+            return
         objects = st.buckets.get(bucket)
         if not key:
             if method == "PUT":
@@ -481,10 +488,14 @@ class _Protocol(asyncio.Protocol):
             st.rng = random.Random(int(cfg.get("seed", 0)))
             st.faults_by_key.clear()
             self._respond(200, b"{}")
-        elif path == "/_control/region" and method == "POST":
+        elif path == "/_control/bucket" and method == "POST":
             cfg = json.loads(body or b"{}")
-            st.regions[str(cfg["bucket"])] = str(cfg["region"])
-            st.region_answer = str(cfg.get("answer", "redirect"))
+            name = str(cfg["bucket"])
+            if "region" in cfg:
+                st.regions[name] = str(cfg["region"])
+                st.region_answer = str(cfg.get("answer", "redirect"))
+            if cfg.get("requester_pays"):
+                st.requester_pays.add(name)
             self._respond(200, b"{}")
         elif path == "/_control/stats":
             out = {

@@ -297,13 +297,16 @@ class S3TestServer(_Subprocess):
         """Put ``bucket`` in ``region``: requests signed for another are answered as S3
         answers them, ``answer="redirect"`` (301 PermanentRedirect) or ``"malformed"``
         (400 AuthorizationHeaderMalformed naming the region); counted as ``wrong_region``."""
-        cfg = {"bucket": bucket, "region": region, "answer": answer}
-        _http(
-            "POST",
-            f"{self.endpoint}/_control/region",
-            json.dumps(cfg).encode(),
-            context=self._context,
-        )
+        self._bucket_control({"bucket": bucket, "region": region, "answer": answer})
+
+    def set_requester_pays(self, bucket: str) -> None:
+        """Make ``bucket`` requester-pays: requests without ``x-amz-request-payer:
+        requester`` are refused (403 AccessDenied), counted as ``payer_refused``."""
+        self._bucket_control({"bucket": bucket, "requester_pays": True})
+
+    def _bucket_control(self, cfg: dict[str, Any]) -> None:
+        body = json.dumps(cfg).encode()
+        _http("POST", f"{self.endpoint}/_control/bucket", body, context=self._context)
 
     def stats(self) -> dict[str, Any]:
         """Request counters: ``counters`` (get, head, list, fault_*) and ``gets_by_key``."""
