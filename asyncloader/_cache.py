@@ -15,8 +15,9 @@
   its entries, so nothing is ever rewritten.  A pack holds ``size_limit / 16`` at most.
 * Several processes (loaders, DDP ranks, ``asyncloader warm``) share one directory safely.
 * The object list of a prefix is kept beside it, so a million objects are not listed again on
-  every start.  Layout: ``DIR/objects/`` (diskcache's own folder: the index, and the value
-  files of entries written before packs), ``DIR/packs/`` and ``DIR/listings/``.
+  every start (:mod:`._saved_listing`).  Layout: ``DIR/objects/`` (diskcache's own folder:
+  the index, and the value files of entries written before packs), ``DIR/packs/`` and
+  ``DIR/listings/``.
 
 :class:`ObjectCache` is a small picklable handle: each process (and thread) opens its own
 connection lazily, so it travels to decode worker processes as a few strings and numbers.
@@ -26,12 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import re
 import threading
 import time
-import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,15 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
 from ._objects import ObjectList
+from ._saved_listing import ListingTurn, listing_path, load_listing, save_listing
 from ._types import CachedAt, ObjectInfo
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover (not POSIX)
-    fcntl = None  # type: ignore[assignment]
 try:  # zlib's CRC-32 by carry-less multiplication: 8 µs per 110 KB here, zlib's 26-39
     from . import _crc  # type: ignore[attr-defined]
 except ImportError:  # built without a C compiler
@@ -57,7 +51,6 @@ _crc32: Callable[..., int] = _crc.crc32 if _crc is not None and _crc.FAST else z
 __all__ = [
     "CacheStats",
     "IndexThread",
-    "ListingTurn",
     "ObjectCache",
     "parse_size",
 ]
@@ -489,49 +482,25 @@ class ObjectCache:
                 _remove(str(path))
         return count
 
-    # --- listings -----------------------------------------------------------------------
-
-    def _listing_path(self, url: str) -> Path:
-        digest = hashlib.sha256(url.encode()).hexdigest()[:32]
-        return Path(self.directory) / "listings" / f"{digest}.npz"
+    # --- beside the cached objects (see ._saved_listing) --------------------------------
 
     def save_listing(self, url: str, objects: Sequence[ObjectInfo]) -> None:
-        """Keep the object list of ``url`` next to the cache (written atomically): its
-        arrays (see :class:`ObjectList`), read back in milliseconds for a million keys."""
-        path = self._listing_path(url)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        doc: dict[str, Any] = {
-            "url": np.frombuffer(url.encode(), np.uint8),
-            "time": np.array(time.time()),
-            **ObjectList.of(objects).arrays(),
-        }
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, **doc)
-        os.replace(tmp, path)
-
-    def budget_path(self, url: str) -> Path:
-        """The file through which the loaders of this node reading ``url`` share one
-        in-flight budget (see :class:`asyncloader._budget.NodeShare`)."""
-        return self._listing_path(url).with_suffix(".budget")
-
-    def listing_turn(self, url: str) -> ListingTurn:
-        """The node-wide lock on listing ``url`` (see :class:`ListingTurn`)."""
-        return ListingTurn(self._listing_path(url).with_suffix(".lock"))
+        """Keep the object list of ``url`` next to the cache (written atomically)."""
+        save_listing(listing_path(self.directory, url), url, objects)
 
     def load_listing(self, url: str, max_age: float) -> ObjectList | None:
         """The saved object list of ``url`` if younger than ``max_age`` [seconds], else None
         (also when the file is damaged: the prefix is listed again)."""
-        path = self._listing_path(url)
-        try:
-            with np.load(path, allow_pickle=False) as doc:
-                if doc["url"].tobytes() != url.encode():
-                    return None
-                if time.time() - float(doc["time"]) > max_age:
-                    return None
-                return ObjectList.from_arrays(doc)
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-            return None
+        return load_listing(listing_path(self.directory, url), url, max_age)
+
+    def listing_turn(self, url: str) -> ListingTurn:
+        """The node-wide lock on listing ``url`` (see :class:`ListingTurn`)."""
+        return ListingTurn(listing_path(self.directory, url).with_suffix(".lock"))
+
+    def budget_path(self, url: str) -> Path:
+        """The file through which the loaders of this node reading ``url`` share one
+        in-flight budget (see :class:`asyncloader._budget.NodeShare`)."""
+        return listing_path(self.directory, url).with_suffix(".budget")
 
     def close(self) -> None:
         """Close this thread's handles: its index connection and its open pack file.  A
@@ -586,46 +555,6 @@ class IndexThread:
             self._closed = True
             self._pool.submit(self.cache.close)
             self._pool.shutdown()
-
-
-class ListingTurn:
-    """An exclusive lock on listing one URL into a cache folder, so that the processes of a
-    node that start together (ranks, DataLoader workers) list it once: the first lists and
-    saves, the others wait their turn and read what it saved.
-
-    An advisory ``flock`` on a file beside the saved listing: the kernel drops it when its
-    holder exits, however it exits.  Waiting polls (every 20 ms), so a waiting loader can
-    still be closed.  Without ``fcntl`` (not POSIX) everyone lists, as before.
-    """
-
-    _POLL = 0.02
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._fd: int | None = None
-
-    async def acquire(self) -> None:
-        if fcntl is None:
-            return
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(self._POLL)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-
-    def release(self) -> None:
-        """Idempotent; closing the file drops the lock."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
 
 
 def _where(filename: str | None, tag: Any, mode: int, value: Any) -> CachedAt | None:

@@ -15,12 +15,13 @@ import warnings
 from functools import partial
 
 from ._budget import InflightBudget, NodeShare
-from ._cache import ListingTurn, ObjectCache
+from ._cache import ObjectCache
 from ._config import FetchConfig
 from ._env import usable_cpus
 from ._errors import LengthMismatch, StoreError, Throttled, shown_key
 from ._objects import ObjectList, ObjectListBuilder
 from ._retry import retrying
+from ._saved_listing import ListingTurn
 from ._stats import Counters
 from ._types import Blob, ObjectInfo, ObjectStore
 

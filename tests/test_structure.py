@@ -27,6 +27,7 @@ LEAVES = {
     "_resume",
     "_objects",
     "_own_thread",
+    "_saved_listing",
 }
 RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
 ALLOWED = {

@@ -1,0 +1,106 @@
+"""What a cache folder keeps beside the cached objects about a URL: its object list, saved
+so that a million objects are not listed again on every start, and the node-wide turn to
+list it (:class:`ListingTurn`), so that the processes of a node list it once.
+
+Files go in ``DIR/listings/``, named by a digest of the URL: ``.npz`` (the list), ``.lock``
+(the turn) and ``.budget`` (the node's shared in-flight budget, :mod:`._budget`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import threading
+import time
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._objects import ObjectList
+from ._types import ObjectInfo
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover (not POSIX)
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["ListingTurn", "listing_path", "load_listing", "save_listing"]
+
+
+def listing_path(directory: str | os.PathLike[str], url: str) -> Path:
+    """Where the object list of ``url`` is kept in the cache folder ``directory``."""
+    digest = hashlib.sha256(url.encode()).hexdigest()[:32]
+    return Path(directory) / "listings" / f"{digest}.npz"
+
+
+def save_listing(path: Path, url: str, objects: Sequence[ObjectInfo]) -> None:
+    """Keep the object list of ``url`` at ``path`` (written atomically): its arrays (see
+    :class:`ObjectList`), read back in milliseconds for a million keys."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "url": np.frombuffer(url.encode(), np.uint8),
+        "time": np.array(time.time()),
+        **ObjectList.of(objects).arrays(),
+    }
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **doc)
+    os.replace(tmp, path)
+
+
+def load_listing(path: Path, url: str, max_age: float) -> ObjectList | None:
+    """The object list of ``url`` saved at ``path`` if younger than ``max_age`` [seconds],
+    else None (also when the file is damaged: the prefix is listed again)."""
+    try:
+        with np.load(path, allow_pickle=False) as doc:
+            if doc["url"].tobytes() != url.encode():
+                return None
+            if time.time() - float(doc["time"]) > max_age:
+                return None
+            return ObjectList.from_arrays(doc)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+
+
+class ListingTurn:
+    """An exclusive lock on listing one URL into a cache folder, so that the processes of a
+    node that start together (ranks, DataLoader workers) list it once: the first lists and
+    saves, the others wait their turn and read what it saved.
+
+    An advisory ``flock`` on a file beside the saved listing: the kernel drops it when its
+    holder exits, however it exits.  Waiting polls (every 20 ms), so a waiting loader can
+    still be closed.  Without ``fcntl`` (not POSIX) everyone lists, as before.
+    """
+
+    _POLL = 0.02
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd: int | None = None
+
+    async def acquire(self) -> None:
+        if fcntl is None:
+            return
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(self._POLL)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def release(self) -> None:
+        """Idempotent; closing the file drops the lock."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
