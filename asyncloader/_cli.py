@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asyncloader import AsyncLoaderError
+
 if TYPE_CHECKING:
     from asyncloader import Stats
 
@@ -143,9 +145,43 @@ def _parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _parse_store_option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` → ``(key, value)``: ``true``/``false`` a bool, a number a number, else
+    the text (``region=eu-west-1``, ``requester_pays=true``, ``max_connections=512``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"--store-option wants KEY=VALUE, not {text!r}")
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    return key, value
+
+
 def _store_options(args: argparse.Namespace) -> dict[str, object]:
-    """The store options the command line sets (``--endpoint-url``)."""
-    return {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
+    """The store options the command line sets (``--endpoint-url``, ``--store-option``)."""
+    options: dict[str, object] = dict(args.store_option or [])
+    if args.endpoint_url:
+        options["endpoint_url"] = args.endpoint_url
+    return options
+
+
+def _add_store_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--endpoint-url", default=None, help="an S3-compatible, Azure Blob or GCS endpoint"
+    )
+    command.add_argument(
+        "-o",
+        "--store-option",
+        type=_parse_store_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help="any option of the store (repeatable): region=eu-west-1, requester_pays=true, "
+        "user_project=..., profile=..., anonymous=true, ca_bundle=ca.pem, ...",
+    )
 
 
 def _warm(args: argparse.Namespace) -> int:
@@ -330,9 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SEED",
         help="warm node i/n's subset for shuffle='node' with this seed, not every n-th object",
     )
-    warm.add_argument(
-        "--endpoint-url", default=None, help="an S3-compatible or Azure Blob endpoint"
-    )
+    _add_store_options(warm)
     warm.add_argument("--refresh-listing", action="store_true", help="list the store again")
     warm.add_argument("--all-objects", action="store_true", help="not only image files")
     warm.add_argument(
@@ -346,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     ls.add_argument(
         "--cache-dir", default=None, help="read (and save) the listing saved in this cache"
     )
-    ls.add_argument("--endpoint-url", default=None, help="an S3-compatible or Azure endpoint")
+    _add_store_options(ls)
     ls.add_argument("--refresh-listing", action="store_true", help="list the store again")
     ls.add_argument("--all-objects", action="store_true", help="count every object as a sample")
     ls.add_argument("--json", action="store_true", help="one JSON object, for scripts")
@@ -379,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the cache folder whose disk is measured (a scratch cache inside, removed after)",
     )
     bench.add_argument("--no-disk", action="store_true", help="skip the disk measurement")
-    bench.add_argument("--endpoint-url", default=None, help="an S3-compatible or Azure endpoint")
+    _add_store_options(bench)
     bench.add_argument("--plot", metavar="FILE.png", default=None, help="draw the results")
     bench.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     cache = sub.add_parser("cache", help="inspect, check or empty a cache folder")
@@ -400,7 +434,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except (AsyncLoaderError, ValueError, OSError) as exc:
+        # What the user can fix (a URL, an option, credentials, a bucket, a folder): the
+        # message, not a traceback.  ASYNCLOADER_DEBUG=1 shows the traceback too.
+        if os.environ.get("ASYNCLOADER_DEBUG"):
+            raise
+        print(f"asyncloader {args.command}: {_message(exc)}", file=sys.stderr)
+        return 1
     return 2  # pragma: no cover
+
+
+def _message(exc: BaseException) -> str:
+    """An error as one line per fact: its kind and message, then its notes (the stage, the
+    attempts made)."""
+    lines = [f"{type(exc).__name__}: {exc}", *getattr(exc, "__notes__", [])]
+    return "\n  ".join(lines)
 
 
 if __name__ == "__main__":

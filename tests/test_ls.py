@@ -223,3 +223,42 @@ def test_where_a_manifest_cannot_be_written(light_server: S3TestServer, tmp_path
         al.listing("s3://b/train/", store_options=options)
     )
     assert [p.name for p in target.parent.iterdir()] == ["m.npz"]  # no temporary file left
+
+
+def test_store_options_on_the_command_line_and_errors_without_tracebacks(
+    light_server: S3TestServer,
+) -> None:
+    light_server.set_requester_pays("b")
+
+    def ls(*extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "asyncloader", "ls", "s3://b/train/", "--json"]
+        cmd += ["--endpoint-url", light_server.endpoint, *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    ok = ls("-o", "requester_pays=true", "--store-option", "read_timeout=30")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["samples"] == N_IMAGES
+    # What the user can fix is one message and exit status 1, not a traceback.
+    refused = ls()
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("asyncloader ls: AccessDenied: access denied to s3://b/")
+    assert "Traceback" not in refused.stderr
+    unknown = ls("-o", "requester_pay=true")
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
+    assert "unknown store option 'requester_pay' for s3:// (S3Store takes" in unknown.stderr
+    assert "requester_pays" in unknown.stderr
+
+
+def test_store_option_values_and_unknown_options() -> None:
+    from asyncloader._cli import _parse_store_option
+
+    assert _parse_store_option("requester_pays=true") == ("requester_pays", True)
+    assert _parse_store_option("anonymous=False") == ("anonymous", False)
+    assert _parse_store_option("max_connections=512") == ("max_connections", 512)
+    assert _parse_store_option("read_timeout=2.5") == ("read_timeout", 2.5)
+    assert _parse_store_option("region=eu-west-1") == ("region", "eu-west-1")
+    assert _parse_store_option("sas_token=sv=1&sig=a=") == ("sas_token", "sv=1&sig=a=")
+    with pytest.raises(ValueError, match=r"LocalStore takes no options"):
+        al.ImageLoader("/tmp/", store_options={"region": "x"})
+    with pytest.raises(ValueError, match=r"unknown store option 'regoin' for gs://"):
+        al.listing("gs://b/x/", store_options={"regoin": "x"})

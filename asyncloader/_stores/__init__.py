@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
@@ -80,13 +81,39 @@ def service_of(url: str) -> str:
     )
 
 
+_BACKENDS: dict[str, type] = {
+    "s3": S3Store,
+    "gs": GCSStore,
+    "az": AzureStore,
+    "http": HttpStore,
+    "file": LocalStore,
+}
+
+
+def _check_options(service: str, options: dict[str, Any]) -> None:
+    """Refuse an option the backend does not take, naming those it does (a misspelled
+    option is a clear error, not a TypeError from deep inside)."""
+    backend = _BACKENDS[service]
+    params = inspect.signature(backend).parameters.values()
+    known = sorted(p.name for p in params if p.kind is p.KEYWORD_ONLY)  # the URL sets the rest
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        takes = f"takes {', '.join(known)}" if known else "takes no options"
+        raise ValueError(
+            f"unknown store option{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(repr, unknown))} for {service}:// ({backend.__name__} {takes})"
+        )
+
+
 def open_store(url: str, **options: Any) -> ObjectStore:
     """Return the store for ``url``; ``options`` go to the backend's constructor.
 
     Raises:
-        ValueError: an unknown scheme, or a URL without its bucket/container.
+        ValueError: an unknown scheme, a URL without its bucket/container, or an option
+            the backend does not take.
     """
     service = service_of(url)
+    _check_options(service, options)
     if service == "s3":
         bucket, prefix = parse_s3_url(url)
         if prefix and not prefix.endswith("/"):
