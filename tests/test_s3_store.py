@@ -211,3 +211,48 @@ def test_a_requester_pays_bucket_is_read_with_requester_pays(light_server: S3Tes
     assert light_server.stats()["counters"]["payer_refused"] == 1  # only the one without
     with pytest.raises(ValueError, match="needs credentials"):
         S3Store("b", anonymous=True, requester_pays=True)
+
+
+@pytest.mark.parametrize(
+    ("env", "bucket", "base"),
+    [
+        ({}, "b", "https://b.s3.us-east-1.amazonaws.com"),
+        ({}, "my.data", "https://s3.us-east-1.amazonaws.com/my.data"),
+        ({"AWS_USE_FIPS_ENDPOINT": "true"}, "b", "https://b.s3-fips.us-east-1.amazonaws.com"),
+        (
+            {"AWS_USE_FIPS_ENDPOINT": "true"},
+            "my.data",
+            "https://s3-fips.us-east-1.amazonaws.com/my.data",
+        ),
+        (
+            {"AWS_USE_DUALSTACK_ENDPOINT": "true"},
+            "b",
+            "https://b.s3.dualstack.us-east-1.amazonaws.com",
+        ),
+        (
+            {"AWS_USE_FIPS_ENDPOINT": "true", "AWS_USE_DUALSTACK_ENDPOINT": "true"},
+            "b",
+            "https://b.s3-fips.dualstack.us-east-1.amazonaws.com",
+        ),
+        ({"AWS_USE_FIPS_ENDPOINT": "false"}, "b", "https://b.s3.us-east-1.amazonaws.com"),
+        ({"AWS_DEFAULT_REGION": "cn-north-1"}, "b", "https://b.s3.cn-north-1.amazonaws.com.cn"),
+        ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}, "b", "http://127.0.0.1:9000/b"),
+    ],
+)
+def test_aws_endpoints_as_the_aws_tools_resolve_them(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], bucket: str, base: str
+) -> None:
+    # FIPS and dual-stack settings are kept (a FIPS-bound account must never reach a plain
+    # endpoint), as botocore's own resolution gives them.  Nothing is sent.
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    async def resolved() -> str:
+        store = S3Store(bucket, "train/")
+        try:
+            await store._ensure()
+            return store._base + store._base_path
+        finally:
+            await store.close()
+
+    assert run(resolved()) == base

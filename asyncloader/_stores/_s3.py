@@ -240,18 +240,24 @@ class S3Store(RangedListing):
         meta = self._client.meta
         region = self._signing_region = meta.region_name or "us-east-1"
         endpoint = URL(meta.endpoint_url)
-        if (
-            self._endpoint_url is None
-            and endpoint.host
-            and endpoint.host.endswith("amazonaws.com")
-            and "." not in self.bucket
-        ):
-            # Virtual-hosted style, as AWS prefers.
-            self._host = f"{self.bucket}.s3.{region}.amazonaws.com"
+        host = endpoint.host or ""
+        if self._endpoint_url is None and host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
+            # AWS itself: the regional endpoint, FIPS and dual-stack as configured
+            # (AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT, or the profile's).
+            aws = _aws_host(
+                region,
+                fips=bool(session.get_config_variable("use_fips_endpoint")),
+                dualstack=bool(session.get_config_variable("use_dualstack_endpoint")),
+            )
+            if "." not in self.bucket:  # virtual-hosted style, as AWS prefers
+                self._host = f"{self.bucket}.{aws}"
+                self._base_path = ""
+            else:  # a dotted name would not match the wildcard certificate
+                self._host = aws
+                self._base_path = "/" + uri_encode_path(self.bucket)
             self._base = f"https://{self._host}"
-            self._base_path = ""
         else:
-            # Path style for custom endpoints and dotted bucket names.
+            # Path style for custom endpoints.
             self._host = endpoint.raw_authority
             self._base = f"{endpoint.scheme}://{self._host}"
             self._base_path = "/" + uri_encode_path(self.bucket)
@@ -468,12 +474,19 @@ class S3Store(RangedListing):
             await stack.aclose()
 
 
+def _aws_host(region: str, *, fips: bool, dualstack: bool) -> str:
+    """S3's endpoint in ``region`` (``s3.eu-west-1.amazonaws.com``; ``s3-fips.`` and
+    ``.dualstack.`` as asked; ``.amazonaws.com.cn`` in the China regions)."""
+    suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    return f"s3{'-fips' if fips else ''}{'.dualstack' if dualstack else ''}.{region}.{suffix}"
+
+
 def _aws_host_in(host: str, old: str, region: str) -> str:
     """``host``, an endpoint of AWS's in region ``old``, as the same endpoint in ``region``
     (``b.s3.us-east-1.amazonaws.com`` → ``b.s3.eu-west-1.amazonaws.com``; the global
     ``s3.amazonaws.com`` too); any other host as it is: an S3-compatible service keeps its
     address, and only the signing region moves."""
-    if not host.endswith(".amazonaws.com"):
+    if not host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
         return host
     labels = host.split(".")
     if old in labels:
