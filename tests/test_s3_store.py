@@ -158,6 +158,18 @@ def test_an_answer_that_names_no_region_is_a_clear_error() -> None:
             "eu-north-1",
             "s3.dualstack.eu-north-1.amazonaws.com",
         ),
+        (
+            "b.s3-fips.us-east-1.amazonaws.com",
+            "us-east-1",
+            "us-west-2",
+            "b.s3-fips.us-west-2.amazonaws.com",
+        ),
+        (
+            "b.s3.cn-north-1.amazonaws.com.cn",
+            "cn-north-1",
+            "cn-northwest-1",
+            "b.s3.cn-northwest-1.amazonaws.com.cn",
+        ),
         ("minio.local:9000", "us-east-1", "eu-west-1", "minio.local:9000"),
         ("127.0.0.1:8000", "us-east-1", "eu-west-1", "127.0.0.1:8000"),
     ],
