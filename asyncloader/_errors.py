@@ -97,8 +97,10 @@ class StoreError(AsyncLoaderError):
         self.status = status
 
     def __reduce__(self) -> tuple[object, ...]:
-        # Keep key/status across pickling (errors travel back from worker processes).
-        return (_rebuild_store_error, (type(self), str(self), self.key, self.status))
+        # Keep key/status, and what subclasses add, across pickling (errors travel back
+        # from worker processes).
+        rebuild = (type(self), str(self), self.key, self.status)
+        return (_rebuild_store_error, rebuild, dict(self.__dict__))
 
 
 def _rebuild_store_error(
@@ -123,15 +125,6 @@ class WrongRegion(StoreError):
         super().__init__(message, key=key, status=status)
         self.region = region
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_wrong_region, (str(self), self.key, self.status, self.region))
-
-
-def _rebuild_wrong_region(
-    message: str, key: str | None, status: int | None, region: str
-) -> WrongRegion:
-    return WrongRegion(message, key=key, status=status, region=region)
-
 
 class ObjectNotFound(StoreError):
     """The object (or bucket/container) does not exist."""
@@ -142,7 +135,23 @@ class AccessDenied(StoreError):
 
 
 class Throttled(StoreError):
-    """The store asked us to slow down (503 SlowDown, 429); raised once retries ran out."""
+    """The store asked us to slow down (503 SlowDown, 429); raised once retries ran out.
+
+    Attributes:
+        retry_after: The wait the answer asked for (``Retry-After``, Azure's
+            ``x-ms-retry-after-ms``) [seconds], or None.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ):
+        super().__init__(message, key=key, status=status)
+        self.retry_after = retry_after
 
 
 class TransientStoreError(StoreError):

@@ -38,7 +38,8 @@ async def retrying(
 
     Between tries it sleeps a uniform delay below ``config.backoff(n)`` (exponential backoff
     with full jitter), outside whatever ``attempt`` holds (an in-flight slot is released
-    while waiting).  ``on_retry`` is told of each error that is retried.
+    while waiting); at least what a throttled answer asked for (``Retry-After``), up to
+    ``config.backoff_cap``.  ``on_retry`` is told of each error that is retried.
 
     Raises:
         The last error, with a note saying how many attempts were made, once they ran out;
@@ -56,4 +57,8 @@ async def retrying(
                 raise
             if on_retry is not None:
                 on_retry(exc)
-            await asyncio.sleep(config.backoff(tries) * draw())
+            delay = config.backoff(tries) * draw()
+            asked = exc.retry_after if isinstance(exc, Throttled) else None
+            if asked is not None:
+                delay = max(delay, min(asked, config.backoff_cap))
+            await asyncio.sleep(delay)

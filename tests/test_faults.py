@@ -4,6 +4,7 @@ answers cut short."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -132,3 +133,86 @@ def test_latency_is_hidden_by_requests_in_flight(light_server: S3TestServer) -> 
         sum(len(images) for images, _ in loader)
         # Not a speed assertion: the requests really overlapped.
         assert loader.stats().inflight_peak > 16
+
+
+# --- Retry-After -----------------------------------------------------------------------------
+
+
+def test_retry_after_names_its_wait_in_every_form() -> None:
+    from email.utils import formatdate
+
+    from asyncloader._stores._http import retry_after
+
+    assert retry_after({"retry-after": "2"}) == 2.0
+    assert retry_after({"retry-after": "0.5"}) == 0.5
+    assert retry_after({"x-ms-retry-after-ms": "250"}) == 0.25
+    assert retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5  # the finer one
+    later = retry_after({"retry-after": formatdate(time.time() + 30, usegmt=True)})
+    assert later is not None and 25 < later <= 30
+    assert retry_after({"retry-after": formatdate(time.time() - 30, usegmt=True)}) == 0.0
+    assert retry_after({}) is None
+    assert retry_after({"retry-after": "soon"}) is None
+
+
+def test_a_throttled_retry_waits_what_the_answer_asked_up_to_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from asyncloader import _retry
+
+    waits: list[float] = []
+
+    async def no_sleep(delay: float) -> None:
+        waits.append(delay)
+
+    # Only the retry loop's own sleeps (its module's name for asyncio).
+    monkeypatch.setattr(_retry, "asyncio", SimpleNamespace(sleep=no_sleep))
+    answers = iter([2.0, 60.0, None])
+
+    async def attempt() -> str:
+        asked = next(answers, "done")
+        if asked == "done":
+            return "ok"
+        raise al.Throttled("busy", retry_after=asked)  # type: ignore[arg-type]
+
+    config = al.FetchConfig(backoff_base=0.001, backoff_cap=5.0)
+    assert asyncio.run(_retry.retrying(attempt, config)) == "ok"
+    assert waits[0] >= 2.0  # at least what was asked
+    assert waits[1] == 5.0  # ... up to the cap
+    assert waits[2] <= 0.004  # nothing asked: the jittered backoff alone
+
+
+@pytest.mark.parametrize("http_client", ["lean", "aiohttp"])
+def test_retry_after_of_a_real_answer_reaches_the_retry(
+    light_server: S3TestServer, monkeypatch: pytest.MonkeyPatch, http_client: str
+) -> None:
+    import asyncio
+
+    from asyncloader import S3Store, _retry
+    from asyncloader.testing import FaultProxy
+
+    waits: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recorded(delay: float) -> None:
+        waits.append(delay)
+        await sleep(0)
+
+    monkeypatch.setattr(_retry, "asyncio", SimpleNamespace(sleep=recorded))
+    key = sorted(light_server.stats()["keys"])[0]
+    with FaultProxy(light_server.endpoint) as proxy:
+        proxy.fail_next(1, status=503, code="ServerBusy", headers={"Retry-After": "3"})
+        proxy.fail_next(
+            1, status=429, code="TooManyRequests", headers={"x-ms-retry-after-ms": "1200"}
+        )
+
+        async def stat() -> int:
+            store = S3Store("b", endpoint_url=proxy.endpoint, http_client=http_client)
+            try:
+                return (await store.stat(key)).size
+            finally:
+                await store.close()
+
+        assert asyncio.run(stat()) > 0
+    assert len(waits) == 2 and waits[0] >= 3.0 and waits[1] >= 1.2, waits

@@ -9,10 +9,12 @@ transport exception to :mod:`asyncloader._errors` in one place.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import gc
 import os
 import re
 import ssl
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 from typing import TypeVar
@@ -37,6 +39,7 @@ __all__ = [
     "check_body",
     "open_clients",
     "error_for_status",
+    "retry_after",
     "get_object",
     "send",
     "make_session",
@@ -119,8 +122,35 @@ def range_header(start: int, end: int | None) -> str | None:
     return f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
 
 
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """The wait a throttled answer asks for [seconds]: ``retry-after-ms`` /
+    ``x-ms-retry-after-ms`` (Azure) or ``Retry-After`` in seconds or as an HTTP date; None
+    if it names none (``headers``: lower-case names, or a case-insensitive mapping)."""
+    for name, scale in (("retry-after-ms", 0.001), ("x-ms-retry-after-ms", 0.001)):
+        value = headers.get(name)
+        if value:
+            with contextlib.suppress(ValueError):
+                return max(0.0, float(value) * scale)
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    with contextlib.suppress(TypeError, ValueError, IndexError):
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
 def error_for_status(
-    status: int, body: bytes, *, what: str, key: str | None, code: str = "", region: str = ""
+    status: int,
+    body: bytes,
+    *,
+    what: str,
+    key: str | None,
+    code: str = "",
+    region: str = "",
+    wait: float | None = None,
 ) -> StoreError:
     """Map an HTTP error answer to our error tree; ``what`` names the object for humans.
 
@@ -128,7 +158,8 @@ def error_for_status(
     ``x-ms-error-code``, the only place a HEAD answer has it); else it is read from the
     XML body (``<Code>...</Code>``, S3 and Azure alike).  ``region``: S3's
     ``x-amz-bucket-region`` header, which names the bucket's region when a request went to
-    (or was signed for) another one.
+    (or was signed for) another one.  ``wait``: what a throttled answer asked for
+    (:func:`retry_after`).
     """
     if not code:
         m = _CODE.search(body[:2048])
@@ -166,7 +197,9 @@ def error_for_status(
             f"{what} is shorter than listed (range not satisfiable)", key=key, status=status
         )
     if status in (429, 503) or code in ("SlowDown", "ServerBusy", "TooManyRequests"):
-        return Throttled(f"throttled on {what} ({detail})", key=key, status=status)
+        return Throttled(
+            f"throttled on {what} ({detail})", key=key, status=status, retry_after=wait
+        )
     if status >= 500 or status == 408:
         return TransientStoreError(f"server error on {what} ({detail})", key=key, status=status)
     return StoreError(f"unexpected answer for {what} ({detail})", key=key, status=status)
@@ -201,6 +234,7 @@ async def request(
                     key=key,
                     code=resp.headers.get("x-ms-error-code", ""),
                     region=resp.headers.get("x-amz-bucket-region", ""),
+                    wait=retry_after(resp.headers),
                 )
             return resp.headers, answer
     except StoreError:
@@ -308,6 +342,7 @@ async def _lean_request(
             key=key,
             code=resp.headers.get("x-ms-error-code", ""),
             region=resp.headers.get("x-amz-bucket-region", ""),
+            wait=retry_after(resp.headers),
         )
     return resp
 

@@ -30,6 +30,7 @@ class _Rule:
     status: int
     code: str
     path_contains: str
+    headers: dict[str, str] | None = None
 
 
 class FaultProxy(Equipment):
@@ -105,14 +106,20 @@ class FaultProxy(Equipment):
             self._thread.join(10)
 
     def fail_next(
-        self, count: int, *, status: int = 503, code: str = "SlowDown", path_contains: str = ""
+        self,
+        count: int,
+        *,
+        status: int = 503,
+        code: str = "SlowDown",
+        path_contains: str = "",
+        headers: dict[str, str] | None = None,
     ) -> None:
         """Answer the next ``count`` requests whose decoded target (path and query) contains
-        ``path_contains``
-        with ``status`` and the error ``code`` (S3-style XML body and Azure's
-        ``x-ms-error-code`` header), then close their connections."""
+        ``path_contains`` with ``status`` and the error ``code`` (S3-style XML body and
+        Azure's ``x-ms-error-code`` header) and ``headers`` (``Retry-After``, ...), then
+        close their connections."""
         with self._lock:
-            self._rules.append(_Rule(count, status, code, path_contains))
+            self._rules.append(_Rule(count, status, code, path_contains, headers))
 
     def revoke(self, authorization: str) -> None:
         """Answer 401 to every request that carries this ``Authorization`` value (a token
@@ -178,11 +185,12 @@ class FaultProxy(Equipment):
                         '<?xml version="1.0" encoding="utf-8"?>'
                         f"<Error><Code>{rule.code}</Code><Message>injected</Message></Error>"
                     ).encode()
+                    extra = "".join(f"{k}: {v}\r\n" for k, v in (rule.headers or {}).items())
                     writer.write(
                         f"HTTP/1.1 {rule.status} Injected\r\nContent-Type: application/xml\r\n"
                         f"x-ms-error-code: {rule.code}\r\nContent-Length: {len(xml)}\r\n"
-                        "Connection: close\r\n\r\n".encode()
-                        + xml
+                        f"{extra}Connection: close\r\n\r\n".encode()
+                        + (b"" if lines[0].startswith("HEAD ") else xml)  # a HEAD: no body
                     )
                     await writer.drain()
                     return
