@@ -2,7 +2,7 @@
 protocol's buffer.
 
 asyncio's own TLS (``sslproto``) costs about twice the client CPU of a plain-HTTP GET of
-110 KB; this one, 1.4–2.0 × over several runs (``benchmarks/bench_get_cpu.py``).
+110 KB; this one, 1.4–2.5 × over several runs (``benchmarks/bench_get_cpu.py``).
 """
 
 from __future__ import annotations
