@@ -16,8 +16,9 @@ import hashlib
 import os
 import re
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import aiohttp
@@ -49,6 +50,7 @@ from ._s3_auth import UNSIGNED_PAYLOAD, FrozenCredentials, SigV4Signer, uri_enco
 __all__ = ["S3Store"]
 
 _CRED_REFRESH_SECONDS = 60.0
+T = TypeVar("T")
 
 # A ListObjectsV2 page as S3 (and what speaks its API) writes it, read without building a
 # tree: ElementTree costs ~3 µs a key, these scans ~0.7.
@@ -280,6 +282,15 @@ class S3Store(RangedListing):
             ca_bundle=self._ca_bundle,
         )
 
+    async def _in_bucket_region(self, request: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await request(*args)``, and once more in the bucket's region if S3 answered
+        that it is in another one (see :meth:`_move`)."""
+        try:
+            return await request(*args)
+        except WrongRegion as exc:
+            self._move(exc)
+        return await request(*args)
+
     def _move(self, exc: WrongRegion) -> None:
         """S3 answered that the bucket is in ``exc.region``: sign for that region from now
         on, and on AWS's own endpoints send there too (botocore's redirector does the
@@ -336,13 +347,9 @@ class S3Store(RangedListing):
     async def _control_get(self, params: dict[str, str], *, what: str, key: str) -> Blob:
         """A signed GET of the bucket with query ``params`` (a listing page)."""
         await self._ensure()
-        try:
-            return await self._bucket_get(params, what=what, key=key)
-        except WrongRegion as exc:
-            self._move(exc)
-        return await self._bucket_get(params, what=what, key=key)
+        return await self._in_bucket_region(self._bucket_get, params, what, key)
 
-    async def _bucket_get(self, params: dict[str, str], *, what: str, key: str) -> Blob:
+    async def _bucket_get(self, params: dict[str, str], what: str, key: str) -> Blob:
         query = "&".join(
             f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items())
         )
@@ -372,11 +379,7 @@ class S3Store(RangedListing):
         log the credentials, the ``Authorization`` header and the canonical request at
         DEBUG level."""
         await self._ensure()
-        try:
-            return await self._stat(key)
-        except WrongRegion as exc:
-            self._move(exc)
-        return await self._stat(key)
+        return await self._in_bucket_region(self._stat, key)
 
     async def _stat(self, key: str) -> ObjectInfo:
         full = self.prefix + key
@@ -403,11 +406,7 @@ class S3Store(RangedListing):
     ) -> Blob:
         if self._session is None and self._lean is None:
             await self._ensure()
-        try:
-            return await self._get(key, start, end, etag)
-        except WrongRegion as exc:
-            self._move(exc)
-        return await self._get(key, start, end, etag)
+        return await self._in_bucket_region(self._get, key, start, end, etag)
 
     async def _get(self, key: str, start: int, end: int | None, etag: str) -> Blob:
         path = self._base_path + "/" + uri_encode_path(self.prefix + key)
@@ -452,11 +451,7 @@ class S3Store(RangedListing):
             )
             return ObjectInfo(key, len(data), normalize_etag(answer.get("etag", "")))
 
-        try:
-            return await retrying(once)
-        except WrongRegion as exc:
-            self._move(exc)
-        return await retrying(once)
+        return await self._in_bucket_region(retrying, once)
 
     async def close(self) -> None:
         self._closed = True
