@@ -414,6 +414,14 @@ class ImageLoader:
         return self._backend
 
     @property
+    def device(self) -> torch.device:
+        """Where batches arrive: ``device=`` resolved (``"cuda"`` → this process's GPU,
+        or the CPU where CUDA is not available); the CPU without ``device=``."""
+        import torch
+
+        return self._uploader.spec.device if self._uploader is not None else torch.device("cpu")
+
+    @property
     def classes(self) -> tuple[str, ...]:
         """Class names, index = label (ImageFolder or a manifest with text labels)."""
         return self.dataset.classes

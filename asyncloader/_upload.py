@@ -3,12 +3,14 @@
 A thread drains the loader's batch stream and keeps up to ``depth`` finished batches ahead of
 the training loop:
 
-* **CUDA**: on a dedicated stream, the ring slot (page-locked by registering the ring with the
-  CUDA runtime, or else copied into one of a few pinned staging buffers) is copied with
-  ``non_blocking=True``, then converted uint8 → float and normalised on the GPU.  An event
-  marks the end of the copy: only after it has completed does the slot go back to the ring.
-  A second event marks the batch ready; the consumer's stream waits on it (no host sync) and
-  the tensors are recorded on that stream so the caching allocator does not reuse them early.
+* **CUDA**: the ring slot (page-locked by registering the ring with the CUDA runtime, or
+  else copied into one of a few pinned staging buffers) is copied with ``non_blocking=True``
+  on a dedicated copy stream, then converted uint8 → float and normalised on a second stream
+  that waits on the copy's event, so the next batch's copy runs while this one is converted.
+  The thread never waits for a copy: a releaser thread holds each slot until its copy's
+  event has completed, then lets it go back to the ring.  A second event marks the batch
+  ready; the consumer's stream waits on it (no host sync) and the tensors are recorded on
+  that stream so the caching allocator does not reuse them early.
 * **CPU** (``device="cpu"``, or no GPU): the same conversion with the same arithmetic, so code
   and tests run everywhere and results match the GPU's bit for bit.  Batches are made in
   reused buffers, each written again only once the last reference to the batch made in it
@@ -21,7 +23,8 @@ page-locked: once the copy's event has completed; with staging: once the slot is
 
 Normalisation is ``(x * (1 / (255 * std))) + (-mean / std)`` in float32 — two separate
 element-wise operations, each rounded once, identically on CPU and GPU — then a cast to the
-output dtype.
+output dtype.  Two passes over the batch: the uint8 → float32 widening (exact) happens inside
+the multiplication, the cast inside the addition.
 """
 
 from __future__ import annotations
@@ -166,22 +169,23 @@ class DeviceSpec:
         """uint8 [B,C,H,W] on the target device → the output batch, written into ``out``
         (and, for 16-bit outputs, through the float32 ``scratch``) when given: the same
         element-wise operations on CPU and GPU, so both round identically."""
+        if self.dtype == torch.uint8:
+            if out is None:  # already a copy of its own (on a device): only the layout
+                fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+                return images.contiguous(memory_format=fmt)
+            return out.copy_(images)
         if out is None:
             out = self.empty(images.shape, images.device)
-        if self.dtype == torch.uint8:
-            return out.copy_(images)
         if self.dtype == torch.float32:
             x = out
         elif scratch is not None:
             x = scratch
         else:
             x = torch.empty(images.shape, dtype=torch.float32, device=images.device)
-        x.copy_(images)
-        x.mul_(affine[0])
-        x.add_(affine[1])
-        if x is not out:
-            out.copy_(x)
-        return out
+        # uint8 * float32 computes in float32: the widening is exact, the product rounded
+        # once; the sum is rounded once in float32, then cast to the output's dtype.
+        torch.mul(images, affine[0], out=x)
+        return torch.add(x, affine[1], out=out)
 
 
 # (images uint8 [B,C,H,W] CPU view, labels int64 [B] CPU view, meta): a batch as the loader
@@ -255,6 +259,37 @@ class _OutputPool:
                 self._free.append(buf)
 
 
+class _Releaser:
+    """Holds source batches until their copy's CUDA event has completed, then lets them go
+    (their ring slots return to the ring), from a thread of its own: the uploader queues the
+    next copy at once instead of waiting for this one, so copies run back to back."""
+
+    def __init__(self) -> None:
+        self._held: queue.SimpleQueue[tuple[Any, tuple[object, ...]] | None] = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="asyncloader-releaser", daemon=True)
+        self._thread.start()
+
+    def hold(self, copied: Any, *refs: object) -> None:
+        """Keep ``refs`` until the event ``copied`` has completed."""
+        if self.error is not None:
+            raise self.error
+        self._held.put((copied, refs))
+
+    def _run(self) -> None:
+        while (item := self._held.get()) is not None:
+            try:
+                item[0].synchronize()
+            except BaseException as exc:  # a CUDA error: raised by the uploader's next hold
+                self.error = self.error or exc
+            del item  # the slot goes back now
+
+    def close(self) -> None:
+        """Wait until everything held has been let go."""
+        self._held.put(None)
+        self._thread.join()
+
+
 class Uploader:
     """Keeps ``depth`` converted batches ahead of the consumer, from a thread.
 
@@ -276,7 +311,7 @@ class Uploader:
         self.pin = pin
         self.cuda = spec.device.type == "cuda"
         self._affine: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._stream: Any = None
+        self._streams: tuple[Any, Any] | None = None  # (copy, conversion)
         self._registered: list[int] = []
         self._staging: list[torch.Tensor] = []
         self._staging_events: list[Any] = []
@@ -326,31 +361,42 @@ class Uploader:
     def _convert_cuda(
         self, images: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, Any, Any]:
-        """Queue copy + conversion on the upload stream; return the outputs and the events
-        marking the copy done (the slot is then free) and the batch ready."""
+        """Queue the copy on the copy stream and the conversion on the conversion stream;
+        return the outputs and the events marking the copy done (the slot is then free)
+        and the batch ready."""
         dev = self.spec.device
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
-        stream = self._stream
+        if self._streams is None:
+            self._streams = (
+                torch.cuda.Stream(dev),  # type: ignore[no-untyped-call]
+                torch.cuda.Stream(dev),  # type: ignore[no-untyped-call]
+            )
+        copying, converting = self._streams
         assert self._affine is not None
         staged = self._stage(images) if self.pin == "staging" else None
-        with torch.cuda.stream(stream):
+        # The labels are a few bytes of pageable memory: copied from there, the driver may
+        # wait for the stream's earlier copies.  From pinned memory the copy is queued.
+        labels = labels.pin_memory()
+        with torch.cuda.stream(copying):
             start = None
             if self.timeline is not None:
                 start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                start.record(stream)
+                start.record(copying)
             src = images if staged is None else self._staging[staged][: images.shape[0]]
             d_images = src.to(dev, non_blocking=True)
             d_labels = labels.to(dev, non_blocking=True)
-            copied = torch.cuda.Event(enable_timing=start is not None)  # type: ignore[no-untyped-call]
-            copied.record(stream)
-            if self.timeline is not None:
-                self.timeline.append((start, copied))
-            if staged is not None:
-                self._staging_events[staged] = copied
+            # A blocking event: whoever waits for it (the releaser, staging) sleeps, not spins.
+            copied = torch.cuda.Event(enable_timing=start is not None, blocking=True)  # type: ignore[no-untyped-call]
+            copied.record(copying)
+        if self.timeline is not None:
+            self.timeline.append((start, copied))
+        if staged is not None:
+            self._staging_events[staged] = copied
+        with torch.cuda.stream(converting):
+            converting.wait_event(copied)
+            d_images.record_stream(converting)  # made on the copy stream, read here
             out = self.spec.convert(d_images, self._affine)
             ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            ready.record(stream)
+            ready.record(converting)
         return out, d_labels, copied, ready
 
     def _convert_cpu(self, images: torch.Tensor) -> torch.Tensor:
@@ -413,9 +459,12 @@ class Uploader:
             raise _Stop
 
         def work() -> None:
+            releaser = None
             try:
                 if self.cuda:
                     torch.cuda.set_device(self.spec.device)  # this thread's allocations
+                    if self.pin != "staging":
+                        releaser = _Releaser()
                 while not stop.is_set():
                     try:
                         images, labels, meta = next(source)
@@ -429,8 +478,8 @@ class Uploader:
                     ready = None
                     if self.cuda:
                         out, lab, copied, ready = self._convert_cuda(images, labels)
-                        if self.pin != "staging":
-                            copied.synchronize()  # only now may the slot be refilled
+                        if releaser is not None:  # the slot is refilled once copied
+                            releaser.hold(copied, images, labels)
                     else:
                         out, lab = self._convert_cpu(images), labels.clone()
                     # Let go of the slot now, not when the next one arrives: while this
@@ -447,6 +496,8 @@ class Uploader:
                 with contextlib.suppress(_Stop):
                     put(_Failed(exc))
             finally:
+                if releaser is not None:
+                    releaser.close()
                 close = getattr(source, "close", None)
                 if close is not None:
                     close()

@@ -4,20 +4,25 @@ In one run:
 
 1. **End to end** against our light S3 server (no added latency), each case in a fresh
    process: the loader's plain uint8 CPU batches (``device=None``), normalised float32 on the
-   CPU (``device="cpu"``) and, with a GPU, float16 on it (``device="cuda"``).  Images/s, CPU
-   seconds per image, peak RSS, and the consumer's wait per step while a simulated training
-   step of ``--step-ms`` runs (``time.sleep`` on the CPU; a GPU kernel of that length on CUDA).
+   CPU (``device="cpu"``) and, with a GPU, float16 on it (``device="cuda"``).
+   * *Rate*: images/s and CPU seconds per image with no training step, peak RSS.
+   * *Wait*: then each again with a simulated training step the loader can keep up with
+     (``--keep-up`` × the time the uint8 loader takes per batch; ``time.sleep`` on the
+     CPU, a GPU kernel of that length on CUDA, after which the host reads the result as a
+     loop reading its loss does): the time the training loop waited in ``next()`` per
+     step and, on CUDA, the training stream's idle gap between steps (CUDA events).
 2. **Host-to-device bandwidth** (CUDA only): the uploader alone, fed batch slots from a
    ring in host memory, against a plain pinned ``tensor.to(device, non_blocking=True)`` copy
    of the same bytes in the same run; page-locked ring (``pin="register"``) and pinned
    staging (``pin="staging"``).
 
-Run: ``python benchmarks/bench_upload.py [--images 1500] [--step-ms 50]``.
+Run: ``python benchmarks/bench_upload.py [--images 1500] [--keep-up 1.5]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -30,9 +35,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_loader as bl
 
 
+def _gpu_cycles_per_ms() -> float:
+    """Clock cycles ``torch.cuda._sleep`` spins per millisecond on this GPU."""
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(10_000_000)  # warm-up
+    a.record()
+    torch.cuda._sleep(100_000_000)
+    b.record()
+    b.synchronize()
+    return 100_000_000 / a.elapsed_time(b)
+
+
 def case_loader(
     endpoint: str, device: str, batch: int, workers: int, step_ms: float
 ) -> dict[str, float]:
+    import numpy as np
     import torch
 
     import asyncloader as al
@@ -40,6 +59,8 @@ def case_loader(
     kw: dict[str, Any] = {}
     if device != "none":
         kw = {"device": device, "dtype": "float16" if device == "cuda" else "float32"}
+    cuda = device == "cuda"
+    cycles = int(step_ms * _gpu_cycles_per_ms()) if cuda and step_ms else 0
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=batch,
@@ -50,7 +71,8 @@ def case_loader(
         next(iter(loader))  # start-up out of the figures
         loader.set_epoch(1)
         n = steps = 0
-        waited = 0.0
+        waits: list[float] = []
+        marks: list[tuple[Any, Any]] = []
         t0, c0 = time.perf_counter(), bl._cpu()
         it = iter(loader)
         while True:
@@ -59,24 +81,36 @@ def case_loader(
                 images, _ = next(it)
             except StopIteration:
                 break
-            waited += time.perf_counter() - w0
+            waits.append(time.perf_counter() - w0)
             n += len(images)
             steps += 1
-            if device == "cuda":
-                torch.cuda._sleep(int(step_ms * 1.4e6))  # about step_ms of GPU time
-                images.float().mean().item()  # the step reads the batch
-            else:
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
+                start.record()
+                if cycles:
+                    torch.cuda._sleep(cycles)
+                images.float().mean().item()  # the step reads the batch; the host waits
+                end.record()
+                marks.append((start, end))
+            elif step_ms:
                 time.sleep(step_ms / 1e3)
-        if device == "cuda":
+        if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        return {
+        res = {
             "images": n,
             "wall": wall,
             "cpu": bl._cpu() - c0,
-            "wait_per_step_ms": waited / max(steps, 1) * 1e3,
+            # The typical step's wait (the median), and the mean with the epoch's start.
+            "wait_per_step_ms": float(np.median(waits)) * 1e3 if waits else 0.0,
+            "mean_wait_ms": float(np.mean(waits)) * 1e3 if waits else 0.0,
             "steps": steps,
         }
+        if marks:
+            gaps = [a[1].elapsed_time(b[0]) for a, b in itertools.pairwise(marks)]
+            res["stream_gap_ms"] = float(np.median(gaps)) if gaps else 0.0
+            res["step_ms"] = float(np.median([a.elapsed_time(b) for a, b in marks]))
+        return res
 
 
 def case_h2d(batch: int, batches: int) -> dict[str, float]:
@@ -131,7 +165,13 @@ def main() -> None:
     p.add_argument("--images", type=int, default=1500)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--step-ms", type=float, default=50.0)
+    p.add_argument(
+        "--keep-up",
+        type=float,
+        default=1.5,
+        help="the simulated step, as a multiple of the uint8 loader's time per batch",
+    )
+    p.add_argument("--step-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--h2d-batches", type=int, default=200)
     p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs"))
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
@@ -156,32 +196,43 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     devices = ["none", "cpu"] + (["cuda"] if cuda else [])
     common = ["--batch-size", str(args.batch_size), "--workers", str(args.workers)]
-    common += ["--step-ms", str(args.step_ms)]
-    rows = {}
+    rates: dict[str, dict[str, float]] = {}
+    waits: dict[str, dict[str, float]] = {}
     with S3TestServer(load=folder, bucket="b", prefix="train/") as srv:
         for device in devices:
-            rows[device] = bl.run_case(["loader", srv.endpoint, device, *common], __file__)
-    base = rows["none"]["images"] / rows["none"]["wall"]
-    print(
-        f"\nend to end: {args.images} images, batch {args.batch_size}, {args.workers} decode "
-        f"workers, a {args.step_ms:.0f} ms step per batch"
-    )
+            rates[device] = bl.run_case(["loader", srv.endpoint, device, *common], __file__)
+        per_batch_ms = rates["none"]["wall"] / rates["none"]["steps"] * 1e3
+        step_ms = args.keep_up * per_batch_ms
+        for device in devices:
+            case = ["loader", srv.endpoint, device, *common, "--step-ms", str(step_ms)]
+            waits[device] = bl.run_case(case, __file__)
+    base = rates["none"]["images"] / rates["none"]["wall"]
+    print(f"\nend to end: {args.images} images, batch {args.batch_size}, {args.workers} workers")
     print(
         f"{'delivered':28s} {'img/s':>7s} {'x uint8 CPU':>11s} {'CPU ms/img':>10s} "
-        f"{'wait/step ms':>12s} {'peak MB':>8s}"
+        f"{'peak MB':>8s} {'wait/step ms':>12s} {'(mean)':>7s} {'GPU idle/step ms':>16s}"
     )
     names = {
         "none": "uint8 CPU (device=None)",
         "cpu": "float32 CPU (device='cpu')",
         "cuda": "float16 GPU (device='cuda')",
     }
-    for device, r in rows.items():
+    for device, r in rates.items():
         ips = r["images"] / r["wall"]
         cpu_ms = r["cpu"] / r["images"] * 1e3
+        w = waits[device]
+        gap = f"{w['stream_gap_ms']:16.2f}" if "stream_gap_ms" in w else f"{'':16s}"
         print(
             f"{names[device]:28s} {ips:7.0f} {ips / base:11.2f} {cpu_ms:10.2f} "
-            f"{r['wait_per_step_ms']:12.1f} {r['rss_mb']:8.0f}"
+            f"{max(r['rss_mb'], w['rss_mb']):8.0f} {w['wait_per_step_ms']:12.2f} "
+            f"{w['mean_wait_ms']:7.1f} {gap}"
         )
+    print(
+        f"(img/s and CPU: no training step; waits, median per step (mean), and the GPU's "
+        f"idle gap between steps (median): with a {step_ms:.0f} ms step, "
+        f"{args.keep_up:g} x the uint8 loader's {per_batch_ms:.0f} ms per batch"
+        + (f"; the GPU step measured {waits['cuda']['step_ms']:.0f} ms)" if cuda else ")")
+    )
     if not cuda:
         print("\nno CUDA device here: the GPU rows and the host-to-device figures are skipped")
         return

@@ -4,6 +4,11 @@ With no --url it streams the demo's data from a local moto_server it starts itse
 
     python examples/train_cnn.py --steps 300
     python examples/train_cnn.py --url s3://bucket/train/ --steps 1000 --cache-dir /nvme/c
+    python examples/train_cnn.py --device cuda   # batches arrive on the GPU, normalised
+
+Batches come from the loader already normalised (ImageNet's mean and std), as float32 on
+``--device``: the CPU by default, or the GPU, where they are copied and converted on a
+stream of their own while the previous step runs.
 """
 
 from __future__ import annotations
@@ -18,9 +23,6 @@ from torch import nn
 import asyncloader as al
 from asyncloader.testing import demo_bucket
 
-MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
-STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
-
 
 def small_cnn(classes: int) -> nn.Module:
     def block(i: int, o: int) -> nn.Sequential:
@@ -32,15 +34,14 @@ def small_cnn(classes: int) -> nn.Module:
     )  # fmt: skip
 
 
-def train(loader: al.ImageLoader, steps: int) -> float:
-    model = small_cnn(max(len(loader.classes), 2))
+def train(loader: al.ImageLoader, steps: int, device: str) -> float:
+    model = small_cnn(max(len(loader.classes), 2)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step, epoch, t0, loss = 0, 0, time.perf_counter(), torch.tensor(0.0)
     while step < steps:
         loader.set_epoch(epoch)
         for images, labels in loader:
-            x = (images.float() - MEAN) / STD
-            loss = nn.functional.cross_entropy(model(x), labels)
+            loss = nn.functional.cross_entropy(model(images), labels)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -67,6 +68,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=96, help="training crop [pixels]")
     p.add_argument("--images", type=int, default=2000, help="demo images")
     p.add_argument("--cache-dir")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     args = p.parse_args()
     with contextlib.ExitStack() as stack:
         url, endpoint = args.url, args.endpoint_url
@@ -80,9 +82,10 @@ def main() -> None:
                 transform=al.RandomResizedCrop(args.size),
                 cache_dir=args.cache_dir,
                 store_options=options,
+                device=args.device,
             )
         )
-        train(loader, args.steps)
+        train(loader, args.steps, str(loader.device))
         print(loader.stats().summary())
 
 

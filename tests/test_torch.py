@@ -106,3 +106,39 @@ def test_device_on_the_dataset_and_to_device_after_workers(light_server: S3TestS
     in_workers = ImageDataset("s3://b/train/", device="cpu", **ds.options)
     with pytest.raises(ValueError, match="device= belongs to the training process"):
         list(DataLoader(in_workers, batch_size=None, num_workers=1))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_on_the_dataset_and_to_device_from_pinned_workers(
+    light_server: S3TestServer,
+) -> None:
+    """On a GPU: ``ImageDataset(device="cuda")`` and ``to_device`` over a DataLoader with
+    ``pin_memory=True`` deliver what the CPU path delivers, bit for bit, on the device."""
+    ds = _dataset(light_server)
+    ds.options["shuffle"] = False
+    cpu = ImageDataset("s3://b/train/", device="cpu", dtype="float16", **ds.options)
+    try:
+        expected = [(images.clone(), labels.clone()) for images, labels in cpu]
+    finally:
+        cpu.close()
+    dl = DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=2,
+        pin_memory=True,
+        multiprocessing_context="fork",
+        worker_init_fn=stacks_if_hung,
+    )
+    via_workers = list(to_device(dl, "cuda", dtype="float16"))
+    direct = ImageDataset("s3://b/train/", device="cuda", dtype="float16", **ds.options)
+    try:
+        on_gpu = [(images.clone(), labels.clone()) for images, labels in direct]
+    finally:
+        direct.close()
+    for got in (via_workers, on_gpu):
+        assert len(got) == len(expected)
+        for (a, la), (b, lb) in zip(got, expected, strict=True):
+            assert a.device.type == "cuda" and a.dtype == torch.float16
+            assert torch.equal(la.cpu(), lb)
+            assert torch.equal(a.cpu(), b)
