@@ -73,6 +73,8 @@ def case_loader(
         n = steps = 0
         waits: list[float] = []
         marks: list[tuple[Any, Any]] = []
+        if loader._uploader is not None:
+            loader._uploader.wait_seconds = 0.0
         t0, c0 = time.perf_counter(), bl._cpu()
         it = iter(loader)
         while True:
@@ -106,6 +108,9 @@ def case_loader(
             "mean_wait_ms": float(np.mean(waits)) * 1e3 if waits else 0.0,
             "steps": steps,
         }
+        uploader = loader._uploader
+        if uploader is not None:  # of the wait: time the device queue was empty
+            res["queue_wait_ms"] = uploader.wait_seconds / max(steps, 1) * 1e3
         if marks:
             gaps = [a[1].elapsed_time(b[0]) for a, b in itertools.pairwise(marks)]
             res["stream_gap_ms"] = float(np.median(gaps)) if gaps else 0.0

@@ -265,14 +265,21 @@ static int scaled_run(scaled_job *job) {
         job->unsupported = 1;
         return 1;
     }
-    /* Each component's scaled block size at each scale, as the decoder will choose it. */
-    int sizes[SCALED_MAX][MAX_COMPONENTS];
+    /* Each component's scaled block size (rows, columns) at each scale, as the decoder
+       will choose it.  libjpeg's version 7 API (libjpeg-turbo built for the jpeg8 ABI, as
+       Ubuntu ships it) names the two sizes; version 6b's has one for both. */
+    int rows[SCALED_MAX][MAX_COMPONENTS], cols[SCALED_MAX][MAX_COMPONENTS];
     for (int i = 0; i < job->count; i++) {
         src->scale_num = 1;
         src->scale_denom = (unsigned int)job->scales[i];
         jpeg_calc_output_dimensions(src);
         for (int ci = 0; ci < src->num_components; ci++) {
-            sizes[i][ci] = src->comp_info[ci].DCT_scaled_size;
+#if JPEG_LIB_VERSION >= 70
+            rows[i][ci] = src->comp_info[ci].DCT_v_scaled_size;
+            cols[i][ci] = src->comp_info[ci].DCT_h_scaled_size;
+#else
+            rows[i][ci] = cols[i][ci] = src->comp_info[ci].DCT_scaled_size;
+#endif
         }
     }
     /* Back to full size: the entropy decoder keeps no AC coefficients of a component whose
@@ -287,13 +294,13 @@ static int scaled_run(scaled_job *job) {
     for (int i = 0; i < job->count; i++) {
         for (int ci = 0; ci < src->num_components; ci++) {
             jpeg_component_info *comp = &src->comp_info[ci];
-            int n = sizes[i][ci];
-            if (n >= DCTSIZE) {
+            int nr = rows[i][ci], nc = cols[i][ci];
+            if (nr >= DCTSIZE && nc >= DCTSIZE) {
                 continue;
             }
             JCOEF keep[DCTSIZE2]; /* natural order: row * 8 + column; all ones or zero */
             for (int k = 0; k < DCTSIZE2; k++) {
-                keep[k] = scaled_keeps(n, k / DCTSIZE) && scaled_keeps(n, k % DCTSIZE) ? -1 : 0;
+                keep[k] = scaled_keeps(nr, k / DCTSIZE) && scaled_keeps(nc, k % DCTSIZE) ? -1 : 0;
             }
             for (JDIMENSION row = 0; row < comp->height_in_blocks; row++) {
                 JBLOCKARRAY blocks = (*src->mem->access_virt_barray)(
