@@ -270,8 +270,10 @@ class ObjectCache:
         return data
 
     def _damaged(self, key: str) -> None:
-        self._db().delete(key, retry=True)
-        self._local.damaged = getattr(self._local, "damaged", 0) + 1
+        # Readers that found the entry damaged together all miss; the one that drops it
+        # counts it, so the count is of damaged entries, not of readers.
+        if self._db().delete(key, retry=True):
+            self._local.damaged = getattr(self._local, "damaged", 0) + 1
 
     def read(self, key: str, size: int, where: CachedAt) -> bytes | None:
         """The verified bytes of an entry :meth:`locate` found, read straight from its file

@@ -681,3 +681,46 @@ def test_the_index_thread_asks_in_order_and_closes_its_own_connection(
     ours = [con for name, con in connections if name.startswith("probe-index")]
     assert ours and all(con.closed_explicitly for con in ours)
     cache.close()
+
+
+def test_a_damaged_entry_read_by_several_threads_at_once_counts_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers that find the same damaged entry together (jobs of this epoch and of the
+    next one being prefetched, on a machine with many decode threads) all get a miss, but
+    the entry is one damaged entry: counted by the reader that drops it, not by each."""
+    from asyncloader import _cache
+
+    cache = ObjectCache(tmp_path)
+    value = _value(7)
+    cache.put("k", value)
+    where = cache.locate(["k"])["k"]
+    assert where is not None and where.offset >= 0
+    with open(tmp_path / "packs" / where.filename, "r+b") as f:
+        f.seek(where.offset + 100)
+        f.write(b"\x00\xff")
+    readers = 3
+    together = threading.Barrier(readers, timeout=10)
+    crc = _cache._crc32
+
+    def crc_once_all_have_read(data: bytes) -> int:
+        together.wait()  # every reader holds the damaged bytes before any drops them
+        return crc(data)
+
+    monkeypatch.setattr(_cache, "_crc32", crc_once_all_have_read)
+    got: list[bytes | None] = []
+    counted: list[int] = []
+
+    def read(use_get: bool) -> None:
+        got.append(cache.get("k", len(value)) if use_get else cache.read("k", len(value), where))
+        counted.append(cache.take_damaged())
+
+    threads = [threading.Thread(target=read, args=(i % 2 == 0,)) for i in range(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert got == [None] * readers
+    assert sum(counted) == 1
+    monkeypatch.setattr(_cache, "_crc32", crc)
+    assert cache.get("k", len(value)) is None and cache.take_damaged() == 0  # dropped
