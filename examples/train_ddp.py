@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
-from train_cnn import MEAN, STD, small_cnn
+from train_cnn import small_cnn
 
 import asyncloader as al
 from asyncloader.testing import TEST_ENV, demo_bucket
-from asyncloader.torch import ImageDataset
+from asyncloader.torch import ImageDataset, to_device
 
 
 def main() -> None:
@@ -64,8 +64,11 @@ def main() -> None:
         step, epoch = 0, 0
         while step < args.steps:
             ds.set_epoch(epoch)
-            for images, labels in DataLoader(ds, batch_size=None, num_workers=1):
-                loss = nn.functional.cross_entropy(model((images.float() - MEAN) / STD), labels)
+            # uint8 batches from the worker, normalised to float32 by the uploader thread
+            # (to_device(..., "cuda") would deliver them on this rank's GPU).
+            batches = DataLoader(ds, batch_size=None, num_workers=1)
+            for images, labels in to_device(batches, "cpu"):
+                loss = nn.functional.cross_entropy(model(images), labels)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()

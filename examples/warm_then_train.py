@@ -29,8 +29,9 @@ def main() -> None:
             transform=al.RandomResizedCrop(96),
             cache_dir=args.cache_dir,
             store_options={"endpoint_url": endpoint},
+            device="cpu",  # normalised float32 batches
         ) as loader:
-            train(loader, args.steps)
+            train(loader, args.steps, str(loader.device))
             stats = loader.stats()
             print(stats.summary())
             print(f"GETs while training: {stats.requests}")
