@@ -156,6 +156,34 @@ def test_cuda_without_a_gpu_falls_back_to_cpu(
     assert "CUDA is not available" in caplog.text
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize(
+    ("mean", "std"),
+    [(MEAN, STD), (None, None), ((0.5,), (0.25,)), ((0.1, 0.7, 0.3), (0.9, 0.05, 1.7))],
+)
+def test_the_gpu_form_of_the_conversion_rounds_as_the_cpu_form(
+    dtype: str,
+    channels_last: bool,
+    mean: tuple[float, ...] | None,
+    std: tuple[float, ...] | None,
+) -> None:
+    """A GPU converts in two passes (mixed-dtype kernels), the CPU in same-dtype passes;
+    run side by side here, the two forms give the same bits for every uint8 value."""
+    spec = DeviceSpec.make("cpu", dtype, mean, std, channels_last)
+    affine = spec.affine(3, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    images = torch.randint(0, 256, (4, 3, 40, 24), dtype=torch.uint8, generator=gen)
+    images[0, :, 0, :] = torch.arange(24, dtype=torch.uint8) * 11  # 0 and 253 among them
+    images[0, :, 1, 0] = 255
+    fused = spec.convert(images, affine, fused=True)
+    plain = spec.convert(images, affine, fused=False)
+    assert fused.dtype == plain.dtype == spec.dtype
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert fused.is_contiguous(memory_format=fmt) and plain.is_contiguous(memory_format=fmt)
+    assert torch.equal(fused, plain)
+
+
 def test_spec_validation() -> None:
     with pytest.raises(ValueError, match="dtype must be one of"):
         DeviceSpec.make("cpu", "float64")
