@@ -311,7 +311,8 @@ class ImageLoader:
         self._produced: tuple[int, int, tuple[int, int] | None] | None = None
         self._uploader: Uploader | None = None
         if device is not None:
-            from ._upload import DeviceSpec, Uploader
+            from ._device_spec import DeviceSpec
+            from ._upload import Uploader
 
             spec = DeviceSpec.make(device, dtype, mean, std, channels_last)
             self._uploader = Uploader(spec, depth=2, pin=pin)

@@ -46,7 +46,8 @@ from asyncloader import (
     merge_worker_states,
     shard_from_env,
 )
-from asyncloader._upload import DeviceSpec, Uploader
+from asyncloader._device_spec import DeviceSpec
+from asyncloader._upload import Uploader
 
 __all__ = ["ImageDataset", "dist_shard", "rank_state", "to_device"]
 

@@ -122,7 +122,8 @@ def case_h2d(batch: int, batches: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from asyncloader._upload import DeviceSpec, Uploader
+    from asyncloader._device_spec import DeviceSpec
+    from asyncloader._upload import Uploader
 
     dev = torch.device("cuda")
     slots = 4
