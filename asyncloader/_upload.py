@@ -238,8 +238,10 @@ class Uploader:
         assert self._affine is not None
         staged = self._stage(images) if self.pin == "staging" else None
         # The labels are a few bytes of pageable memory: copied from there, the driver may
-        # wait for the stream's earlier copies.  From pinned memory the copy is queued.
-        labels = labels.pin_memory()
+        # wait for the stream's earlier copies.  From pinned memory the copy is queued
+        # (pin_memory returns a pinned tensor itself; one already on the GPU stays).
+        if labels.device.type == "cpu":
+            labels = labels.pin_memory()
         with torch.cuda.stream(copying):
             start = None
             if self.timeline is not None:
