@@ -34,8 +34,8 @@ def small_cnn(classes: int) -> nn.Module:
     )  # fmt: skip
 
 
-def train(loader: al.ImageLoader, steps: int, device: str) -> float:
-    model = small_cnn(max(len(loader.classes), 2)).to(device)
+def train(loader: al.ImageLoader, steps: int) -> float:
+    model = small_cnn(max(len(loader.classes), 2)).to(loader.device)  # where batches arrive
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step, epoch, t0, loss = 0, 0, time.perf_counter(), torch.tensor(0.0)
     while step < steps:
@@ -85,7 +85,7 @@ def main() -> None:
                 device=args.device,
             )
         )
-        train(loader, args.steps, str(loader.device))
+        train(loader, args.steps)
         print(loader.stats().summary())
 
 

@@ -31,7 +31,7 @@ def main() -> None:
             store_options={"endpoint_url": endpoint},
             device="cpu",  # normalised float32 batches
         ) as loader:
-            train(loader, args.steps, str(loader.device))
+            train(loader, args.steps)
             stats = loader.stats()
             print(stats.summary())
             print(f"GETs while training: {stats.requests}")
