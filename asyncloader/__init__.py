@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ._errors import FailureBudgetExceeded as FailureBudgetExceeded
     from ._errors import IntegrityError as IntegrityError
     from ._errors import LengthMismatch as LengthMismatch
+    from ._errors import ListingMismatchError as ListingMismatchError
     from ._errors import ObjectNotFound as ObjectNotFound
     from ._errors import PipelineDeadError as PipelineDeadError
     from ._errors import StoreError as StoreError
@@ -78,6 +79,7 @@ _WHERE = {
     "FailureBudgetExceeded": "._errors",
     "IntegrityError": "._errors",
     "LengthMismatch": "._errors",
+    "ListingMismatchError": "._errors",
     "ObjectNotFound": "._errors",
     "PipelineDeadError": "._errors",
     "StoreError": "._errors",
@@ -126,6 +128,7 @@ __all__ = [
     "IntegrityError",
     "Inventory",
     "LengthMismatch",
+    "ListingMismatchError",
     "LocalStore",
     "ObjectInfo",
     "ObjectCache",

@@ -21,7 +21,7 @@ from typing import Any
 
 from ._cache import ObjectCache
 from ._errors import AsyncLoaderError
-from ._fetch import list_and_save, listing_turn
+from ._fetch import list_and_save, list_objects, listing_turn
 from ._labels import (
     Dataset,
     DatasetBuilder,
@@ -36,7 +36,7 @@ from ._manifest import is_columnar, is_manifest, read_manifest
 from ._objects import ObjectList
 from ._types import ObjectInfo, ObjectStore, Sample
 
-__all__ = ["Listing", "open_listing"]
+__all__ = ["Listing", "list_for", "open_listing"]
 
 
 class Listing:
@@ -103,6 +103,37 @@ class Listing:
         while self.dataset is None:
             await self.wait(len(self.samples) + 1)
         return self.dataset
+
+
+async def list_for(
+    store: ObjectStore,
+    labels: object,
+    *,
+    cache: ObjectCache | None,
+    max_age: float,
+    store_options: Mapping[str, Any] | None = None,
+) -> Sequence[ObjectInfo]:
+    """Every object a run over ``store`` with ``labels`` reads from: a columnar manifest's
+    objects, a manifest's rows when every one has its size and ETag, else the store's
+    listing (the cache's saved one if younger than ``max_age`` [seconds], else listed and
+    saved, once per node).  ``store_options``: how to reach a manifest URL outside the
+    store's root.
+
+    Raises:
+        StoreError: the store or the manifest could not be read.
+    """
+    if is_columnar(labels):  # its objects are the listing
+        assert isinstance(labels, str)
+        data = await read_manifest_file(store, labels, store_options)
+        dataset = await asyncio.to_thread(read_columnar_manifest, data, labels)
+        return dataset.samples.objects
+    if is_manifest(labels):  # one with every size and ETag is the listing
+        assert isinstance(labels, str)
+        data = await read_manifest_file(store, labels, store_options)
+        objects = manifest_objects(data, labels)
+        if objects is not None:
+            return objects
+    return await list_objects(store, cache, max_age)
 
 
 async def open_listing(

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ._cache import ObjectCache
+from ._dataset import list_for
 from ._errors import shown_key
 from ._fetch import list_objects, saved_listing
 from ._labels import (
@@ -23,11 +24,8 @@ from ._labels import (
     KeyFilter,
     columnar_manifest,
     key_path,
-    manifest_objects,
-    read_columnar_manifest,
 )
-from ._located import read_manifest_file, write_file
-from ._manifest import is_columnar, is_manifest
+from ._located import write_file
 from ._objects import ObjectList
 from ._own_thread import run_on_own_thread
 from ._stores import open_store
@@ -234,18 +232,11 @@ def listing(
         options = store_options_for(url, labels, store_options)
         store = open_store(url, **options)
         try:
-            if is_columnar(labels):  # its objects are the listing
-                assert isinstance(labels, str)
-                data = await read_manifest_file(store, labels, options)
-                return read_columnar_manifest(data, labels).samples.objects
-            if is_manifest(labels):  # one with every size and ETag is the listing
-                assert isinstance(labels, str)
-                data = await read_manifest_file(store, labels, options)
-                objects = manifest_objects(data, labels)
-                if objects is not None:
-                    return objects
             cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
-            return await list_objects(store, cache, 0.0 if refresh_listing else listing_max_age)
+            max_age = 0.0 if refresh_listing else listing_max_age
+            return await list_for(
+                store, labels, cache=cache, max_age=max_age, store_options=options
+            )
         finally:
             await store.close()
 

@@ -6,6 +6,7 @@ Every error the library raises on purpose is an :class:`AsyncLoaderError`::
     ├── ClosedError               the loader was closed by its owner ("you closed it")
     ├── PipelineDeadError         a background part died ("it broke"); the cause is chained
     ├── BatchesHeldError          every ring slot is held by batches the consumer still keeps
+    ├── ListingMismatchError      the ranks of a job hold different object lists for one URL
     ├── StoreError                anything the object store answered or failed to answer
     │   ├── ObjectNotFound        404 / no such key (per sample)
     │   ├── AccessDenied          403 / bad credentials (names bucket, never the secret)
@@ -33,6 +34,7 @@ __all__ = [
     "FailureBudgetExceeded",
     "IntegrityError",
     "LengthMismatch",
+    "ListingMismatchError",
     "ObjectNotFound",
     "PipelineDeadError",
     "StoreError",
@@ -81,6 +83,12 @@ class BatchesHeldError(AsyncLoaderError):
     Copy what you keep (``images.clone()``), drop batches you are done with, or give the
     loader more slots (``prefetch_batches``).
     """
+
+
+class ListingMismatchError(AsyncLoaderError):
+    """The ranks of a job hold different object lists for one URL: sharding them would read
+    some samples twice and others never.  Raised on every rank before its first batch (or,
+    on a rank already running when another refused, at its next batch)."""
 
 
 class StoreError(AsyncLoaderError):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ._cache import ObjectCache
 from ._config import IMAGENET_MEAN, IMAGENET_STD, FetchConfig, OnError, RunConfig
-from ._dataset import open_listing
+from ._dataset import list_for, open_listing
 from ._decode import (
     FAST_RESIZE,
     MAX_PIXELS,
@@ -35,6 +35,7 @@ from ._decode import (
     ProcessDecodePool,
     ThreadDecodePool,
 )
+from ._dist import Agreement, listing_key, share_listing
 from ._env import usable_cpus
 from ._errors import (
     AsyncLoaderError,
@@ -310,6 +311,8 @@ class ImageLoader:
         # Where the output queue stands: (epoch, next batch, span of that epoch).
         self._produced: tuple[int, int, tuple[int, int] | None] | None = None
         self._uploader: Uploader | None = None
+        self._agreement: Agreement | None = None
+        self._listed: Sequence[ObjectInfo] | None = None
         if device is not None:
             from ._device_spec import DeviceSpec
             from ._upload import Uploader
@@ -324,6 +327,13 @@ class ImageLoader:
             the_store = store if store is not None else open_store(url, **options)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
             self._rt.store = the_store
+            # A sharded run under torch.distributed: one listing per job, through the job's
+            # store, and every rank checks that it holds the same list (see _dist).
+            self._agreement = Agreement.open(url or self.url, labels, rank, world_size)
+            if self._agreement is not None:
+                self._agreement.announce()
+                if self._objects is None and store is None:
+                    self._objects = self._share_listing(the_store, url, labels, store_options)
             self._rt.call(self._setup(the_store, labels, extensions))
             if self._uploader is not None:
                 assert self._rt.ring is not None
@@ -332,6 +342,31 @@ class ImageLoader:
         except BaseException:
             self.close()
             raise
+
+    def _share_listing(
+        self,
+        store: ObjectStore,
+        url: str,
+        labels: LabelSpec,
+        store_options: dict[str, Any] | None,
+    ) -> Sequence[ObjectInfo]:
+        """The job's listing of the URL: listed here if this process is the first of the
+        job to need it, else read from the job's store."""
+        assert self._agreement is not None
+        listing = list_for(
+            store,
+            labels,
+            cache=self.cache,
+            max_age=self._listing_max_age,
+            store_options=self._store_options,
+        )
+        key = listing_key(url, labels, store_options)
+        try:
+            return share_listing(
+                self._agreement.store, key, self.url, lambda: self._rt.call(listing)
+            )
+        finally:
+            listing.close()  # not awaited where another process listed
 
     async def _setup(
         self, store: ObjectStore, labels: LabelSpec, extensions: Sequence[str] | None
@@ -342,6 +377,8 @@ class ImageLoader:
         def listed(objects: Sequence[ObjectInfo]) -> None:
             c.objects_listed = len(objects)
             c.listing_seconds = time.perf_counter() - t0
+            if self._agreement is not None:
+                self._listed = objects  # checked against the other ranks' lists
 
         listing, task = await open_listing(
             store,
@@ -349,7 +386,8 @@ class ImageLoader:
             extensions,
             cache=self.cache,
             max_age=self._listing_max_age,
-            stream=self._run_config.shuffle is False,
+            # A sharded run checks the whole list before its first batch: no streaming.
+            stream=self._run_config.shuffle is False and self._agreement is None,
             listed=listed,
             objects=self._objects,
             store_options=self._store_options,
@@ -531,7 +569,13 @@ class ImageLoader:
         """The consumer's side: count what the user receives, and where the run stands."""
         c = self._counters
         try:
+            agreement = self._agreement
+            if agreement is not None and self._listed is not None:
+                agreement.check(self._listed)  # before the first batch of the run
+                self._listed = None
             while True:
+                if agreement is not None:
+                    agreement.poll()  # a rank that refused later stops this one too
                 try:
                     images, labels, (index, n) = next(batches)
                 except StopIteration:

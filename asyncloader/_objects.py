@@ -13,6 +13,7 @@ buffers.  Items are made on access; both classes are read-only ``Sequence`` s.
 from __future__ import annotations
 
 import binascii
+import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
@@ -85,6 +86,17 @@ class _Strings:
 
     def nbytes(self) -> int:
         return len(self._blob) + self._offsets.nbytes
+
+    def feed(self, h: Any) -> None:
+        """Add the strings to the hash ``h`` in one form whatever the representation (the
+        same strings kept as hex pairs or as a blob hash alike)."""
+        if self._hex:
+            n = len(self._blob) // 16
+            h.update(np.arange(0, 32 * n + 1, 32, dtype="<i8").tobytes())
+            h.update(binascii.hexlify(self._blob))
+        else:
+            h.update(self._offsets.astype("<i8", copy=False).tobytes())
+            h.update(self._blob)
 
     @classmethod
     def concat(cls, parts: Sequence[_Strings]) -> _Strings:
@@ -222,6 +234,17 @@ class ObjectList(_Items, Sequence[ObjectInfo]):
     def nbytes(self) -> int:
         """Memory held by the arrays [bytes]."""
         return self._keys.nbytes() + self._sizes.nbytes + self._etags.nbytes()
+
+    def digest(self) -> str:
+        """A hex digest of the list: its count, keys, sizes and ETags, in order.  Two lists
+        have the same digest exactly when they hold the same objects, however they were
+        made (listed in chunks, read from a manifest or a saved listing)."""
+        h = hashlib.sha256(b"asyncloader objects 1\0")
+        h.update(np.int64(len(self)).astype("<i8").tobytes())
+        self._keys.feed(h)
+        h.update(self._sizes.astype("<i8", copy=False).tobytes())
+        self._etags.feed(h)
+        return h.hexdigest()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore, (self._keys, self._sizes, self._etags))

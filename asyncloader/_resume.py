@@ -9,6 +9,9 @@ therefore tells every rank of any new layout where to go on.
 * The same layout: continue at ``next_batch`` (in that epoch's span, if it had one).
 * Another world size or DataLoader worker count: deal ``order[consumed:end]`` among the new
   ranks (``span``), every sample not yet seen once, equal batch counts per rank.
+* A state has the same keys whatever it holds (None where it knows nothing: the start of
+  an epoch before any batch), as a checkpoint that loads into the state of a new loader
+  needs (``torch.distributed.checkpoint`` fills the keys it is given, no others).
 * The states of a rank's DataLoader workers (as torchdata's ``StatefulDataLoader`` keeps
   them) merge into that rank's state: a DataLoader takes its workers' batches in turn, so
   the rank has consumed up to the furthest of them (:func:`merge_worker_states`).
@@ -23,13 +26,55 @@ from typing import Any
 from ._config import RunConfig
 from ._sampler import consumed_prefix, covered
 
-__all__ = ["VERSION", "Resume", "loader_state", "merge_worker_states", "plan_resume", "progress"]
+__all__ = [
+    "KEYS",
+    "VERSION",
+    "Resume",
+    "epoch_start",
+    "has_position",
+    "loader_state",
+    "merge_worker_states",
+    "plan_resume",
+    "progress",
+]
 
 VERSION = 2
 
 # A state saved with other values of these would repeat or skip samples.
 _SAME = ("num_objects", "seed", "shuffle", "batch_size", "drop_last", "even")
 _LAYOUT = ("world_size", "local_world_size", "num_workers")
+# Every key of a state, in the order loader_state gives them.
+KEYS = (
+    "version",
+    "epoch",
+    "next_batch",
+    "start",
+    "end",
+    "consumed",
+    "num_objects",
+    "seed",
+    "shuffle",
+    "batch_size",
+    "drop_last",
+    "rank",
+    "world_size",
+    "local_world_size",
+    "even",
+    "worker",
+    "num_workers",
+)
+
+
+def epoch_start(epoch: int) -> dict[str, Any]:
+    """The state of a run at the start of ``epoch``, before anything of it was delivered:
+    every key of a state, None but ``version``, ``epoch`` and ``next_batch`` (0)."""
+    return {**dict.fromkeys(KEYS), "version": VERSION, "epoch": epoch, "next_batch": 0}
+
+
+def has_position(state: Mapping[str, Any]) -> bool:
+    """Whether ``state`` holds a position inside an epoch (else it is an epoch's start,
+    from :func:`epoch_start`, or from a version that left the other keys out)."""
+    return state.get("num_objects") is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +154,8 @@ def plan_resume(state: Mapping[str, Any], mine: Mapping[str, Any]) -> Resume:
             shuffle or several DataLoader workers (merge those first); or to a version
             without elastic resume on another layout.
     """
+    if not has_position(state):  # an epoch's start: nothing of it was delivered yet
+        return Resume(int(state["epoch"]), 0)
     for name in _SAME:
         if state.get(name) != mine[name]:
             raise ValueError(
@@ -157,8 +204,8 @@ def merge_worker_states(
     at batch 0).  The result is the state of a rank served by one loader (``worker`` 0 of
     ``num_workers`` 1): it resumes on any world size and worker count.
 
-    A worker that has not delivered anything yet may give a state without
-    ``num_objects`` (just ``epoch`` and ``next_batch``): it counts as batch 0 of its epoch.
+    A worker that has not delivered anything yet may give a state without a position
+    (:func:`epoch_start`): it counts as batch 0 of its epoch.
     ``later_batches``: batches the DataLoader delivered after the states were taken (a
     ``StatefulDataLoader`` that snapshots its workers every n steps says how many).
 
@@ -166,7 +213,7 @@ def merge_worker_states(
         ValueError: no state with a position, states of different runs or ranks, or not
             one state per worker.
     """
-    full = [s for s in states if "num_objects" in s]
+    full = [s for s in states if has_position(s)]
     if not full:
         raise ValueError("no worker state with a position (nothing was delivered yet?)")
     first = full[0]

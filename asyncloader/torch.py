@@ -14,10 +14,21 @@ the GPU already normalised, when the dataset is iterated in the training process
 (``num_workers=0``, or directly).  With DataLoader workers, leave ``device`` out of the
 dataset and wrap the DataLoader: ``for images, labels in to_device(dl, device="cuda")``.
 
-The dataset lists the URL once, where it is made (the training process): its DataLoader
-workers get the list with it, and under ``torch.distributed`` rank 0 lists and broadcasts
-it to every rank (so make the dataset on every rank, as a training script does).  One
-listing per job, instead of one per rank and worker.
+The dataset lists the URL once per job: under torchrun (or a process group on a TCPStore)
+the first process of the job that makes a dataset of the URL lists it and publishes the
+list through the job's own c10d store, and every other rank reads it there; its DataLoader
+workers get the list with the dataset.  No collective runs in the constructor or the
+iterator, so a dataset that one rank alone makes (validation on rank 0 while the others
+wait at a barrier) runs at once.  Before the first batch, every rank of a sharded run
+checks that it holds the same object list as the others: ranks that listed different
+objects (another endpoint, a store that changed between two listings) are refused with
+:class:`~asyncloader.ListingMismatchError`, on every rank.
+
+Checkpoints: :class:`ImageDataset` (iterated in the training process) and
+:class:`~asyncloader.ImageLoader` are ``torch.distributed.checkpoint`` ``Stateful``
+objects; with DataLoader workers, save :class:`DataLoaderState` of a torchdata
+``StatefulDataLoader``.  Loaded on another number of ranks or workers, the rest of the
+epoch is dealt among them: every sample not yet seen, once.
 
 The shard is ``(rank, world size)`` from ``torch.distributed`` when it is initialised, else
 from the torchrun environment (``RANK``, ``WORLD_SIZE``), times the DataLoader worker. Every
@@ -47,9 +58,18 @@ from asyncloader import (
     shard_from_env,
 )
 from asyncloader._device_spec import DeviceSpec
+from asyncloader._dist import (
+    Agreement,
+    adopt_store_address,
+    job_store,
+    listing_key,
+    share_listing,
+    store_address,
+)
+from asyncloader._resume import KEYS, epoch_start, has_position
 from asyncloader._upload import Uploader
 
-__all__ = ["ImageDataset", "dist_shard", "rank_state", "to_device"]
+__all__ = ["DataLoaderState", "ImageDataset", "dist_shard", "rank_state", "to_device"]
 
 
 def dist_shard() -> tuple[int, int]:
@@ -59,25 +79,22 @@ def dist_shard() -> tuple[int, int]:
     return shard_from_env()
 
 
-def _list_once(url: str, options: dict[str, Any]) -> Sequence[ObjectInfo]:
-    """The URL's object list, listed by this process (rank 0 under torch.distributed, which
-    broadcasts it to the others)."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    distributed = distributed and torch.distributed.get_world_size() > 1
-    objects = None
-    if not distributed or torch.distributed.get_rank() == 0:
-        names = ("labels", "store_options", "cache_dir", "cache_size", "listing_max_age")
-        objects = listing(
+def _list_once(url: str, options: dict[str, Any], store: Any | None) -> Sequence[ObjectInfo]:
+    """The URL's object list: listed by this process if it is the first of the job to
+    need it (or there is no job), else read from the job's store, where the first put it."""
+    names = ("labels", "store_options", "cache_dir", "cache_size", "listing_max_age")
+
+    def produce() -> Sequence[ObjectInfo]:
+        return listing(
             url,
             refresh_listing=bool(options.get("refresh_listing")),
             **{name: options[name] for name in names if name in options},
         )
-    if distributed:
-        box = [objects]
-        torch.distributed.broadcast_object_list(box, src=0)
-        objects = box[0]
-    assert objects is not None
-    return objects
+
+    if store is None:
+        return produce()
+    key = listing_key(url, options.get("labels", "folder"), options.get("store_options"))
+    return share_listing(store, key, url, produce)
 
 
 def _shared_copy(t: torch.Tensor) -> torch.Tensor:
@@ -108,8 +125,17 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 raise TypeError(f"{name} is set by the dataset itself (torch.distributed/env)")
         self.url = url
         self.options = options
+        rank, world = dist_shard()
+        # Where DataLoader workers find the job's store when no torchrun names it.
+        self._store_address = store_address()
+        agreement = Agreement.open(url, options.get("labels", "folder"), rank, world)
+        if agreement is not None:
+            agreement.announce()
         if "objects" not in options and "store" not in options:
-            options["objects"] = _list_once(url, options)
+            store = agreement.store if agreement is not None else job_store()
+            options["objects"] = _list_once(url, options, store)
+        if agreement is not None and "objects" in options:
+            agreement.check(options["objects"])  # every rank holds the same list
         self.epoch = 0
         self._resume: dict[str, Any] | None = None
         self._loader: ImageLoader | None = None
@@ -143,6 +169,8 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 "device=...)"
             )
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            adopt_store_address(self._store_address)
         options = dict(self.options)
         if "LOCAL_WORLD_SIZE" in os.environ and options.get("shuffle") == "node":
             options.setdefault("local_world_size", int(os.environ["LOCAL_WORLD_SIZE"]))
@@ -184,18 +212,22 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 ``StatefulDataLoader`` (its ``state_dict()`` holds every worker's position)
                 or ``num_workers=0``.
         """
+        if self._resume is not None:  # loaded, not iterated yet: where it will go on
+            return {key: self._resume.get(key) for key in KEYS}
         if self._loader is None:
             in_worker = get_worker_info() is not None  # not started yet: at batch 0
             if not in_worker and int(self._workers_in[0]) == self.epoch + 1:
                 raise RuntimeError(
                     f"ImageDataset.state_dict() in the training process cannot see how far "
                     f"the DataLoader workers got in epoch {self.epoch}: resuming from it "
-                    "would deliver their batches again.  Save the state of "
+                    "would deliver their batches again.  Iterate it with "
                     "torchdata.stateful_dataloader.StatefulDataLoader(dataset, "
-                    "batch_size=None, num_workers=...) instead (it holds every worker's "
-                    "position), or iterate with num_workers=0."
+                    "batch_size=None, num_workers=...) and save its state (it holds every "
+                    "worker's position; in a torch.distributed.checkpoint, save "
+                    "asyncloader.torch.DataLoaderState(dataloader)), or iterate with "
+                    "num_workers=0."
                 )
-            return {"epoch": self.epoch, "next_batch": 0}
+            return epoch_start(self.epoch)
         return self._loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -213,7 +245,7 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         """
         state = rank_state(state)
         self.epoch = int(state["epoch"])
-        self._resume = state if "num_objects" in state else None
+        self._resume = state if has_position(state) else None
 
     def close(self) -> None:
         if self._loader is not None:
@@ -225,8 +257,8 @@ def rank_state(state: dict[str, Any]) -> dict[str, Any]:
     """The rank's loader state in ``state``: a torchdata ``StatefulDataLoader.state_dict()``
     of an :class:`ImageDataset` (its workers' states merged with
     :func:`asyncloader.merge_worker_states`: the DataLoader took their batches in turn), or
-    a loader state, returned as it is.  Before any batch was delivered it is just
-    ``{"epoch": e, "next_batch": 0}``.
+    a loader state, returned as it is.  Before any batch was delivered it is the epoch's
+    start (``epoch`` and ``next_batch`` 0, every other key None).
 
     Raises:
         ValueError: the workers' states cannot be merged (different runs or ranks).
@@ -234,15 +266,52 @@ def rank_state(state: dict[str, Any]) -> dict[str, Any]:
     if "_snapshot" in state:  # num_workers > 0: one state per worker, as last delivered
         snapshot = state["_snapshot"]
         workers = [w.get("dataset_state") or {} for w in snapshot["_worker_snapshots"].values()]
-        if not any("num_objects" in w for w in workers):
+        if not any(has_position(w) for w in workers):
             epochs = [int(w["epoch"]) for w in workers if "epoch" in w]
-            return {"epoch": min(epochs, default=0), "next_batch": 0}
+            return epoch_start(min(epochs, default=0))
         later = int(state.get("_steps_since_snapshot") or 0)
         return merge_worker_states(workers, later_batches=later)
     if "_num_yielded" in state:  # num_workers=0: the dataset's own state
         inner = state.get("_dataset_state")
-        return dict(inner) if inner else {"epoch": 0, "next_batch": 0}
+        return dict(inner) if inner else epoch_start(0)
     return state
+
+
+class DataLoaderState:
+    """The data position of a rank whose :class:`ImageDataset` runs in DataLoader workers,
+    as a ``torch.distributed.checkpoint`` ``Stateful``::
+
+        dl = StatefulDataLoader(ds, batch_size=None, num_workers=4)  # torchdata
+        dcp.save({"model": model, "optim": optim, "data": DataLoaderState(dl)}, ...)
+        ...
+        state = {"model": model, "optim": optim, "data": DataLoaderState(dl)}
+        dcp.load(state, ...)   # then iterate dl: it resumes where the job stopped
+
+    ``state_dict()`` merges the workers' positions into the rank's (:func:`rank_state`),
+    with the same keys whatever it holds, so a checkpoint saved on one number of ranks and
+    workers loads on another.  ``load_state_dict`` hands it to the dataset, whose next
+    iteration (by ``dl``, which must not be given the state itself: torchdata's
+    ``load_state_dict`` needs the same worker count) resumes there.
+
+    Args:
+        dataloader: A torchdata ``StatefulDataLoader`` (or a DataLoader with
+            ``num_workers=0``) over an :class:`ImageDataset`.
+    """
+
+    def __init__(self, dataloader: Any) -> None:
+        if not isinstance(dataloader.dataset, ImageDataset):
+            raise TypeError("DataLoaderState needs a DataLoader over an ImageDataset")
+        self.dataloader = dataloader
+
+    def state_dict(self) -> dict[str, Any]:
+        dataset: ImageDataset = self.dataloader.dataset
+        saver = getattr(self.dataloader, "state_dict", None)
+        state = rank_state(saver()) if saver is not None else dataset.state_dict()
+        return {key: state.get(key) for key in KEYS}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        dataset: ImageDataset = self.dataloader.dataset
+        dataset.load_state_dict(state_dict)
 
 
 def to_device(

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import asyncloader as al
 from asyncloader._config import RunConfig
-from asyncloader._resume import loader_state, plan_resume
+from asyncloader._resume import epoch_start, loader_state, plan_resume
 from asyncloader._sampler import covered, epoch_indices, num_batches
 
 
@@ -169,7 +169,7 @@ def test_rank_state_reads_a_stateful_dataloader_state() -> None:
     fresh = _worker_states(100, 2, 2, 0, epoch=7)
     for i, s in enumerate(fresh):
         sdl["_snapshot"]["_worker_snapshots"][f"worker_{i}"]["dataset_state"] = s
-    assert rank_state(sdl) == {"epoch": 7, "next_batch": 0}
+    assert rank_state(sdl) == epoch_start(7)
     # num_workers=0: the dataset's own state.
     single = {"_num_yielded": 3, "_dataset_state": states[0], "_fetcher_state": None}
     assert rank_state(single) == states[0]

@@ -48,9 +48,11 @@ ALLOWED = {
     "_pipeline": LEAVES | RESOURCES | {"_fetch", "_fetch_once", "_dataset", "_cache_writer"},
     "_runtime": LEAVES | RESOURCES | {"_pipeline"},
     "_warm": LEAVES | RESOURCES | {"_fetch", "_cache_writer"},
-    "_describe": LEAVES | RESOURCES | {"_fetch", "_located"},
+    "_describe": LEAVES | RESOURCES | {"_fetch", "_located", "_dataset"},
     "_bench": LEAVES | RESOURCES | {"_fetch"},
-    "_loader": LEAVES | RESOURCES | {"_fetch", "_dataset", "_pipeline", "_runtime"},
+    # The job's c10d store: one listing per job, the ranks' agreement on it.
+    "_dist": LEAVES,
+    "_loader": LEAVES | RESOURCES | {"_fetch", "_dataset", "_dist", "_pipeline", "_runtime"},
     # Test equipment: stores, the fetcher (the conformance suite retries through it), the
     # demo data; never the loader's machinery.
     "testing": LEAVES | RESOURCES | {"_fetch", "_demo"},
@@ -144,6 +146,9 @@ def test_torch_not_imported_by_the_package() -> None:
 FACE_EXCEPTIONS = {
     ("torch.py", "asyncloader._device_spec"),
     ("torch.py", "asyncloader._upload"),
+    # The job's store (one listing per job, the ranks' agreement) and the state's keys.
+    ("torch.py", "asyncloader._dist"),
+    ("torch.py", "asyncloader._resume"),
     ("_cli.py", "asyncloader._demo"),
 }
 

@@ -1,0 +1,362 @@
+"""The job's own c10d store: one listing per job, and every rank's agreement on it.
+
+Every process of a ``torchrun`` job — each rank, and each rank's DataLoader workers — can
+reach the job's key-value store: the TCPStore of torchrun's agent (``MASTER_ADDR``,
+``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``), the same store under gloo and NCCL,
+with or without a process group.  Without torchrun, a process group initialised on a
+TCPStore (``init_process_group`` with ``env://`` or ``tcp://``) serves the same way.  Keys
+go under ``asyncloader/<run id>/<restart>/``, so a restarted job starts afresh.
+
+Nothing here is a collective: only ``set``, ``get``, ``add``, ``compare_set``, ``check``
+and ``wait``, which never need another rank to take part.  So a dataset that one rank alone
+builds (validation on rank 0 while the others wait at a barrier) lists and runs at once.
+
+* :func:`share_listing`: the first process to need a URL's listing claims it (``add``),
+  lists and publishes the compact arrays, compressed, in chunks under the store's payload
+  limit; the others wait for them (with a clear error after a time-out) and read them.
+* :class:`Agreement`: before its first batch a loader of a sharded run publishes the digest
+  of its object list (count, keys, sizes, ETags) and compares it with the first one
+  published for the URL; a rank that disagrees refuses, naming both counts, and tells the
+  others through the store: ranks that started the same run wait for each other's verdict
+  before their first batch, and a rank already running hears of it at its next batch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._errors import AsyncLoaderError, ListingMismatchError
+from ._manifest import is_columnar, is_manifest
+from ._objects import ObjectList
+from ._types import ObjectInfo
+
+__all__ = [
+    "LISTING_WAIT",
+    "Agreement",
+    "StoreAddress",
+    "adopt_store_address",
+    "job_store",
+    "listing_key",
+    "listing_source",
+    "share_listing",
+    "store_address",
+]
+
+# How long a process waits for the listing another one claimed, and for the verdict of ranks
+# that started the same run [seconds].  A listing of a million keys takes a minute or two.
+LISTING_WAIT = 1800.0
+# The TCPStore refuses values over 8 MiB (its libuv server's payload limit).
+_CHUNK = 4 << 20
+_SLICE = 0.02  # how often a waiting process looks again [seconds]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreAddress:
+    """Where the job's store is, picklable (a DataLoader worker connects to it anew)."""
+
+    host: str
+    port: int
+    prefix: str
+
+
+_adopted: StoreAddress | None = None
+_clients: dict[tuple[int, StoreAddress], Any] = {}
+
+
+def store_address() -> StoreAddress | None:
+    """The job's store: torchrun's agent store, else the default process group's
+    TCPStore (in the process that initialised it), else None (a single process, or a
+    process group on another kind of store)."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        host, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT", "")
+        if host and port.isdigit():
+            run = env.get("TORCHELASTIC_RUN_ID", "none")
+            restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+            return StoreAddress(host, int(port), f"asyncloader/{run}/{restart}/")
+    if _adopted is not None:
+        return _adopted
+    if "torch" not in sys.modules:  # no process group without torch imported
+        return None
+    import multiprocessing
+
+    if multiprocessing.current_process().daemon:  # a DataLoader worker: its parent's group
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    if not isinstance(store, TCPStore):
+        return None
+    return StoreAddress(store.host, store.port, "asyncloader/pg/")
+
+
+def adopt_store_address(address: StoreAddress | None) -> None:
+    """Use ``address`` in this process where the environment names no store (a
+    DataLoader worker of a process group started without torchrun)."""
+    global _adopted
+    _adopted = address
+
+
+def job_store() -> Any | None:
+    """A client of the job's store under this package's prefix (one per process), or None.
+
+    Raises:
+        AsyncLoaderError: the store named by the environment cannot be reached.
+    """
+    address = store_address()
+    if address is None:
+        return None
+    key = (os.getpid(), address)
+    client = _clients.get(key)
+    if client is None:
+        from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+
+        try:
+            tcp = TCPStore(
+                address.host,
+                address.port,
+                is_master=False,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=60),
+            )
+        except Exception as exc:
+            raise AsyncLoaderError(
+                f"cannot reach the job's store at {address.host}:{address.port} "
+                f"(torchrun's MASTER_ADDR/MASTER_PORT): {exc}"
+            ) from exc
+        client = _clients[key] = PrefixStore(address.prefix, tcp)
+    return client
+
+
+def listing_source(labels: object) -> str:
+    """What names a run's objects: its manifest (``labels="train.jsonl"``), or the store's
+    listing (any other labels policy lists the same objects)."""
+    if isinstance(labels, str) and (is_manifest(labels) or is_columnar(labels)):
+        return labels
+    return "listing"
+
+
+def listing_key(url: str, labels: object, store_options: dict[str, Any] | None) -> str:
+    """A digest naming a listing in the job's store: the URL, its source
+    (:func:`listing_source`) and the store options (another endpoint may answer another
+    listing).  Values that are not plain data count by their type: they cannot be compared
+    across processes."""
+
+    def plain(value: object) -> object:
+        return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+    doc = [url, listing_source(labels), store_options or {}]
+    text = json.dumps(doc, sort_keys=True, default=plain)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _encode(objects: ObjectList) -> bytes:
+    buf = io.BytesIO()
+    arrays: dict[str, Any] = objects.arrays()
+    np.savez(buf, **arrays)
+    return zlib.compress(buf.getvalue(), 1)
+
+
+def _decode(data: bytes) -> ObjectList:
+    with np.load(io.BytesIO(zlib.decompress(data)), allow_pickle=False) as doc:
+        return ObjectList.from_arrays(doc)
+
+
+def share_listing(
+    store: Any,
+    key: str,
+    what: str,
+    produce: Callable[[], Sequence[ObjectInfo]],
+    *,
+    timeout: float = LISTING_WAIT,
+) -> ObjectList:
+    """The listing named ``key``: made by ``produce()`` in the first process of the job to
+    ask, published through ``store``, and read from there by every other.  ``what``
+    names it in messages (the URL).
+
+    Raises:
+        AsyncLoaderError: the process that claimed the listing failed (its error is
+            named), or published nothing within ``timeout`` [seconds].
+        Whatever ``produce`` raises, in the process that lists.
+    """
+    base = f"listing/{key}"
+    done = f"{base}/done"
+    if store.add(f"{base}/claim", 1) == 1:
+        if store.check([done]):  # a failed attempt before this one: start afresh
+            store.delete_key(done)
+        try:
+            objects = ObjectList.of(produce())
+        except BaseException as exc:
+            store.set(done, f"error {type(exc).__name__}: {exc}"[:4000])
+            store.delete_key(f"{base}/claim")  # a later attempt may list again
+            raise
+        data = _encode(objects)
+        chunks = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
+        for i, chunk in enumerate(chunks):
+            store.set(f"{base}/{i}", chunk)
+        store.set(done, f"ok {len(chunks)}")  # last: readers wait for it
+        return objects
+    _wait_for(
+        store,
+        [done],
+        timeout,
+        lambda: (
+            f"no listing of {what} reached the job's store within {timeout:.0f} s: the "
+            "process that claimed it (the first of the job to need it) did not publish it"
+        ),
+    )
+    status = store.get(done).decode()
+    if status.startswith("error"):
+        raise AsyncLoaderError(f"the process of this job that listed {what} failed: {status[6:]}")
+    n = int(status.split()[1])
+    return _decode(b"".join(store.get(f"{base}/{i}") for i in range(n)))
+
+
+def _wait_for(
+    store: Any,
+    keys: list[str],
+    timeout: float,
+    message: Callable[[], str],
+    stop: Callable[[], None] | None = None,
+) -> None:
+    """Wait until every key of ``keys`` is in ``store``; ``stop()`` (called between looks)
+    may raise to end the wait early.
+
+    Raises:
+        AsyncLoaderError: ``message()`` after ``timeout`` [seconds].
+    """
+    deadline = time.monotonic() + timeout
+    while not store.check(keys):
+        if stop is not None:
+            stop()
+        if time.monotonic() > deadline:
+            raise AsyncLoaderError(message())
+        time.sleep(_SLICE)
+
+
+class Agreement:
+    """One loader's check that every rank of a sharded run holds the same object list.
+
+    ``announce()`` when the run starts (before listing), ``check(objects)`` before the first
+    batch, ``poll()`` before each later one until every rank has agreed.
+    """
+
+    def __init__(self, store: Any, url: str, name: str, rank: int, world_size: int) -> None:
+        self._store = store
+        self._url = url
+        self._base = f"agree/{name}"
+        self.rank = rank
+        self.world_size = world_size
+        self.settled = False
+
+    @classmethod
+    def open(cls, url: str, labels: object, rank: int, world_size: int) -> Agreement | None:
+        """The check of a run over ``url`` with ``labels`` (see :func:`listing_source`) for
+        ``rank`` of ``world_size``, or None where there is nothing to check (one rank, no
+        job store).
+
+        Raises:
+            AsyncLoaderError: the job's store cannot be reached.
+        """
+        if world_size <= 1:
+            return None
+        store = job_store()
+        if store is None:
+            return None
+        doc = json.dumps([url, listing_source(labels)])
+        return cls(store, url, hashlib.sha256(doc.encode()).hexdigest()[:32], rank, world_size)
+
+    @property
+    def store(self) -> Any:
+        """The job's store (a c10d ``Store`` under this package's prefix)."""
+        return self._store
+
+    def announce(self) -> None:
+        """Tell the other ranks that this one runs over the URL: they wait for its verdict
+        before their first batch."""
+        self._store.set(f"{self._base}/started/{self.rank}", "1")
+
+    def _refused(self) -> None:
+        key = f"{self._base}/refused"
+        if self._store.check([key]):
+            raise ListingMismatchError(self._store.get(key).decode())
+
+    def check(self, objects: Sequence[ObjectInfo], *, timeout: float = LISTING_WAIT) -> None:
+        """Publish this rank's digest and compare it with the job's first; then wait for
+        the verdict of every rank that has announced itself.
+
+        Raises:
+            ListingMismatchError: this rank's list differs from the first published one,
+                or another rank refused; the message names both counts.
+            AsyncLoaderError: an announced rank gave no verdict within ``timeout``.
+        """
+        listed = ObjectList.of(objects)
+        mine = f"{len(listed)} {listed.digest()}"
+        store, base = self._store, self._base
+        self._refused()
+        store.set(f"{base}/rank/{self.rank}", mine)
+        ref = store.compare_set(f"{base}/ref", "", f"{self.rank} {mine}").decode()
+        ref_rank, ref_count, ref_digest = ref.split()
+        if f"{ref_count} {ref_digest}" != mine:
+            message = (
+                f"the ranks of this job hold different object lists for {self._url}: rank "
+                f"{self.rank} of {self.world_size} has {len(listed)} objects "
+                f"(digest {mine.split()[1][:12]}), rank {ref_rank} has {ref_count} "
+                f"(digest {ref_digest[:12]}). Sharding them would read some samples twice "
+                "and others never. Each listed the store itself and saw it at another "
+                "moment or through another endpoint: share one listing (ImageDataset, or "
+                "ImageLoader under torchrun, lists once per job when every rank passes the "
+                "same URL and options), or name the objects in a manifest "
+                "(asyncloader ls --write-manifest) or with objects=."
+            )
+            store.compare_set(f"{base}/refused", "", message)
+            raise ListingMismatchError(message)
+        store.set(f"{base}/ok/{self.rank}", "1")
+        started = [
+            r
+            for r in range(self.world_size)
+            if r != self.rank and store.check([f"{base}/started/{r}"])
+        ]
+        _wait_for(
+            store,
+            [f"{base}/ok/{r}" for r in started],
+            timeout,
+            lambda: (
+                f"ranks {started} of this job started reading {self._url} but did not "
+                f"check their object lists within {timeout:.0f} s"
+            ),
+            stop=self._refused,
+        )
+        self._refused()
+        self.poll()
+
+    def poll(self) -> None:
+        """Between batches, until every rank has agreed: a refusal raises here.
+
+        Raises:
+            ListingMismatchError: a rank refused its list.
+        """
+        if self.settled:
+            return
+        self._refused()
+        oks = [f"{self._base}/ok/{r}" for r in range(self.world_size)]
+        self.settled = bool(self._store.check(oks))
