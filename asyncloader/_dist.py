@@ -5,7 +5,7 @@ reach the job's key-value store: the TCPStore of torchrun's agent (``MASTER_ADDR
 ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``), the same store under gloo and NCCL,
 with or without a process group.  Without torchrun, a process group initialised on a
 TCPStore (``init_process_group`` with ``env://`` or ``tcp://``) serves the same way.  Keys
-go under ``asyncloader/<run id>/<restart>/``, so a restarted job starts afresh.
+go under ``asyncloader/<run id>/<restart>``, so a restarted job starts afresh.
 
 Nothing here is a collective: only ``set``, ``get``, ``add``, ``compare_set``, ``check``
 and ``wait``, which never need another rank to take part.  So a dataset that one rank alone
@@ -85,7 +85,7 @@ def store_address() -> StoreAddress | None:
         if host and port.isdigit():
             run = env.get("TORCHELASTIC_RUN_ID", "none")
             restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-            return StoreAddress(host, int(port), f"asyncloader/{run}/{restart}/")
+            return StoreAddress(host, int(port), f"asyncloader/{run}/{restart}")
     if _adopted is not None:
         return _adopted
     if "torch" not in sys.modules:  # no process group without torch imported
@@ -106,7 +106,7 @@ def store_address() -> StoreAddress | None:
         store = store.underlying_store
     if not isinstance(store, TCPStore):
         return None
-    return StoreAddress(store.host, store.port, "asyncloader/pg/")
+    return StoreAddress(store.host, store.port, "asyncloader/pg")
 
 
 def adopt_store_address(address: StoreAddress | None) -> None:

@@ -304,14 +304,23 @@ class DataLoaderState:
         self.dataloader = dataloader
 
     def state_dict(self) -> dict[str, Any]:
-        dataset: ImageDataset = self.dataloader.dataset
-        saver = getattr(self.dataloader, "state_dict", None)
-        state = rank_state(saver()) if saver is not None else dataset.state_dict()
+        dl = self.dataloader
+        dataset: ImageDataset = dl.dataset
+        # A StatefulDataLoader that has not started iterating would start its workers to
+        # answer (torchdata's state_dict makes an iterator), before a checkpoint is loaded
+        # into the dataset (dcp.load asks for this state first): the dataset's own state
+        # is the rank's then.
+        started = getattr(dl, "_iterator", None) is not None
+        saver = getattr(dl, "state_dict", None)
+        state = rank_state(saver()) if saver is not None and started else dataset.state_dict()
         return {key: state.get(key) for key in KEYS}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        dataset: ImageDataset = self.dataloader.dataset
-        dataset.load_state_dict(state_dict)
+        dl = self.dataloader
+        dl.dataset.load_state_dict(state_dict)
+        if getattr(dl, "_iterator", None) is not None:
+            # Workers started before the state came would not have it: start anew.
+            dl._iterator = None
 
 
 def to_device(

@@ -20,7 +20,35 @@ from .conftest import N_IMAGES
 
 
 def _torchrun(script: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
-    """``torchrun --nproc_per_node=nproc script args...`` on 127.0.0.1, to its end.
+    """``torchrun --nproc_per_node=nproc script args...`` on 127.0.0.1, to its end."""
+    launch = [
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+    ]
+    return _job(script, [launch], *args)[0]
+
+
+def _nodes(
+    script: Path, nnodes: int, nproc: int, *args: str
+) -> list[subprocess.CompletedProcess[str]]:
+    """One job of ``nnodes`` "nodes" on this host: a torchrun each, ``nproc`` ranks per
+    node, meeting at a c10d rendezvous on 127.0.0.1 (as nodes of a cluster do)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    launch = [
+        f"--nnodes={nnodes}",
+        f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id=job{free_port()}",
+    ]
+    return _job(script, [launch] * nnodes, *args)
+
+
+def _job(
+    script: Path, launches: list[list[str]], *args: str
+) -> list[subprocess.CompletedProcess[str]]:
+    """One torchrun per entry of ``launches`` (its own arguments), all at once, to the end.
 
     A job still running after ``HANG`` seconds (a normal one takes 10-30) fails the test
     with every process's stacks: each Python process of the job (torchrun, the ranks, their
@@ -33,35 +61,47 @@ def _torchrun(script: Path, nproc: int, *args: str) -> subprocess.CompletedProce
     env["PYTHONFAULTHANDLER"] = "1"
     # torchrun makes a log folder under the temporary folder and leaves it: the test's own.
     env["TMPDIR"] = str(script.parent)
-    with subprocess.Popen(
-        [
-            *cmd,
-            f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-            str(script),
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    ) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=HANG)
-        except subprocess.TimeoutExpired:
-            job = [proc.pid, *_descendants(proc.pid)]  # the ranks are sessions of their own
-            _signal(job, signal.SIGABRT, pause=0.5)  # one at a time: dumps not interleaved
+    procs = [
+        subprocess.Popen(
+            [*cmd, *launch, str(script), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for launch in launches
+    ]
+    deadline = time.monotonic() + HANG
+    done: list[subprocess.CompletedProcess[str]] = []
+    try:
+        for proc in procs:
             try:
-                stdout, stderr = proc.communicate(timeout=15)
+                stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
             except subprocess.TimeoutExpired:
-                _signal(job, signal.SIGKILL)
-                stdout, stderr = proc.communicate()
-            raise AssertionError(
-                f"torchrun still running after {HANG} s; the job's stacks:\n{stderr[-12000:]}"
-            ) from None
-    assert proc.returncode == 0, stderr[-4000:]
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+                stacks = []
+                for p in procs:
+                    if p.poll() is None:
+                        job = [p.pid, *_descendants(p.pid)]  # ranks: sessions of their own
+                        _signal(job, signal.SIGABRT, pause=0.5)  # dumps not interleaved
+                for p in procs:
+                    try:
+                        _, err = p.communicate(timeout=15)
+                    except subprocess.TimeoutExpired:
+                        _signal([p.pid, *_descendants(p.pid)], signal.SIGKILL)
+                        _, err = p.communicate()
+                    stacks.append((err or "")[-12000:])
+                raise AssertionError(
+                    f"torchrun still running after {HANG} s; the job's stacks:\n"
+                    + "\n".join(stacks)
+                ) from None
+            assert proc.returncode == 0, stderr[-4000:]
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                _signal([proc.pid, *_descendants(proc.pid)], signal.SIGKILL)
+                proc.communicate()
+    return done
 
 
 HANG = 90  # seconds: under the suite's per-test timeout, which would print only ours
@@ -173,7 +213,7 @@ LIST_JOB = textwrap.dedent(
 def test_a_job_of_two_ranks_and_two_workers_each_lists_once(
     light_server: S3TestServer, tmp_path: Path
 ) -> None:
-    """Rank 0 lists and broadcasts; each rank's dataset carries the list to its DataLoader
+    """The first rank lists and shares the list through the job's store; each rank's dataset carries it to its DataLoader
     workers: the store sees the LIST requests of one listing, not of 2 × 2 (and no cache is
     needed for it)."""
     import asyncloader as al

@@ -1,0 +1,230 @@
+"""The job's store (a real c10d TCPStore on 127.0.0.1): one listing per job, shared in
+chunks; every rank's agreement on its object list; the digest that agreement compares."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.distributed import PrefixStore, TCPStore
+
+from asyncloader import AsyncLoaderError, ListingMismatchError, ObjectInfo, _dist
+from asyncloader._dist import (
+    Agreement,
+    StoreAddress,
+    listing_key,
+    share_listing,
+    store_address,
+)
+from asyncloader._objects import ObjectList
+
+
+@pytest.fixture
+def server() -> TCPStore:
+    master = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=10),
+    )  # fmt: skip
+    return master
+
+
+def _client(server: TCPStore, prefix: str = "asyncloader/t/0") -> Any:
+    tcp = TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False)
+    return PrefixStore(prefix, tcp)
+
+
+def _objects(n: int, tag: str = "") -> list[ObjectInfo]:
+    return [
+        ObjectInfo(f"train/c{i % 7}/img_{i:07d}{tag}.jpg", 1000 + i, f"{i:032x}") for i in range(n)
+    ]
+
+
+def test_the_first_process_lists_and_the_others_read_its_list(server: TCPStore) -> None:
+    calls: list[int] = []
+
+    def produce() -> list[ObjectInfo]:
+        calls.append(1)
+        return _objects(50)
+
+    key = listing_key("s3://b/train/", "folder", {"endpoint_url": "http://x"})
+    a = share_listing(_client(server), key, "s3://b/train/", produce)
+    b = share_listing(_client(server), key, "s3://b/train/", produce)
+    assert calls == [1]
+    assert list(a) == list(b) == _objects(50)
+
+
+def test_a_long_listing_travels_in_chunks_under_the_store_payload_limit(server: TCPStore) -> None:
+    # ~20 MB of keys that do not compress: over the 8 MiB a TCPStore value may hold.
+    rnd = os.urandom(250_000 * 40).hex()
+    objects = [ObjectInfo(rnd[80 * i : 80 * i + 80], i, "e") for i in range(250_000)]
+    store = _client(server)
+    share_listing(store, "k", "u", lambda: objects)
+    assert int(store.get("listing/k/done").decode().split()[1]) > 2  # chunks
+    got = share_listing(_client(server), "k", "u", lambda: [])
+    assert got.digest() == ObjectList.of(objects).digest()
+
+
+def test_a_failed_listing_is_named_to_the_waiting_processes_and_may_be_tried_again(
+    server: TCPStore,
+) -> None:
+    started, results = threading.Event(), []
+
+    def fail() -> list[ObjectInfo]:
+        started.set()
+        time.sleep(0.3)
+        raise AsyncLoaderError("no such bucket: b")
+
+    def reader() -> None:
+        started.wait(5)
+        try:
+            share_listing(_client(server), "k", "s3://b/", lambda: _objects(1))
+        except AsyncLoaderError as exc:
+            results.append(str(exc))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    with pytest.raises(AsyncLoaderError, match="no such bucket"):
+        share_listing(_client(server), "k", "s3://b/", fail)
+    t.join(10)
+    assert len(results) == 1 and "listed s3://b/ failed" in results[0]
+    assert "no such bucket: b" in results[0]
+    # The claim is given back: the next process to need it lists again.
+    assert list(share_listing(_client(server), "k", "s3://b/", lambda: _objects(3))) == _objects(3)
+
+
+def test_a_listing_claimed_but_never_published_is_a_clear_error_after_the_timeout(
+    server: TCPStore,
+) -> None:
+    store = _client(server)
+    store.add("listing/k/claim", 1)  # a process claimed it, then hung
+    t0 = time.monotonic()
+    with pytest.raises(AsyncLoaderError, match="no listing of s3://b/ reached the job's store"):
+        share_listing(_client(server), "k", "s3://b/", lambda: _objects(1), timeout=0.3)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_restarted_job_and_another_prefix_start_afresh(server: TCPStore) -> None:
+    share_listing(_client(server, "asyncloader/r/0"), "k", "u", lambda: _objects(2))
+    got = share_listing(_client(server, "asyncloader/r/1"), "k", "u", lambda: _objects(5))
+    assert len(got) == 5
+
+
+def test_listing_keys_differ_by_url_source_and_store_options() -> None:
+    base = listing_key("s3://b/t/", "folder", {"endpoint_url": "http://a"})
+    assert base == listing_key("s3://b/t/", None, {"endpoint_url": "http://a"})  # same LIST
+    assert base != listing_key("s3://b/t/", "folder", {"endpoint_url": "http://b"})
+    assert base != listing_key("s3://b/u/", "folder", {"endpoint_url": "http://a"})
+    assert base != listing_key("s3://b/t/", "train.jsonl", {"endpoint_url": "http://a"})
+    # A callable label policy lists the same objects as any other.
+    assert listing_key("s3://b/t/", lambda k: 0, None) == listing_key("s3://b/t/", "folder", None)
+
+
+def _agreement(server: TCPStore, rank: int, world: int = 2) -> Agreement:
+    return Agreement(_client(server), "s3://b/train/", "n", rank, world)
+
+
+def test_ranks_with_the_same_list_agree(server: TCPStore) -> None:
+    a, b = _agreement(server, 0), _agreement(server, 1)
+    a.announce()
+    b.announce()
+    done = threading.Thread(target=a.check, args=(_objects(40),))
+    done.start()  # waits for rank 1, which announced itself
+    time.sleep(0.2)
+    assert done.is_alive()
+    b.check(_objects(40))
+    done.join(5)
+    assert not done.is_alive()
+    a.poll()
+    assert a.settled and b.settled
+
+
+def test_a_rank_with_another_list_is_refused_and_so_are_the_others(server: TCPStore) -> None:
+    a, b = _agreement(server, 0), _agreement(server, 1)
+    a.announce()
+    b.announce()
+    errors: list[str] = []
+
+    def rank0() -> None:
+        try:
+            a.check(_objects(40))
+        except ListingMismatchError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    time.sleep(0.1)
+    with pytest.raises(ListingMismatchError) as refused:
+        b.check([*_objects(40), ObjectInfo("train/c0/extra.jpg", 5, "e")])
+    t.join(5)
+    message = str(refused.value)
+    assert "rank 1 of 2 has 41 objects" in message and "rank 0 has 40" in message
+    assert errors == [message]  # rank 0 hears of it before its first batch
+
+
+def test_a_rank_already_running_hears_of_a_refusal_at_its_next_batch(server: TCPStore) -> None:
+    a = _agreement(server, 0)
+    a.check(_objects(10))  # nobody else announced: it goes on at once
+    assert not a.settled
+    a.poll()
+    with pytest.raises(ListingMismatchError):
+        _agreement(server, 1).check(_objects(11))
+    with pytest.raises(ListingMismatchError, match="rank 1 of 2 has 11 objects"):
+        a.poll()
+
+
+def test_one_rank_alone_never_waits_for_the_others(server: TCPStore) -> None:
+    a = _agreement(server, 0, world=8)
+    a.announce()
+    t0 = time.monotonic()
+    a.check(_objects(10))
+    for _ in range(3):
+        a.poll()
+    assert time.monotonic() - t0 < 2 and not a.settled
+
+
+def test_the_job_store_comes_from_torchrun_s_environment(
+    server: TCPStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert store_address() == StoreAddress("127.0.0.1", server.port, "asyncloader/job7/2")
+    agreement = Agreement.open("s3://b/", "folder", 0, 2)
+    assert agreement is not None
+    agreement.store.set("x", "1")
+    assert server.check(["asyncloader/job7/2/x"])
+    assert Agreement.open("s3://b/", "folder", 0, 1) is None  # one rank: nothing to check
+
+
+def test_no_job_store_without_torchrun_or_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    monkeypatch.setattr(_dist, "_adopted", None)
+    assert store_address() is None
+    assert Agreement.open("s3://b/", "folder", 0, 2) is None
+
+
+_info = st.builds(
+    ObjectInfo,
+    st.text(min_size=1, max_size=12),
+    st.integers(0, 2**40),
+    st.one_of(st.text(max_size=40), st.from_regex(r"[0-9a-f]{32}", fullmatch=True)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_info, max_size=30), st.lists(_info, max_size=30), st.integers(0, 30))
+def test_digests_are_equal_exactly_for_equal_lists(
+    a: list[ObjectInfo], b: list[ObjectInfo], cut: int
+) -> None:
+    whole = ObjectList.of(a)
+    parts = ObjectList.concat([ObjectList.of(a[:cut]), ObjectList.of(a[cut:])])
+    assert whole.digest() == parts.digest()  # however the list was made
+    assert (ObjectList.of(b).digest() == whole.digest()) == (a == b)

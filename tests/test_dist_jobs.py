@@ -1,0 +1,294 @@
+"""Real torchrun jobs (gloo, CPU, 127.0.0.1) over our light S3 server: two "nodes" of two
+ranks each with a cache folder per node, a dataset that rank 0 alone reads, ranks whose
+stores answer different listings, and a torch.distributed.checkpoint saved on 2 ranks and
+loaded on 3 and on 1."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+import time
+from pathlib import Path
+
+from asyncloader.testing import S3TestServer
+
+from .conftest import N_IMAGES
+from .test_torchrun import _nodes, _torchrun
+
+# Each sample is the digest of its object's bytes: what arrives proves which object it was.
+DIGEST = """
+import hashlib
+import numpy as np
+
+def digest(data):
+    d = hashlib.blake2b(bytes(data), digest_size=16).digest()
+    return np.frombuffer(d, np.uint8).reshape(1, 1, 16).copy()
+
+def names(images):
+    return [bytes(row).hex() for row in images.reshape(len(images), 16).tolist()]
+"""
+
+
+def _objects(folder: Path) -> set[str]:
+    return {
+        hashlib.blake2b(f.read_bytes(), digest_size=16).hexdigest() for f in folder.rglob("*.jpg")
+    }
+
+
+NODES_JOB = DIGEST + textwrap.dedent(
+    """
+    import json, os, sys
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from asyncloader.torch import ImageDataset
+
+    def main():
+        endpoint, cache_root, out = sys.argv[1:4]
+        dist.init_process_group("gloo")
+        node = int(os.environ["GROUP_RANK"])
+        result = {"node": node}
+        for shuffle in ("global", "node"):
+            ds = ImageDataset("s3://b/train/", batch_size=6, seed=3, shuffle=shuffle,
+                              decode=digest, sample_shape=(1, 1, 16), decode_workers=1,
+                              cache_dir=f"{cache_root}/node{node}",
+                              store_options={"endpoint_url": endpoint})
+            for epoch in (0, 1):
+                ds.set_epoch(epoch)
+                seen = []
+                for images, _ in DataLoader(ds, batch_size=None, num_workers=2):
+                    seen += names(images)
+                result[f"{shuffle}{epoch}"] = seen
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, result)
+        if dist.get_rank() == 0:
+            json.dump(gathered, open(out, "w"))
+        dist.barrier()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def test_two_nodes_read_every_sample_once_per_epoch_from_one_listing(
+    light_server: S3TestServer, jpeg_folder: Path, tmp_path: Path
+) -> None:
+    """``torchrun --nnodes=2 --nproc_per_node=2`` twice on this host (c10d rendezvous), a
+    cache folder per node, ImageDataset in DataLoader(num_workers=2): global and node-local
+    shuffle deliver every object exactly once per epoch over the 4 ranks, a node keeps its
+    subset across epochs under the node-local shuffle, and the whole job (2 datasets × 4
+    ranks × 2 workers) sends the LIST requests of one listing."""
+    import asyncloader as al
+
+    light_server.reset_stats()
+    with al.ImageLoader(
+        "s3://b/train/", batch_size=10, store_options={"endpoint_url": light_server.endpoint}
+    ):
+        one_listing = light_server.stats()["counters"]["list"]
+    light_server.reset_stats()
+    script = tmp_path / "job.py"
+    script.write_text(NODES_JOB)
+    out = tmp_path / "ranks.json"
+    t0 = time.monotonic()
+    _nodes(script, 2, 2, light_server.endpoint, str(tmp_path / "cache"), str(out))
+    print(f"two-node job: {time.monotonic() - t0:.1f} s")
+    ranks = json.loads(out.read_text())
+    objects = _objects(jpeg_folder)
+    assert len(ranks) == 4 and sorted(r["node"] for r in ranks) == [0, 0, 1, 1]
+    for run in ("global0", "global1", "node0", "node1"):
+        seen = [d for r in ranks for d in r[run]]
+        assert len({len(r[run]) for r in ranks}) == 1, run  # equal per rank: no DDP hang
+        assert len(seen) == len(set(seen)) == N_IMAGES and set(seen) == objects, run
+    assert ranks[0]["global0"] != ranks[0]["global1"]  # a new order each epoch
+    for node in (0, 1):
+        mine = [r for r in ranks if r["node"] == node]
+        subset = [{d for r in mine for d in r[f"node{e}"]} for e in (0, 1)]
+        assert subset[0] == subset[1], node  # the node keeps its subset (and its cache)
+    assert light_server.stats()["counters"]["list"] == one_listing
+
+
+RANK0_JOB = DIGEST + textwrap.dedent(
+    """
+    import datetime, sys, time
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from asyncloader.torch import ImageDataset
+
+    if __name__ == "__main__":
+        # A hang would end at this time-out (the issue's job waited out the default).
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=40))
+        if dist.get_rank() == 0:  # validation on rank 0 only; the others wait
+            t0 = time.monotonic()
+            ds = ImageDataset("s3://b/train/", batch_size=8, decode=digest,
+                              sample_shape=(1, 1, 16), decode_workers=1,
+                              store_options={"endpoint_url": sys.argv[1]})
+            seen = [d for images, _ in DataLoader(ds, batch_size=None, num_workers=1)
+                    for d in names(images)]
+            print(f"rank 0 read {len(seen)} samples ({len(set(seen))} distinct) "
+                  f"in {time.monotonic() - t0:.1f} s", flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+    """
+)
+
+
+def test_a_dataset_that_rank_0_alone_reads_does_not_wait_for_the_others(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """The validation pattern: only rank 0 makes and reads a dataset while rank 1 waits at
+    a barrier.  No collective runs in the constructor or the iterator, so it finishes in
+    the time of one listing and one epoch (the rank's shard: half the samples)."""
+    script = tmp_path / "job.py"
+    script.write_text(RANK0_JOB)
+    proc = _torchrun(script, 2, light_server.endpoint)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("rank 0 read"))
+    assert line.startswith(f"rank 0 read {N_IMAGES // 2} samples ({N_IMAGES // 2} distinct)")
+    assert float(line.split(" in ")[1].split()[0]) < 30
+
+
+MISMATCH_JOB = textwrap.dedent(
+    """
+    import sys
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    import asyncloader as al
+    from asyncloader.torch import ImageDataset
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        endpoint = sys.argv[1 + rank]  # each rank's "node" reaches its own store
+        options = {"endpoint_url": endpoint}
+        batches = 0
+        try:
+            ds = ImageDataset("s3://b/train/", batch_size=8, decode_workers=1,
+                              store_options=options)
+            for _ in DataLoader(ds, batch_size=None, num_workers=1):
+                batches += 1
+            print(f"rank {rank} dataset read {batches} batches", flush=True)
+        except al.ListingMismatchError as exc:
+            print(f"rank {rank} dataset refused after {batches} batches: {exc}", flush=True)
+        batches = 0
+        try:  # a plain ImageLoader, rank and world given, over the whole bucket
+            with al.ImageLoader("s3://b/", batch_size=8, rank=rank, world_size=2,
+                                decode_workers=1, store_options=options) as loader:
+                for _ in loader:
+                    batches += 1
+            print(f"rank {rank} loader read {batches} batches", flush=True)
+        except al.ListingMismatchError as exc:
+            print(f"rank {rank} loader refused after {batches} batches: {exc}", flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+    """
+)
+
+
+def test_ranks_whose_stores_list_different_objects_are_refused_before_the_first_batch(
+    light_server: S3TestServer, jpeg_folder: Path, tmp_path: Path
+) -> None:
+    """Rank 1's store answers one object more than rank 0's: with an ImageDataset and
+    with a plain ImageLoader, every rank refuses before its first batch, naming the
+    counts, instead of reading overlapping shards."""
+    with S3TestServer(load=jpeg_folder, bucket="b", prefix="train/") as other:
+        extra = next(jpeg_folder.rglob("*.jpg")).read_bytes()
+        other.put("b", "train/class_000/zz_extra.jpg", extra)
+        script = tmp_path / "job.py"
+        script.write_text(MISMATCH_JOB)
+        proc = _torchrun(script, 2, light_server.endpoint, other.endpoint)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("rank ")]
+    for face in ("dataset", "loader"):
+        for rank in (0, 1):
+            line = next(x for x in lines if x.startswith(f"rank {rank} {face}"))
+            assert f"rank {rank} {face} refused after 0 batches" in line, line
+            assert f"{N_IMAGES} objects" in line or f"has {N_IMAGES}" in line, line
+            assert f"{N_IMAGES + 1}" in line, line
+
+
+DCP_JOB = DIGEST + textwrap.dedent(
+    """
+    import json, sys
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    import asyncloader as al
+    from asyncloader.torch import DataLoaderState, ImageDataset
+
+    def main():
+        endpoint, face, workers, checkpoint, out, stop = sys.argv[1:7]
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        options = dict(batch_size=8, seed=5, decode=digest, sample_shape=(1, 1, 16),
+                       decode_workers=1, store_options={"endpoint_url": endpoint})
+        if face == "loader":
+            data = al.ImageLoader("s3://b/train/", rank=rank, world_size=world, **options)
+            batches_of, state = data, data
+        else:
+            data = ImageDataset("s3://b/train/", **options)
+            if face == "workers":  # DataLoader workers: the rank's state is the DataLoader's
+                batches_of = StatefulDataLoader(data, batch_size=None,
+                                                num_workers=int(workers),
+                                                multiprocessing_context="fork")
+                state = DataLoaderState(batches_of)
+            else:  # iterated in the training process
+                batches_of, state = data, data
+        data.set_epoch(1)
+        if stop == "0":  # the restarted job: load what the first one saved
+            dcp.load({"data": state}, checkpoint_id=checkpoint)
+        seen, batches = [], 0
+        for images, _ in batches_of:
+            seen += names(images)
+            batches += 1
+            if batches == int(stop):  # pre-empted here
+                dcp.save({"data": state}, checkpoint_id=checkpoint)
+                break
+        gathered = [None] * world
+        dist.all_gather_object(gathered, {"seen": seen, "batches": batches})
+        if rank == 0:
+            json.dump(gathered, open(out, "w"))
+        dist.barrier()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+# face: (DataLoader workers of the saving job, [(ranks, workers) of each restarted job])
+RESTARTS = {
+    "dataset": (0, [(3, 0), (1, 0)]),
+    "loader": (0, [(3, 0)]),
+    "workers": (2, [(1, 3)]),
+}
+
+
+def test_a_checkpoint_saved_on_2_ranks_resumes_on_3_and_on_1(
+    light_server: S3TestServer, jpeg_folder: Path, tmp_path: Path
+) -> None:
+    """``dcp.save`` on 2 ranks after 3 batches each (48 of 96 samples: the other 48 deal
+    evenly over 3 ranks, so nothing is padded), ``dcp.load`` into a new job of 3 ranks or
+    of 1: the stopped job and each restarted one deliver every object of the epoch exactly
+    once, with equal batch counts per rank.  For ImageDataset iterated in the training
+    process, for ImageLoader, and for ImageDataset in DataLoader workers (a torchdata
+    StatefulDataLoader saved as DataLoaderState; 2 workers, then 1 rank of 3)."""
+    objects = _objects(jpeg_folder)
+    script = tmp_path / "job.py"
+    script.write_text(DCP_JOB)
+    endpoint = light_server.endpoint
+    for face, (workers, restarts) in RESTARTS.items():
+        checkpoint = str(tmp_path / f"ckpt-{face}")
+        first = tmp_path / f"{face}-first.json"
+        _torchrun(script, 2, endpoint, face, str(workers), checkpoint, str(first), "3")
+        ranks = json.loads(first.read_text())
+        assert [r["batches"] for r in ranks] == [3, 3]
+        consumed = [d for r in ranks for d in r["seen"]]
+        assert len(consumed) == len(set(consumed)) == 48
+        for nproc, w in restarts:
+            out = tmp_path / f"{face}-{nproc}.json"
+            _torchrun(script, nproc, endpoint, face, str(w), checkpoint, str(out), "0")
+            ranks = json.loads(out.read_text())
+            assert len({r["batches"] for r in ranks}) == 1, ranks  # equal: no hang
+            rest = [d for r in ranks for d in r["seen"]]
+            assert len(rest) == len(set(rest)) == N_IMAGES - 48, (face, nproc)
+            assert set(rest) | set(consumed) == objects, (face, nproc)
