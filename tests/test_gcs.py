@@ -196,3 +196,54 @@ def test_a_flat_run_of_names_is_listed_by_ranges_side_by_side(gcs_emulator: GCSE
         assert proxy.requests <= 12 + 45 + 1  # its pages, the ranges' overlaps, the retry
     assert [o.key for o in objects] == [n[len("run/") :] for n in names]
     assert [o.size for o in objects] == [len(n) for n in names]
+
+
+READ_ONLY = "https://www.googleapis.com/auth/devstorage.read_only"
+READ_WRITE = "https://www.googleapis.com/auth/devstorage.read_write"
+
+
+def test_reads_ask_for_a_read_only_token_and_writes_for_one_that_may_write(
+    gcs_data: GCSEmulator, tmp_path: Path
+) -> None:
+    """google-auth asks the token endpoint for the read-only scope for listing and reading,
+    and for the read-write scope only when the store writes (``put``: manifests); a write
+    the service refuses (403: a token or role that may only read) names that scope."""
+    with TokenServer() as tokens, FaultProxy(gcs_data.endpoint) as proxy:
+        key_file = tokens.google_service_account(tmp_path / "sa.json")
+        store = al.GCSStore(
+            "imgs", "scoped/", endpoint_url=proxy.endpoint, credentials_file=str(key_file)
+        )
+
+        async def run() -> tuple[int, al.ObjectInfo]:
+            try:
+                listed = len([o async for o in store.list()])
+                written = await store.put("train.jsonl", b'{"key": "a.jpg"}\n')
+                return listed, written
+            finally:
+                await store.close()
+
+        listed, written = asyncio.run(run())
+        assert listed == 0 and written.size == 17
+        reader, writer = (f"Bearer {tokens.google_token(n)}" for n in (1, 2))
+        assert tokens.scopes == {
+            tokens.google_token(1): READ_ONLY,
+            tokens.google_token(2): READ_WRITE,
+        }
+        assert set(proxy.authorizations) == {reader, writer}
+        assert proxy.authorizations[writer] == 1  # the upload, and nothing else
+
+        proxy.read_only(f"Bearer {tokens.google_token(3)}")  # the next write token's
+        store = al.GCSStore(
+            "imgs", "scoped/", endpoint_url=proxy.endpoint, credentials_file=str(key_file)
+        )
+
+        async def refused() -> None:
+            try:
+                await store.put("again.jsonl", b"{}\n")
+            finally:
+                await store.close()
+
+        with pytest.raises(al.AccessDenied) as denied:
+            asyncio.run(refused())
+        assert tokens.scopes[tokens.google_token(3)] == READ_WRITE
+        assert any(READ_WRITE in note for note in denied.value.__notes__)

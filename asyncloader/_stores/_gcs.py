@@ -30,11 +30,11 @@ from urllib.parse import quote, urlencode, urlsplit
 import aiohttp
 from yarl import URL
 
-from .._errors import ClosedError, ObjectNotFound, StoreError, TransientStoreError
+from .._errors import AccessDenied, ClosedError, ObjectNotFound, StoreError, TransientStoreError
 from .._retry import retrying
 from .._types import Blob, ObjectInfo
 from ._bearer import BearerToken, with_token
-from ._gcs_auth import emulator_host, google_token_source
+from ._gcs_auth import READ_WRITE_SCOPE, emulator_host, google_token_source
 from ._http import gc_paused, get_object, object_headers, open_clients, proxy_configured, send
 from ._lean_http import LeanHTTPClient
 from ._listing import Page, RangedListing
@@ -130,6 +130,7 @@ class GCSStore(RangedListing):
         self._page_size = page_size
         self._ca_bundle = ca_bundle
         self._token: BearerToken | None = None
+        self._write_token: BearerToken | None = None  # made on the first put
         self._session: aiohttp.ClientSession | None = None
         self._lean: LeanHTTPClient | None = None
         self._closed = False
@@ -174,11 +175,13 @@ class GCSStore(RangedListing):
         parse: Callable[[Blob], T],
         method: str = "GET",
         body: bytes | None = None,
+        token: BearerToken | None = None,
     ) -> T:
-        """A metadata or listing GET (or an upload's POST of ``body``), retried on
-        throttling and transient failures; the JSON answer goes through ``parse`` inside
-        each try (one cut short is asked again)."""
+        """A metadata or listing GET (or an upload's POST of ``body``, with ``token``: one
+        that may write), retried on throttling and transient failures; the JSON answer goes
+        through ``parse`` inside each try (one cut short is asked again)."""
         self._ensure()
+        token = token or self._token
         kind = {"content-type": "application/octet-stream"} if body is not None else {}
 
         async def once(authorization: str) -> T:
@@ -196,7 +199,7 @@ class GCSStore(RangedListing):
                     body=body,
                 )
             except ObjectNotFound as exc:
-                if self._token is None:
+                if token is None:
                     exc.add_note(
                         "no credentials were sent: a private bucket may answer 404 or 401 "
                         "to anonymous requests"
@@ -204,7 +207,7 @@ class GCSStore(RangedListing):
                 raise
             return parse(answer)
 
-        return await retrying(partial(with_token, self._token, once))
+        return await retrying(partial(with_token, token, once))
 
     async def _ready(self) -> None:
         self._ensure()
@@ -292,9 +295,30 @@ class GCSStore(RangedListing):
                 raise TransientStoreError(f"{what}: the upload arrived changed", key=key)
             return meta
 
-        meta = await self._control(
-            target, what=what, key=key, parse=check, method="POST", body=data
-        )
+        self._ensure()
+        if not self.anonymous and self._write_token is None:
+            source, who = google_token_source(
+                self._credentials, self._credentials_file, scope=READ_WRITE_SCOPE
+            )
+            self._write_token = BearerToken(source, what=who)
+        try:
+            meta = await self._control(
+                target,
+                what=what,
+                key=key,
+                parse=check,
+                method="POST",
+                body=data,
+                token=self._write_token,
+            )
+        except AccessDenied as exc:
+            if self._write_token is not None:
+                exc.add_note(
+                    f"the upload's token was asked for the scope {READ_WRITE_SCOPE}; the "
+                    "credentials also need a role that may create objects in the bucket "
+                    "(roles/storage.objectCreator, or objectAdmin to replace one)"
+                )
+            raise
         return ObjectInfo(key, len(data), str(meta.get("generation", "")))
 
     async def close(self) -> None:
@@ -302,6 +326,9 @@ class GCSStore(RangedListing):
         session, self._session = self._session, None
         lean, self._lean = self._lean, None
         token, self._token = self._token, None
+        write_token, self._write_token = self._write_token, None
+        if write_token is not None:
+            await write_token.close()
         if session is not None:
             await session.close()
         if lean is not None:

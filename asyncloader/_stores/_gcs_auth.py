@@ -17,9 +17,12 @@ from typing import Any
 from .._errors import AccessDenied
 from ._bearer import TokenSource, first_line
 
-__all__ = ["READ_ONLY_SCOPE", "emulator_host", "google_token_source"]
+__all__ = ["READ_ONLY_SCOPE", "READ_WRITE_SCOPE", "emulator_host", "google_token_source"]
 
+# Reads (list, stat, get) ask for a token that can only read; writes (put: manifests) for
+# one that may write too, only when something is written.
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+READ_WRITE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 _NEED = "Google Cloud credentials need google-auth: pip install 'asyncloader[gcs]'"
 
 
@@ -33,12 +36,16 @@ def emulator_host() -> str | None:
 
 
 def google_token_source(
-    credentials: Any = None, credentials_file: str | None = None
+    credentials: Any = None,
+    credentials_file: str | None = None,
+    *,
+    scope: str = READ_ONLY_SCOPE,
 ) -> tuple[TokenSource, str]:
     """A blocking token call for :class:`._bearer.BearerToken`, and words naming the
     credentials.  ``credentials``: a ``google.auth.credentials.Credentials``; else
     ``credentials_file`` (a service-account key or any file ADC reads); else Application
-    Default Credentials.
+    Default Credentials.  ``scope``: what the token may do (credentials given as an
+    object keep the scopes they were made with, unless they require some).
 
     Raises:
         AccessDenied: google-auth is missing, or no credentials were found (the message
@@ -50,7 +57,7 @@ def google_token_source(
         from google.auth.transport.requests import Request
     except ImportError as exc:
         raise AccessDenied(_NEED) from exc
-    scopes = [READ_ONLY_SCOPE]
+    scopes = [scope]
     try:
         if credentials is not None:
             creds, what = credentials, f"the given {type(credentials).__name__}"

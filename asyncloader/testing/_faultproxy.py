@@ -54,6 +54,7 @@ class FaultProxy(Equipment):
         self.requests = 0
         self.authorizations: Counter[str] = Counter()  # Authorization values seen
         self._revoked: set[str] = set()
+        self._read_only: set[str] = set()
         self.endpoint = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -127,6 +128,13 @@ class FaultProxy(Equipment):
         with self._lock:
             self._revoked.add(authorization)
 
+    def read_only(self, authorization: str) -> None:
+        """Answer 403 to every request but a GET or HEAD that carries this
+        ``Authorization`` value (a token whose scope or role lets it read only: GCS answers
+        a read-only token's upload so)."""
+        with self._lock:
+            self._read_only.add(authorization)
+
     def hold(self, path_contains: str) -> threading.Event:
         """Hold back requests whose decoded target contains ``path_contains`` until the
         returned event is set (the proxy sets it when it stops)."""
@@ -142,13 +150,16 @@ class FaultProxy(Equipment):
             if not gate.is_set():
                 await asyncio.to_thread(gate.wait)  # stop() sets every gate
 
-    def _pick(self, path: str, authorization: str) -> _Rule | None:
+    def _pick(self, path: str, authorization: str, method: str = "GET") -> _Rule | None:
         with self._lock:
             self.requests += 1
             self.authorizations[authorization] += 1
             if authorization in self._revoked:
                 self.injected += 1
                 return _Rule(1, 401, "InvalidAuthenticationInfo", "")
+            if authorization in self._read_only and method not in ("GET", "HEAD"):
+                self.injected += 1
+                return _Rule(1, 403, "AccessDenied", "")
             for rule in self._rules:
                 if rule.remaining > 0 and rule.path_contains in path:
                     rule.remaining -= 1
@@ -179,7 +190,7 @@ class FaultProxy(Equipment):
                         authorization = value.strip()
                 body = await reader.readexactly(length) if length else b""
                 await self._wait_gates(unquote(target))
-                rule = self._pick(unquote(target), authorization)
+                rule = self._pick(unquote(target), authorization, lines[0].split(" ")[0])
                 if rule is not None:
                     xml = (
                         '<?xml version="1.0" encoding="utf-8"?>'

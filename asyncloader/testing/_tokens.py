@@ -50,6 +50,7 @@ class TokenServer(Equipment):
         self.lifetime = lifetime
         self.issued = 0
         self.handed_out: list[str] = []  # every token, for tests that grep for them
+        self.scopes: dict[str, str] = {}  # Google token -> the scope it was asked for
         self.identity_header = "test-identity-header"
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -79,6 +80,11 @@ class TokenServer(Equipment):
                     return
                 n = owner._next()
                 owner.handed_out.append(owner.google_token(n))
+                # The JWT assertion's claims name the scope the token is asked for.
+                claims = form["assertion"][0].split(".")[1]
+                claims += "=" * (-len(claims) % 4)
+                scope = json.loads(base64.urlsafe_b64decode(claims)).get("scope", "")
+                owner.scopes[owner.google_token(n)] = scope
                 self._answer(
                     200,
                     {
