@@ -71,3 +71,31 @@ def test_train_ddp_under_torchrun(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step 2 epoch 1 loss" in out.stdout  # 32 samples per rank: a batch per epoch
     assert "manifest published: s3://" in out.stdout and "/train.npz" in out.stdout
+
+
+def test_train_dcp_resumes_on_another_number_of_ranks(tmp_path: Path) -> None:
+    """README's checkpoint recipe: 2 ranks save with torch.distributed.checkpoint, a job
+    of 1 rank loads the last checkpoint and goes on from its step."""
+    torchrun = shutil.which("torchrun")
+    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+    for nproc, steps in ((2, 4), (1, 6)):
+        out = _run(
+            [
+                *cmd,
+                f"--nproc_per_node={nproc}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={free_port()}",
+                str(EXAMPLES / "train_dcp.py"),
+                "--steps",
+                str(steps),
+                "--images",
+                "96",
+                "--checkpoint",
+                "ckpt",
+            ],
+            tmp_path,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"step {steps} epoch" in out.stdout
+    assert "resumed at step 4, epoch 1" in out.stdout  # 96 / 2 ranks / 16: 3 steps an epoch
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir())[-1] == "step-00000006"
