@@ -26,9 +26,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from train_cnn import small_cnn
+from train_ddp import job_data
 
 import asyncloader as al
-from asyncloader.testing import TEST_ENV, demo_bucket
 from asyncloader.torch import ImageDataset
 
 
@@ -69,14 +69,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     with contextlib.ExitStack() as stack:
-        where = [args.url, args.endpoint_url]
-        if args.url is None:
-            for k, v in TEST_ENV.items():  # every rank uses the emulator's test credentials
-                os.environ.setdefault(k, v)
-            if rank == 0:
-                where = list(stack.enter_context(demo_bucket(images=args.images))[:2])
-        dist.broadcast_object_list(where, src=0)  # the script's own setup, not the loader's
-        url, endpoint = where
+        url, options = job_data(args.url, args.endpoint_url, args.images, stack)
         # Iterated in this process (device="cpu": normalised float32 batches), the dataset
         # knows which batches the loop received: its state is the rank's position.
         ds = ImageDataset(
@@ -84,7 +77,7 @@ def main() -> None:
             batch_size=16,
             transform=al.RandomResizedCrop(96),
             device="cpu",
-            store_options={"endpoint_url": endpoint} if endpoint else {},
+            store_options=options,
         )
         model = nn.parallel.DistributedDataParallel(small_cnn(10))
         training = Training(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))

@@ -25,6 +25,22 @@ from asyncloader.testing import TEST_ENV, demo_bucket
 from asyncloader.torch import ImageDataset, to_device
 
 
+def job_data(
+    url: str | None, endpoint: str | None, images: int, stack: contextlib.ExitStack
+) -> tuple[str, dict[str, str]]:
+    """The URL every rank reads and its store options: ``url``, or the demo's emulator
+    bucket of ``images`` JPEGs, started on rank 0 (open as long as ``stack``) and named to
+    the other ranks (the script's own set-up, before any loader)."""
+    where = [url, endpoint]
+    if url is None:
+        for k, v in TEST_ENV.items():  # every rank uses the emulator's test credentials
+            os.environ.setdefault(k, v)
+        if dist.get_rank() == 0:
+            where = list(stack.enter_context(demo_bucket(images=images))[:2])
+    dist.broadcast_object_list(where, src=0)
+    return str(where[0]), {"endpoint_url": str(where[1])} if where[1] else {}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--url")
@@ -36,15 +52,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     with contextlib.ExitStack() as stack:
-        where = [args.url, args.endpoint_url]
-        if args.url is None:
-            for k, v in TEST_ENV.items():  # every rank uses the emulator's test credentials
-                os.environ.setdefault(k, v)
-            if rank == 0:
-                where = list(stack.enter_context(demo_bucket(images=args.images))[:2])
-        dist.broadcast_object_list(where, src=0)
-        url, endpoint = where
-        options = {"endpoint_url": endpoint} if endpoint else {}
+        url, options = job_data(args.url, args.endpoint_url, args.images, stack)
         labels = "folder"
         if args.manifest:
             labels = args.manifest if "://" in args.manifest else url + args.manifest

@@ -219,7 +219,7 @@ _info = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(_info, max_size=30), st.lists(_info, max_size=30), st.integers(0, 30))
 def test_digests_are_equal_exactly_for_equal_lists(
     a: list[ObjectInfo], b: list[ObjectInfo], cut: int
@@ -228,3 +228,26 @@ def test_digests_are_equal_exactly_for_equal_lists(
     parts = ObjectList.concat([ObjectList.of(a[:cut]), ObjectList.of(a[cut:])])
     assert whole.digest() == parts.digest()  # however the list was made
     assert (ObjectList.of(b).digest() == whole.digest()) == (a == b)
+
+
+def test_loaders_and_datasets_are_dcp_stateful_with_one_key_set(jpeg_folder: Any) -> None:
+    """torch.distributed.checkpoint loads into the keys of a new object's state: a state
+    has the same keys before the first batch, mid-epoch and after a load."""
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    from asyncloader import ImageLoader
+    from asyncloader._resume import KEYS
+    from asyncloader.torch import ImageDataset
+
+    ds = ImageDataset(str(jpeg_folder), batch_size=16, decode_workers=1)
+    fresh = ds.state_dict()
+    assert isinstance(ds, Stateful) and tuple(fresh) == KEYS
+    with ImageLoader(str(jpeg_folder), batch_size=16, decode_workers=1) as loader:
+        assert isinstance(loader, Stateful) and tuple(loader.state_dict()) == KEYS
+        for _ in zip(range(2), loader, strict=False):
+            pass
+        mid = loader.state_dict()
+        assert tuple(mid) == KEYS and mid["next_batch"] == 2
+    ds.load_state_dict(mid)
+    assert ds.state_dict() == mid  # loaded, not iterated yet: where it will go on
+    ds.close()

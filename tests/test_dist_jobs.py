@@ -14,20 +14,7 @@ from pathlib import Path
 from asyncloader.testing import S3TestServer
 
 from .conftest import N_IMAGES
-from .test_torchrun import _nodes, _torchrun
-
-# Each sample is the digest of its object's bytes: what arrives proves which object it was.
-DIGEST = """
-import hashlib
-import numpy as np
-
-def digest(data):
-    d = hashlib.blake2b(bytes(data), digest_size=16).digest()
-    return np.frombuffer(d, np.uint8).reshape(1, 1, 16).copy()
-
-def names(images):
-    return [bytes(row).hex() for row in images.reshape(len(images), 16).tolist()]
-"""
+from .test_torchrun import JOB_COMMON, _nodes, _torchrun
 
 
 def _objects(folder: Path) -> set[str]:
@@ -36,7 +23,7 @@ def _objects(folder: Path) -> set[str]:
     }
 
 
-NODES_JOB = DIGEST + textwrap.dedent(
+NODES_JOB = JOB_COMMON + textwrap.dedent(
     """
     import json, os, sys
     import torch.distributed as dist
@@ -59,12 +46,7 @@ NODES_JOB = DIGEST + textwrap.dedent(
                 for images, _ in DataLoader(ds, batch_size=None, num_workers=2):
                     seen += names(images)
                 result[f"{shuffle}{epoch}"] = seen
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, result)
-        if dist.get_rank() == 0:
-            json.dump(gathered, open(out, "w"))
-        dist.barrier()
-        dist.destroy_process_group()
+        finish(result, out)
 
     if __name__ == "__main__":
         main()
@@ -109,7 +91,7 @@ def test_two_nodes_read_every_sample_once_per_epoch_from_one_listing(
     assert light_server.stats()["counters"]["list"] == one_listing
 
 
-RANK0_JOB = DIGEST + textwrap.dedent(
+RANK0_JOB = JOB_COMMON + textwrap.dedent(
     """
     import datetime, sys, time
     import torch.distributed as dist
@@ -206,89 +188,76 @@ def test_ranks_whose_stores_list_different_objects_are_refused_before_the_first_
             assert f"{N_IMAGES + 1}" in line, line
 
 
-DCP_JOB = DIGEST + textwrap.dedent(
+DCP_JOB = JOB_COMMON + textwrap.dedent(
     """
-    import json, sys
-    import torch.distributed as dist
+    import sys
     import torch.distributed.checkpoint as dcp
     from torchdata.stateful_dataloader import StatefulDataLoader
-    import asyncloader as al
     from asyncloader.torch import DataLoaderState, ImageDataset
 
     def main():
-        endpoint, face, workers, checkpoint, out, stop = sys.argv[1:7]
+        endpoint, checkpoints, out, stop = sys.argv[1:5]
+        faces = sys.argv[5:]  # "dataset" and/or "workers=N"
         dist.init_process_group("gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
-        options = dict(batch_size=8, seed=5, decode=digest, sample_shape=(1, 1, 16),
-                       decode_workers=1, store_options={"endpoint_url": endpoint})
-        if face == "loader":
-            data = al.ImageLoader("s3://b/train/", rank=rank, world_size=world, **options)
-            batches_of, state = data, data
-        else:
-            data = ImageDataset("s3://b/train/", **options)
-            if face == "workers":  # DataLoader workers: the rank's state is the DataLoader's
-                batches_of = StatefulDataLoader(data, batch_size=None,
-                                                num_workers=int(workers),
+        result = {}
+        for face in faces:
+            ds = ImageDataset("s3://b/train/", batch_size=8, seed=5, decode=digest,
+                              sample_shape=(1, 1, 16), decode_workers=1,
+                              store_options={"endpoint_url": endpoint})
+            if face == "dataset":  # iterated in the training process: ds is Stateful
+                batches_of, state = ds, ds
+            else:  # DataLoader workers: the rank's state is the DataLoader's
+                workers = int(face.split("=")[1])
+                batches_of = StatefulDataLoader(ds, batch_size=None, num_workers=workers,
                                                 multiprocessing_context="fork")
                 state = DataLoaderState(batches_of)
-            else:  # iterated in the training process
-                batches_of, state = data, data
-        data.set_epoch(1)
-        if stop == "0":  # the restarted job: load what the first one saved
-            dcp.load({"data": state}, checkpoint_id=checkpoint)
-        seen, batches = [], 0
-        for images, _ in batches_of:
-            seen += names(images)
-            batches += 1
-            if batches == int(stop):  # pre-empted here
-                dcp.save({"data": state}, checkpoint_id=checkpoint)
-                break
-        gathered = [None] * world
-        dist.all_gather_object(gathered, {"seen": seen, "batches": batches})
-        if rank == 0:
-            json.dump(gathered, open(out, "w"))
-        dist.barrier()
-        dist.destroy_process_group()
+            ds.set_epoch(1)
+            checkpoint = f"{checkpoints}/{face.split('=')[0]}"
+            if stop == "0":  # the restarted job: load what the first one saved
+                dcp.load({"data": state}, checkpoint_id=checkpoint)
+            seen, batches = [], 0
+            for images, _ in batches_of:
+                seen += names(images)
+                batches += 1
+                if batches == int(stop):  # pre-empted here
+                    dcp.save({"data": state}, checkpoint_id=checkpoint)
+                    break
+            result[face.split("=")[0]] = {"seen": seen, "batches": batches}
+        finish(result, out)
 
     if __name__ == "__main__":
         main()
     """
 )
 
-# face: (DataLoader workers of the saving job, [(ranks, workers) of each restarted job])
-RESTARTS = {
-    "dataset": (0, [(3, 0), (1, 0)]),
-    "loader": (0, [(3, 0)]),
-    "workers": (2, [(1, 3)]),
-}
-
 
 def test_a_checkpoint_saved_on_2_ranks_resumes_on_3_and_on_1(
     light_server: S3TestServer, jpeg_folder: Path, tmp_path: Path
 ) -> None:
     """``dcp.save`` on 2 ranks after 3 batches each (48 of 96 samples: the other 48 deal
-    evenly over 3 ranks, so nothing is padded), ``dcp.load`` into a new job of 3 ranks or
+    evenly over 3 ranks, so nothing is padded), ``dcp.load`` into a new job of 3 ranks and
     of 1: the stopped job and each restarted one deliver every object of the epoch exactly
     once, with equal batch counts per rank.  For ImageDataset iterated in the training
-    process, for ImageLoader, and for ImageDataset in DataLoader workers (a torchdata
+    process (its state is its ImageLoader's), and in DataLoader workers (a torchdata
     StatefulDataLoader saved as DataLoaderState; 2 workers, then 1 rank of 3)."""
     objects = _objects(jpeg_folder)
     script = tmp_path / "job.py"
     script.write_text(DCP_JOB)
-    endpoint = light_server.endpoint
-    for face, (workers, restarts) in RESTARTS.items():
-        checkpoint = str(tmp_path / f"ckpt-{face}")
-        first = tmp_path / f"{face}-first.json"
-        _torchrun(script, 2, endpoint, face, str(workers), checkpoint, str(first), "3")
-        ranks = json.loads(first.read_text())
-        assert [r["batches"] for r in ranks] == [3, 3]
-        consumed = [d for r in ranks for d in r["seen"]]
-        assert len(consumed) == len(set(consumed)) == 48
-        for nproc, w in restarts:
-            out = tmp_path / f"{face}-{nproc}.json"
-            _torchrun(script, nproc, endpoint, face, str(w), checkpoint, str(out), "0")
-            ranks = json.loads(out.read_text())
-            assert len({r["batches"] for r in ranks}) == 1, ranks  # equal: no hang
-            rest = [d for r in ranks for d in r["seen"]]
+    endpoint, checkpoints = light_server.endpoint, str(tmp_path / "ckpt")
+    first = tmp_path / "first.json"
+    _torchrun(script, 2, endpoint, checkpoints, str(first), "3", "dataset", "workers=2")
+    saved = json.loads(first.read_text())
+    consumed = {}
+    for face in ("dataset", "workers"):
+        assert [r[face]["batches"] for r in saved] == [3, 3]
+        consumed[face] = [d for r in saved for d in r[face]["seen"]]
+        assert len(consumed[face]) == len(set(consumed[face])) == 48
+    for nproc, faces in ((3, ["dataset"]), (1, ["dataset", "workers=3"])):
+        out = tmp_path / f"{nproc}.json"
+        _torchrun(script, nproc, endpoint, checkpoints, str(out), "0", *faces)
+        ranks = json.loads(out.read_text())
+        for face in (f.split("=")[0] for f in faces):
+            assert len({r[face]["batches"] for r in ranks}) == 1, ranks  # equal: no hang
+            rest = [d for r in ranks for d in r[face]["seen"]]
             assert len(rest) == len(set(rest)) == N_IMAGES - 48, (face, nproc)
-            assert set(rest) | set(consumed) == objects, (face, nproc)
+            assert set(rest) | set(consumed[face]) == objects, (face, nproc)

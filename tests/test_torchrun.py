@@ -131,6 +131,31 @@ def _signal(pids: list[int], sig: int, pause: float = 0.0) -> None:
         time.sleep(pause)
 
 
+# The start of every job script here: each sample is the digest of its object's bytes (what
+# arrives proves which object it was), and finish() gathers every rank's result into one
+# JSON file and ends the job.
+JOB_COMMON = """
+import hashlib, json
+import numpy as np
+import torch.distributed as dist
+
+def digest(data):
+    d = hashlib.blake2b(bytes(data), digest_size=16).digest()
+    return np.frombuffer(d, np.uint8).reshape(1, 1, 16).copy()
+
+def names(images):
+    return [bytes(row).hex() for row in images.reshape(len(images), 16).tolist()]
+
+def finish(result, out):
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, result)
+    if dist.get_rank() == 0:
+        json.dump(gathered, open(out, "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
 TRAIN = textwrap.dedent(
     """
     import json, os, sys
@@ -232,19 +257,12 @@ def test_a_job_of_two_ranks_and_two_workers_each_lists_once(
     assert light_server.stats()["counters"]["list"] == one_listing
 
 
-ELASTIC_JOB = textwrap.dedent(
+ELASTIC_JOB = JOB_COMMON + textwrap.dedent(
     """
-    import hashlib, json, sys
-    import numpy as np
+    import sys
     import torch
-    import torch.distributed as dist
     from torchdata.stateful_dataloader import StatefulDataLoader
     from asyncloader.torch import ImageDataset
-
-    def digest(data):
-        # Each sample is its object's bytes' digest: what arrives proves which object it was.
-        d = hashlib.blake2b(bytes(data), digest_size=16).digest()
-        return np.frombuffer(d, np.uint8).reshape(1, 1, 16).copy()
 
     def main():
         endpoint, workers, state_file, out, stop = sys.argv[1:6]
@@ -259,18 +277,13 @@ ELASTIC_JOB = textwrap.dedent(
                                 multiprocessing_context="fork")
         seen, batches = [], 0
         for images, _ in dl:
-            seen += [bytes(row).hex() for row in images.reshape(len(images), 16).tolist()]
+            seen += names(images)
             batches += 1
             if batches == int(stop):  # pre-empted here: the checkpoint is rank 0's state
                 if dist.get_rank() == 0:
                     torch.save(dl.state_dict(), out + ".state")
                 break
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, {"seen": seen, "batches": batches})
-        if dist.get_rank() == 0:
-            json.dump(gathered, open(out, "w"))
-        dist.barrier()
-        dist.destroy_process_group()
+        finish({"seen": seen, "batches": batches}, out)
 
     if __name__ == "__main__":
         main()
