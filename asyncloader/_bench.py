@@ -37,7 +37,8 @@ import numpy as np
 
 from ._bench_report import BenchReport, FetchLevel
 from ._cache import ObjectCache
-from ._decode import DecodeSpec, decode_into
+from ._config import LISTING_MAX_AGE
+from ._decode import DecodeSpec, choose_backend, decode_into
 from ._env import usable_cpus
 from ._errors import StoreError, Throttled
 from ._fetch import saved_listing
@@ -86,7 +87,7 @@ async def _listed(
 ) -> tuple[Sequence[ObjectInfo], bool]:
     """The saved listing when there is one; else as much of the listing as ``seconds``
     allow (sorted key order), and whether it is complete."""
-    saved = await saved_listing(store, cache, 3600.0)
+    saved = await saved_listing(store, cache, LISTING_MAX_AGE)
     if saved is not None:
         return saved, True
     out: list[ObjectInfo] = []
@@ -420,7 +421,8 @@ def bench(
     settings: dict[str, Any] = {
         "max_inflight": recommended,
         "decode_workers": workers,
-        "decode_backend": "process" if use_cache else "thread",
+        # What decode_backend="auto" picks for these settings (the one rule).
+        "decode_backend": choose_backend(cache=use_cache, decode_hook=False, in_worker=False),
         "cache": use_cache,
         "cache_dir": directory if use_cache else None,
     }

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ._config import CACHE_SIZE
 from ._objects import ObjectList
 from ._saved_listing import ListingTurn, listing_path, load_listing, save_listing
 from ._types import CachedAt, ObjectInfo
@@ -185,7 +186,7 @@ class ObjectCache:
         self,
         directory: str | os.PathLike[str],
         *,
-        size_limit: int | str = "100GB",
+        size_limit: int | str = CACHE_SIZE,
         min_file_size: int = 32 * 1024,
     ) -> None:
         self.directory = str(Path(directory).expanduser().resolve())

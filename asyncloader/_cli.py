@@ -218,7 +218,6 @@ def _warm(args: argparse.Namespace) -> int:
         report = al.warm(
             args.url,
             args.cache_dir,
-            cache_size=args.cache_size,
             max_inflight=args.max_inflight,
             shard=args.shard,
             node_seed=args.node_local_seed,
@@ -227,6 +226,7 @@ def _warm(args: argparse.Namespace) -> int:
             store_options=options,
             on_listed=listed,
             on_object=one,
+            **({"cache_size": args.cache_size} if args.cache_size else {}),
             **extra,  # type: ignore[arg-type]
         )
         if received[0]:
@@ -347,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     warm.add_argument("url", help="s3://bucket/prefix/, az://container/prefix/, a path, ...")
     warm.add_argument("--cache-dir", required=True, help="the cache folder (local NVMe)")
-    warm.add_argument("--cache-size", default="100GB", help="most bytes to keep (100GB)")
+    warm.add_argument(
+        "--cache-size", help="most bytes to keep (500GB, 64GiB; default: as ImageLoader's)"
+    )
     warm.add_argument(
         "--max-inflight",
         "--concurrency",  # the old spelling

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "CACHE_SIZE",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "LISTING_MAX_AGE",
     "FetchConfig",
     "OnError",
     "RunConfig",
@@ -21,6 +23,11 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 OnError = Literal["raise", "skip"]
+
+# The most bytes an SSD cache keeps unless told (loader, warm, ls, the CLI).
+CACHE_SIZE = "100GB"
+# How old a saved listing may be and still be used instead of listing again [seconds].
+LISTING_MAX_AGE = 3600.0
 
 
 def default_max_inflight(workers: int) -> int:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ._cache import ObjectCache
+from ._config import CACHE_SIZE, LISTING_MAX_AGE
 from ._dataset import list_for
 from ._errors import shown_key
 from ._fetch import list_objects, saved_listing
@@ -117,7 +118,7 @@ async def describe_store(
     cache: ObjectCache | None = None,
     *,
     extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
-    listing_max_age: float = 3600.0,
+    listing_max_age: float = LISTING_MAX_AGE,
     write_manifest: str | os.PathLike[str] | None = None,
     store_options: dict[str, Any] | None = None,
 ) -> Inventory:
@@ -196,7 +197,7 @@ def describe(
                 store,
                 cache,
                 extensions=extensions,
-                listing_max_age=0 if refresh_listing else 3600,
+                listing_max_age=0 if refresh_listing else LISTING_MAX_AGE,
                 write_manifest=write_manifest,
                 store_options=store_options,
             )
@@ -212,8 +213,8 @@ def listing(
     labels: object = "folder",
     store_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    cache_size: int | str = "100GB",
-    listing_max_age: float = 3600.0,
+    cache_size: int | str = CACHE_SIZE,
+    listing_max_age: float = LISTING_MAX_AGE,
     refresh_listing: bool = False,
 ) -> Sequence[ObjectInfo]:
     """Every object under ``url``, as a loader with these options lists it: from a manifest

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
-import multiprocessing
 import os
 import queue
 import time
@@ -24,16 +23,23 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ._cache import ObjectCache
-from ._config import IMAGENET_MEAN, IMAGENET_STD, FetchConfig, OnError, RunConfig
+from ._config import (
+    CACHE_SIZE,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    LISTING_MAX_AGE,
+    FetchConfig,
+    OnError,
+    RunConfig,
+)
 from ._dataset import list_for, open_listing
 from ._decode import (
-    FAST_RESIZE,
     MAX_PIXELS,
-    ROI_DECODE,
     DecodePool,
     DecodeSpec,
     ProcessDecodePool,
     ThreadDecodePool,
+    choose_backend,
 )
 from ._dist import Agreement, listing_key, share_listing
 from ._env import usable_cpus
@@ -109,11 +115,8 @@ class ImageLoader:
         decode_backend: ``"thread"``, ``"process"`` or ``"auto"`` (default): threads,
             except with a ``cache_dir`` where JPEGs would be decoded by Pillow (the
             ``_jpegroi``/``_resize`` extensions not built) or by a ``decode=`` hook:
-            processes.  Measured on 2 cores: from the network, threads decode faster
-            (fetched bytes need not travel to a process); from the SSD cache, processes did
-            with Pillow's decode and resize (Python parts that hold the GIL), and threads do
-            as well or better with the extensions, which hold it for almost nothing.  Inside
-            a DataLoader worker, and off POSIX systems, always threads.
+            processes; inside a DataLoader worker, and off POSIX systems, always threads
+            (the one rule, ``_decode/_backend.py``, which ``asyncloader bench`` also asks).
         labels: ``"folder"`` (ImageFolder), a manifest — a local path, a key beside the
             images, or a URL (``s3://bucket/train.npz``) — of ``.jsonl``/``.csv`` rows or
             ``.npz`` arrays (``ls --write-manifest``), a callable ``key -> int`` or None.
@@ -212,9 +215,9 @@ class ImageLoader:
         fetch: FetchConfig | None = None,
         timeout: float | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
-        cache_size: int | str = "100GB",
+        cache_size: int | str = CACHE_SIZE,
         cache_scaled_jpegs: bool = False,
-        listing_max_age: float = 3600.0,
+        listing_max_age: float = LISTING_MAX_AGE,
         refresh_listing: bool = False,
         objects: Sequence[ObjectInfo] | None = None,
         device: str | None = None,
@@ -246,13 +249,7 @@ class ImageLoader:
                 f"decode_backend must be 'auto', 'thread' or 'process', not {decode_backend!r}"
             )
         if decode_backend == "auto":
-            # A daemonic process is a DataLoader worker: the parallelism is there already,
-            # and DataLoader terminates its workers without giving a loader time to close.
-            daemon = multiprocessing.current_process().daemon
-            posix = os.name == "posix"  # decode processes get their socket by fd inheritance
-            gil_free = ROI_DECODE and FAST_RESIZE and decode is None
-            process = cache_dir and posix and not daemon and not gil_free
-            decode_backend = "process" if process else "thread"
+            decode_backend = choose_backend(cache=bool(cache_dir), decode_hook=decode is not None)
         elif decode_backend == "process" and os.name != "posix":
             raise ValueError("decode_backend='process' needs a POSIX system: use 'thread'")
         base = fetch or FetchConfig()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from ._admission import ADMIT_ALL, admission, admitted
 from ._cache import IndexThread, ObjectCache
 from ._cache_writer import CacheWriter
-from ._config import FetchConfig
+from ._config import CACHE_SIZE, LISTING_MAX_AGE, FetchConfig
 from ._decode import SCALED_COPY_MIN, scaled_copies, scaled_footprint, scaled_name
 from ._env import local_world_size, shard_from_env, usable_cpus
 from ._errors import AsyncLoaderError, shown_key
@@ -89,7 +89,7 @@ async def warm_cache(
     max_inflight: int | None = None,
     shard: tuple[int, int] = (0, 1),
     extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
-    listing_max_age: float = 3600.0,
+    listing_max_age: float = LISTING_MAX_AGE,
     on_listed: Callable[[int, int], None] | None = None,
     on_object: Callable[[int], None] | None = None,
     node_seed: int | None = None,
@@ -227,7 +227,7 @@ def warm(
     url: str,
     cache_dir: str | os.PathLike[str],
     *,
-    cache_size: int | str = "100GB",
+    cache_size: int | str = CACHE_SIZE,
     max_inflight: int | None = None,
     shard: tuple[int, int] | None = None,
     extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
@@ -270,7 +270,7 @@ def warm(
                 max_inflight=max_inflight,
                 shard=shard,
                 extensions=extensions,
-                listing_max_age=0.0 if refresh_listing else 3600.0,
+                listing_max_age=0.0 if refresh_listing else LISTING_MAX_AGE,
                 on_listed=on_listed,
                 on_object=on_object,
                 node_seed=node_seed,

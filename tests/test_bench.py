@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 import asyncloader as al
+from asyncloader._decode import choose_backend
 from asyncloader.testing import S3TestServer
 
 from .conftest import N_IMAGES
@@ -79,7 +80,9 @@ def test_bench_names_a_store_held_to_few_requests_as_the_bound(
     text = out.stdout
     assert "bound: fetch" in text
     assert "max_inflight=2" in text
-    assert "cache_dir=" in text and "decode_backend='process'" in text
+    # The backend is the one auto picks with a cache (no decode hook, not in a worker).
+    auto = choose_backend(cache=True, decode_hook=False, in_worker=False)
+    assert "cache_dir=" in text and f"decode_backend={auto!r}" in text
     assert "the cache pays" in text
 
 
@@ -94,3 +97,26 @@ def test_bench_without_images_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("no images here")
     with pytest.raises(al.StoreError, match="no images"):
         al.bench(str(tmp_path), seconds=1)
+
+
+def test_one_backend_rule_for_auto_and_for_bench_s_advice(
+    jpeg_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loader's "auto" and bench's recommendation ask one function; it picks processes
+    only where decode reads the cache and would hold the GIL, outside DataLoader workers."""
+    from asyncloader._decode import _backend
+
+    with al.ImageLoader(
+        str(jpeg_folder), batch_size=8, decode_workers=1, cache_dir=tmp_path / "c"
+    ) as loader:
+        assert loader.decode_backend == choose_backend(cache=True, decode_hook=False)
+    for built in (True, False):
+        monkeypatch.setattr(_backend, "ROI_DECODE", built)
+        monkeypatch.setattr(_backend, "FAST_RESIZE", built)
+        pick = _backend.choose_backend
+        assert pick(cache=True, decode_hook=False, in_worker=False) == (
+            "thread" if built else "process"
+        )
+        assert pick(cache=True, decode_hook=True, in_worker=False) == "process"
+        assert pick(cache=False, decode_hook=True, in_worker=False) == "thread"
+        assert pick(cache=True, decode_hook=True, in_worker=True) == "thread"

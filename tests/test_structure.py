@@ -65,6 +65,7 @@ ALLOWED = {
 # ``_jpegroi`` and ``_resize`` are the C extensions beside ``_image``.
 DECODE_SIBLINGS = {
     "_arena": set(),
+    "_backend": {"_image"},
     "_image": {"_jpegroi", "_resize"},
     "_job": {"_image"},
     "_threads": {"_image", "_job"},

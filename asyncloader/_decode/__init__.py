@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ._backend import choose_backend as choose_backend
     from ._image import FAST_RESIZE as FAST_RESIZE
     from ._image import MAX_PIXELS as MAX_PIXELS
     from ._image import ROI_DECODE as ROI_DECODE
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from ._threads import ThreadDecodePool as ThreadDecodePool
 
 _WHERE = {
+    "choose_backend": "._backend",
     "FAST_RESIZE": "._image",
     "MAX_PIXELS": "._image",
     "ROI_DECODE": "._image",
@@ -60,6 +62,7 @@ __all__ = [
     "DecodeSpec",
     "ProcessDecodePool",
     "ThreadDecodePool",
+    "choose_backend",
     "decode_into",
     "run_job",
     "scaled_copies",

@@ -23,6 +23,8 @@ __all__ = ["READ_ONLY_SCOPE", "READ_WRITE_SCOPE", "emulator_host", "google_token
 # one that may write too, only when something is written.
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 READ_WRITE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+# A token whose expiry google-auth does not state is taken to live this long [seconds].
+_UNSTATED = 3600.0
 _NEED = "Google Cloud credentials need google-auth: pip install 'asyncloader[gcs]'"
 
 
@@ -85,7 +87,7 @@ def google_token_source(
                 f"could not get an access token from {what}: {first_line(exc)}"
             ) from None
         expiry = getattr(creds, "expiry", None)  # naive UTC, or None: no stated expiry
-        expires = calendar.timegm(expiry.utctimetuple()) if expiry else time.time() + 3600
+        expires = calendar.timegm(expiry.utctimetuple()) if expiry else time.time() + _UNSTATED
         return str(creds.token), float(expires)
 
     return fetch, what
