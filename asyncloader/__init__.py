@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._errors import AccessDenied as AccessDenied
     from ._errors import AsyncLoaderError as AsyncLoaderError
     from ._errors import BatchesHeldError as BatchesHeldError
+    from ._errors import CacheFormatError as CacheFormatError
     from ._errors import ClosedError as ClosedError
     from ._errors import DecodeError as DecodeError
     from ._errors import FailureBudgetExceeded as FailureBudgetExceeded
@@ -74,6 +75,7 @@ _WHERE = {
     "AccessDenied": "._errors",
     "AsyncLoaderError": "._errors",
     "BatchesHeldError": "._errors",
+    "CacheFormatError": "._errors",
     "ClosedError": "._errors",
     "DecodeError": "._errors",
     "FailureBudgetExceeded": "._errors",
@@ -115,6 +117,7 @@ __all__ = [
     "AsyncLoaderError",
     "AzureStore",
     "BatchesHeldError",
+    "CacheFormatError",
     "BenchReport",
     "CacheStats",
     "CenterCrop",

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ._config import CACHE_SIZE
+from ._errors import CacheFormatError
 from ._objects import ObjectList
 from ._saved_listing import ListingTurn, listing_path, load_listing, save_listing
 from ._types import CachedAt, ObjectInfo
@@ -162,6 +163,40 @@ class _Pack:
             os.close(self.fd)
 
 
+# The columns of diskcache's table that the pack entries are rows of (diskcache 5.x): the
+# entries write and read them directly, so another layout must stop the cache, not be
+# written into.
+_CACHE_COLUMNS = (
+    "rowid",
+    "key",
+    "raw",
+    "store_time",
+    "expire_time",
+    "access_time",
+    "access_count",
+    "tag",
+    "size",
+    "mode",
+    "filename",
+    "value",
+)
+
+
+def _check_layout(db: Any, directory: str) -> None:
+    """Raise :class:`CacheFormatError` unless diskcache's table has the columns the pack
+    entries are written into, with the meaning this module gives them."""
+    import diskcache
+
+    columns = tuple(row[1] for row in db._sql("PRAGMA table_info(Cache)").fetchall())
+    if columns != _CACHE_COLUMNS:
+        db.close()
+        raise CacheFormatError(
+            f"the cache index in {directory} has columns {columns}, not the {_CACHE_COLUMNS} "
+            f"this version of asyncloader writes (diskcache {diskcache.__version__}): "
+            "install a diskcache of the 5.x series, or use another cache folder"
+        )
+
+
 def _forget_pack(sql: Callable[..., Any], name: str) -> None:
     """Inside a write transaction: drop pack ``name``'s row and every entry in it (their
     values are ``name:offset:length``, one range of the partial index)."""
@@ -176,10 +211,19 @@ class ObjectCache:
     """Object bytes on local disk, shared by every process on the node.
 
     Args:
-        directory: The cache folder (created if missing).
+        directory: The cache folder.  Made on first use if missing, readable by its owner
+            only (``drwx------``): on a shared node the cached objects of a private bucket
+            are no one else's to read.  A folder that exists keeps its permissions.
         size_limit: Most bytes kept (``"500GB"``, ``"64GiB"`` or an int).
         min_file_size: Values of at least this many bytes are stored as files, smaller ones
             inside SQLite [bytes].
+        group_shared: Make a missing folder for the owner's group too (``drwxrws---``:
+            the group's users share one cache; run them with ``umask 002`` so that each
+            can write what the others made).
+
+    Raises:
+        CacheFormatError: (on first use) the folder's index is not laid out as this
+            version of asyncloader and diskcache expect.
     """
 
     def __init__(
@@ -188,11 +232,26 @@ class ObjectCache:
         *,
         size_limit: int | str = CACHE_SIZE,
         min_file_size: int = 32 * 1024,
+        group_shared: bool = False,
     ) -> None:
         self.directory = str(Path(directory).expanduser().resolve())
         self.size_limit = parse_size(size_limit)
         self.min_file_size = min_file_size
+        self.group_shared = group_shared
         self._local = threading.local()
+
+    def make_folder(self) -> None:
+        """Make the cache folder if it is missing: its owner's only, or with
+        ``group_shared`` its group's too (set-group-ID, so what is made inside belongs to
+        the group)."""
+        if os.path.isdir(self.directory):
+            return
+        mode = 0o2770 if self.group_shared else 0o700
+        try:
+            os.makedirs(self.directory, mode=mode)
+        except FileExistsError:  # another process of the node made it first
+            return
+        os.chmod(self.directory, mode)  # makedirs' mode passes through the umask
 
     @property
     def _packs(self) -> str:
@@ -212,12 +271,14 @@ class ObjectCache:
             "directory": self.directory,
             "size_limit": self.size_limit,
             "min_file_size": self.min_file_size,
+            "group_shared": self.group_shared,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.directory = state["directory"]
         self.size_limit = state["size_limit"]
         self.min_file_size = state["min_file_size"]
+        self.group_shared = state["group_shared"]
         self._local = threading.local()
 
     def _db(self) -> Any:
@@ -226,6 +287,7 @@ class ObjectCache:
         if db is None or getattr(self._local, "pid", None) != os.getpid():
             import diskcache
 
+            self.make_folder()
             db = diskcache.Cache(
                 os.path.join(self.directory, "objects"),
                 size_limit=self.size_limit,
@@ -234,6 +296,7 @@ class ObjectCache:
                 statistics=False,
                 timeout=60,
             )
+            _check_layout(db, self.directory)
             for statement in _PACK_SCHEMA:
                 db._sql(statement)
             self._local.db = db
@@ -489,6 +552,7 @@ class ObjectCache:
 
     def save_listing(self, url: str, objects: Sequence[ObjectInfo]) -> None:
         """Keep the object list of ``url`` next to the cache (written atomically)."""
+        self.make_folder()
         save_listing(listing_path(self.directory, url), url, objects)
 
     def load_listing(self, url: str, max_age: float) -> ObjectList | None:
@@ -498,11 +562,13 @@ class ObjectCache:
 
     def listing_turn(self, url: str) -> ListingTurn:
         """The node-wide lock on listing ``url`` (see :class:`ListingTurn`)."""
+        self.make_folder()
         return ListingTurn(listing_path(self.directory, url).with_suffix(".lock"))
 
     def budget_path(self, url: str) -> Path:
         """The file through which the loaders of this node reading ``url`` share one
         in-flight budget (see :class:`asyncloader._budget.NodeShare`)."""
+        self.make_folder()
         return listing_path(self.directory, url).with_suffix(".budget")
 
     def close(self) -> None:

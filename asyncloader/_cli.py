@@ -223,6 +223,7 @@ def _warm(args: argparse.Namespace) -> int:
             node_seed=args.node_local_seed,
             refresh_listing=args.refresh_listing,
             scaled_jpegs=args.scaled_jpegs,
+            group_shared=args.group_shared,
             store_options=options,
             on_listed=listed,
             on_object=one,
@@ -376,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also keep copies of JPEGs >= 1 MiB that decode at 1/4 and 1/8 scale to the same "
         "pixels from a fraction of the data (large photos decode several times faster)",
+    )
+    warm.add_argument(
+        "--group-shared",
+        action="store_true",
+        help="make a missing cache folder for your group too (drwxrws---), not yours only",
     )
     ls = sub.add_parser("ls", help="objects, bytes, classes, sizes and extensions under a URL")
     ls.add_argument("url", help="s3://bucket/prefix/, az://container/prefix/, a path, ...")

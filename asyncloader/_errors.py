@@ -7,6 +7,7 @@ Every error the library raises on purpose is an :class:`AsyncLoaderError`::
     ├── PipelineDeadError         a background part died ("it broke"); the cause is chained
     ├── BatchesHeldError          every ring slot is held by batches the consumer still keeps
     ├── ListingMismatchError      the ranks of a job hold different object lists for one URL
+    ├── CacheFormatError          a cache folder's index is laid out unlike what this version writes
     ├── StoreError                anything the object store answered or failed to answer
     │   ├── ObjectNotFound        404 / no such key (per sample)
     │   ├── AccessDenied          403 / bad credentials (names bucket, never the secret)
@@ -29,6 +30,7 @@ __all__ = [
     "AccessDenied",
     "AsyncLoaderError",
     "BatchesHeldError",
+    "CacheFormatError",
     "ClosedError",
     "DecodeError",
     "FailureBudgetExceeded",
@@ -89,6 +91,11 @@ class ListingMismatchError(AsyncLoaderError):
     """The ranks of a job hold different object lists for one URL: sharding them would read
     some samples twice and others never.  Raised on every rank before its first batch (or,
     on a rank already running when another refused, at its next batch)."""
+
+
+class CacheFormatError(AsyncLoaderError):
+    """A cache folder's index is not laid out as this version of asyncloader (and the
+    diskcache it was written against) expects: it is refused rather than written into."""
 
 
 class StoreError(AsyncLoaderError):

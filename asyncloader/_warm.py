@@ -238,8 +238,12 @@ def warm(
     node_seed: int | None = None,
     concurrency: int | None = None,
     scaled_jpegs: bool = False,
+    group_shared: bool = False,
 ) -> WarmReport:
     """Fill ``cache_dir`` with the objects under ``url`` (see :func:`warm_cache`).
+
+    A missing ``cache_dir`` is made readable by its owner only, or with ``group_shared``
+    by the owner's group too (see :class:`~asyncloader.ObjectCache`).
 
     ``concurrency`` is the old spelling of ``max_inflight`` (deprecated).
 
@@ -266,7 +270,7 @@ def warm(
         try:
             return await warm_cache(
                 store,
-                ObjectCache(cache_dir, size_limit=cache_size),
+                ObjectCache(cache_dir, size_limit=cache_size, group_shared=group_shared),
                 max_inflight=max_inflight,
                 shard=shard,
                 extensions=extensions,

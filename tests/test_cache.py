@@ -724,3 +724,43 @@ def test_a_damaged_entry_read_by_several_threads_at_once_counts_once(
     assert sum(counted) == 1
     monkeypatch.setattr(_cache, "_crc32", crc)
     assert cache.get("k", len(value)) is None and cache.take_damaged() == 0  # dropped
+
+
+def test_a_new_cache_folder_is_its_owner_s_only_or_its_group_s(tmp_path: Path) -> None:
+    """On a shared node every user could read the cached objects of a private bucket from
+    a world-readable folder: a missing one is made drwx------, or drwxrws--- when the
+    group shares it; a folder that exists keeps its permissions."""
+    import stat
+
+    private = ObjectCache(tmp_path / "a" / "private")
+    private.put("k", b"x" * 100)
+    assert stat.S_IMODE(os.stat(private.directory).st_mode) == 0o700
+    private.close()
+    shared = ObjectCache(tmp_path / "shared", group_shared=True)
+    shared.save_listing("s3://b/", [])
+    assert stat.S_IMODE(os.stat(shared.directory).st_mode) == 0o2770
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    os.chmod(mine, 0o755)
+    kept = ObjectCache(mine)
+    kept.put("k", b"y" * 100)
+    assert stat.S_IMODE(os.stat(mine).st_mode) == 0o755
+    kept.close()
+
+
+def test_an_index_of_another_layout_is_refused_not_written_into(tmp_path: Path) -> None:
+    """The pack entries are rows of diskcache's own table: a table with other columns (as
+    a future diskcache could make) is a clear error at open, before anything is written."""
+    import diskcache
+
+    folder = tmp_path / "c" / "objects"
+    db = diskcache.Cache(folder)
+    db.close()
+    con = sqlite3.connect(folder / "cache.db")
+    con.execute("ALTER TABLE Cache ADD COLUMN checksum TEXT")  # a layout of the future
+    con.commit()
+    con.close()
+    cache = ObjectCache(tmp_path / "c")
+    with pytest.raises(al.CacheFormatError, match=r"'checksum'\),.*diskcache 5"):
+        cache.put("k", b"z" * 100)
+    assert not (tmp_path / "c" / "packs").exists()  # nothing written

@@ -128,7 +128,8 @@ def test_failed_objects_give_a_nonzero_exit(light_server: S3TestServer, tmp_path
     cache_dir = tmp_path / "c"
     args = ["warm", "s3://b/train/", "--cache-dir", str(cache_dir)]
     args += ["--endpoint-url", light_server.endpoint]
-    assert _cli(*args).returncode == 0  # also saves the listing beside the cache
+    assert _cli(*args, "--group-shared").returncode == 0  # also saves the listing beside it
+    assert oct(cache_dir.stat().st_mode & 0o7777) == oct(0o2770)  # made for the group
     assert _cli("cache", "clear", str(cache_dir)).stdout.startswith(f"{N_IMAGES} objects removed")
     light_server.delete("b", "train/class_01/img_000005.jpg")
     again = _cli(*args)  # the saved listing still names the deleted object
