@@ -42,8 +42,8 @@ setup(
             optional=True,
         ),
         Extension(
-            "asyncloader._crc",
-            ["asyncloader/_crc.c"],
+            "asyncloader._cache._crc",
+            ["asyncloader/_cache/_crc.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

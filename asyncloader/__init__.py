@@ -11,101 +11,101 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from ._bench import bench as bench
-    from ._bench_report import BenchReport as BenchReport
+    from ._base._config import IMAGENET_MEAN as IMAGENET_MEAN
+    from ._base._config import IMAGENET_STD as IMAGENET_STD
+    from ._base._config import FetchConfig as FetchConfig
+    from ._base._config import RunConfig as RunConfig
+    from ._base._env import shard_from_env as shard_from_env
+    from ._base._errors import AccessDenied as AccessDenied
+    from ._base._errors import AsyncLoaderError as AsyncLoaderError
+    from ._base._errors import BatchesHeldError as BatchesHeldError
+    from ._base._errors import CacheFormatError as CacheFormatError
+    from ._base._errors import ClosedError as ClosedError
+    from ._base._errors import DecodeError as DecodeError
+    from ._base._errors import FailureBudgetExceeded as FailureBudgetExceeded
+    from ._base._errors import IntegrityError as IntegrityError
+    from ._base._errors import LengthMismatch as LengthMismatch
+    from ._base._errors import ListingMismatchError as ListingMismatchError
+    from ._base._errors import ObjectNotFound as ObjectNotFound
+    from ._base._errors import PipelineDeadError as PipelineDeadError
+    from ._base._errors import StoreError as StoreError
+    from ._base._errors import Throttled as Throttled
+    from ._base._errors import TransientStoreError as TransientStoreError
+    from ._base._stats import Stats as Stats
+    from ._base._types import ObjectInfo as ObjectInfo
+    from ._base._types import ObjectStore as ObjectStore
+    from ._base._types import WritableStore as WritableStore
     from ._cache import CacheStats as CacheStats
     from ._cache import ObjectCache as ObjectCache
-    from ._config import IMAGENET_MEAN as IMAGENET_MEAN
-    from ._config import IMAGENET_STD as IMAGENET_STD
-    from ._config import FetchConfig as FetchConfig
-    from ._config import RunConfig as RunConfig
-    from ._describe import Inventory as Inventory
-    from ._describe import describe as describe
-    from ._describe import listing as listing
-    from ._env import shard_from_env as shard_from_env
-    from ._errors import AccessDenied as AccessDenied
-    from ._errors import AsyncLoaderError as AsyncLoaderError
-    from ._errors import BatchesHeldError as BatchesHeldError
-    from ._errors import CacheFormatError as CacheFormatError
-    from ._errors import ClosedError as ClosedError
-    from ._errors import DecodeError as DecodeError
-    from ._errors import FailureBudgetExceeded as FailureBudgetExceeded
-    from ._errors import IntegrityError as IntegrityError
-    from ._errors import LengthMismatch as LengthMismatch
-    from ._errors import ListingMismatchError as ListingMismatchError
-    from ._errors import ObjectNotFound as ObjectNotFound
-    from ._errors import PipelineDeadError as PipelineDeadError
-    from ._errors import StoreError as StoreError
-    from ._errors import Throttled as Throttled
-    from ._errors import TransientStoreError as TransientStoreError
-    from ._loader import ImageLoader as ImageLoader
-    from ._resume import merge_worker_states as merge_worker_states
-    from ._stats import Stats as Stats
+    from ._decode._transforms import CenterCrop as CenterCrop
+    from ._decode._transforms import Plan as Plan
+    from ._decode._transforms import RandomResizedCrop as RandomResizedCrop
+    from ._decode._transforms import Resize as Resize
+    from ._decode._transforms import Transform as Transform
+    from ._run._loader import ImageLoader as ImageLoader
+    from ._run._resume import merge_worker_states as merge_worker_states
     from ._stores import AzureStore as AzureStore
     from ._stores import GCSStore as GCSStore
     from ._stores import HttpStore as HttpStore
     from ._stores import LocalStore as LocalStore
     from ._stores import S3Store as S3Store
     from ._stores import open_store as open_store
-    from ._transforms import CenterCrop as CenterCrop
-    from ._transforms import Plan as Plan
-    from ._transforms import RandomResizedCrop as RandomResizedCrop
-    from ._transforms import Resize as Resize
-    from ._transforms import Transform as Transform
-    from ._types import ObjectInfo as ObjectInfo
-    from ._types import ObjectStore as ObjectStore
-    from ._types import WritableStore as WritableStore
-    from ._warm import WarmReport as WarmReport
-    from ._warm import warm as warm
+    from ._tools._bench import bench as bench
+    from ._tools._bench_report import BenchReport as BenchReport
+    from ._tools._describe import Inventory as Inventory
+    from ._tools._describe import describe as describe
+    from ._tools._describe import listing as listing
+    from ._tools._warm import WarmReport as WarmReport
+    from ._tools._warm import warm as warm
 
 # name -> the module that defines it
 _WHERE = {
-    "BenchReport": "._bench_report",
-    "bench": "._bench",
+    "BenchReport": "._tools._bench_report",
+    "bench": "._tools._bench",
     "CacheStats": "._cache",
     "ObjectCache": "._cache",
-    "IMAGENET_MEAN": "._config",
-    "IMAGENET_STD": "._config",
-    "FetchConfig": "._config",
-    "RunConfig": "._config",
-    "Inventory": "._describe",
-    "describe": "._describe",
-    "listing": "._describe",
-    "shard_from_env": "._env",
-    "AccessDenied": "._errors",
-    "AsyncLoaderError": "._errors",
-    "BatchesHeldError": "._errors",
-    "CacheFormatError": "._errors",
-    "ClosedError": "._errors",
-    "DecodeError": "._errors",
-    "FailureBudgetExceeded": "._errors",
-    "IntegrityError": "._errors",
-    "LengthMismatch": "._errors",
-    "ListingMismatchError": "._errors",
-    "ObjectNotFound": "._errors",
-    "PipelineDeadError": "._errors",
-    "StoreError": "._errors",
-    "Throttled": "._errors",
-    "TransientStoreError": "._errors",
-    "ImageLoader": "._loader",
-    "merge_worker_states": "._resume",
-    "Stats": "._stats",
+    "IMAGENET_MEAN": "._base._config",
+    "IMAGENET_STD": "._base._config",
+    "FetchConfig": "._base._config",
+    "RunConfig": "._base._config",
+    "Inventory": "._tools._describe",
+    "describe": "._tools._describe",
+    "listing": "._tools._describe",
+    "shard_from_env": "._base._env",
+    "AccessDenied": "._base._errors",
+    "AsyncLoaderError": "._base._errors",
+    "BatchesHeldError": "._base._errors",
+    "CacheFormatError": "._base._errors",
+    "ClosedError": "._base._errors",
+    "DecodeError": "._base._errors",
+    "FailureBudgetExceeded": "._base._errors",
+    "IntegrityError": "._base._errors",
+    "LengthMismatch": "._base._errors",
+    "ListingMismatchError": "._base._errors",
+    "ObjectNotFound": "._base._errors",
+    "PipelineDeadError": "._base._errors",
+    "StoreError": "._base._errors",
+    "Throttled": "._base._errors",
+    "TransientStoreError": "._base._errors",
+    "ImageLoader": "._run._loader",
+    "merge_worker_states": "._run._resume",
+    "Stats": "._base._stats",
     "AzureStore": "._stores",
     "GCSStore": "._stores",
     "HttpStore": "._stores",
     "LocalStore": "._stores",
     "S3Store": "._stores",
     "open_store": "._stores",
-    "CenterCrop": "._transforms",
-    "Plan": "._transforms",
-    "RandomResizedCrop": "._transforms",
-    "Resize": "._transforms",
-    "Transform": "._transforms",
-    "ObjectInfo": "._types",
-    "ObjectStore": "._types",
-    "WritableStore": "._types",
-    "WarmReport": "._warm",
-    "warm": "._warm",
+    "CenterCrop": "._decode._transforms",
+    "Plan": "._decode._transforms",
+    "RandomResizedCrop": "._decode._transforms",
+    "Resize": "._decode._transforms",
+    "Transform": "._decode._transforms",
+    "ObjectInfo": "._base._types",
+    "ObjectStore": "._base._types",
+    "WritableStore": "._base._types",
+    "WarmReport": "._tools._warm",
+    "warm": "._tools._warm",
 }
 
 __version__ = "0.1.0"

@@ -70,7 +70,7 @@ def _demo(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     import asyncloader as al
-    from asyncloader._demo import demo_bucket  # the demo data and its emulator bucket
+    from asyncloader.testing import demo_bucket  # the demo data and its emulator bucket
 
     data_dir = Path(args.data_dir)
     emulator = "Azurite" if args.store == "azure" else "moto_server"

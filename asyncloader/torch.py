@@ -57,8 +57,9 @@ from asyncloader import (
     merge_worker_states,
     shard_from_env,
 )
-from asyncloader._device_spec import DeviceSpec
-from asyncloader._dist import (
+from asyncloader._device._device_spec import DeviceSpec
+from asyncloader._device._upload import Uploader
+from asyncloader._run._dist import (
     Agreement,
     adopt_store_address,
     job_store,
@@ -66,8 +67,7 @@ from asyncloader._dist import (
     share_listing,
     store_address,
 )
-from asyncloader._resume import KEYS, epoch_start, has_position
-from asyncloader._upload import Uploader
+from asyncloader._run._resume import KEYS, epoch_start, has_position
 
 __all__ = ["DataLoaderState", "ImageDataset", "dist_shard", "rank_state", "to_device"]
 

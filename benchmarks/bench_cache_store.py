@@ -168,7 +168,7 @@ def main() -> None:
         print(json.dumps(out))
         return
 
-    from asyncloader._demo import make_jpeg_folder
+    from asyncloader.testing._demo import make_jpeg_folder
 
     folder = str(make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0))
     results: dict[tuple[str, ...], list[tuple[float, float]]] = {}

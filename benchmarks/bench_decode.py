@@ -40,7 +40,7 @@ from bench_loader import ROOT, _files
 def make_photos(root: Path, count: int, size: tuple[int, int] = (4000, 3000)) -> list[Path]:
     """``count`` 12-megapixel JPEGs made from the demo's real photos as the demo makes its
     folder (made once)."""
-    from asyncloader._demo import make_jpeg, source_photos
+    from asyncloader.testing._demo import make_jpeg, source_photos
 
     root.mkdir(parents=True, exist_ok=True)
     marker = root / ".complete.json"
@@ -100,7 +100,7 @@ def main() -> None:
 
     import asyncloader as al
     from asyncloader._decode import ROI_DECODE
-    from asyncloader._demo import make_jpeg_folder
+    from asyncloader.testing._demo import make_jpeg_folder
 
     if not ROI_DECODE:
         sys.exit("the _jpegroi extension is not built here (libjpeg-turbo headers missing?)")

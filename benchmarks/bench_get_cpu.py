@@ -48,7 +48,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from asyncloader import AzureStore, GCSStore, ObjectInfo, ObjectStore, S3Store
-from asyncloader._types import Blob
+from asyncloader._base._types import Blob
 from asyncloader.testing import TEST_ENV, Azurite, GCSEmulator, S3TestServer, TokenServer
 
 
@@ -276,7 +276,7 @@ def main() -> None:
     p.add_argument("--data-dir", default=os.path.join("cache", "bench-jpegs"))
     p.add_argument("--store", choices=("s3", "azure", "gcs", "all"), default="all")
     args = p.parse_args()
-    from asyncloader._demo import make_jpeg_folder
+    from asyncloader.testing._demo import make_jpeg_folder
 
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     folder = make_jpeg_folder(args.data_dir, images=1000, classes=10, seed=0)

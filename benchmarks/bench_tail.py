@@ -204,8 +204,8 @@ def main() -> None:
         print(json.dumps(res))
         return
 
-    from asyncloader._demo import make_jpeg_folder
     from asyncloader.testing import TEST_ENV, S3TestServer
+    from asyncloader.testing._demo import make_jpeg_folder
 
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     folder = Path(args.data_dir)

@@ -79,8 +79,8 @@ def main() -> None:
         res["rss_mb"] = bl._peak_rss_mb()
         print(json.dumps(res))
         return
-    from asyncloader._demo import make_jpeg_folder
     from asyncloader.testing import TEST_ENV, S3TestServer
+    from asyncloader.testing._demo import make_jpeg_folder
 
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     folder = make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0)

@@ -122,8 +122,8 @@ def case_h2d(batch: int, batches: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from asyncloader._device_spec import DeviceSpec
-    from asyncloader._upload import Uploader
+    from asyncloader._device._device_spec import DeviceSpec
+    from asyncloader._device._upload import Uploader
 
     dev = torch.device("cuda")
     slots = 4
@@ -194,8 +194,8 @@ def main() -> None:
 
     import torch
 
-    from asyncloader._demo import make_jpeg_folder
     from asyncloader.testing import TEST_ENV, S3TestServer
+    from asyncloader.testing._demo import make_jpeg_folder
 
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     folder = make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0)

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from asyncloader._demo import make_jpeg_folder
 from asyncloader.testing import (
     TEST_ENV,
     Azurite,
@@ -23,6 +22,7 @@ from asyncloader.testing import (
     find_azurite,
     find_fake_gcs_server,
 )
+from asyncloader.testing._demo import make_jpeg_folder
 
 N_IMAGES = 96
 N_CLASSES = 4

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asyncloader as al
+from asyncloader._base._types import DecodeJob
 from asyncloader._decode import DecodeSpec, ProcessDecodePool, decode_into
 from asyncloader._decode._arena import ALIGN, Extents
-from asyncloader._ring import BatchRing
-from asyncloader._types import DecodeJob
+from asyncloader._device._ring import BatchRing
 
 
 @settings(max_examples=300, deadline=None)

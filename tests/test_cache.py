@@ -66,7 +66,7 @@ def test_each_object_is_fetched_once_while_later_batches_need_it(
     batch needing an object another batch is fetching shares that fetch, and one whose
     bytes still wait for the writer decodes them (a hit), so with a cache each object is
     fetched once, whatever the timing; the pixels are those of a run without a cache."""
-    from asyncloader._cache_writer import CacheWriter
+    from asyncloader._cache._writer import CacheWriter
 
     with _loader(light_server, None, seed=1) as loader:
         expected = [_epoch(loader, e) for e in (0, 1)]
@@ -361,7 +361,7 @@ def test_cache_writer_batches_reports_and_fails_loudly(tmp_path: Path) -> None:
     silently), ``full`` bounds what waits, and ``drain`` waits for what was handed over."""
     import asyncio
 
-    from asyncloader._cache_writer import CacheWriter
+    from asyncloader._cache._writer import CacheWriter
 
     written: list[str] = []
     failed: list[tuple[str, str]] = []
@@ -409,7 +409,7 @@ def test_the_writer_sleeps_through_its_linger_instead_of_waking_for_each_object(
     decode: while it gathers a batch it sleeps until the batch is due."""
     import asyncio
 
-    from asyncloader._cache_writer import CacheWriter
+    from asyncloader._cache._writer import CacheWriter
 
     def switches(tid: int) -> int:
         with open(f"/proc/self/task/{tid}/status") as f:
@@ -444,7 +444,7 @@ def test_the_writer_gathers_objects_that_come_one_by_one_into_one_transaction(
     transaction), not one each; ``drain`` and ``close`` write a gathering batch at once."""
     import asyncio
 
-    from asyncloader._cache_writer import CacheWriter
+    from asyncloader._cache._writer import CacheWriter
 
     batches: list[list[str]] = []
 
@@ -496,7 +496,7 @@ def test_a_cache_smaller_than_the_data_keeps_a_fixed_subset(
     nothing is evicted (storing everything kept almost nothing: 6 % hits)."""
     import asyncio
 
-    from asyncloader._admission import admission, admitted
+    from asyncloader._cache._admission import admission, admitted
 
     async def sizes() -> dict[str, int]:  # keys as the loader sees them: under train/
         store = al.S3Store("b", prefix="train/", endpoint_url=light_server.endpoint)
@@ -540,7 +540,7 @@ def test_admission_fills_the_cache_with_a_stable_subset(
 ) -> None:
     """Everything when it fits; else the objects of lowest hash rank that fit in 90 % of
     the limit (the next one would not); a larger cache keeps a superset."""
-    from asyncloader._admission import ADMIT_ALL, ADMIT_HEADROOM, _rank, admission, admitted
+    from asyncloader._cache._admission import ADMIT_ALL, ADMIT_HEADROOM, _rank, admission, admitted
 
     objects = {f"k{i}": n for i, n in enumerate(sizes)}
     small, large = sorted(limits)
@@ -737,7 +737,7 @@ def test_a_new_cache_folder_is_its_owner_s_only_or_its_group_s(tmp_path: Path) -
     assert stat.S_IMODE(os.stat(private.directory).st_mode) == 0o700
     private.close()
     shared = ObjectCache(tmp_path / "shared", group_shared=True)
-    shared.save_listing("s3://b/", [])
+    shared.make_folder()
     assert stat.S_IMODE(os.stat(shared.directory).st_mode) == 0o2770
     mine = tmp_path / "mine"
     mine.mkdir(mode=0o755)

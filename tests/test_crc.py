@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-_crc = pytest.importorskip("asyncloader._crc", reason="the _crc extension is not built")
+_crc = pytest.importorskip("asyncloader._cache._crc", reason="the _crc extension is not built")
 
 
 @pytest.fixture(params=[True, False], ids=["folding", "table"])

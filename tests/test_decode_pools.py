@@ -10,9 +10,9 @@ import threading
 import numpy as np
 import numpy.typing as npt
 
+from asyncloader._base._types import DecodeJob
 from asyncloader._decode import DecodeSpec, ProcessDecodePool, ThreadDecodePool
-from asyncloader._ring import BatchRing
-from asyncloader._types import DecodeJob
+from asyncloader._device._ring import BatchRing
 
 SHAPE = (1, 1, 1)
 # (name, priority) in the order they are queued, and the order they must run in.

@@ -80,7 +80,7 @@ def test_the_demo_counts_the_cpu_of_its_child_processes() -> None:
 def test_a_data_folder_made_again_with_other_counts_holds_only_the_new_images(
     tmp_path: Path,
 ) -> None:
-    from asyncloader._demo import make_jpeg_folder
+    from asyncloader.testing._demo import make_jpeg_folder
 
     root = tmp_path / "jpegs"
     (root / "notes.txt").parent.mkdir()

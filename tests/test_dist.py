@@ -14,15 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed import PrefixStore, TCPStore
 
-from asyncloader import AsyncLoaderError, ListingMismatchError, ObjectInfo, _dist
-from asyncloader._dist import (
+from asyncloader import AsyncLoaderError, ListingMismatchError, ObjectInfo
+from asyncloader._dataset._objects import ObjectList
+from asyncloader._run import _dist
+from asyncloader._run._dist import (
     Agreement,
     StoreAddress,
     listing_key,
     share_listing,
     store_address,
 )
-from asyncloader._objects import ObjectList
 
 
 @pytest.fixture
@@ -236,7 +237,7 @@ def test_loaders_and_datasets_are_dcp_stateful_with_one_key_set(jpeg_folder: Any
     from torch.distributed.checkpoint.stateful import Stateful
 
     from asyncloader import ImageLoader
-    from asyncloader._resume import KEYS
+    from asyncloader._run._resume import KEYS
     from asyncloader.torch import ImageDataset
 
     ds = ImageDataset(str(jpeg_folder), batch_size=16, decode_workers=1)

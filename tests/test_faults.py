@@ -159,7 +159,7 @@ def test_a_throttled_retry_waits_what_the_answer_asked_up_to_the_cap(
 ) -> None:
     import asyncio
 
-    from asyncloader import _retry
+    from asyncloader._stores import _retry
 
     waits: list[float] = []
 
@@ -189,7 +189,8 @@ def test_retry_after_of_a_real_answer_reaches_the_retry(
 ) -> None:
     import asyncio
 
-    from asyncloader import S3Store, _retry
+    from asyncloader import S3Store
+    from asyncloader._stores import _retry
     from asyncloader.testing import FaultProxy
 
     waits: list[float] = []

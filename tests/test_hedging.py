@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import asyncloader as al
+from asyncloader._base._stats import Counters
 from asyncloader._fetch import Fetcher
-from asyncloader._stats import Counters
 from asyncloader.testing import FaultyStore, MemoryBucket, MemoryStore, S3TestServer
 
 from .conftest import N_IMAGES

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncloader._errors import StoreError
-from asyncloader._labels import IMAGE_EXTENSIONS, DatasetBuilder, build_dataset
+from asyncloader._base._errors import StoreError
+from asyncloader._base._types import ObjectInfo
+from asyncloader._dataset._labels import IMAGE_EXTENSIONS, DatasetBuilder, build_dataset
 from asyncloader._stores._listing import Chunk, Page, list_chunks
-from asyncloader._types import ObjectInfo
 
 ROOT = "data/"  # the store's root prefix; keys are relative to it
 
@@ -201,7 +201,7 @@ def test_an_s3_page_scanned_reads_as_the_xml_parser_reads_it(
 ) -> None:
     """The scan gives exactly what ElementTree gives, or declines (None) and leaves the
     page to it: escaped characters, a page cut short."""
-    from asyncloader._errors import TransientStoreError
+    from asyncloader._base._errors import TransientStoreError
     from asyncloader._stores._s3 import _parsed_page, _plain_page
 
     objects = [("r/" + k, s, t) for k, s, t in zip(keys, sizes, tags, strict=False)]
@@ -344,7 +344,7 @@ def test_a_flat_million_style_bucket_on_the_light_server() -> None:
     of 5000 numbered keys lists exactly, through the range listing, in a handful more
     requests than its pages; a foldered one too.  The list is compact."""
     import asyncloader as al
-    from asyncloader._objects import ObjectList
+    from asyncloader._dataset._objects import ObjectList
     from asyncloader.testing import S3TestServer
 
     for folders in (0, 7):

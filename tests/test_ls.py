@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import asyncloader as al
-from asyncloader._describe import inventory
+from asyncloader._tools._describe import inventory
 from asyncloader.testing import FaultProxy, S3TestServer
 
 from .conftest import N_CLASSES, N_IMAGES, Backend
@@ -139,7 +139,7 @@ def test_a_written_manifest_is_read_instead_of_a_listing(
 def test_a_manifest_reads_the_same_whole_or_line_by_line() -> None:
     """The one-call parse of a plain JSONL manifest gives the rows the line-by-line parse
     gives (numbers as their text), and a file it cannot take goes line by line."""
-    from asyncloader import _manifest
+    from asyncloader._base import _manifest
 
     plain = b'{"key": "a/1.jpg", "label": 3, "size": 5, "etag": "e"}\n{"key": "b", "w": 1.50}\n'
     fancy = b'{"key": "a/1.jpg", "label": 3, "size": 5, "etag": "e"}\r\n\r\n{"key": "b", "w": 1.50, "x": null}\n'

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncloader._objects import ObjectList, ObjectListBuilder, SampleList
-from asyncloader._types import ObjectInfo, Sample
+from asyncloader._base._types import ObjectInfo, Sample
+from asyncloader._dataset._objects import ObjectList, ObjectListBuilder, SampleList
 
 etag = st.one_of(
     st.text(alphabet="0123456789abcdef", min_size=32, max_size=32),  # MD5: packed to 16 bytes
@@ -80,7 +80,11 @@ def test_a_sample_list_pairs_objects_and_labels() -> None:
 
 @pytest.mark.parametrize("labels", [["3", "1", "3"], ["cat", "ant", "cat"]])
 def test_a_columnar_manifest_makes_the_dataset_its_rows_make(labels: list[str]) -> None:
-    from asyncloader._labels import build_dataset, columnar_manifest, read_columnar_manifest
+    from asyncloader._dataset._labels import (
+        build_dataset,
+        columnar_manifest,
+        read_columnar_manifest,
+    )
 
     items = [ObjectInfo(f"k{i}.jpg", 10 + i, f"{i:032x}") for i in range(3)]
     buf = io.BytesIO()

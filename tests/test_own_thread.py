@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from asyncloader._own_thread import run_on_own_thread, wait_exited
+from asyncloader._base._own_thread import run_on_own_thread, wait_exited
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="/proc/self/task and pthread keys"

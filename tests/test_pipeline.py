@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import asyncloader as al
+from asyncloader._base._types import Blob, CachedAt
 from asyncloader._cache import ObjectCache
-from asyncloader._types import Blob, CachedAt
 from asyncloader.testing import FaultyStore, MemoryBucket, MemoryStore
 
 from .conftest import N_CLASSES, N_IMAGES

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import asyncloader as al
-from asyncloader._resume import epoch_start
+from asyncloader._run._resume import epoch_start
 from asyncloader.testing import S3TestServer
 
 from .conftest import N_IMAGES, stacks_if_hung

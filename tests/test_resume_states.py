@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asyncloader as al
-from asyncloader._config import RunConfig
-from asyncloader._resume import epoch_start, loader_state, plan_resume
-from asyncloader._sampler import covered, epoch_indices, num_batches
+from asyncloader._base._config import RunConfig
+from asyncloader._run._resume import epoch_start, loader_state, plan_resume
+from asyncloader._run._sampler import covered, epoch_indices, num_batches
 
 
 def _run(world: int, workers: int, worker: int = 0, rank: int = 0, **kw: Any) -> RunConfig:

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import asyncloader as al
+from asyncloader._base._errors import DecodeError
 from asyncloader._decode._image import ROI_DECODE, DecodeSpec, decode_into
-from asyncloader._errors import DecodeError
 
 if os.environ.get("ASYNCLOADER_REQUIRE_ROI") == "1":
     assert ROI_DECODE, "the _jpegroi extension was not built (libjpeg-turbo headers?)"

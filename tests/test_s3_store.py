@@ -14,9 +14,9 @@ import pytest
 
 import asyncloader as al
 from asyncloader import FetchConfig, IntegrityError, ObjectNotFound, S3Store, StoreError
-from asyncloader._errors import WrongRegion
+from asyncloader._base._errors import WrongRegion
+from asyncloader._base._stats import Counters
 from asyncloader._fetch import Fetcher
-from asyncloader._stats import Counters
 from asyncloader.testing import MotoServer, S3TestServer
 
 from .conftest import N_IMAGES

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncloader._sampler import (
+from asyncloader._run._sampler import (
     consumed_prefix,
     covered,
     epoch_indices,

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import asyncloader as al
+from asyncloader._base._types import derived_key
 from asyncloader._decode._image import (
     MAX_PIXELS,
     ROI_DECODE,
@@ -29,7 +30,6 @@ from asyncloader._decode._image import (
     scaled_copies,
     scaled_name,
 )
-from asyncloader._types import derived_key
 from asyncloader.testing import S3TestServer
 
 from .test_roi_decode import KINDS, _jpeg, _whole
@@ -48,7 +48,7 @@ def _scaled(data: bytes, scales: tuple[int, ...]) -> tuple[bytes | None, ...]:
 
 def _photo(seed: int, size: tuple[int, int] = (2400, 1800)) -> bytes:
     """A JPEG of at least SCALED_COPY_MIN bytes, from the demo's real photos."""
-    from asyncloader._demo import make_jpeg, source_photos
+    from asyncloader.testing._demo import make_jpeg, source_photos
 
     data = make_jpeg(source_photos(), seed, size=size)
     assert len(data) >= SCALED_COPY_MIN, len(data)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import asyncloader as al
-from asyncloader._ring import SHM_PREFIX
+from asyncloader._device._ring import SHM_PREFIX
 from asyncloader.testing import S3TestServer
 
 

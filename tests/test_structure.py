@@ -9,64 +9,34 @@ import asyncloader
 
 PKG = Path(asyncloader.__file__).parent
 
-LEAVES = {
-    "_errors",
-    "_types",
-    "_config",
-    "_stats",
-    "_sampler",
-    "_transforms",
-    "_manifest",
-    "_lease",
-    "_retry",
-    "_env",
-    "_budget",
-    "_lazy",
-    "_admission",
-    "_bench_report",
-    "_resume",
-    "_objects",
-    "_own_thread",
-    "_saved_listing",
-    "_device_spec",
+# The wings: concern packages, and the wings each may import.  Imports flow one way:
+# _base < _stores < _dataset, _cache, _fetch, _decode, _device < _run < _tools < the faces.
+# ``_lazy`` (the PEP 562 export helper) is a root helper any package's __init__ may use.
+WINGS: dict[str, set[str]] = {
+    "_base": set(),  # errors, types, configs, env, stats, manifests, leases, own threads
+    "_stores": {"_base"},  # object stores by URL, their HTTP clients, the retry loop
+    "_dataset": {"_base", "_stores"},  # URL + labels -> samples; listings saved in a folder
+    "_cache": {"_base"},  # object bytes on the SSD, the writer thread, admission
+    "_fetch": {"_base", "_stores"},  # bytes from a store: ranges, hedges, the budget
+    "_decode": {"_base"},  # bytes -> pixels in a ring slot, and the backend rule
+    "_device": {"_base"},  # the ring, and batches out (device, dtype, uploader)
+    "_run": {"_base", "_stores", "_dataset", "_cache", "_fetch", "_decode", "_device"},
+    "_tools": {"_base", "_stores", "_dataset", "_cache", "_fetch", "_decode", "_device", "_run"},
+    # The public test kit: stores and the retry loop, never the loader's machinery.
+    "testing": {"_base", "_stores", "_fetch"},
 }
-RESOURCES = {"_stores", "_decode", "_ring", "_labels", "_cache", "_upload"}
-ALLOWED = {
-    # module: modules of the package it may import
-    **{m: LEAVES for m in LEAVES},
-    **{m: LEAVES for m in RESOURCES},
-    # The cache, over its C extension (the CRC-32).
-    "_cache": LEAVES | {"_crc"},
-    # The cache's writer thread, over the cache.
-    "_cache_writer": LEAVES | {"_cache"},
-    "_fetch": LEAVES | RESOURCES,
-    # Manifests by location (a path, a key, a URL), read and written whole.
-    "_located": LEAVES | RESOURCES,
-    "_dataset": LEAVES | RESOURCES | {"_fetch", "_located"},
-    # The fetch stage with a cache: each object fetched once on its way in.
-    "_fetch_once": LEAVES | {"_fetch", "_cache_writer"},
-    "_pipeline": LEAVES | RESOURCES | {"_fetch", "_fetch_once", "_dataset", "_cache_writer"},
-    "_runtime": LEAVES | RESOURCES | {"_pipeline"},
-    "_warm": LEAVES | RESOURCES | {"_fetch", "_cache_writer"},
-    "_describe": LEAVES | RESOURCES | {"_fetch", "_located", "_dataset"},
-    "_bench": LEAVES | RESOURCES | {"_fetch"},
-    # The job's c10d store: one listing per job, the ranks' agreement on it.
-    "_dist": LEAVES,
-    "_loader": LEAVES | RESOURCES | {"_fetch", "_dataset", "_dist", "_pipeline", "_runtime"},
-    # Test equipment: stores, the fetcher (the conformance suite retries through it), the
-    # demo data; never the loader's machinery.
-    "testing": LEAVES | RESOURCES | {"_fetch", "_demo"},
-    # The demo data, and the emulator it is served from (imported when the demo runs).
-    "_demo": LEAVES | {"testing"},
-}
+# The files at the package root besides the wings: the public faces and their helpers.
+ROOT = {"__init__.py", "__main__.py", "_lazy.py", "_cli.py", "torch.py"}
+
 
 # Inside the decode package: pixels ← one job ← the pools; the worker process's side never
 # imports the parent's (it starts with numpy, Pillow and what it runs, nothing more).
 # ``_jpegroi`` and ``_resize`` are the C extensions beside ``_image``.
 DECODE_SIBLINGS = {
     "_arena": set(),
+    "_transforms": set(),
+    "_image": {"_jpegroi", "_resize", "_transforms"},
     "_backend": {"_image"},
-    "_image": {"_jpegroi", "_resize"},
     "_job": {"_image"},
     "_threads": {"_image", "_job"},
     "_worker": {"_arena", "_image", "_job"},
@@ -94,21 +64,51 @@ def test_exports() -> None:
     assert public - set(asyncloader.__all__) - submodules == set()
 
 
-def test_imports_flow_down() -> None:
-    for module, allowed in ALLOWED.items():
-        path = PKG / f"{module}.py"
-        if not path.exists():
-            path = PKG / module / "__init__.py"
-            files = list((PKG / module).glob("*.py"))
+def _wings_imported(path: Path) -> set[str]:
+    """The wings (and root modules) that the file at ``path`` imports."""
+    rel = path.relative_to(PKG)
+    package = ["asyncloader", *rel.parts[:-1]]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package[: len(package) - (node.level - 1)]
+            module = ".".join(base + ([node.module] if node.module else []))
         else:
-            files = [path]
-        for f in files:
-            imported = _internal_imports(f) - {""}
-            if f.parent.name == module:  # inside a package: its siblings are fine
-                imported -= {p.stem for p in files}
-                imported -= {p.stem for p in f.parent.glob("*.c")}  # C extensions
-            bad = {m for m in imported if m.startswith("_") and m not in allowed}
-            assert not bad, f"{f.relative_to(PKG)} imports {bad}"
+            module = node.module or ""
+        parts = module.split(".")
+        if parts[0] == "asyncloader" and len(parts) > 1:
+            out.add(parts[1])
+    return out
+
+
+def test_the_root_holds_the_faces_and_the_wings() -> None:
+    files = {p.name for p in PKG.iterdir() if p.is_file() and p.suffix in (".py", ".c")}
+    assert files == ROOT
+    packages = {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(WINGS)
+
+
+def test_imports_flow_one_way_between_wings() -> None:
+    for wing, allowed in WINGS.items():
+        for path in (PKG / wing).rglob("*.py"):
+            bad = _wings_imported(path) - allowed - {wing, "_lazy"}
+            assert not bad, f"{path.relative_to(PKG)} imports {bad}"
+
+
+def test_the_readme_code_map_names_every_wing_and_module() -> None:
+    """README's code map is checked against the layout: every wing, and every module of
+    each, is named in it (as ``_wing/`` and ``_module``)."""
+    readme = (PKG.parent / "README.md").read_text()
+    code_map = readme.split("## Code map", 1)[1].split("\n## ", 1)[0]
+    for wing in WINGS:
+        assert f"`{wing}/`" in code_map, wing
+        for path in (PKG / wing).glob("*.py"):
+            if path.stem != "__init__":
+                assert f"`{path.stem}`" in code_map, f"{wing}/{path.name}"
+    for name in ROOT:
+        assert f"`{name}`" in code_map, name
 
 
 def test_decode_package_layers() -> None:
@@ -125,7 +125,7 @@ def test_decode_package_layers() -> None:
 def test_product_does_not_import_test_equipment() -> None:
     for path in PKG.rglob("*.py"):
         rel = path.relative_to(PKG)
-        if rel.parts[0] == "testing" or rel.name == "_demo.py":
+        if rel.parts[0] == "testing":
             continue
         assert "testing" not in _internal_imports(path), f"{rel} imports asyncloader.testing"
 
@@ -142,15 +142,13 @@ def test_torch_not_imported_by_the_package() -> None:
 
 # The torch face may use the uploader, the one internal module that needs torch (the
 # package root must not import torch: decode workers import it).
-# The CLI's demo command runs on the demo data and its emulator bucket (package proper).
 # to_device runs the device stage itself: its spec and its uploader.
 FACE_EXCEPTIONS = {
-    ("torch.py", "asyncloader._device_spec"),
-    ("torch.py", "asyncloader._upload"),
+    ("torch.py", "asyncloader._device._device_spec"),
+    ("torch.py", "asyncloader._device._upload"),
     # The job's store (one listing per job, the ranks' agreement) and the state's keys.
-    ("torch.py", "asyncloader._dist"),
-    ("torch.py", "asyncloader._resume"),
-    ("_cli.py", "asyncloader._demo"),
+    ("torch.py", "asyncloader._run._dist"),
+    ("torch.py", "asyncloader._run._resume"),
 }
 
 

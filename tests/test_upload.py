@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import asyncloader as al
-from asyncloader._device_spec import DeviceSpec
-from asyncloader._upload import _Releaser
+from asyncloader._device._device_spec import DeviceSpec
+from asyncloader._device._upload import _Releaser
 from asyncloader.testing import S3TestServer
 
 from .conftest import N_IMAGES

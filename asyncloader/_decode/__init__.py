@@ -1,7 +1,7 @@
 """Decode: bytes in, pixels written straight into a batch slot of the ring.
 
 Two pools with one async interface (:class:`DecodePool`: ``await pool.decode(job)`` →
-:class:`~asyncloader._types.Outcome`):
+:class:`~asyncloader._base._types.Outcome`):
 
 * :class:`ThreadDecodePool` (``_threads``) — threads of the training process;
 * :class:`ProcessDecodePool` (``_processes``, child side ``_worker``) — fresh interpreters

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 
-from .._types import ArenaSlice
+from .._base._types import ArenaSlice
 
 __all__ = ["ALIGN", "ArenaSlice", "Extents"]
 

@@ -31,9 +31,9 @@ import numpy.typing as npt
 import PIL
 from PIL import Image, UnidentifiedImageError
 
-from .._errors import DecodeError, shown_key
-from .._transforms import Transform
-from .._types import Blob, BlobCache, DecodeFn
+from .._base._errors import DecodeError, shown_key
+from .._base._types import Blob, BlobCache, DecodeFn
+from ._transforms import Transform
 
 try:
     from . import _jpegroi  # type: ignore[attr-defined]

@@ -7,8 +7,16 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from .._errors import DecodeError, shown_key
-from .._types import ArenaSlice, BlobCache, CachedAt, CacheEvent, DecodeJob, Outcome, derived_key
+from .._base._errors import DecodeError, shown_key
+from .._base._types import (
+    ArenaSlice,
+    BlobCache,
+    CachedAt,
+    CacheEvent,
+    DecodeJob,
+    Outcome,
+    derived_key,
+)
 from ._image import (
     SCALED_COPY_MIN,
     DecodeSpec,
@@ -30,7 +38,7 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
     decoding.  With ``spec.scaled_copies``, a large object's hit is decoded from its
     scaled copy where the crop's scale has one (``SCALED``), without reading the object.
     Fetched bytes reach the cache another way (the pipeline's
-    :class:`~asyncloader._cache_writer.CacheWriter`), off the decode path.
+    :class:`~asyncloader._cache._writer.CacheWriter`), off the decode path.
     """
     t0 = time.perf_counter()
     events = CacheEvent.NONE

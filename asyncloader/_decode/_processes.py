@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
-from .._errors import DecodeError, PipelineDeadError, shown_key
-from .._types import DecodeJob, Outcome
+from .._base._errors import DecodeError, PipelineDeadError, shown_key
+from .._base._types import DecodeJob, Outcome
 from ._arena import ArenaSlice, Extents
 from ._image import DecodeSpec
 from ._worker import READY

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from .._types import DecodeJob, Outcome
+from .._base._types import DecodeJob, Outcome
 from ._image import DecodeSpec, U8Array
 from ._job import run_job
 

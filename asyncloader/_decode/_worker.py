@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import DecodeError
-from .._types import DecodeJob
+from .._base._errors import DecodeError
+from .._base._types import DecodeJob
 from ._arena import ArenaSlice
 from ._image import DecodeSpec, U8Array
 from ._job import run_job

@@ -14,8 +14,8 @@ import inspect
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from .._manifest import is_columnar, is_manifest
-from .._types import ObjectStore
+from .._base._manifest import is_columnar, is_manifest
+from .._base._types import ObjectStore
 from ._azure import AzureStore, azure_store_from_url
 from ._gcs import GCSStore, gcs_store_from_url
 from ._local import LocalStore

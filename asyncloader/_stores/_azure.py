@@ -31,9 +31,8 @@ from urllib.parse import quote, unquote, urlencode, urlsplit
 import aiohttp
 from yarl import URL
 
-from .._errors import ClosedError, ObjectNotFound
-from .._retry import retrying
-from .._types import Blob, ObjectInfo
+from .._base._errors import ClosedError, ObjectNotFound
+from .._base._types import Blob, ObjectInfo
 from ._azure_auth import (
     AzureCredentials,
     SharedKeySigner,
@@ -54,6 +53,7 @@ from ._http import (
 )
 from ._lean_http import LeanHTTPClient
 from ._listing import FolderListing, Page
+from ._retry import retrying
 
 __all__ = ["API_VERSION", "AzureStore", "azure_store_from_url", "parse_azure_url"]
 

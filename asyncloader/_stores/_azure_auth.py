@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import AccessDenied
+from .._base._errors import AccessDenied
 from ._bearer import TokenSource, first_line
 
 __all__ = [

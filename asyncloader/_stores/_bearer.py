@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Container
 from typing import TypeVar
 
-from .._errors import AccessDenied
+from .._base._errors import AccessDenied
 
 __all__ = ["REFRESH_MARGIN", "BearerToken", "TokenSource", "first_line", "with_token"]
 

@@ -30,14 +30,20 @@ from urllib.parse import quote, urlencode, urlsplit
 import aiohttp
 from yarl import URL
 
-from .._errors import AccessDenied, ClosedError, ObjectNotFound, StoreError, TransientStoreError
-from .._retry import retrying
-from .._types import Blob, ObjectInfo
+from .._base._errors import (
+    AccessDenied,
+    ClosedError,
+    ObjectNotFound,
+    StoreError,
+    TransientStoreError,
+)
+from .._base._types import Blob, ObjectInfo
 from ._bearer import BearerToken, with_token
 from ._gcs_auth import READ_WRITE_SCOPE, emulator_host, google_token_source
 from ._http import gc_paused, get_object, object_headers, open_clients, proxy_configured, send
 from ._lean_http import LeanHTTPClient
 from ._listing import Page, RangedListing
+from ._retry import retrying
 
 __all__ = ["GCS_ENDPOINT", "GCSStore", "gcs_store_from_url", "parse_gcs_url"]
 

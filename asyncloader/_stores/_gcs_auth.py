@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from .._errors import AccessDenied
+from .._base._errors import AccessDenied
 from ._bearer import TokenSource, first_line
 
 __all__ = ["READ_ONLY_SCOPE", "READ_WRITE_SCOPE", "emulator_host", "google_token_source"]

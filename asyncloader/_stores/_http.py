@@ -3,7 +3,7 @@ aiohttp), HEAD, the control requests, and the mapping of answers to our error tr
 
 Backends build the target and headers (signature, range, precondition); this module sends
 the request, reads the body, checks its length and version, and maps every HTTP status and
-transport exception to :mod:`asyncloader._errors` in one place.
+transport exception to :mod:`asyncloader._base._errors` in one place.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TypeVar
 import aiohttp
 from yarl import URL
 
-from .._errors import (
+from .._base._errors import (
     AccessDenied,
     IntegrityError,
     LengthMismatch,
@@ -32,7 +32,7 @@ from .._errors import (
     TransientStoreError,
     WrongRegion,
 )
-from .._types import Blob, ObjectInfo
+from .._base._types import Blob, ObjectInfo
 from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError, tls_context
 
 __all__ = [

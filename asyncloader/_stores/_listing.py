@@ -16,7 +16,8 @@ shuffle can start on the first chunk while the rest is still being listed:
   the top-level objects that sort between them.
 
 Each folder chunk also carries objects listed already that come later in key order
-(``ahead``) but decide its ImageFolder labels (see :class:`asyncloader._labels.DatasetBuilder`):
+(``ahead``) but decide its ImageFolder labels (see
+:class:`asyncloader._dataset._labels.DatasetBuilder`):
 the top-level objects after it (images directly under the prefix are class ``""``, the
 first), and the objects of folders whose names sort before its own but whose keys sort
 after its keys (``b/…`` after ``b./…``, yet class ``b`` before ``b.``).
@@ -29,8 +30,8 @@ import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableSequence
 
-from .._errors import StoreError
-from .._types import ObjectInfo
+from .._base._errors import StoreError
+from .._base._types import ObjectInfo
 
 __all__ = [
     "Chunk",

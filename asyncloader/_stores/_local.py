@@ -8,8 +8,8 @@ import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from .._errors import IntegrityError, ObjectNotFound
-from .._types import ObjectInfo
+from .._base._errors import IntegrityError, ObjectNotFound
+from .._base._types import ObjectInfo
 
 __all__ = ["LocalStore"]
 

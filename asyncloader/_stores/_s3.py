@@ -24,14 +24,13 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 from yarl import URL
 
-from .._errors import (
+from .._base._errors import (
     AccessDenied,
     ClosedError,
     StoreError,
     WrongRegion,
 )
-from .._retry import retrying
-from .._types import Blob, ObjectInfo
+from .._base._types import Blob, ObjectInfo
 from ._http import (
     gc_paused,
     get_object,
@@ -45,6 +44,7 @@ from ._http import (
 )
 from ._lean_http import LeanHTTPClient
 from ._listing import Page, RangedListing
+from ._retry import retrying
 from ._s3_auth import UNSIGNED_PAYLOAD, FrozenCredentials, SigV4Signer, uri_encode_path
 
 __all__ = ["S3Store"]

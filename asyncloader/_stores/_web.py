@@ -1,6 +1,6 @@
 """Objects at plain HTTP(S) URLs, named by a manifest (a web server or CDN has no listing).
 
-The manifest (JSONL or CSV, see :mod:`asyncloader._manifest`) names each object by a key
+The manifest (JSONL or CSV, see :mod:`asyncloader._base._manifest`) names each object by a key
 relative to the base URL or by an absolute URL, optionally with its ``size`` and ``etag``;
 objects without a size are HEAD-requested once when listing (a saved listing in the cache
 then spares that on later runs).  GETs use ``Range`` and ``If-Match`` and check the answer's
@@ -18,10 +18,9 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 from yarl import URL
 
-from .._errors import ClosedError, ObjectNotFound, StoreError, shown_key
-from .._manifest import read_manifest
-from .._retry import retrying
-from .._types import Blob, ObjectInfo
+from .._base._errors import ClosedError, ObjectNotFound, StoreError, shown_key
+from .._base._manifest import read_manifest
+from .._base._types import Blob, ObjectInfo
 from ._http import (
     get_object,
     make_session,
@@ -32,6 +31,7 @@ from ._http import (
     request,
 )
 from ._lean_http import LeanHTTPClient
+from ._retry import retrying
 
 __all__ = ["HttpStore"]
 

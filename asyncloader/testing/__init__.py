@@ -15,11 +15,11 @@
   real photos) and the emulator bucket that serves them (they live in the package proper).
 """
 
-from .._demo import DemoBucket as DemoBucket
-from .._demo import demo_bucket as demo_bucket
-from .._demo import make_jpeg_folder as make_jpeg_folder
 from ._conformance import StoreFixture as StoreFixture
 from ._conformance import check_object_store as check_object_store
+from ._demo import DemoBucket as DemoBucket
+from ._demo import demo_bucket as demo_bucket
+from ._demo import make_jpeg_folder as make_jpeg_folder
 from ._faultproxy import FaultProxy as FaultProxy
 from ._gcs import GCSEmulator as GCSEmulator
 from ._gcs import find_fake_gcs_server as find_fake_gcs_server

@@ -15,11 +15,11 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._config import FetchConfig
-from .._errors import AccessDenied, IntegrityError, ObjectNotFound, StoreError, Throttled
+from .._base._config import FetchConfig
+from .._base._errors import AccessDenied, IntegrityError, ObjectNotFound, StoreError, Throttled
+from .._base._stats import Counters
+from .._base._types import ObjectInfo, ObjectStore, WritableStore
 from .._fetch import Fetcher
-from .._stats import Counters
-from .._types import ObjectInfo, ObjectStore, WritableStore
 
 __all__ = ["StoreFixture", "check_object_store"]
 

@@ -20,14 +20,14 @@ from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
-from .._errors import (
+from .._base._errors import (
     ClosedError,
     IntegrityError,
     ObjectNotFound,
     Throttled,
     TransientStoreError,
 )
-from .._types import Blob, ObjectInfo, ObjectStore
+from .._base._types import Blob, ObjectInfo, ObjectStore
 
 __all__ = ["MEMORY_FAULTS", "FaultyStore", "MemoryBucket", "MemoryStore"]
 

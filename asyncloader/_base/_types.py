@@ -64,7 +64,7 @@ class ObjectStore(Protocol):
     """The one small async protocol every backend implements.
 
     All methods are coroutines run on the loader's event loop.  Errors are mapped to the
-    :mod:`asyncloader._errors` tree at the backend boundary.  Retries are *not* the store's
+    :mod:`asyncloader._base._errors` tree at the backend boundary.  Retries are *not* the store's
     job: the fetcher retries :class:`Throttled` and :class:`TransientStoreError`.
     """
 

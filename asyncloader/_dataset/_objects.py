@@ -20,7 +20,7 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
-from ._types import ObjectInfo, Sample
+from .._base._types import ObjectInfo, Sample
 
 __all__ = ["ObjectList", "ObjectListBuilder", "SampleList", "texts_from_arrays", "texts_to_arrays"]
 

@@ -11,8 +11,8 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from ._config import FetchConfig
-from ._errors import LengthMismatch, StoreError, Throttled, TransientStoreError
+from .._base._config import FetchConfig
+from .._base._errors import LengthMismatch, StoreError, Throttled, TransientStoreError
 
 __all__ = ["CONTROL_RETRIES", "RETRIED", "retrying"]
 

@@ -15,23 +15,22 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ._cache import ObjectCache
-from ._config import CACHE_SIZE, LISTING_MAX_AGE
-from ._dataset import list_for
-from ._errors import shown_key
-from ._fetch import list_objects, saved_listing
-from ._labels import (
+from .._base._config import CACHE_SIZE, LISTING_MAX_AGE
+from .._base._errors import shown_key
+from .._base._own_thread import run_on_own_thread
+from .._base._types import ObjectInfo, ObjectStore
+from .._cache import ObjectCache
+from .._dataset import list_for, list_objects, saved_listing
+from .._dataset._labels import (
     IMAGE_EXTENSIONS,
     KeyFilter,
     columnar_manifest,
     key_path,
 )
-from ._located import write_file
-from ._objects import ObjectList
-from ._own_thread import run_on_own_thread
-from ._stores import open_store
-from ._stores import store_options as store_options_for
-from ._types import ObjectInfo, ObjectStore
+from .._dataset._located import write_file
+from .._dataset._objects import ObjectList
+from .._stores import open_store
+from .._stores import store_options as store_options_for
 
 __all__ = ["Inventory", "describe", "inventory", "listing"]
 
@@ -126,8 +125,9 @@ async def describe_store(
     listed (and saved when there is a cache); with ``write_manifest``, its samples written
     there as a listing manifest (see :func:`describe`; ``store_options``: how to reach a
     manifest URL outside the store's root)."""
-    saved = await saved_listing(store, cache, listing_max_age)
-    objects = saved if saved is not None else await list_objects(store, cache, 0)
+    folder = cache.directory if cache is not None else None
+    saved = await saved_listing(store, folder, listing_max_age)
+    objects = saved if saved is not None else await list_objects(store, folder, 0)
     if write_manifest is not None:
         target = os.fspath(write_manifest)
         data = await asyncio.to_thread(manifest_bytes, target, objects, extensions)
@@ -233,10 +233,14 @@ def listing(
         options = store_options_for(url, labels, store_options)
         store = open_store(url, **options)
         try:
-            cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
+            folder = None
+            if cache_dir:
+                cache = ObjectCache(cache_dir, size_limit=cache_size)
+                cache.make_folder()
+                folder = cache.directory
             max_age = 0.0 if refresh_listing else listing_max_age
             return await list_for(
-                store, labels, cache=cache, max_age=max_age, store_options=options
+                store, labels, folder=folder, max_age=max_age, store_options=options
             )
         finally:
             await store.close()

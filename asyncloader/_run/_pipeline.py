@@ -28,20 +28,20 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ._admission import ADMIT_ALL, admission, admitted
-from ._cache import IndexThread, ObjectCache
-from ._cache_writer import CacheWriter
-from ._config import RunConfig
-from ._dataset import Listing
-from ._decode import MAX_PIXELS, DecodePool, scaled_footprint
-from ._decode import scaled_copies as make_scaled_copies
-from ._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
-from ._fetch import Fetcher
-from ._fetch_once import InHand, OnceFetcher
-from ._ring import BatchRing
+from .._base._config import RunConfig
+from .._base._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
+from .._base._stats import Counters
+from .._base._types import CachedAt, CacheEvent, DecodeJob, Outcome, Sample
+from .._cache import IndexThread, ObjectCache
+from .._cache._admission import ADMIT_ALL, admission, admitted
+from .._cache._writer import CacheWriter
+from .._dataset import Listing
+from .._decode import MAX_PIXELS, DecodePool, scaled_footprint
+from .._decode import scaled_copies as make_scaled_copies
+from .._device._ring import BatchRing
+from .._fetch import Fetcher
+from ._cache_fill import InHand, OnceFetcher
 from ._sampler import epoch_indices, mix_seed, node_subset, num_batches, unshuffled_batch
-from ._stats import Counters
-from ._types import CachedAt, CacheEvent, DecodeJob, Outcome, Sample
 
 __all__ = [
     "BatchReady",
@@ -184,7 +184,7 @@ class Pipeline:
 
     def _admission(self) -> int:
         """The cache's admission threshold for this node's objects (see
-        :func:`~asyncloader._admission.admission`); everything is cached while the listing
+        :func:`~asyncloader._cache._admission.admission`); everything is cached while the listing
         grows."""
         threshold = self._admit
         if threshold is None:
@@ -471,7 +471,7 @@ class Pipeline:
             # One index query per batch, off the loop: which samples are cached, and in which
             # file; the decode workers read the files without another query.
             # What is being fetched or waits to be written, looked at *before* the query
-            # (see _fetch_once).
+            # (see _cache_fill).
             early = self._once.all_in_hand(keys) if self._once is not None else {}
             cached = await self._index.run(self.cache.locate, keys)
         else:

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ._cache import ObjectCache
-from ._types import Blob, derived_key
+from .._base._types import Blob, derived_key
+from . import ObjectCache
 
 __all__ = ["WRITE_BEHIND", "CacheWriter"]
 
@@ -56,7 +56,7 @@ class CacheWriter:
             written, or the exception that failed them (disk full, permissions).
         derive: Makes what is kept beside an object from its bytes, as (name, bytes) pairs
             (the scaled copies of a large JPEG); stored with it, in the same transaction,
-            under :func:`~asyncloader._types.derived_key`.
+            under :func:`~asyncloader._base._types.derived_key`.
         derive_threads: Threads running ``derive`` on a batch's objects at once (it must
             release the GIL to gain from more than one); 1: the writer thread itself.
         linger: Seconds a batch waits for more objects after its first one.

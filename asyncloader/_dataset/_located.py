@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._errors import StoreError, shown_key
-from ._stores import HttpStore, LocalStore, lists_from_manifest, open_store, service_of
-from ._types import ObjectStore, WritableStore
+from .._base._errors import StoreError, shown_key
+from .._base._types import ObjectStore, WritableStore
+from .._stores import HttpStore, LocalStore, lists_from_manifest, open_store, service_of
 
 __all__ = ["is_url", "object_at", "read_manifest_file", "write_file"]
 

@@ -35,18 +35,19 @@ from typing import Any
 
 import numpy as np
 
+from .._base._config import LISTING_MAX_AGE
+from .._base._env import usable_cpus
+from .._base._errors import StoreError, Throttled
+from .._base._types import Blob, ObjectInfo, ObjectStore
+from .._cache import ObjectCache
+from .._dataset import saved_listing
+from .._dataset._labels import IMAGE_EXTENSIONS
+from .._dataset._saved import listing_path, save_listing
+from .._decode import DecodeSpec, choose_backend, decode_into
+from .._decode._transforms import RandomResizedCrop
+from .._stores import open_store
+from .._stores._retry import retrying
 from ._bench_report import BenchReport, FetchLevel
-from ._cache import ObjectCache
-from ._config import LISTING_MAX_AGE
-from ._decode import DecodeSpec, choose_backend, decode_into
-from ._env import usable_cpus
-from ._errors import StoreError, Throttled
-from ._fetch import saved_listing
-from ._labels import IMAGE_EXTENSIONS
-from ._retry import retrying
-from ._stores import open_store
-from ._transforms import RandomResizedCrop
-from ._types import Blob, ObjectInfo, ObjectStore
 
 __all__ = ["bench"]
 
@@ -87,7 +88,8 @@ async def _listed(
 ) -> tuple[Sequence[ObjectInfo], bool]:
     """The saved listing when there is one; else as much of the listing as ``seconds``
     allow (sorted key order), and whether it is complete."""
-    saved = await saved_listing(store, cache, LISTING_MAX_AGE)
+    folder = cache.directory if cache is not None else None
+    saved = await saved_listing(store, folder, LISTING_MAX_AGE)
     if saved is not None:
         return saved, True
     out: list[ObjectInfo] = []
@@ -100,8 +102,9 @@ async def _listed(
                 return out, False
     finally:
         await listing.aclose()  # type: ignore[attr-defined]
-    if cache is not None:
-        await asyncio.to_thread(cache.save_listing, store.url, out)
+    if folder is not None:
+        path = listing_path(folder, store.url)
+        await asyncio.to_thread(save_listing, path, store.url, out)
     return out, True
 
 

@@ -3,12 +3,14 @@ so that a million objects are not listed again on every start, and the node-wide
 list it (:class:`ListingTurn`), so that the processes of a node list it once.
 
 Files go in ``DIR/listings/``, named by a digest of the URL: ``.npz`` (the list), ``.lock``
-(the turn) and ``.budget`` (the node's shared in-flight budget, :mod:`._budget`).
+(the turn) and ``.budget`` (the node's shared in-flight budget,
+:mod:`asyncloader._fetch._budget`).  Everything here takes the folder's path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import threading
@@ -20,15 +22,32 @@ from typing import Any
 
 import numpy as np
 
+from .._base._types import ObjectInfo
 from ._objects import ObjectList
-from ._types import ObjectInfo
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover (not POSIX)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["ListingTurn", "listing_path", "load_listing", "save_listing"]
+__all__ = [
+    "ListingTurn",
+    "budget_path",
+    "listing_path",
+    "load_listing",
+    "make_listings_folder",
+    "save_listing",
+]
+
+
+def make_listings_folder(path: Path) -> None:
+    """Make the folder of ``path`` (``DIR/listings``), and ``DIR`` readable by its owner
+    only if it is missing too (see :meth:`asyncloader.ObjectCache.make_folder`)."""
+    root = path.parent.parent
+    if not root.is_dir():
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(root, mode=0o700)
+    path.parent.mkdir(exist_ok=True)
 
 
 def listing_path(directory: str | os.PathLike[str], url: str) -> Path:
@@ -37,10 +56,19 @@ def listing_path(directory: str | os.PathLike[str], url: str) -> Path:
     return Path(directory) / "listings" / f"{digest}.npz"
 
 
+def budget_path(directory: str | os.PathLike[str], url: str) -> Path:
+    """The file through which the loaders of a node reading ``url`` into the cache folder
+    ``directory`` share one in-flight budget (:class:`asyncloader._fetch._budget.NodeShare`);
+    its folder is made."""
+    path = listing_path(directory, url).with_suffix(".budget")
+    make_listings_folder(path)
+    return path
+
+
 def save_listing(path: Path, url: str, objects: Sequence[ObjectInfo]) -> None:
     """Keep the object list of ``url`` at ``path`` (written atomically): its arrays (see
     :class:`ObjectList`), read back in milliseconds for a million keys."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_listings_folder(path)
     doc: dict[str, Any] = {
         "url": np.frombuffer(url.encode(), np.uint8),
         "time": np.array(time.time()),
@@ -85,7 +113,7 @@ class ListingTurn:
     async def acquire(self) -> None:
         if fcntl is None:
             return
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        make_listings_folder(self._path)
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             while True:

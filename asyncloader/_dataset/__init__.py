@@ -10,7 +10,7 @@ The listing strategy lives here, on the loader's event loop:
   run; with a manifest (``labels="train.jsonl"``, a local file or a key beside the images)
   the manifest names the samples and their labels (a URL too: ``s3://bucket/train.npz``).
 
-Which objects are samples and what their labels are is :mod:`asyncloader._labels` (pure).
+Which objects are samples and what their labels are is :mod:`asyncloader._dataset._labels` (pure).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ._cache import ObjectCache
-from ._errors import AsyncLoaderError
-from ._fetch import list_and_save, list_objects, listing_turn
+from .._base._errors import AsyncLoaderError
+from .._base._manifest import is_columnar, is_manifest, read_manifest
+from .._base._types import ObjectInfo, ObjectStore, Sample
 from ._labels import (
     Dataset,
     DatasetBuilder,
@@ -31,12 +31,12 @@ from ._labels import (
     parse_manifest,
     read_columnar_manifest,
 )
+from ._listing import list_and_save, list_objects, listing_turn, saved_listing
 from ._located import read_manifest_file
-from ._manifest import is_columnar, is_manifest, read_manifest
 from ._objects import ObjectList
-from ._types import ObjectInfo, ObjectStore, Sample
+from ._saved import listing_path, save_listing
 
-__all__ = ["Listing", "list_for", "open_listing"]
+__all__ = ["Listing", "list_for", "list_objects", "open_listing", "saved_listing"]
 
 
 class Listing:
@@ -109,7 +109,7 @@ async def list_for(
     store: ObjectStore,
     labels: object,
     *,
-    cache: ObjectCache | None,
+    folder: str | None,
     max_age: float,
     store_options: Mapping[str, Any] | None = None,
 ) -> Sequence[ObjectInfo]:
@@ -133,7 +133,7 @@ async def list_for(
         objects = manifest_objects(data, labels)
         if objects is not None:
             return objects
-    return await list_objects(store, cache, max_age)
+    return await list_objects(store, folder, max_age)
 
 
 async def open_listing(
@@ -141,7 +141,7 @@ async def open_listing(
     labels: LabelSpec,
     extensions: Sequence[str] | None,
     *,
-    cache: ObjectCache | None,
+    folder: str | None,
     max_age: float,
     stream: bool,
     listed: Callable[[Sequence[ObjectInfo]], None],
@@ -183,7 +183,7 @@ async def open_listing(
     saved = ObjectList.of(objects) if objects is not None else None
     turn = None
     if saved is None:
-        saved, turn = await listing_turn(store, cache, max_age)
+        saved, turn = await listing_turn(store, folder, max_age)
     try:
         list_sorted = getattr(store, "list_sorted", None)
         if saved is None and not is_manifest(labels) and stream and list_sorted:
@@ -191,8 +191,9 @@ async def open_listing(
 
             async def finished(objects: list[ObjectInfo], dataset: Dataset) -> None:
                 check(objects, dataset)
-                if cache is not None:
-                    await asyncio.to_thread(cache.save_listing, store.url, objects)
+                if folder is not None:
+                    path = listing_path(folder, store.url)
+                    await asyncio.to_thread(save_listing, path, store.url, objects)
 
             builder = DatasetBuilder(labels, extensions)
             task = asyncio.create_task(
@@ -205,7 +206,7 @@ async def open_listing(
                 turn = None
             await listing.wait(1)  # an empty or unreadable prefix fails here, at once
             return listing, task
-        objects = saved if saved is not None else await list_and_save(store, cache)
+        objects = saved if saved is not None else await list_and_save(store, folder)
     finally:
         if turn is not None:
             turn.release()

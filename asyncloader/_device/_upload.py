@@ -22,7 +22,7 @@ The uploader lets go of each ring slot as soon as its copy is done (on CUDA with
 page-locked: once the copy's event has completed; with staging: once the slot is staged).
 
 What the batches become (device, dtype, normalisation, layout) is a
-:class:`~asyncloader._device_spec.DeviceSpec`.
+:class:`~asyncloader._device._device_spec.DeviceSpec`.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from .._base._errors import AsyncLoaderError, PipelineDeadError
+from .._base._lease import Lease, leased
 from ._device_spec import DeviceSpec
-from ._errors import AsyncLoaderError, PipelineDeadError
-from ._lease import Lease, leased
 
 __all__ = ["Uploader"]
 

@@ -20,15 +20,15 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._decode import DecodePool
-from ._errors import PipelineDeadError
-from ._own_thread import wait_exited
-from ._ring import BatchRing
-from ._types import ObjectStore
+from .._base._errors import PipelineDeadError
+from .._base._own_thread import wait_exited
+from .._base._types import ObjectStore
+from .._decode import DecodePool
+from .._device._ring import BatchRing
 
 if TYPE_CHECKING:
+    from .._device._upload import Uploader
     from ._pipeline import Pipeline
-    from ._upload import Uploader
 
 __all__ = ["Runtime"]
 

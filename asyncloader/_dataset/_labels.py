@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import StoreError, shown_key
-from ._manifest import read_manifest
+from .._base._errors import StoreError, shown_key
+from .._base._manifest import read_manifest
+from .._base._types import ObjectInfo, Sample
 from ._objects import ObjectList, SampleList, texts_from_arrays, texts_to_arrays
-from ._types import ObjectInfo, Sample
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -56,7 +56,7 @@ class Dataset:
 
 
 Rows = list[dict[str, str]]
-"""A manifest's rows, as :func:`asyncloader._manifest.read_manifest` parses them (once)."""
+"""A manifest's rows, as :func:`asyncloader._base._manifest.read_manifest` parses them (once)."""
 
 
 def parse_manifest(data: bytes | bytearray | Rows, name: str) -> list[tuple[str, str]]:

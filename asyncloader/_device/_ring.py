@@ -7,7 +7,7 @@ with threads they are ordinary memory.  Which slot is free or full is the pipeli
 business, not the ring's; the ring hands out batches and knows which are still referenced.
 
 Batch lifetime: :meth:`BatchRing.lease` gives the consumer views of a slot that hold it
-(see :mod:`asyncloader._lease`).  The slot goes back to the pipeline (``on_release``) when
+(see :mod:`asyncloader._base._lease`).  The slot goes back to the pipeline (``on_release``) when
 the last tensor or view of that batch is freed, whenever and in whichever thread that
 happens.  Closing the ring while batches are still held keeps the shared memory until the
 last of them goes (they stay readable); it is unlinked then, or at interpreter exit.
@@ -28,7 +28,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import numpy.typing as npt
 
-from ._lease import Lease, leased
+from .._base._lease import Lease, leased
 
 __all__ = ["SHM_PREFIX", "BatchRing"]
 

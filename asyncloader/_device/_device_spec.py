@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._config import IMAGENET_MEAN, IMAGENET_STD
-from ._env import local_rank
+from .._base._config import IMAGENET_MEAN, IMAGENET_STD
+from .._base._env import local_rank
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceSpec", "resolve_device"]
 

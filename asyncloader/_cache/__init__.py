@@ -14,10 +14,9 @@
   least-recently-used every hit would be a SQLite write): the oldest whole pack goes, with
   its entries, so nothing is ever rewritten.  A pack holds ``size_limit / 16`` at most.
 * Several processes (loaders, DDP ranks, ``asyncloader warm``) share one directory safely.
-* The object list of a prefix is kept beside it, so a million objects are not listed again on
-  every start (:mod:`._saved_listing`).  Layout: ``DIR/objects/`` (diskcache's own folder:
-  the index, and the value files of entries written before packs), ``DIR/packs/`` and
-  ``DIR/listings/``.
+* Layout: ``DIR/objects/`` (diskcache's own folder: the index, and the value files of
+  entries written before packs), ``DIR/packs/``; beside them ``DIR/listings/`` (saved
+  listings and the node's shared budget files: :mod:`asyncloader._dataset._saved`).
 
 :class:`ObjectCache` is a small picklable handle: each process (and thread) opens its own
 connection lazily, so it travels to decode worker processes as a few strings and numbers.
@@ -38,11 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._config import CACHE_SIZE
-from ._errors import CacheFormatError
-from ._objects import ObjectList
-from ._saved_listing import ListingTurn, listing_path, load_listing, save_listing
-from ._types import CachedAt, ObjectInfo
+from .._base._config import CACHE_SIZE
+from .._base._errors import CacheFormatError
+from .._base._types import CachedAt
 
 try:  # zlib's CRC-32 by carry-less multiplication: 8 µs per 110 KB here, zlib's 26-39
     from . import _crc  # type: ignore[attr-defined]
@@ -533,7 +530,7 @@ class ObjectCache:
 
     def entry_keys(self) -> Iterator[str]:
         """Every entry key (``store URL, key, ETag`` joined by NUL; what is kept beside an
-        entry adds a NUL and its name: :func:`~asyncloader._types.derived_key`)."""
+        entry adds a NUL and its name: :func:`~asyncloader._base._types.derived_key`)."""
         yield from self._db().iterkeys()
 
     def clear(self) -> int:
@@ -547,29 +544,6 @@ class ObjectCache:
             for path in Path(self._packs).glob("*.pack"):
                 _remove(str(path))
         return count
-
-    # --- beside the cached objects (see ._saved_listing) --------------------------------
-
-    def save_listing(self, url: str, objects: Sequence[ObjectInfo]) -> None:
-        """Keep the object list of ``url`` next to the cache (written atomically)."""
-        self.make_folder()
-        save_listing(listing_path(self.directory, url), url, objects)
-
-    def load_listing(self, url: str, max_age: float) -> ObjectList | None:
-        """The saved object list of ``url`` if younger than ``max_age`` [seconds], else None
-        (also when the file is damaged: the prefix is listed again)."""
-        return load_listing(listing_path(self.directory, url), url, max_age)
-
-    def listing_turn(self, url: str) -> ListingTurn:
-        """The node-wide lock on listing ``url`` (see :class:`ListingTurn`)."""
-        self.make_folder()
-        return ListingTurn(listing_path(self.directory, url).with_suffix(".lock"))
-
-    def budget_path(self, url: str) -> Path:
-        """The file through which the loaders of this node reading ``url`` share one
-        in-flight budget (see :class:`asyncloader._budget.NodeShare`)."""
-        self.make_folder()
-        return listing_path(self.directory, url).with_suffix(".budget")
 
     def close(self) -> None:
         """Close this thread's handles: its index connection and its open pack file.  A

@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image, ImageEnhance
 
 if TYPE_CHECKING:
-    from .testing._servers import Azurite, MotoServer
+    from ._servers import Azurite, MotoServer
 
 __all__ = [
     "DEMO_DIR",
@@ -150,7 +150,7 @@ def demo_bucket(
     """
     if store not in ("s3", "azure"):
         raise ValueError(f"store must be 's3' or 'azure', not {store!r}")
-    from .testing._servers import TEST_ENV, Azurite, MotoServer  # the emulators
+    from ._servers import TEST_ENV, Azurite, MotoServer  # the emulators
 
     make_jpeg_folder(data_dir, images=images, classes=classes, seed=seed)
     server: MotoServer | Azurite

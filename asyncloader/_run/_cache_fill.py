@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from ._cache_writer import CacheWriter
-from ._fetch import Fetcher
-from ._stats import Counters
-from ._types import Blob, ObjectInfo
+from .._base._stats import Counters
+from .._base._types import Blob, ObjectInfo
+from .._cache._writer import CacheWriter
+from .._fetch import Fetcher
 
 __all__ = ["InHand", "OnceFetcher"]
 

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import AsyncLoaderError, ListingMismatchError
-from ._manifest import is_columnar, is_manifest
-from ._objects import ObjectList
-from ._types import ObjectInfo
+from .._base._errors import AsyncLoaderError, ListingMismatchError
+from .._base._manifest import is_columnar, is_manifest
+from .._base._types import ObjectInfo
+from .._dataset._objects import ObjectList
 
 __all__ = [
     "LISTING_WAIT",

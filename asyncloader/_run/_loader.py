@@ -22,8 +22,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from ._cache import ObjectCache
-from ._config import (
+from .._base._config import (
     CACHE_SIZE,
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -32,8 +31,24 @@ from ._config import (
     OnError,
     RunConfig,
 )
-from ._dataset import list_for, open_listing
-from ._decode import (
+from .._base._env import usable_cpus
+from .._base._errors import (
+    AsyncLoaderError,
+    BatchesHeldError,
+    ClosedError,
+    PipelineDeadError,
+)
+from .._base._stats import Counters, Stats
+from .._base._types import DecodeFn, ObjectInfo, ObjectStore
+from .._cache import ObjectCache
+from .._dataset import list_for, open_listing
+from .._dataset._labels import (
+    IMAGE_EXTENSIONS,
+    Dataset,
+    LabelSpec,
+)
+from .._dataset._saved import budget_path
+from .._decode import (
     MAX_PIXELS,
     DecodePool,
     DecodeSpec,
@@ -41,35 +56,21 @@ from ._decode import (
     ThreadDecodePool,
     choose_backend,
 )
+from .._decode._transforms import RandomResizedCrop, Transform
+from .._device._ring import BatchRing
+from .._fetch import Fetcher
+from .._stores import open_store
+from .._stores import store_options as store_options_for
 from ._dist import Agreement, listing_key, share_listing
-from ._env import usable_cpus
-from ._errors import (
-    AsyncLoaderError,
-    BatchesHeldError,
-    ClosedError,
-    PipelineDeadError,
-)
-from ._fetch import Fetcher
-from ._labels import (
-    IMAGE_EXTENSIONS,
-    Dataset,
-    LabelSpec,
-)
 from ._pipeline import BatchReady, EpochEnd, Failed, Notice, Pipeline
 from ._resume import loader_state, plan_resume
-from ._ring import BatchRing
 from ._runtime import Runtime
 from ._sampler import num_batches
-from ._stats import Counters, Stats
-from ._stores import open_store
-from ._stores import store_options as store_options_for
-from ._transforms import RandomResizedCrop, Transform
-from ._types import DecodeFn, ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
     import torch
 
-    from ._upload import Uploader
+    from .._device._upload import Uploader
 
 __all__ = ["ImageLoader"]
 
@@ -272,6 +273,9 @@ class ImageLoader:
             max_failures=max_failures,
         )
         self.cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
+        self._folder = self.cache.directory if self.cache is not None else None
+        if self.cache is not None:
+            self.cache.make_folder()  # its owner's only, before anything is written there
         self._listing_max_age = 0.0 if refresh_listing else listing_max_age
         self._objects = objects
         if cache_scaled_jpegs and (self.cache is None or decode is not None):
@@ -311,8 +315,8 @@ class ImageLoader:
         self._agreement: Agreement | None = None
         self._listed: Sequence[ObjectInfo] | None = None
         if device is not None:
-            from ._device_spec import DeviceSpec
-            from ._upload import Uploader
+            from .._device._device_spec import DeviceSpec
+            from .._device._upload import Uploader
 
             spec = DeviceSpec.make(device, dtype, mean, std, channels_last)
             self._uploader = Uploader(spec, depth=2, pin=pin)
@@ -353,7 +357,7 @@ class ImageLoader:
         listing = list_for(
             store,
             labels,
-            cache=self.cache,
+            folder=self._folder,
             max_age=self._listing_max_age,
             store_options=self._store_options,
         )
@@ -381,7 +385,7 @@ class ImageLoader:
             store,
             labels,
             extensions,
-            cache=self.cache,
+            folder=self._folder,
             max_age=self._listing_max_age,
             # A sharded run checks the whole list before its first batch: no streaming.
             stream=self._run_config.shuffle is False and self._agreement is None,
@@ -408,7 +412,7 @@ class ImageLoader:
         else:
             pool = ThreadDecodePool(self._workers, self._spec, ring.images)
         self._rt.pool = pool
-        node = self.cache.budget_path(store.url) if self.cache is not None else None
+        node = budget_path(self._folder, store.url) if self._folder is not None else None
         fetcher = Fetcher(store, c, self._fetch_config, decode_workers=self._workers, node=node)
         self._rt.pipeline = Pipeline(
             listing,

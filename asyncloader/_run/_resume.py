@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._config import RunConfig
+from .._base._config import RunConfig
 from ._sampler import consumed_prefix, covered
 
 __all__ = [

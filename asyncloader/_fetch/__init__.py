@@ -1,5 +1,5 @@
-"""Fetch: object bytes from a store with bounded concurrency, retries, ranges and checks;
-and the object list of a store, through the cache's saved listing.
+"""Fetch: object bytes from a store with bounded concurrency, retries, hedges, ranges and
+checks.
 
 Runs on the loader's (or ``warm``'s) event loop.  It never touches the cache's values: the
 decode workers write fetched bytes back, ``warm``'s writer thread stores them.
@@ -10,28 +10,18 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import time
 import warnings
 from functools import partial
 
+from .._base._config import FetchConfig
+from .._base._env import usable_cpus
+from .._base._errors import LengthMismatch, StoreError, Throttled, shown_key
+from .._base._stats import Counters
+from .._base._types import Blob, ObjectInfo, ObjectStore
+from .._stores._retry import retrying
 from ._budget import InflightBudget, NodeShare
-from ._cache import ObjectCache
-from ._config import FetchConfig
-from ._env import usable_cpus
-from ._errors import LengthMismatch, StoreError, Throttled, shown_key
-from ._objects import ObjectList, ObjectListBuilder
-from ._retry import retrying
-from ._saved_listing import ListingTurn
-from ._stats import Counters
-from ._types import Blob, ObjectInfo, ObjectStore
 
-__all__ = [
-    "Fetcher",
-    "list_and_save",
-    "list_objects",
-    "listing_turn",
-    "saved_listing",
-]
+__all__ = ["Fetcher"]
 
 
 class Fetcher:
@@ -44,11 +34,11 @@ class Fetcher:
     own (a share of the requests sent, and a count in flight) outside ``max_inflight``, so a
     slow store is never hit with twice the load.  Ranged parts are hedged one by one.
 
-    Requests in flight: an :class:`~asyncloader._budget.InflightBudget` with
+    Requests in flight: an :class:`~asyncloader._fetch._budget.InflightBudget` with
     ``max_inflight`` as its ceiling (exactly ``max_inflight`` when not ``adaptive``).  Given
     ``decode_workers``, its need follows Little's law from the rate they decode at.  Given
     ``node`` (a file in the cache folder), it is one member of the node's shared budget
-    (:class:`~asyncloader._budget.NodeShare`); :meth:`close` leaves it.
+    (:class:`~asyncloader._fetch._budget.NodeShare`); :meth:`close` leaves it.
     """
 
     def __init__(
@@ -302,65 +292,3 @@ def _consume(task: asyncio.Future[Blob]) -> None:
     as its fetch was stopped), so that its error is not logged when it is collected."""
     if not task.cancelled():
         task.exception()
-
-
-async def saved_listing(
-    store: ObjectStore, cache: ObjectCache | None, max_age: float
-) -> ObjectList | None:
-    """The object list the cache saved for the store's URL, if younger than ``max_age``."""
-    if cache is None or max_age <= 0:
-        return None
-    return await asyncio.to_thread(cache.load_listing, store.url, max_age)
-
-
-async def list_objects(store: ObjectStore, cache: ObjectCache | None, max_age: float) -> ObjectList:
-    """The store's object list: from the cache's saved listing if young enough, else listed
-    (in parallel where the store can) and saved for the next run, once per node (see
-    :func:`listing_turn`)."""
-    saved, turn = await listing_turn(store, cache, max_age)
-    if saved is not None:
-        return saved
-    try:
-        return await list_and_save(store, cache)
-    finally:
-        if turn is not None:
-            turn.release()
-
-
-async def list_and_save(store: ObjectStore, cache: ObjectCache | None) -> ObjectList:
-    """List ``store`` (in parallel where it can) and save the list in ``cache``."""
-    builder = ObjectListBuilder()
-    async for info in store.list():
-        builder.add(info)
-    objects = builder.build()
-    if cache is not None:
-        await asyncio.to_thread(cache.save_listing, store.url, objects)
-    return objects
-
-
-async def listing_turn(
-    store: ObjectStore, cache: ObjectCache | None, max_age: float
-) -> tuple[ObjectList | None, ListingTurn | None]:
-    """A saved listing young enough, or this process's turn to list.
-
-    Processes of a node that start together on one cache folder take turns: the first to
-    find no saved listing lists (the caller: then it saves and releases the turn), the
-    others wait and read the listing it saved, even under ``max_age=0``
-    (``refresh_listing``: it was made after they asked).  Returns ``(saved, None)`` or
-    ``(None, turn)``; ``(None, None)`` without a cache.
-    """
-    saved = await saved_listing(store, cache, max_age)
-    if saved is not None or cache is None:
-        return saved, None
-    asked = time.time()
-    turn = cache.listing_turn(store.url)
-    await turn.acquire()
-    try:
-        saved = await saved_listing(store, cache, max(max_age, time.time() - asked))
-    except BaseException:
-        turn.release()
-        raise
-    if saved is not None:
-        turn.release()
-        return saved, None
-    return None, turn

@@ -19,18 +19,20 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ._admission import ADMIT_ALL, admission, admitted
-from ._cache import IndexThread, ObjectCache
-from ._cache_writer import CacheWriter
-from ._config import CACHE_SIZE, LISTING_MAX_AGE, FetchConfig
-from ._decode import SCALED_COPY_MIN, scaled_copies, scaled_footprint, scaled_name
-from ._env import local_world_size, shard_from_env, usable_cpus
-from ._errors import AsyncLoaderError, shown_key
-from ._fetch import Fetcher, list_objects
-from ._labels import IMAGE_EXTENSIONS, KeyFilter
-from ._sampler import node_subset
-from ._stats import Counters
-from ._types import Blob, ObjectInfo, ObjectStore, derived_key
+from .._base._config import CACHE_SIZE, LISTING_MAX_AGE, FetchConfig
+from .._base._env import local_world_size, shard_from_env, usable_cpus
+from .._base._errors import AsyncLoaderError, shown_key
+from .._base._stats import Counters
+from .._base._types import Blob, ObjectInfo, ObjectStore, derived_key
+from .._cache import IndexThread, ObjectCache
+from .._cache._admission import ADMIT_ALL, admission, admitted
+from .._cache._writer import CacheWriter
+from .._dataset import list_objects
+from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
+from .._dataset._saved import budget_path
+from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_footprint, scaled_name
+from .._fetch import Fetcher
+from .._run._sampler import node_subset
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
 
@@ -101,7 +103,7 @@ async def warm_cache(
         store: Where the objects are.
         cache: Where they go.
         max_inflight: Requests in flight (default: 64 per usable CPU, at least 64; see
-            :func:`~asyncloader._config.default_max_inflight`).
+            :func:`~asyncloader._base._config.default_max_inflight`).
         shard: ``(i, n)``: warm objects ``i, i+n, ...`` of the sorted listing; with
             ``node_seed``, node ``i`` of ``n``'s subset under ``shuffle="node"`` and that
             seed (exactly what that node's loaders will read).
@@ -118,7 +120,8 @@ async def warm_cache(
     i, n = shard
     if n < 1 or not 0 <= i < n:
         raise AsyncLoaderError(f"shard {i}/{n} does not exist: use i/n with 0 <= i < n")
-    objects = await list_objects(store, cache, listing_max_age)
+    cache.make_folder()  # its owner's only (or its group's), before anything is written
+    objects = await list_objects(store, cache.directory, listing_max_age)
     wanted = KeyFilter(extensions)
     ordered = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
     if node_seed is None:
@@ -159,7 +162,10 @@ async def warm_cache(
             on_listed(len(todo) + len(later), report.already_cached)
         counters = Counters()
         fetcher = Fetcher(
-            store, counters, FetchConfig(max_inflight=max_inflight), node=cache.budget_path(url)
+            store,
+            counters,
+            FetchConfig(max_inflight=max_inflight),
+            node=budget_path(cache.directory, url),
         )
         inflight = fetcher.config.inflight
 
@@ -263,7 +269,7 @@ def warm(
             shard = (rank // local, max(world // local, 1))
         else:
             shard = (rank, world)
-    from ._stores import open_store
+    from .._stores import open_store
 
     async def main() -> WarmReport:
         store = open_store(url, **(store_options or {}))

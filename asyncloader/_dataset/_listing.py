@@ -1,0 +1,78 @@
+"""A store's object list through a cache folder: the listing saved there if young enough,
+else listed (in parallel where the store can) and saved for the next run, once per node
+(the processes of a node that share the folder take turns: :func:`listing_turn`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from .._base._types import ObjectStore
+from ._objects import ObjectList, ObjectListBuilder
+from ._saved import ListingTurn, listing_path, load_listing, save_listing
+
+__all__ = ["list_and_save", "list_objects", "listing_turn", "saved_listing"]
+
+
+async def saved_listing(
+    store: ObjectStore, folder: str | None, max_age: float
+) -> ObjectList | None:
+    """The object list saved in the cache ``folder`` for the store's URL, if younger than
+    ``max_age`` [seconds]."""
+    if folder is None or max_age <= 0:
+        return None
+    path = listing_path(folder, store.url)
+    return await asyncio.to_thread(load_listing, path, store.url, max_age)
+
+
+async def list_objects(store: ObjectStore, folder: str | None, max_age: float) -> ObjectList:
+    """The store's object list: the one saved in ``folder`` if young enough, else listed
+    and saved for the next run, once per node (see :func:`listing_turn`)."""
+    saved, turn = await listing_turn(store, folder, max_age)
+    if saved is not None:
+        return saved
+    try:
+        return await list_and_save(store, folder)
+    finally:
+        if turn is not None:
+            turn.release()
+
+
+async def list_and_save(store: ObjectStore, folder: str | None) -> ObjectList:
+    """List ``store`` (in parallel where it can) and save the list in ``folder``."""
+    builder = ObjectListBuilder()
+    async for info in store.list():
+        builder.add(info)
+    objects = builder.build()
+    if folder is not None:
+        path = listing_path(folder, store.url)
+        await asyncio.to_thread(save_listing, path, store.url, objects)
+    return objects
+
+
+async def listing_turn(
+    store: ObjectStore, folder: str | None, max_age: float
+) -> tuple[ObjectList | None, ListingTurn | None]:
+    """A saved listing young enough, or this process's turn to list.
+
+    Processes of a node that start together on one cache folder take turns: the first to
+    find no saved listing lists (the caller: then it saves and releases the turn), the
+    others wait and read the listing it saved, even under ``max_age=0``
+    (``refresh_listing``: it was made after they asked).  Returns ``(saved, None)`` or
+    ``(None, turn)``; ``(None, None)`` without a folder.
+    """
+    saved = await saved_listing(store, folder, max_age)
+    if saved is not None or folder is None:
+        return saved, None
+    asked = time.time()
+    turn = ListingTurn(listing_path(folder, store.url).with_suffix(".lock"))
+    await turn.acquire()
+    try:
+        saved = await saved_listing(store, folder, max(max_age, time.time() - asked))
+    except BaseException:
+        turn.release()
+        raise
+    if saved is not None:
+        turn.release()
+        return saved, None
+    return None, turn
