@@ -28,10 +28,9 @@ from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
-import aiohttp
 from yarl import URL
 
-from .._base._errors import ClosedError, ObjectNotFound
+from .._base._errors import ObjectNotFound
 from .._base._types import Blob, ObjectInfo
 from ._azure_auth import (
     AzureCredentials,
@@ -46,12 +45,10 @@ from ._http import (
     normalize_etag,
     object_headers,
     object_info,
-    open_clients,
     parse_xml,
-    proxy_configured,
     send,
 )
-from ._lean_http import LeanHTTPClient
+from ._http_store import OriginStore
 from ._listing import FolderListing, Page
 from ._retry import retrying
 
@@ -98,7 +95,7 @@ def parse_azure_url(url: str, *, account: str | None = None) -> tuple[str | None
     return acct, container, prefix, sas
 
 
-class AzureStore(FolderListing):
+class AzureStore(OriginStore, FolderListing):
     """An Azure Blob container (and name prefix) as an :class:`~asyncloader.ObjectStore`.
 
     Args:
@@ -143,8 +140,6 @@ class AzureStore(FolderListing):
         list_concurrency: int = 32,
         page_size: int = 5000,
     ) -> None:
-        if http_client not in ("lean", "aiohttp"):
-            raise ValueError(f"http_client must be 'lean' or 'aiohttp', not {http_client!r}")
         if not container:
             raise ValueError("an Azure URL needs a container: az://account/container/prefix")
         if not 1 <= page_size <= 5000:
@@ -164,24 +159,21 @@ class AzureStore(FolderListing):
             SharedKeySigner(self.creds.account, self.creds.key) if self.creds.key else None
         )
         self._token: BearerToken | None = None
-        self._ca_bundle = ca_bundle
         self._sas = bool(self.creds.sas)
         self._sas_suffix = "?" + self.creds.sas if self.creds.sas else ""
         endpoint = URL(self.creds.endpoint)
-        self._origin = f"{endpoint.scheme}://{endpoint.raw_authority}"
+        # Every request on the lean client (aiohttp behind a proxy).
+        self._init_origin(
+            f"{endpoint.scheme}://{endpoint.raw_authority}",
+            http_client=http_client,
+            max_connections=max_connections,
+            read_timeout=read_timeout,
+            ca_bundle=ca_bundle,
+        )
         self._container_path = endpoint.raw_path.rstrip("/") + "/" + quote(container, safe="")
-        self._max_connections = max_connections
-        self._read_timeout = read_timeout
-        self._use_lean = http_client == "lean" and not proxy_configured()
         self._list_concurrency = list_concurrency
         self._page_size = page_size
-        self._session: aiohttp.ClientSession | None = None
-        self._lean: LeanHTTPClient | None = None
         self._date = ("", 0)
-        self._closed = False
-
-    def __repr__(self) -> str:
-        return f"AzureStore({self.url!r})"
 
     @property
     def url(self) -> str:
@@ -191,21 +183,9 @@ class AzureStore(FolderListing):
         return f"az://{self.creds.account}/{self.container}/{full}"
 
     def _ensure(self) -> None:
-        if self._closed:
-            raise ClosedError(f"{self!r} is closed")
-        if self._session is not None or self._lean is not None:
-            return
-        if self.creds.credential is not None and self._token is None:
+        if self._open_clients() and self.creds.credential is not None and self._token is None:
             source, what = entra_token_source(self.creds.credential)
             self._token = BearerToken(source, what=what)
-        # Every request on the lean client (aiohttp behind a proxy).
-        self._lean, self._session = open_clients(
-            self._origin,
-            lean=self._use_lean,
-            max_connections=self._max_connections,
-            read_timeout=self._read_timeout,
-            ca_bundle=self._ca_bundle,
-        )
 
     def _headers(
         self,
@@ -377,17 +357,11 @@ class AzureStore(FolderListing):
         )
         return ObjectInfo(key, len(data), normalize_etag(answer.get("etag", "")))
 
-    async def close(self) -> None:
-        self._closed = True
-        session, self._session = self._session, None
-        lean, self._lean = self._lean, None
-        token, self._token = self._token, None
-        if session is not None:
-            await session.close()
-        if lean is not None:
-            await lean.close()
-        if token is not None:
-            await token.close()
+    def _tokens(self) -> list[BearerToken | None]:
+        return [self._token]
+
+    def _forget_tokens(self) -> None:
+        self._token = None
 
 
 def azure_store_from_url(url: str, **options: Any) -> AzureStore:

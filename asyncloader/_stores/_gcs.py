@@ -27,12 +27,10 @@ from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
-import aiohttp
 from yarl import URL
 
 from .._base._errors import (
     AccessDenied,
-    ClosedError,
     ObjectNotFound,
     StoreError,
     TransientStoreError,
@@ -40,8 +38,8 @@ from .._base._errors import (
 from .._base._types import Blob, ObjectInfo
 from ._bearer import BearerToken, with_token
 from ._gcs_auth import READ_WRITE_SCOPE, emulator_host, google_token_source
-from ._http import gc_paused, get_object, object_headers, open_clients, proxy_configured, send
-from ._lean_http import LeanHTTPClient
+from ._http import gc_paused, get_object, object_headers, send
+from ._http_store import OriginStore
 from ._listing import Page, RangedListing
 from ._retry import retrying
 
@@ -59,7 +57,7 @@ def parse_gcs_url(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.lstrip("/")
 
 
-class GCSStore(RangedListing):
+class GCSStore(OriginStore, RangedListing):
     """A Google Cloud Storage bucket (and name prefix) as an :class:`~asyncloader.ObjectStore`.
 
     Args:
@@ -99,8 +97,6 @@ class GCSStore(RangedListing):
         page_size: int = 1000,
         ca_bundle: str | None = None,
     ) -> None:
-        if http_client not in ("lean", "aiohttp"):
-            raise ValueError(f"http_client must be 'lean' or 'aiohttp', not {http_client!r}")
         if not bucket:
             raise ValueError("a GCS URL needs a bucket: gs://bucket/prefix/")
         if not 1 <= page_size <= 1000:
@@ -123,26 +119,22 @@ class GCSStore(RangedListing):
         base = URL(endpoint)
         if base.scheme not in ("http", "https") or not base.host:
             raise ValueError(f"endpoint_url must be an http(s) URL, not {endpoint!r}")
-        self._origin = f"{base.scheme}://{base.raw_authority}"
+        self._init_origin(
+            f"{base.scheme}://{base.raw_authority}",
+            http_client=http_client,
+            max_connections=max_connections,
+            read_timeout=read_timeout,
+            ca_bundle=ca_bundle,
+        )
         root = base.raw_path.rstrip("/")
         quoted = quote(bucket, safe="")
         self._meta_path = f"{root}/storage/v1/b/{quoted}/o"
         self._media_path = f"{root}/download/storage/v1/b/{quoted}/o"
         self._upload_path = f"{root}/upload/storage/v1/b/{quoted}/o"
-        self._max_connections = max_connections
-        self._read_timeout = read_timeout
-        self._use_lean = http_client == "lean" and not proxy_configured()
         self._list_concurrency = list_concurrency
         self._page_size = page_size
-        self._ca_bundle = ca_bundle
         self._token: BearerToken | None = None
         self._write_token: BearerToken | None = None  # made on the first put
-        self._session: aiohttp.ClientSession | None = None
-        self._lean: LeanHTTPClient | None = None
-        self._closed = False
-
-    def __repr__(self) -> str:
-        return f"GCSStore({self.url!r})"
 
     @property
     def url(self) -> str:
@@ -152,20 +144,9 @@ class GCSStore(RangedListing):
         return f"gs://{self.bucket}/{full}"
 
     def _ensure(self) -> None:
-        if self._closed:
-            raise ClosedError(f"{self!r} is closed")
-        if self._lean is not None or self._session is not None:
-            return
-        if not self.anonymous and self._token is None:
+        if self._open_clients() and not self.anonymous and self._token is None:
             source, what = google_token_source(self._credentials, self._credentials_file)
             self._token = BearerToken(source, what=what)
-        self._lean, self._session = open_clients(
-            self._origin,
-            lean=self._use_lean,
-            max_connections=self._max_connections,
-            read_timeout=self._read_timeout,
-            ca_bundle=self._ca_bundle,
-        )
 
     def _query(self, params: dict[str, str]) -> str:
         if self._user_project:
@@ -327,20 +308,11 @@ class GCSStore(RangedListing):
             raise
         return ObjectInfo(key, len(data), str(meta.get("generation", "")))
 
-    async def close(self) -> None:
-        self._closed = True
-        session, self._session = self._session, None
-        lean, self._lean = self._lean, None
-        token, self._token = self._token, None
-        write_token, self._write_token = self._write_token, None
-        if write_token is not None:
-            await write_token.close()
-        if session is not None:
-            await session.close()
-        if lean is not None:
-            await lean.close()
-        if token is not None:
-            await token.close()
+    def _tokens(self) -> list[BearerToken | None]:
+        return [self._token, self._write_token]
+
+    def _forget_tokens(self) -> None:
+        self._token = self._write_token = None
 
 
 def gcs_store_from_url(url: str, **options: Any) -> GCSStore:

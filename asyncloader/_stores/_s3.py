@@ -26,7 +26,6 @@ from yarl import URL
 
 from .._base._errors import (
     AccessDenied,
-    ClosedError,
     StoreError,
     WrongRegion,
 )
@@ -39,9 +38,9 @@ from ._http import (
     object_info,
     open_clients,
     parse_xml,
-    proxy_configured,
     send,
 )
+from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient
 from ._listing import Page, RangedListing
 from ._retry import retrying
@@ -121,7 +120,7 @@ def _plain_page(body: Blob, cut: int) -> tuple[Page, list[str], str | None] | No
     return page, [f.decode() for f in folders], (token.group(1).decode() or None) if token else None
 
 
-class S3Store(RangedListing):
+class S3Store(HTTPStoreBase, RangedListing):
     """An S3 bucket (and key prefix) as an :class:`~asyncloader.ObjectStore`.
 
     Args:
@@ -164,8 +163,7 @@ class S3Store(RangedListing):
         ca_bundle: str | None = None,
         requester_pays: bool = False,
     ) -> None:
-        if http_client not in ("lean", "aiohttp"):
-            raise ValueError(f"http_client must be 'lean' or 'aiohttp', not {http_client!r}")
+        use_lean = use_lean_client(http_client)
         if not bucket:
             raise ValueError("an S3 URL needs a bucket: s3://bucket/prefix/")
         if requester_pays and anonymous:
@@ -182,7 +180,7 @@ class S3Store(RangedListing):
         self._stack: contextlib.AsyncExitStack | None = None
         self._client: Any = None
         self._session: aiohttp.ClientSession | None = None
-        self._use_lean = http_client == "lean" and not proxy_configured()
+        self._use_lean = use_lean
         self._list_concurrency = list_concurrency
         self._ca_bundle = ca_bundle or os.environ.get("AWS_CA_BUNDLE") or None
         self._lean: LeanHTTPClient | None = None
@@ -196,16 +194,12 @@ class S3Store(RangedListing):
         self._retired: list[tuple[LeanHTTPClient | None, aiohttp.ClientSession | None]] = []
         self._closed = False
 
-    def __repr__(self) -> str:
-        return f"S3Store({self.url!r})"
-
     @property
     def url(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}"
 
     async def _ensure(self) -> None:
-        if self._closed:
-            raise ClosedError(f"{self!r} is closed")
+        self._check_open()
         if self._client is not None:
             return
         from aiobotocore.config import AioConfig

@@ -18,7 +18,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 from yarl import URL
 
-from .._base._errors import ClosedError, ObjectNotFound, StoreError, shown_key
+from .._base._errors import ObjectNotFound, StoreError, shown_key
 from .._base._manifest import read_manifest
 from .._base._types import Blob, ObjectInfo
 from ._http import (
@@ -27,16 +27,16 @@ from ._http import (
     normalize_etag,
     object_headers,
     object_info,
-    proxy_configured,
     request,
 )
+from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient
 from ._retry import retrying
 
 __all__ = ["HttpStore"]
 
 
-class HttpStore:
+class HttpStore(HTTPStoreBase):
     """Objects under an ``http(s)://`` base URL as an :class:`~asyncloader.ObjectStore`.
 
     Args:
@@ -64,8 +64,7 @@ class HttpStore:
         http_client: str = "lean",
         head_concurrency: int = 32,
     ) -> None:
-        if http_client not in ("lean", "aiohttp"):
-            raise ValueError(f"http_client must be 'lean' or 'aiohttp', not {http_client!r}")
+        use_lean = use_lean_client(http_client)
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"not an http(s) URL: {parts.scheme}://{parts.netloc}{parts.path}")
@@ -76,22 +75,18 @@ class HttpStore:
         self._headers = dict(headers or {})
         self._max_connections = max_connections
         self._read_timeout = read_timeout
-        self._use_lean = http_client == "lean" and not proxy_configured()
+        self._use_lean = use_lean
         self._head_concurrency = head_concurrency
         self._session: aiohttp.ClientSession | None = None
         self._lean: dict[tuple[str, str, int], LeanHTTPClient] = {}
         self._closed = False
-
-    def __repr__(self) -> str:
-        return f"HttpStore({self.url!r})"
 
     @property
     def url(self) -> str:
         return self._base
 
     def _session_or_open(self) -> aiohttp.ClientSession:
-        if self._closed:
-            raise ClosedError(f"{self!r} is closed")
+        self._check_open()
         if self._session is None:
             self._session = make_session(self._max_connections, read_timeout=self._read_timeout)
         return self._session
