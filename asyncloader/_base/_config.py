@@ -9,13 +9,17 @@ from typing import Literal
 
 __all__ = [
     "CACHE_SIZE",
+    "LIST_CONCURRENCY",
+    "READ_TIMEOUT",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "LISTING_MAX_AGE",
     "FetchConfig",
     "OnError",
     "RunConfig",
+    "decode_window",
     "default_max_inflight",
+    "ring_slots",
 ]
 
 # Per-channel RGB statistics on the 0..1 scale: the usual normalisation for ImageNet models.
@@ -28,6 +32,11 @@ OnError = Literal["raise", "skip"]
 CACHE_SIZE = "100GB"
 # How old a saved listing may be and still be used instead of listing again [seconds].
 LISTING_MAX_AGE = 3600.0
+# The HTTP stores: the longest wait for an answer to start, and then between two reads of
+# it, before a stalled connection is abandoned and the request retried [seconds]; and the
+# sub-folders (or key ranges) listed at once.
+READ_TIMEOUT = 60.0
+LIST_CONCURRENCY = 32
 
 
 def default_max_inflight(workers: int) -> int:
@@ -38,6 +47,20 @@ def default_max_inflight(workers: int) -> int:
     ~1 300 objects/s, about three times what one core decodes.
     """
     return max(64, 64 * workers)
+
+
+def ring_slots(prefetch_batches: int | None, inflight: int, batch_size: int) -> int:
+    """The one default of the ring's slot count: ``prefetch_batches`` if given, else enough
+    batches for the requests in flight plus 4, at least 5 (one more than the work in
+    flight needs: a plain ``for`` loop still holds the previous batch while it asks for the
+    next)."""
+    return prefetch_batches or max(5, -(-inflight // batch_size) + 4)
+
+
+def decode_window(inflight: int, workers: int) -> int:
+    """The most samples between fetch and decode: the requests in flight, plus 4 per decode
+    worker so that no worker waits for its next job."""
+    return inflight + 4 * workers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

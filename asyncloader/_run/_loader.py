@@ -30,6 +30,8 @@ from .._base._config import (
     FetchConfig,
     OnError,
     RunConfig,
+    decode_window,
+    ring_slots,
 )
 from .._base._env import usable_cpus
 from .._base._errors import (
@@ -295,7 +297,7 @@ class ImageLoader:
         )
         # One slot more than the work in flight needs: a plain `for` loop still holds the
         # previous batch while it asks for the next.
-        self._slots = prefetch_batches or max(5, -(-inflight // batch_size) + 4)
+        self._slots = ring_slots(prefetch_batches, inflight, batch_size)
         self._workers = workers
         self._backend: DecodeBackend = decode_backend
         self._timeout = timeout
@@ -422,7 +424,7 @@ class ImageLoader:
             self._run_config,
             c,
             self._output,
-            decode_window=self._fetch_config.inflight + 4 * self._workers,
+            decode_window=decode_window(self._fetch_config.inflight, self._workers),
             cache=self.cache,
             scaled_copies=self._scaled_copies,
             max_pixels=self._spec.max_pixels,

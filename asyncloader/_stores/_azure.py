@@ -30,6 +30,7 @@ from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from yarl import URL
 
+from .._base._config import LIST_CONCURRENCY, READ_TIMEOUT
 from .._base._errors import ObjectNotFound
 from .._base._types import Blob, ObjectInfo
 from ._azure_auth import (
@@ -135,9 +136,9 @@ class AzureStore(OriginStore, FolderListing):
         credential: Any = None,
         ca_bundle: str | None = None,
         max_connections: int = 64,
-        read_timeout: float = 60.0,
+        read_timeout: float = READ_TIMEOUT,
         http_client: str = "lean",
-        list_concurrency: int = 32,
+        list_concurrency: int = LIST_CONCURRENCY,
         page_size: int = 5000,
     ) -> None:
         if not container:

@@ -29,6 +29,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from yarl import URL
 
+from .._base._config import LIST_CONCURRENCY, READ_TIMEOUT
 from .._base._errors import (
     AccessDenied,
     ObjectNotFound,
@@ -91,9 +92,9 @@ class GCSStore(OriginStore, RangedListing):
         credentials_file: str | None = None,
         user_project: str | None = None,
         max_connections: int = 256,
-        read_timeout: float = 60.0,
+        read_timeout: float = READ_TIMEOUT,
         http_client: str = "lean",
-        list_concurrency: int = 32,
+        list_concurrency: int = LIST_CONCURRENCY,
         page_size: int = 1000,
         ca_bundle: str | None = None,
     ) -> None:

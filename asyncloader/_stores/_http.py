@@ -22,6 +22,7 @@ from typing import TypeVar
 import aiohttp
 from yarl import URL
 
+from .._base._config import READ_TIMEOUT
 from .._base._errors import (
     AccessDenied,
     IntegrityError,
@@ -58,7 +59,10 @@ _REGION = re.compile(rb"<Region>([a-z0-9-]{1,64})</Region>")
 
 
 def make_session(
-    max_connections: int, *, read_timeout: float = 60.0, ssl_context: ssl.SSLContext | None = None
+    max_connections: int,
+    *,
+    read_timeout: float = READ_TIMEOUT,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> aiohttp.ClientSession:
     """A session tuned for many small GETs to few hosts: keep-alive, no decompression."""
     connector = aiohttp.TCPConnector(

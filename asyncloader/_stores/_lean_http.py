@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import cast
 
+from .._base._config import READ_TIMEOUT
 from ._tls import connect_tls
 
 __all__ = ["LeanHTTPClient", "LeanResponse", "ProtocolError", "tls_context"]
@@ -57,7 +58,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._progress = 0.0  # loop time of the last bytes received [seconds]
         self._watchdog: asyncio.TimerHandle | None = None
-        self._read_timeout = 60.0
+        self._read_timeout = READ_TIMEOUT  # the client sets its own
         self.closed = False
         self._head = bytearray()
         self._scratch = bytearray(_MAX_HEAD)
@@ -260,7 +261,7 @@ class LeanHTTPClient:
         host: str,
         port: int,
         *,
-        read_timeout: float = 60.0,
+        read_timeout: float = READ_TIMEOUT,
         connect_timeout: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:

@@ -24,6 +24,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 from yarl import URL
 
+from .._base._config import LIST_CONCURRENCY, READ_TIMEOUT
 from .._base._errors import (
     AccessDenied,
     StoreError,
@@ -157,9 +158,9 @@ class S3Store(HTTPStoreBase, RangedListing):
         profile: str | None = None,
         anonymous: bool = False,
         max_connections: int = 256,
-        read_timeout: float = 60.0,
+        read_timeout: float = READ_TIMEOUT,
         http_client: str = "lean",
-        list_concurrency: int = 32,
+        list_concurrency: int = LIST_CONCURRENCY,
         ca_bundle: str | None = None,
         requester_pays: bool = False,
     ) -> None:

@@ -18,6 +18,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 from yarl import URL
 
+from .._base._config import READ_TIMEOUT
 from .._base._errors import ObjectNotFound, StoreError, shown_key
 from .._base._manifest import read_manifest
 from .._base._types import Blob, ObjectInfo
@@ -60,7 +61,7 @@ class HttpStore(HTTPStoreBase):
         manifest: str | os.PathLike[str] | None = None,
         headers: Mapping[str, str] | None = None,
         max_connections: int = 64,
-        read_timeout: float = 60.0,
+        read_timeout: float = READ_TIMEOUT,
         http_client: str = "lean",
         head_concurrency: int = 32,
     ) -> None:
