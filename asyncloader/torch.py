@@ -67,7 +67,7 @@ from asyncloader._run._dist import (
     share_listing,
     store_address,
 )
-from asyncloader._run._resume import KEYS, epoch_start, has_position
+from asyncloader._run._resume import epoch_start, every_key, has_position
 
 __all__ = ["DataLoaderState", "ImageDataset", "dist_shard", "rank_state", "to_device"]
 
@@ -132,8 +132,7 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         if agreement is not None:
             agreement.announce()
         if "objects" not in options and "store" not in options:
-            store = agreement.store if agreement is not None else job_store()
-            options["objects"] = _list_once(url, options, store)
+            options["objects"] = _list_once(url, options, job_store())
         if agreement is not None and "objects" in options:
             agreement.check(options["objects"])  # every rank holds the same list
         self.epoch = 0
@@ -213,7 +212,7 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 or ``num_workers=0``.
         """
         if self._resume is not None:  # loaded, not iterated yet: where it will go on
-            return {key: self._resume.get(key) for key in KEYS}
+            return every_key(self._resume)
         if self._loader is None:
             in_worker = get_worker_info() is not None  # not started yet: at batch 0
             if not in_worker and int(self._workers_in[0]) == self.epoch + 1:
@@ -313,7 +312,7 @@ class DataLoaderState:
         started = getattr(dl, "_iterator", None) is not None
         saver = getattr(dl, "state_dict", None)
         state = rank_state(saver()) if saver is not None and started else dataset.state_dict()
-        return {key: state.get(key) for key in KEYS}
+        return every_key(state)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         dl = self.dataloader

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from .._base._config import CACHE_SIZE
 from .._base._errors import CacheFormatError
+from .._base._folders import make_folder
 from .._base._types import CachedAt
 
 try:  # zlib's CRC-32 by carry-less multiplication: 8 µs per 110 KB here, zlib's 26-39
@@ -239,16 +240,8 @@ class ObjectCache:
 
     def make_folder(self) -> None:
         """Make the cache folder if it is missing: its owner's only, or with
-        ``group_shared`` its group's too (set-group-ID, so what is made inside belongs to
-        the group)."""
-        if os.path.isdir(self.directory):
-            return
-        mode = 0o2770 if self.group_shared else 0o700
-        try:
-            os.makedirs(self.directory, mode=mode)
-        except FileExistsError:  # another process of the node made it first
-            return
-        os.chmod(self.directory, mode)  # makedirs' mode passes through the umask
+        ``group_shared`` its group's too (see :func:`asyncloader._base._folders.make_folder`)."""
+        make_folder(self.directory, group_shared=self.group_shared)
 
     @property
     def _packs(self) -> str:

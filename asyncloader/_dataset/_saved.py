@@ -10,7 +10,6 @@ Files go in ``DIR/listings/``, named by a digest of the URL: ``.npz`` (the list)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
 import threading
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base._folders import make_folder
 from .._base._types import ObjectInfo
 from ._objects import ObjectList
 
@@ -41,12 +41,9 @@ __all__ = [
 
 
 def make_listings_folder(path: Path) -> None:
-    """Make the folder of ``path`` (``DIR/listings``), and ``DIR`` readable by its owner
-    only if it is missing too (see :meth:`asyncloader.ObjectCache.make_folder`)."""
-    root = path.parent.parent
-    if not root.is_dir():
-        with contextlib.suppress(FileExistsError):
-            os.makedirs(root, mode=0o700)
+    """Make the folder of ``path`` (``DIR/listings``), and ``DIR`` its owner's only if it is
+    missing too (see :func:`asyncloader._base._folders.make_folder`)."""
+    make_folder(path.parent.parent)
     path.parent.mkdir(exist_ok=True)
 
 

@@ -18,7 +18,8 @@ builds (validation on rank 0 while the others wait at a barrier) lists and runs 
   of its object list (count, keys, sizes, ETags) and compares it with the first one
   published for the URL; a rank that disagrees refuses, naming both counts, and tells the
   others through the store: ranks that started the same run wait for each other's verdict
-  before their first batch, and a rank already running hears of it at its next batch.
+  before their first batch, and a rank already running hears of it at its next batch (one
+  round trip per batch, on a counter of the ranks that agreed, until all of them have).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ LISTING_WAIT = 1800.0
 # The TCPStore refuses values over 8 MiB (its libuv server's payload limit).
 _CHUNK = 4 << 20
 _SLICE = 0.02  # how often a waiting process looks again [seconds]
+# Added to an agreement's count of ranks that agreed when one refuses: below zero for good.
+_REFUSED = -(1 << 40)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +239,7 @@ def _wait_for(
     keys: list[str],
     timeout: float,
     message: Callable[[], str],
-    stop: Callable[[], None] | None = None,
+    stop: Callable[[], object] | None = None,
 ) -> None:
     """Wait until every key of ``keys`` is in ``store``; ``stop()`` (called between looks)
     may raise to end the wait early.
@@ -295,10 +298,16 @@ class Agreement:
         before their first batch."""
         self._store.set(f"{self._base}/started/{self.rank}", "1")
 
-    def _refused(self) -> None:
-        key = f"{self._base}/refused"
-        if self._store.check([key]):
-            raise ListingMismatchError(self._store.get(key).decode())
+    def _verdict(self) -> int:
+        """How many ranks have agreed so far (one round trip).
+
+        Raises:
+            ListingMismatchError: a rank refused its list.
+        """
+        verdict = int(self._store.add(f"{self._base}/verdict", 0))
+        if verdict < 0:
+            raise ListingMismatchError(self._store.get(f"{self._base}/refused").decode())
+        return verdict
 
     def check(self, objects: Sequence[ObjectInfo], *, timeout: float = LISTING_WAIT) -> None:
         """Publish this rank's digest and compare it with the job's first; then wait for
@@ -312,8 +321,7 @@ class Agreement:
         listed = ObjectList.of(objects)
         mine = f"{len(listed)} {listed.digest()}"
         store, base = self._store, self._base
-        self._refused()
-        store.set(f"{base}/rank/{self.rank}", mine)
+        self._verdict()
         ref = store.compare_set(f"{base}/ref", "", f"{self.rank} {mine}").decode()
         ref_rank, ref_count, ref_digest = ref.split()
         if f"{ref_count} {ref_digest}" != mine:
@@ -329,8 +337,10 @@ class Agreement:
                 "(asyncloader ls --write-manifest) or with objects=."
             )
             store.compare_set(f"{base}/refused", "", message)
+            store.add(f"{base}/verdict", _REFUSED)  # after the message: readers find it
             raise ListingMismatchError(message)
-        store.set(f"{base}/ok/{self.rank}", "1")
+        if store.add(f"{base}/ok/{self.rank}", 1) == 1:  # this rank's first loader to agree
+            store.add(f"{base}/verdict", 1)
         started = [
             r
             for r in range(self.world_size)
@@ -344,9 +354,8 @@ class Agreement:
                 f"ranks {started} of this job started reading {self._url} but did not "
                 f"check their object lists within {timeout:.0f} s"
             ),
-            stop=self._refused,
+            stop=self._verdict,
         )
-        self._refused()
         self.poll()
 
     def poll(self) -> None:
@@ -355,8 +364,5 @@ class Agreement:
         Raises:
             ListingMismatchError: a rank refused its list.
         """
-        if self.settled:
-            return
-        self._refused()
-        oks = [f"{self._base}/ok/{r}" for r in range(self.world_size)]
-        self.settled = bool(self._store.check(oks))
+        if not self.settled:
+            self.settled = self._verdict() >= self.world_size

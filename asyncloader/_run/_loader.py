@@ -356,20 +356,20 @@ class ImageLoader:
         """The job's listing of the URL: listed here if this process is the first of the
         job to need it, else read from the job's store."""
         assert self._agreement is not None
-        listing = list_for(
-            store,
-            labels,
-            folder=self._folder,
-            max_age=self._listing_max_age,
-            store_options=self._store_options,
-        )
-        key = listing_key(url, labels, store_options)
-        try:
-            return share_listing(
-                self._agreement.store, key, self.url, lambda: self._rt.call(listing)
+
+        def produce() -> Sequence[ObjectInfo]:
+            return self._rt.call(
+                list_for(
+                    store,
+                    labels,
+                    folder=self._folder,
+                    max_age=self._listing_max_age,
+                    store_options=self._store_options,
+                )
             )
-        finally:
-            listing.close()  # not awaited where another process listed
+
+        key = listing_key(url, labels, store_options)
+        return share_listing(self._agreement.store, key, self.url, produce)
 
     async def _setup(
         self, store: ObjectStore, labels: LabelSpec, extensions: Sequence[str] | None

@@ -31,6 +31,7 @@ __all__ = [
     "VERSION",
     "Resume",
     "epoch_start",
+    "every_key",
     "has_position",
     "loader_state",
     "merge_worker_states",
@@ -65,10 +66,15 @@ KEYS = (
 )
 
 
+def every_key(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` with every key of a state, in :data:`KEYS` order (None where it has none)."""
+    return {key: state.get(key) for key in KEYS}
+
+
 def epoch_start(epoch: int) -> dict[str, Any]:
     """The state of a run at the start of ``epoch``, before anything of it was delivered:
     every key of a state, None but ``version``, ``epoch`` and ``next_batch`` (0)."""
-    return {**dict.fromkeys(KEYS), "version": VERSION, "epoch": epoch, "next_batch": 0}
+    return every_key({"version": VERSION, "epoch": epoch, "next_batch": 0})
 
 
 def has_position(state: Mapping[str, Any]) -> bool:

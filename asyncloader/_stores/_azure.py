@@ -358,11 +358,9 @@ class AzureStore(OriginStore, FolderListing):
         )
         return ObjectInfo(key, len(data), normalize_etag(answer.get("etag", "")))
 
-    def _tokens(self) -> list[BearerToken | None]:
-        return [self._token]
-
-    def _forget_tokens(self) -> None:
-        self._token = None
+    def _take_tokens(self) -> list[BearerToken | None]:
+        tokens, self._token = [self._token], None
+        return tokens
 
 
 def azure_store_from_url(url: str, **options: Any) -> AzureStore:

@@ -309,11 +309,10 @@ class GCSStore(OriginStore, RangedListing):
             raise
         return ObjectInfo(key, len(data), str(meta.get("generation", "")))
 
-    def _tokens(self) -> list[BearerToken | None]:
-        return [self._token, self._write_token]
-
-    def _forget_tokens(self) -> None:
+    def _take_tokens(self) -> list[BearerToken | None]:
+        tokens = [self._token, self._write_token]
         self._token = self._write_token = None
+        return tokens
 
 
 def gcs_store_from_url(url: str, **options: Any) -> GCSStore:

@@ -103,20 +103,16 @@ class OriginStore(HTTPStoreBase):
         )
         return True
 
-    def _tokens(self) -> list[BearerToken | None]:
-        """The bearer tokens to close with the store (none by default)."""
+    def _take_tokens(self) -> list[BearerToken | None]:
+        """The bearer tokens to close with the store, dropped from it (none by default)."""
         return []
-
-    def _forget_tokens(self) -> None:
-        """Drop the references to the tokens :meth:`_tokens` named (they are closed)."""
 
     async def close(self) -> None:
         """Close the client and the tokens; idempotent."""
         self._closed = True
         session, self._session = self._session, None
         lean, self._lean = self._lean, None
-        tokens = self._tokens()
-        self._forget_tokens()
+        tokens = self._take_tokens()
         if session is not None:
             await session.close()
         if lean is not None:
