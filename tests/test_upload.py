@@ -236,12 +236,15 @@ def test_the_releaser_lets_a_slot_go_once_its_copy_is_done() -> None:
 
 @pytest.mark.cuda
 @needs_cuda
+@pytest.mark.parametrize("backend", ["thread", "process"])
 @pytest.mark.parametrize("pin", ["register", "staging"])
 @pytest.mark.parametrize(("dtype", "channels_last"), [("float32", False), ("float16", True)])
 def test_cuda_is_bit_exact_with_the_cpu_path(
-    server: S3TestServer, pin: str, dtype: str, channels_last: bool
+    server: S3TestServer, pin: str, dtype: str, channels_last: bool, backend: str
 ) -> None:
-    kw = {"dtype": dtype, "channels_last": channels_last}
+    """Both decode backends (with processes the ring is POSIX shared memory, page-locked
+    with cudaHostRegister under pin="register")."""
+    kw = {"dtype": dtype, "channels_last": channels_last, "decode_backend": backend}
     with _loader(server, device="cpu", **kw) as loader:
         cpu = _epoch(loader)
     with _loader(server, device="cuda", pin=pin, **kw) as loader:
@@ -261,11 +264,14 @@ def test_cuda_is_bit_exact_with_the_cpu_path(
 
 @pytest.mark.cuda
 @needs_cuda
+@pytest.mark.parametrize("backend", ["thread", "process"])
 @pytest.mark.parametrize("pin", ["register", "staging"])
-def test_cuda_slow_consumer_never_sees_a_reused_slot(server: S3TestServer, pin: str) -> None:
+def test_cuda_slow_consumer_never_sees_a_reused_slot(
+    server: S3TestServer, pin: str, backend: str
+) -> None:
     """Two ring slots and a consumer slower than the producer: if a slot were refilled
     before its copy finished, a batch would carry pixels of a later one."""
-    kw = {"prefetch_batches": 2, "max_inflight": 16, "labels": None}
+    kw = {"prefetch_batches": 2, "max_inflight": 16, "labels": None, "decode_backend": backend}
     with _loader(server, device="cpu", **kw) as loader:
         cpu = _epoch(loader)
     with _loader(server, device="cuda", pin=pin, **kw) as loader:

@@ -5,7 +5,9 @@ Two pools with one async interface (:class:`DecodePool`: ``await pool.decode(job
 
 * :class:`ThreadDecodePool` (``_threads``) — threads of the training process;
 * :class:`ProcessDecodePool` (``_processes``, child side ``_worker``) — fresh interpreters
-  attached to the ring's shared memory.
+  attached to the ring's shared memory;
+* :class:`GpuDecodePool` (``_gpu``) — JPEGs decoded by nvJPEG on the GPU, a batch at a
+  time, into a ring on the device (the one module here that imports torch).
 
 ``_image`` turns bytes into pixels (JPEGs by region through the ``_jpegroi`` C extension
 where it is built: ``ROI_DECODE``; the resize straight into the slot through ``_resize``:
@@ -22,6 +24,7 @@ from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._backend import choose_backend as choose_backend
+    from ._gpu import GpuDecodePool as GpuDecodePool
     from ._image import FAST_RESIZE as FAST_RESIZE
     from ._image import MAX_PIXELS as MAX_PIXELS
     from ._image import ROI_DECODE as ROI_DECODE
@@ -47,6 +50,7 @@ _WHERE = {
     "scaled_copies": "._image",
     "scaled_footprint": "._image",
     "scaled_name": "._image",
+    "GpuDecodePool": "._gpu",
     "DecodePool": "._job",
     "run_job": "._job",
     "ProcessDecodePool": "._processes",
@@ -60,6 +64,7 @@ __all__ = [
     "SCALED_COPY_MIN",
     "DecodePool",
     "DecodeSpec",
+    "GpuDecodePool",
     "ProcessDecodePool",
     "ThreadDecodePool",
     "choose_backend",

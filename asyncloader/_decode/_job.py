@@ -10,6 +10,7 @@ from typing import Protocol
 from .._base._errors import DecodeError, shown_key
 from .._base._types import (
     ArenaSlice,
+    Blob,
     BlobCache,
     CachedAt,
     CacheEvent,
@@ -26,7 +27,7 @@ from ._image import (
     scaled_name,
 )
 
-__all__ = ["DecodePool", "run_job"]
+__all__ = ["DecodePool", "job_bytes", "run_job"]
 
 
 def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
@@ -41,6 +42,16 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
     :class:`~asyncloader._cache._writer.CacheWriter`), off the decode path.
     """
     t0 = time.perf_counter()
+    data, events = job_bytes(job, spec)
+    if data is None:
+        return Outcome(time.perf_counter() - t0, events)
+    decode_into(data, out, spec, job.seed, job.key)
+    return Outcome(time.perf_counter() - t0, events)
+
+
+def job_bytes(job: DecodeJob, spec: DecodeSpec) -> tuple[Blob | memoryview | None, CacheEvent]:
+    """The bytes a job decodes, read from the cache where the job says so, and what
+    happened there; None (with ``MISS``) when the cache no longer has them."""
     events = CacheEvent.NONE
     data, cache_key, size = job.data, job.cache_key, job.size
     if isinstance(data, ArenaSlice):  # the worker resolves these before running the job
@@ -62,10 +73,9 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
         if cache.take_damaged():
             events |= CacheEvent.DAMAGED
         if data is None:
-            return Outcome(time.perf_counter() - t0, events | CacheEvent.MISS)
+            return None, events | CacheEvent.MISS
         events |= CacheEvent.HIT
-    decode_into(data, out, spec, job.seed, job.key)
-    return Outcome(time.perf_counter() - t0, events)
+    return data, events
 
 
 def _scaled_copy(cache: BlobCache, cache_key: str, spec: DecodeSpec, seed: int) -> bytes | None:

@@ -24,13 +24,14 @@ import threading
 import weakref
 from collections.abc import Callable
 from multiprocessing.shared_memory import SharedMemory
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .._base._lease import Lease, leased
 
-__all__ = ["SHM_PREFIX", "BatchRing"]
+__all__ = ["SHM_PREFIX", "BatchRing", "DeviceBatchRing"]
 
 SHM_PREFIX = "asyncloader_"
 _counter = itertools.count()
@@ -102,6 +103,13 @@ class BatchRing:
         lease = Lease(functools.partial(self._returned, slot))
         return leased(self.images[slot, :n], lease), leased(self.labels[slot, :n], lease)
 
+    def compact(self, slot: int, keep: list[int]) -> None:
+        """Move the samples ``keep`` of ``slot`` to its front, in order (a batch whose
+        other samples failed)."""
+        n = len(keep)
+        self.images[slot, :n] = self.images[slot, keep]
+        self.labels[slot, :n] = self.labels[slot, keep]
+
     def _returned(self, slot: int) -> None:
         with self._lock:
             self._held -= 1
@@ -143,6 +151,45 @@ class BatchRing:
             # Something else still views the mapping (closing it under a live view would
             # crash the reader): keep the object, whose __del__ would raise, until exit.
             _unclosable.append(shm)
+
+
+class DeviceBatchRing(BatchRing):
+    """A ring whose images live on a device (GPU decode writes them there); the labels
+    stay in host memory.
+
+    A lease holds its slot while the labels' view lives; the images' view is a plain
+    device tensor, read by the uploader (which copies or converts it, then lets the lease
+    go once that work has finished on the GPU) and never handed to the consumer itself.
+    """
+
+    def __init__(
+        self, slots: int, batch_size: int, sample_shape: tuple[int, ...], *, device: Any
+    ) -> None:
+        import torch
+
+        super().__init__(slots, batch_size, (0,), shared=False)
+        self.device = torch.device(device)
+        self.images = torch.empty(  # type: ignore[assignment]
+            (slots, batch_size, *sample_shape), dtype=torch.uint8, device=device
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.images.nbytes + self.labels.nbytes)
+
+    def lease(self, slot: int, n: int) -> tuple[Any, npt.NDArray[np.int64]]:
+        with self._lock:
+            self._held += 1
+        lease = Lease(functools.partial(self._returned, slot))
+        return self.images[slot, :n], leased(self.labels[slot, :n], lease)
+
+    def compact(self, slot: int, keep: list[int]) -> None:
+        import torch
+
+        super().compact(slot, keep)
+        if self.device.type == "cuda":
+            # Written on this thread's stream: finished before the uploader's copy reads.
+            torch.cuda.current_stream(self.device).synchronize()
 
 
 @atexit.register

@@ -162,7 +162,8 @@ class Uploader:
         depth: Finished batches held ready (the device queue).
         pin: CUDA only: ``"register"`` page-locks the ring's own memory (no extra copy),
             ``"staging"`` copies each slot into a pinned staging buffer first, ``"auto"``
-            tries registering and falls back to staging.
+            tries registering and falls back to staging; a ring on the device sets
+            ``"device"`` (see :meth:`prepare`).
     """
 
     def __init__(self, spec: DeviceSpec, *, depth: int = 2, pin: str = "auto") -> None:
@@ -189,8 +190,17 @@ class Uploader:
 
     # --- memory -------------------------------------------------------------------------
 
-    def prepare(self, ring_images: npt.NDArray[np.uint8]) -> None:
-        """Page-lock the ring (CUDA, ``pin`` register/auto).  Call once, before iterating."""
+    def prepare(self, ring_images: npt.NDArray[np.uint8] | torch.Tensor) -> None:
+        """Page-lock the ring (CUDA, ``pin`` register/auto).  Call once, before iterating.
+        A ring on the device (GPU decode) needs neither registering nor staging: each slot
+        is copied on the device and let go once that copy has finished."""
+        if isinstance(ring_images, torch.Tensor):
+            if ring_images.device != self.spec.device:
+                raise ValueError(
+                    f"the ring is on {ring_images.device}, the batches go to {self.spec.device}"
+                )
+            self.pin = "device"
+            return
         if not self.cuda or self.pin == "staging" or ring_images.nbytes == 0:
             return
         cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
@@ -248,7 +258,9 @@ class Uploader:
                 start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 start.record(copying)
             src = images if staged is None else self._staging[staged][: images.shape[0]]
-            d_images = src.to(dev, non_blocking=True)
+            # A slot of a ring on the device is copied there: the batch must not be the
+            # slot itself, which the ring refills once this copy is done.
+            d_images = src.clone() if src.is_cuda else src.to(dev, non_blocking=True)
             d_labels = labels.to(dev, non_blocking=True)
             # A blocking event: whoever waits for it (the releaser, staging) sleeps, not spins.
             copied = torch.cuda.Event(enable_timing=start is not None, blocking=True)  # type: ignore[no-untyped-call]

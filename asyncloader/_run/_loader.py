@@ -22,6 +22,8 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+import numpy as np
+
 from .._base._config import (
     CACHE_SIZE,
     IMAGENET_MEAN,
@@ -59,7 +61,7 @@ from .._decode import (
     choose_backend,
 )
 from .._decode._transforms import RandomResizedCrop, Transform
-from .._device._ring import BatchRing
+from .._device._ring import BatchRing, DeviceBatchRing
 from .._fetch import Fetcher
 from .._stores import open_store
 from .._stores import store_options as store_options_for
@@ -77,7 +79,7 @@ if TYPE_CHECKING:
 __all__ = ["ImageLoader"]
 
 T = TypeVar("T")
-DecodeBackend = Literal["auto", "thread", "process"]
+DecodeBackend = Literal["auto", "thread", "process", "cuda"]
 _SLICE = 0.1  # how often a waiting consumer checks liveness [seconds]
 # How long a consumer that holds every ring slot waits for one to come back (another thread
 # of the user's may still drop a batch) before it is told so [seconds].
@@ -120,6 +122,10 @@ class ImageLoader:
             ``_jpegroi``/``_resize`` extensions not built) or by a ``decode=`` hook:
             processes; inside a DataLoader worker, and off POSIX systems, always threads
             (the one rule, ``_decode/_backend.py``, which ``asyncloader bench`` also asks).
+            ``"cuda"``: JPEGs are decoded on the GPU of ``device=`` (nvJPEG through
+            torchvision, batched), cropped and resized there by the same plan, and land in
+            a ring on the device; ``decode_workers`` threads read, plan and decode on the
+            CPU what nvJPEG is not given (``_decode/_gpu.py``).  Needs ``device="cuda"``.
         labels: ``"folder"`` (ImageFolder), a manifest — a local path, a key beside the
             images, or a URL (``s3://bucket/train.npz``) — of ``.jsonl``/``.csv`` rows or
             ``.npz`` arrays (``ls --write-manifest``), a callable ``key -> int`` or None.
@@ -247,10 +253,13 @@ class ImageLoader:
             if sample_shape is None:
                 raise ValueError("decode= needs sample_shape=(C, H, W)")
             shape = sample_shape
-        if decode_backend not in ("auto", "thread", "process"):
+        if decode_backend not in ("auto", "thread", "process", "cuda"):
             raise ValueError(
-                f"decode_backend must be 'auto', 'thread' or 'process', not {decode_backend!r}"
+                "decode_backend must be 'auto', 'thread', 'process' or 'cuda', "
+                f"not {decode_backend!r}"
             )
+        if decode_backend == "cuda":
+            _check_gpu_decode(device, decode)
         if decode_backend == "auto":
             decode_backend = choose_backend(cache=bool(cache_dir), decode_hook=decode is not None)
         elif decode_backend == "process" and os.name != "posix":
@@ -397,12 +406,22 @@ class ImageLoader:
         )
         self._objects = None  # the dataset holds what it needs
         self._rt.listing_task = task
-        ring = BatchRing(
-            self._slots,
-            self._run_config.batch_size,
-            self._spec.sample_shape,
-            shared=self._backend == "process",
-        )
+        ring: BatchRing
+        if self._backend == "cuda":
+            assert self._uploader is not None
+            ring = DeviceBatchRing(
+                self._slots,
+                self._run_config.batch_size,
+                self._spec.sample_shape,
+                device=self._uploader.spec.device,
+            )
+        else:
+            ring = BatchRing(
+                self._slots,
+                self._run_config.batch_size,
+                self._spec.sample_shape,
+                shared=self._backend == "process",
+            )
         self._rt.ring = ring
         c.ring_slots = ring.slots
         pool: DecodePool
@@ -411,6 +430,10 @@ class ImageLoader:
             ppool = ProcessDecodePool(self._workers, self._spec, ring.shm_name, ring.images.shape)
             await ppool.start()
             pool = ppool
+        elif self._backend == "cuda":
+            from .._decode._gpu import GpuDecodePool
+
+            pool = GpuDecodePool(self._workers, self._spec, ring.images)  # type: ignore[arg-type]
         else:
             pool = ThreadDecodePool(self._workers, self._spec, ring.images)
         self._rt.pool = pool
@@ -452,7 +475,8 @@ class ImageLoader:
 
     @property
     def decode_backend(self) -> DecodeBackend:
-        """``"thread"`` or ``"process"``: what ``decode_backend`` (``"auto"``) chose."""
+        """``"thread"``, ``"process"`` or ``"cuda"``: what ``decode_backend`` (``"auto"``)
+        chose, or was given."""
         return self._backend
 
     @property
@@ -707,7 +731,30 @@ class ImageLoader:
 def _as_tensors(
     images: Any, labels: Any, meta: tuple[int, int], from_numpy: Callable[[Any], torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    if not isinstance(images, np.ndarray):  # a ring on the device: a tensor already
+        return images, from_numpy(labels), meta
     return from_numpy(images), from_numpy(labels), meta
+
+
+def _check_gpu_decode(device: str | None, decode: DecodeFn | None) -> None:
+    """``decode_backend="cuda"``'s needs, checked before any work starts."""
+    if decode is not None:
+        raise ValueError("decode_backend='cuda' decodes JPEGs itself: it takes no decode= hook")
+    if device is None or not device.startswith("cuda"):
+        raise ValueError(
+            f"decode_backend='cuda' decodes into the GPU's memory: it needs device='cuda' "
+            f"(or 'cuda:N'), not device={device!r}"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(
+            "decode_backend='cuda' needs a CUDA device, and torch.cuda.is_available() is "
+            "False here: use decode_backend='auto'"
+        )
+    from .._decode._gpu import require_torchvision
+
+    require_torchvision()
 
 
 def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:

@@ -514,8 +514,7 @@ class Pipeline:
             n = len(keep)
             if n:
                 # Compact the survivors to the front, in order (a short, deterministic batch).
-                self.ring.images[slot, :n] = self.ring.images[slot, keep]
-                self.ring.labels[slot, :n] = self.ring.labels[slot, keep]
+                self.ring.compact(slot, keep)
             skipped = Counter(type(res.__cause__).__name__ for res in results if res is not None)
             return n, skipped
         return len(sel), Counter()

@@ -1,0 +1,551 @@
+"""Decode JPEGs on the GPU, a batch at a time, straight into a ring slot on the device.
+
+``ImageLoader(decode_backend="cuda", device="cuda")``.  Per sample, a host thread reads the
+bytes (fetched, or from the SSD cache), reads the JPEG's header, plans the crop with the
+same transform and seed as the CPU path (so the same crop boxes and flips), and works out
+the resize's filter weights: Pillow's BILINEAR law (:func:`resize_weights`), the flip
+folded in.  One GPU thread takes every sample that is ready (up to ``max_batch``), copies
+their bytes into one pinned buffer, decodes them in one nvJPEG call (torchvision's batched
+``decode_jpeg(device=...)``), and writes each crop, resized and flipped (two small matrix
+products with the weights, :func:`resample`), rounded to uint8, into its sample of the
+device ring's slot, on a CUDA stream of its own.  The samples' jobs complete once that
+stream has finished: a slot is published only with all its pixels written, and the
+pipeline's slot, order and release logic is the one every backend uses.
+
+What nvJPEG is not given or refuses (not a JPEG, CMYK or YCCK, data it cannot decode) is
+decoded by the CPU path (:func:`~._image.decode_into`) into host memory and copied into
+the slot: the same crop box, the CPU's pixels.  What the CPU path refuses too is a
+:class:`~asyncloader.DecodeError`, a counted skip under ``on_error="skip"``.
+
+The pixels are close to the CPU path's, not equal: the GPU decodes the whole image where
+the CPU path decodes at 1/2, 1/4 or 1/8 scale when the crop allows (libjpeg's DCT
+scaling), nvJPEG upsamples chroma its own way, and the resize runs in float32 without
+Pillow's rounding between its two passes (the tolerance is measured and tested on a GPU).
+Scaled copies in the cache are not read: they are meant for a DCT-scaled decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import queue
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from .._base._errors import DecodeError, shown_key
+from .._base._types import Blob, CacheEvent, DecodeJob, Outcome
+from ._image import DecodeSpec, decode_into
+from ._job import job_bytes
+
+__all__ = [
+    "DecodeBatch",
+    "GpuDecodePool",
+    "jpeg_header",
+    "nvjpeg_batch",
+    "require_torchvision",
+    "resample",
+    "resize_weights",
+    "weights",
+    "windows",
+]
+
+DecodeBatch = Callable[[list[torch.Tensor]], list[torch.Tensor | BaseException]]
+"""Encoded JPEGs (uint8 CPU tensors) → each one's RGB pixels [3, H, W] uint8 on the
+pool's device, or the exception that refused it."""
+
+MAX_BATCH = 256
+"""The most samples one nvJPEG call decodes."""
+
+
+def require_torchvision() -> None:
+    """Raise a clear ImportError where torchvision (its nvJPEG decoder) is missing."""
+    try:
+        import torchvision.io  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "decode_backend='cuda' decodes with torchvision's nvJPEG decoder: "
+            "pip install torchvision (the build that matches your torch)"
+        ) from exc
+
+
+def nvjpeg_batch(device: torch.device) -> DecodeBatch:
+    """torchvision's batched nvJPEG decode on ``device``; a batch it refuses is decoded one
+    by one, so that one bad sample costs only itself."""
+    require_torchvision()
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    def run(data: list[torch.Tensor]) -> list[torch.Tensor | BaseException]:
+        try:
+            return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
+        except RuntimeError:
+            out: list[torch.Tensor | BaseException] = []
+            for one in data:
+                try:
+                    out.append(decode_jpeg(one, mode=ImageReadMode.RGB, device=device))
+                except RuntimeError as exc:
+                    out.append(exc)
+            return out
+
+    return run
+
+
+# Start-of-frame markers nvJPEG decodes: baseline, extended and progressive Huffman.
+_SOF_NVJPEG = (0xC0, 0xC1, 0xC2)
+_SOF_OTHER = (0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
+
+
+def jpeg_header(data: Blob | memoryview) -> tuple[int, int, int] | None:
+    """(width, height, components) of a complete JPEG nvJPEG decodes (Huffman-coded
+    baseline, extended or progressive), from its markers alone; None for anything else:
+    not a JPEG, lossless or arithmetic-coded, no end marker (truncated?), damaged markers.
+
+    A few microseconds in Python where ``Image.open`` parses every marker in tens: the
+    host threads share one GIL with the event loop.
+    """
+    view = memoryview(data)
+    n = len(view)
+    if n < 4 or view[0] != 0xFF or view[1] != 0xD8 or view[n - 2] != 0xFF or view[n - 1] != 0xD9:
+        return None
+    i = 2
+    while i + 4 <= n:
+        if view[i] != 0xFF:
+            return None
+        marker = view[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01:  # no length
+            i += 2
+            continue
+        length = (view[i + 2] << 8) | view[i + 3]
+        if marker in _SOF_NVJPEG:
+            if i + 10 > n or length < 8:
+                return None
+            height = (view[i + 5] << 8) | view[i + 6]
+            width = (view[i + 7] << 8) | view[i + 8]
+            return (width, height, view[i + 9]) if width and height else None
+        if marker in _SOF_OTHER or marker in (0xDA, 0xD9) or length < 2:
+            return None
+        i += 2 + length
+    return None
+
+
+def windows(
+    start: npt.NDArray[np.float64],
+    end: npt.NDArray[np.float64],
+    size: npt.NDArray[np.float64],
+    out: int,
+) -> npt.NDArray[np.float64]:
+    """Where Pillow's BILINEAR filter reads, for ``[start, end)`` of axes of ``size`` pixels
+    resized to ``out`` pixels (one axis of each of N images): [3, N, out] of each output
+    pixel's centre in the source, and the first and end source pixel of its window.
+
+    Pillow's ``precompute_coeffs`` (Resample.c): a triangle of radius ``max(scale, 1)``
+    source pixels around the centre, clipped to the image (C's ``(int)`` truncates toward
+    zero; below zero it is clipped to 0 either way).
+    """
+    scale = (end - start) / out
+    support = np.maximum(scale, 1.0)[:, None]
+    centre = start[:, None] + (np.arange(out, dtype=np.float64) + 0.5)[None, :] * scale[:, None]
+    lo = np.clip(np.trunc(centre - support + 0.5), 0, size[:, None])
+    hi = np.clip(np.trunc(centre + support + 0.5), 0, size[:, None])
+    return np.stack([centre, lo, hi, np.broadcast_to(support, centre.shape)])
+
+
+def weights(win: torch.Tensor, width: int, flip: torch.Tensor | None = None) -> torch.Tensor:
+    """The filter's weights for :func:`windows` ``win`` (on any device): float32
+    [N, out, width], where column ``k`` of image ``i`` is source pixel
+    ``win[1, i, 0] + k``; rows reversed for the images where ``flip`` is True."""
+    centre, lo, hi, support = win[0], win[1], win[2], win[3]
+    first = lo[:, :1]
+    x = first + torch.arange(width, dtype=win.dtype, device=win.device)[None, :]  # [N, width]
+    d = (x[:, None, :] - centre[:, :, None] + 0.5) / support[:, :, None]
+    w = torch.clamp(1.0 - d.abs(), min=0.0)
+    w *= (x[:, None, :] >= lo[:, :, None]) & (x[:, None, :] < hi[:, :, None])
+    total = w.sum(dim=2, keepdim=True)
+    w /= torch.where(total == 0, 1.0, total)
+    if flip is not None:
+        w = torch.where(flip[:, None, None], w.flip(1), w)
+    return w.float()
+
+
+def resize_weights(
+    start: float, end: float, size: int, out: int, *, flip: bool = False
+) -> tuple[npt.NDArray[np.float32], int]:
+    """Pillow's BILINEAR resize of ``[start, end)`` of an axis of ``size`` pixels to ``out``
+    pixels, as a matrix: ``(weights [out, n], first)`` where output pixel ``i`` is
+    ``sum_k weights[i, k] * source[first + k]``; rows reversed when ``flip``."""
+    win = windows(np.array([start]), np.array([end]), np.array([float(size)]), out)
+    first, n = int(win[1].min()), int(win[2].max() - win[1].min())
+    w = weights(torch.from_numpy(win), n, torch.tensor([flip]))
+    return w[0].numpy(), first
+
+
+def resample(
+    image: torch.Tensor, wx: torch.Tensor, x0: int, wy: torch.Tensor, y0: int
+) -> torch.Tensor:
+    """``image`` (uint8 [C, H, W]) cropped and resized by weights from :func:`weights`
+    (``wx`` [out_w, nx] for columns from ``x0``, ``wy`` [out_h, ny] for rows from ``y0``):
+    float32 [C, out_h, out_w], not rounded."""
+    crop = image[:, y0 : y0 + wy.shape[1], x0 : x0 + wx.shape[1]].float()
+    return torch.matmul(wy, torch.matmul(crop, wx.T))
+
+
+class _Group:
+    """Jobs awaited together (:meth:`GpuDecodePool.decode_many`): one future."""
+
+    __slots__ = ("fut", "remaining", "results")
+
+    def __init__(self, fut: asyncio.Future[list[Outcome | BaseException]], n: int) -> None:
+        self.fut = fut
+        self.remaining = n
+        self.results: list[Outcome | BaseException] = [Outcome()] * n
+
+
+# Where a job's result goes: its own future, or (a group, the job's place in it).
+_Target = asyncio.Future[Outcome] | tuple[_Group, int]
+
+
+@dataclass(slots=True)
+class _Work:
+    """One sample between its host thread and the GPU thread."""
+
+    target: _Target
+    job: DecodeJob
+    data: Blob | memoryview
+    events: CacheEvent
+    busy: float  # host time spent on it so far [s]
+    box: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # the crop, source pixels
+    source: tuple[int, int] = (0, 0)  # the image's width and height
+    flip: bool = False
+    host: npt.NDArray[np.uint8] | None = None  # decoded on the CPU (not for nvJPEG)
+
+
+# Most elements of one group's weights (float64 while they are made): 128 MiB.
+_WEIGHTS_MAX = 1 << 24
+
+
+class GpuDecodePool:
+    """Decode JPEGs on ``images``' device into its slots (see the module's docstring).
+
+    Args:
+        workers: Host threads: cache reads, headers, plans, weights, and the CPU decode of
+            what nvJPEG is not given.
+        spec: What every decode needs (the transform; no ``decode_fn``).
+        images: The device ring's images, uint8 [slots, batch, 3, H, W].
+        decode_batch: The batch decoder (default: :func:`nvjpeg_batch` on the device).
+        max_batch: The most samples one decode call takes.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        spec: DecodeSpec,
+        images: torch.Tensor,
+        *,
+        decode_batch: DecodeBatch | None = None,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        if spec.decode_fn is not None or spec.transform is None:
+            raise ValueError("decoding on the GPU needs a transform and no decode= hook")
+        self.workers = workers
+        self.restarts = 0
+        self.device = images.device
+        self.batches = 0  # decode calls made
+        self.on_cpu = 0  # samples the CPU path decoded
+        self._spec = dataclasses.replace(spec, scaled_copies=False)
+        self._images = images
+        self._decode_batch = decode_batch or nvjpeg_batch(self.device)
+        self._max_batch = max_batch
+        self._host: queue.SimpleQueue[tuple[_Target, DecodeJob] | None] = queue.SimpleQueue()
+        self._gpu: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._done: deque[tuple[_Target, Outcome | BaseException]] = deque()
+        self._lock = threading.Lock()
+        self._wake_pending = False
+        self._active = 0
+        self._idle = threading.Event()
+        self._idle.set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pinned: torch.Tensor | None = None
+        self._threads = [
+            threading.Thread(target=self._host_work, name=f"asyncloader-gpu-host-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        self._threads.append(
+            threading.Thread(target=self._gpu_work, name="asyncloader-gpu-decode", daemon=True)
+        )
+        for t in self._threads:
+            t.start()
+
+    # --- the loop's side ----------------------------------------------------------------
+
+    async def decode(self, job: DecodeJob, priority: int = 0) -> Outcome:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Outcome] = self._loop.create_future()
+        self._queue([(fut, job)])
+        return await fut
+
+    async def decode_many(
+        self, jobs: Sequence[DecodeJob], priority: int = 0
+    ) -> list[Outcome | BaseException]:
+        """The jobs of a batch as one group: one future for all of them."""
+        if not jobs:
+            return []
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        group = _Group(self._loop.create_future(), len(jobs))
+        self._queue([((group, i), job) for i, job in enumerate(jobs)])
+        return await group.fut
+
+    def _queue(self, items: list[tuple[_Target, DecodeJob]]) -> None:
+        with self._lock:
+            self._active += len(items)
+            self._idle.clear()
+        for item in items:
+            self._host.put(item)
+
+    def _complete(self, items: list[tuple[_Target, Outcome | BaseException]]) -> None:
+        with self._lock:
+            self._done.extend(items)
+            self._active -= len(items)
+            if self._active == 0:
+                self._idle.set()
+            wake = not self._wake_pending
+            self._wake_pending = True
+        if wake and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            self._wake_pending = False
+            done, self._done = self._done, deque()
+        for target, result in done:
+            if isinstance(target, tuple):
+                group, i = target
+                group.results[i] = result
+                group.remaining -= 1
+                if group.remaining == 0 and not group.fut.done():
+                    group.fut.set_result(group.results)
+            elif not target.done():
+                if isinstance(result, BaseException):
+                    target.set_exception(result)
+                else:
+                    target.set_result(result)
+
+    async def drain(self) -> None:
+        """Wait until no job is queued or running: only then can slots be reused."""
+        await asyncio.to_thread(self._idle.wait)
+
+    async def aclose(self) -> None:
+        """Stop the threads once their current work is done (joined off the loop)."""
+        for _ in range(self.workers):
+            self._host.put(None)
+        try:
+            await asyncio.to_thread(self._join)
+        except RuntimeError:  # interpreter exit: no new threads may start any more
+            self._join()
+        self._deliver()
+
+    def _join(self) -> None:
+        for t in self._threads[:-1]:
+            t.join()
+        self._gpu.put(None)
+        self._threads[-1].join()
+
+    # --- host threads ---------------------------------------------------------------------
+
+    def _host_work(self) -> None:
+        try:
+            while (item := self._host.get()) is not None:
+                target, job = item
+                t0 = time.perf_counter()
+                try:
+                    data, events = job_bytes(job, self._spec)
+                    if data is None:  # evicted since the index query: the loop fetches it
+                        self._complete([(target, Outcome(time.perf_counter() - t0, events))])
+                        continue
+                    work = self._plan(target, job, data, events)
+                    work.busy = time.perf_counter() - t0
+                    self._gpu.put(work)
+                except BaseException as exc:
+                    self._complete([(target, exc)])
+                del item, target, job
+        finally:
+            if self._spec.cache is not None:
+                self._spec.cache.close()  # this thread's index connection
+
+    def _plan(
+        self,
+        target: _Target,
+        job: DecodeJob,
+        data: Blob | memoryview,
+        events: CacheEvent,
+    ) -> _Work:
+        spec = self._spec
+        work = _Work(target, job, data, events, 0.0)
+        header = jpeg_header(data)
+        nvjpeg = header is not None and header[2] in (1, 3)  # grey or YCbCr (not CMYK)
+        if nvjpeg:
+            assert header is not None
+            width, height, _ = header
+            if width * height > spec.max_pixels:
+                raise DecodeError(
+                    f"{shown_key(job.key)} is {width}x{height} pixels, over "
+                    f"max_pixels={spec.max_pixels} (decompression bomb?)",
+                    key=job.key,
+                )
+            assert spec.transform is not None
+            plan = spec.transform.plan(width, height, random.Random(job.seed))
+            work.box, work.source, work.flip = plan.box, (width, height), plan.flip
+        else:
+            work.host = self._on_cpu(work)
+        return work
+
+    def _on_cpu(self, work: _Work) -> npt.NDArray[np.uint8]:
+        """The CPU path's pixels for ``work`` (raises DecodeError where it refuses)."""
+        out = np.empty(self._spec.sample_shape, np.uint8)
+        decode_into(work.data, out, self._spec, work.job.seed, work.job.key)
+        self.on_cpu += 1
+        return out
+
+    # --- the GPU thread -------------------------------------------------------------------
+
+    def _gpu_work(self) -> None:
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.set_device(self.device)
+        stream = torch.cuda.Stream(self.device) if cuda else None  # type: ignore[no-untyped-call]
+        while (first := self._gpu.get()) is not None:
+            batch = [first]
+            stop = False
+            while len(batch) < self._max_batch:
+                try:
+                    more = self._gpu.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            t0 = time.perf_counter()
+            try:
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    results = self._run_batch(batch)
+                    if stream is not None:
+                        stream.synchronize()
+            except BaseException as exc:  # a CUDA error: every sample of the batch fails
+                results = [exc] * len(batch)
+            share = (time.perf_counter() - t0) / len(batch)
+            self._complete(
+                [
+                    (w.target, r if r is not None else Outcome(w.busy + share, w.events))
+                    for w, r in zip(batch, results, strict=True)
+                ]
+            )
+            del batch, first, results
+            if stop:
+                break
+
+    def _staging(self, nbytes: int) -> torch.Tensor:
+        """A host buffer of at least ``nbytes`` (page-locked on a GPU), reused: each batch
+        is finished before the next one is staged."""
+        if self._pinned is None or self._pinned.numel() < nbytes:
+            size = 1 << max(20, math.ceil(math.log2(max(nbytes, 1))))
+            buf = torch.empty(size, dtype=torch.uint8)
+            self._pinned = buf.pin_memory() if self.device.type == "cuda" else buf
+        return self._pinned
+
+    def _run_batch(self, batch: list[_Work]) -> list[BaseException | None]:
+        """Decode ``batch`` into the ring; each sample's failure, or None."""
+        results: list[BaseException | None] = [None] * len(batch)
+        jpegs = [i for i, w in enumerate(batch) if w.host is None]
+        if jpegs:
+            self.batches += 1
+            # The bytes in one page-locked buffer, read by nvJPEG from there.
+            sizes = [len(batch[i].data) for i in jpegs]
+            buf = self._staging(sum(sizes))
+            host = buf.numpy()
+            inputs = []
+            at = 0
+            for i, n in zip(jpegs, sizes, strict=True):
+                host[at : at + n] = np.frombuffer(batch[i].data, np.uint8)
+                inputs.append(buf[at : at + n])
+                at += n
+            decoded = self._decode_batch(inputs)
+            ok: list[tuple[int, torch.Tensor]] = []
+            for i, image in zip(jpegs, decoded, strict=True):
+                if isinstance(image, BaseException):
+                    try:
+                        batch[i].host = self._on_cpu(batch[i])  # what nvJPEG refused
+                    except BaseException as exc:
+                        results[i] = exc
+                else:
+                    ok.append((i, image))
+            if ok:
+                self._resize([batch[i] for i, _ in ok], [image for _, image in ok])
+        for i, w in enumerate(batch):
+            if w.host is not None and results[i] is None:
+                self._images[w.job.slot, w.job.index].copy_(torch.from_numpy(w.host))
+        return results
+
+    def _resize(self, works: list[_Work], images: list[torch.Tensor]) -> None:
+        """Crop, resize and flip each decoded image into its sample of the ring: the
+        weights made on the device for a group of images at once."""
+        _, out_h, out_w = self._spec.sample_shape
+        box = np.array([w.box for w in works], np.float64)
+        src = np.array([w.source for w in works], np.float64)
+        win_x = windows(box[:, 0], box[:, 2], src[:, 0], out_w)
+        win_y = windows(box[:, 1], box[:, 3], src[:, 1], out_h)
+        x0, nx = (
+            win_x[1].min(axis=1).astype(int),
+            (win_x[2].max(axis=1) - win_x[1].min(axis=1)).astype(int),
+        )
+        y0, ny = (
+            win_y[1].min(axis=1).astype(int),
+            (win_y[2].max(axis=1) - win_y[1].min(axis=1)).astype(int),
+        )
+        flips = torch.tensor([w.flip for w in works], device=self.device)
+        start = 0
+        while start < len(works):
+            # A group: as many images as keep its weights under _WEIGHTS_MAX elements.
+            end, kx, ky = start, 0, 0
+            while end < len(works):
+                kx2, ky2 = max(kx, nx[end]), max(ky, ny[end])
+                if end > start and (end + 1 - start) * (out_w * kx2 + out_h * ky2) > _WEIGHTS_MAX:
+                    break
+                kx, ky, end = kx2, ky2, end + 1
+            part = slice(start, end)
+            wx = weights(self._to_device(win_x[:, part]), int(kx), flips[part])
+            wy = weights(self._to_device(win_y[:, part]), int(ky))
+            outs = torch.stack(
+                [
+                    resample(
+                        images[j],
+                        wx[j - start, :, : nx[j]],
+                        int(x0[j]),
+                        wy[j - start, :, : ny[j]],
+                        int(y0[j]),
+                    )
+                    for j in range(start, end)
+                ]
+            )
+            slots = self._to_device(np.array([w.job.slot for w in works[part]]))
+            index = self._to_device(np.array([w.job.index for w in works[part]]))
+            self._images[slots, index] = outs.round_().clamp_(0, 255).to(torch.uint8)
+            start = end
+
+    def _to_device(self, array: npt.NDArray[Any]) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)

@@ -1,0 +1,235 @@
+"""GPU JPEG decode (``decode_backend="cuda"``) against CPU decode, delivered into one GPU.
+
+In one run, each case in a fresh process pinned to its cores (``os.sched_setaffinity``),
+from a warm SSD cache (warmed first, by a loader of its own), RandomResizedCrop(224),
+float16 batches on the GPU:
+
+* ``gpu``     — ``decode_backend="cuda"`` on ``--cores`` cores (4 by default);
+* ``cpu``     — CPU decode (``decode_backend="auto"``) on the same cores;
+* ``cpu-all`` — CPU decode on every core.
+
+Rounds are interleaved (``--rounds``) and medians quoted.  Then, on the GPU alone:
+
+* ``raw``    — the decoders by themselves on the folder's bytes, batches of ``--batch-size``:
+  torchvision's batched nvJPEG ``decode_jpeg(device="cuda")`` and, where it is installed,
+  nvImageCodec (``nvidia-nvimgcodec-cu13``); images/s and CPU ms per image;
+* ``pixels`` — one epoch through the GPU path and the CPU path with the same seed: the
+  per-image mean absolute difference (median, p99, max) and the largest pixel difference.
+
+Run: ``python benchmarks/bench_gpu_decode.py [--images 4000] [--cores 4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_loader as bl
+
+
+def _loader(endpoint: str, cache: str, backend: str, workers: int, **kw: Any) -> Any:
+    import asyncloader as al
+
+    return al.ImageLoader(
+        "s3://b/train/",
+        batch_size=kw.pop("batch_size", 256),
+        decode_backend=backend,
+        decode_workers=workers,
+        cache_dir=cache,
+        store_options={"endpoint_url": endpoint},
+        **kw,
+    )
+
+
+def case_loader(
+    endpoint: str, cache: str, backend: str, cores: list[int], batch: int, epochs: int
+) -> dict[str, float]:
+    os.sched_setaffinity(0, cores)
+    import torch
+
+    with _loader(
+        endpoint, cache, backend, len(cores), batch_size=batch, device="cuda", dtype="float16"
+    ) as loader:
+        next(iter(loader))  # start-up out of the figures
+        torch.cuda.synchronize()
+        n = 0
+        t0, c0 = time.perf_counter(), bl._cpu()
+        for epoch in range(1, epochs + 1):
+            loader.set_epoch(epoch)
+            for images, _ in loader:
+                n += len(images)
+        torch.cuda.synchronize()
+        res = {"images": n, "wall": time.perf_counter() - t0, "cpu": bl._cpu() - c0}
+        pool = loader._rt.pool
+        res["on_cpu"] = getattr(pool, "on_cpu", 0)
+        res["decode_calls"] = getattr(pool, "batches", 0)
+        res["hits"] = loader.stats().cache_hits
+        return res
+
+
+def case_warm(endpoint: str, cache: str) -> dict[str, float]:
+    with _loader(endpoint, cache, "thread", os.cpu_count() or 2) as loader:
+        n = sum(len(images) for images, _ in loader)
+    return {"images": n}
+
+
+def case_raw(folder: str, batch: int) -> dict[str, float]:
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    data = [p.read_bytes() for p in bl._files(Path(folder))]
+    tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in data]
+    out: dict[str, float] = {}
+
+    def timed(name: str, run: Any) -> None:
+        for rep in range(2):  # the first round warms up the decoder
+            torch.cuda.synchronize()
+            t0, c0 = time.perf_counter(), bl._cpu()
+            for i in range(0, len(data), batch):
+                run(i)
+            torch.cuda.synchronize()
+            if rep:
+                wall, cpu = time.perf_counter() - t0, bl._cpu() - c0
+                out[f"{name} img/s"] = len(data) / wall
+                out[f"{name} CPU ms/img"] = cpu / len(data) * 1e3
+
+    timed(
+        "torchvision",
+        lambda i: decode_jpeg(tensors[i : i + batch], mode=ImageReadMode.RGB, device="cuda"),
+    )
+    try:
+        from nvidia import nvimgcodec  # type: ignore[import-not-found]
+    except ImportError as exc:
+        out["nvimgcodec"] = f"not installed: {exc}"  # type: ignore[assignment]
+        return out
+    dec = nvimgcodec.Decoder()
+    timed("nvimgcodec", lambda i: dec.decode(data[i : i + batch]))
+    return out
+
+
+def case_pixels(endpoint: str, cache: str) -> dict[str, float]:
+    import numpy as np
+    import torch
+
+    got: dict[str, list[torch.Tensor]] = {}
+    for backend in ("cuda", "thread"):
+        with _loader(
+            endpoint, cache, backend, os.cpu_count() or 2, seed=11, device="cuda", dtype="uint8"
+        ) as loader:
+            got[backend] = [images.cpu() for images, _ in loader]
+    means, tops = [], []
+    for a, b in zip(got["cuda"], got["thread"], strict=True):
+        d = (a.float() - b.float()).abs()
+        means += d.mean(dim=(1, 2, 3)).tolist()
+        tops += d.amax(dim=(1, 2, 3)).tolist()
+    return {
+        "images": len(means),
+        "mean |diff| median": float(np.median(means)),
+        "mean |diff| p99": float(np.percentile(means, 99)),
+        "mean |diff| max": float(max(means)),
+        "largest pixel diff, median image": float(np.median(tops)),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=4000)
+    p.add_argument("--cores", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs"))
+    p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.case:
+        kind, *rest = args.case
+        res: dict[str, float]
+        if kind == "loader":
+            cores = [int(c) for c in rest[3].split(",")]
+            res = case_loader(rest[0], rest[1], rest[2], cores, args.batch_size, args.epochs)
+        elif kind == "warm":
+            res = case_warm(rest[0], rest[1])
+        elif kind == "raw":
+            res = case_raw(rest[0], args.batch_size)
+        else:
+            res = case_pixels(rest[0], rest[1])
+        res["rss_mb"] = bl._peak_rss_mb()
+        print(json.dumps(res))
+        return
+
+    import tempfile
+
+    import numpy as np
+    import torch
+
+    from asyncloader.testing import TEST_ENV, S3TestServer
+    from asyncloader.testing._demo import make_jpeg_folder
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_gpu_decode.py needs a CUDA device")
+    os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
+    folder = make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0)
+    every = sorted(os.sched_getaffinity(0))
+    few = ",".join(str(c) for c in every[: args.cores])
+    cases = {
+        "gpu": ("cuda", few),
+        "cpu": ("auto", few),
+        "cpu-all": ("auto", ",".join(map(str, every))),
+    }
+    common = ["--batch-size", str(args.batch_size), "--epochs", str(args.epochs)]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
+    with (
+        tempfile.TemporaryDirectory() as cache,
+        S3TestServer(load=folder, bucket="b", prefix="train/") as srv,
+    ):
+        bl.run_case(["warm", srv.endpoint, cache], __file__)
+        for _ in range(args.rounds):
+            for name, (backend, cores) in cases.items():
+                r = bl.run_case(["loader", srv.endpoint, cache, backend, cores, *common], __file__)
+                runs[name].append(r)
+                print(name, json.dumps(r), flush=True)
+        pixels = bl.run_case(["pixels", srv.endpoint, cache], __file__)
+    raw = bl.run_case(["raw", str(folder), *common], __file__)
+
+    gpu = torch.cuda.get_device_name()
+    print(
+        f"\n{args.images} JPEGs (~{_mean_size(folder)}), RandomResizedCrop(224), batch "
+        f"{args.batch_size}, float16 into {gpu}, warm SSD cache; medians of {args.rounds} "
+        f"interleaved rounds, {args.epochs} epochs each"
+    )
+    print(
+        f"{'case':28s} {'img/s':>8s} {'x cpu':>6s} {'x cpu-all':>9s} "
+        f"{'CPU ms/img':>10s} {'peak MB':>8s}"
+    )
+    rate = {n: float(np.median([r["images"] / r["wall"] for r in rs])) for n, rs in runs.items()}
+    labels = {
+        "gpu": f"GPU decode, {args.cores} cores",
+        "cpu": f"CPU decode, {args.cores} cores",
+        "cpu-all": f"CPU decode, {len(every)} cores",
+    }
+    for name, rs in runs.items():
+        cpu_ms = float(np.median([r["cpu"] / r["images"] * 1e3 for r in rs]))
+        rss = float(np.median([r["rss_mb"] for r in rs]))
+        print(
+            f"{labels[name]:28s} {rate[name]:8.0f} {rate[name] / rate['cpu']:6.2f} "
+            f"{rate[name] / rate['cpu-all']:9.2f} {cpu_ms:10.3f} {rss:8.0f}"
+        )
+    print("GPU path: samples decoded by the CPU instead:", runs["gpu"][-1].get("on_cpu"))
+    print("\nthe decoders alone (no crop, no loader):", json.dumps(raw, indent=1))
+    print("\nGPU against CPU pixels, same seed (levels of 255):", json.dumps(pixels, indent=1))
+
+
+def _mean_size(folder: Path) -> str:
+    files = bl._files(folder)
+    return f"{sum(f.stat().st_size for f in files) / len(files) / 1e3:.0f} KB each"
+
+
+if __name__ == "__main__":
+    main()
