@@ -22,8 +22,9 @@ from PIL import Image
 
 import asyncloader as al
 from asyncloader._base._types import DecodeJob, Outcome
-from asyncloader._decode._gpu import GpuDecodePool, resample, resize_weights
+from asyncloader._decode._gpu import GpuDecodePool
 from asyncloader._decode._image import DecodeSpec, decode_into
+from asyncloader._decode._resample import jpeg_header, resample, resize_weights
 from asyncloader._decode._transforms import RandomResizedCrop, Resize
 from asyncloader.testing import S3TestServer
 
@@ -310,8 +311,6 @@ def test_cuda_decode_slow_consumer_never_sees_a_reused_slot(light_server: S3Test
 def test_the_header_reader_agrees_with_pillow(jpeg_folder: Path) -> None:
     """Size and components from the markers, as Pillow reads them; None for what nvJPEG is
     not given (not a JPEG, truncated, lossless or arithmetic-coded)."""
-    from asyncloader._decode._gpu import jpeg_header
-
     for d in _files(jpeg_folder, 20):
         img = Image.open(io.BytesIO(d))
         assert jpeg_header(d) == (*img.size, 3)

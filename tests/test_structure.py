@@ -41,7 +41,8 @@ DECODE_SIBLINGS = {
     "_threads": {"_image", "_job"},
     "_worker": {"_arena", "_image", "_job"},
     "_processes": {"_arena", "_image", "_worker"},
-    "_gpu": {"_image", "_job"},
+    "_resample": set(),
+    "_gpu": {"_image", "_job", "_resample"},
 }
 
 

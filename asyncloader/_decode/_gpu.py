@@ -3,11 +3,11 @@
 ``ImageLoader(decode_backend="cuda", device="cuda")``.  Per sample, a host thread reads the
 bytes (fetched, or from the SSD cache), reads the JPEG's header, plans the crop with the
 same transform and seed as the CPU path (so the same crop boxes and flips), and works out
-the resize's filter weights: Pillow's BILINEAR law (:func:`resize_weights`), the flip
+the resize's filter weights: Pillow's BILINEAR law (``_resample``), the flip
 folded in.  One GPU thread takes every sample that is ready (up to ``max_batch``), copies
 their bytes into one pinned buffer, decodes them in one nvJPEG call (torchvision's batched
 ``decode_jpeg(device=...)``), and writes each crop, resized and flipped (two small matrix
-products with the weights, :func:`resample`), rounded to uint8, into its sample of the
+products with the weights, ``_resample``), rounded to uint8, into its sample of the
 device ring's slot, on a CUDA stream of its own.  The samples' jobs complete once that
 stream has finished: a slot is published only with all its pixels written, and the
 pipeline's slot, order and release logic is the one every backend uses.
@@ -47,18 +47,9 @@ from .._base._errors import DecodeError, shown_key
 from .._base._types import Blob, CacheEvent, DecodeJob, Outcome
 from ._image import DecodeSpec, decode_into
 from ._job import job_bytes
+from ._resample import jpeg_header, resample, weights, windows
 
-__all__ = [
-    "DecodeBatch",
-    "GpuDecodePool",
-    "jpeg_header",
-    "nvjpeg_batch",
-    "require_torchvision",
-    "resample",
-    "resize_weights",
-    "weights",
-    "windows",
-]
+__all__ = ["DecodeBatch", "GpuDecodePool", "nvjpeg_batch", "require_torchvision"]
 
 DecodeBatch = Callable[[list[torch.Tensor]], list[torch.Tensor | BaseException]]
 """Encoded JPEGs (uint8 CPU tensors) → each one's RGB pixels [3, H, W] uint8 on the
@@ -98,108 +89,6 @@ def nvjpeg_batch(device: torch.device) -> DecodeBatch:
             return out
 
     return run
-
-
-# Start-of-frame markers nvJPEG decodes: baseline, extended and progressive Huffman.
-_SOF_NVJPEG = (0xC0, 0xC1, 0xC2)
-_SOF_OTHER = (0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
-
-
-def jpeg_header(data: Blob | memoryview) -> tuple[int, int, int] | None:
-    """(width, height, components) of a complete JPEG nvJPEG decodes (Huffman-coded
-    baseline, extended or progressive), from its markers alone; None for anything else:
-    not a JPEG, lossless or arithmetic-coded, no end marker (truncated?), damaged markers.
-
-    A few microseconds in Python where ``Image.open`` parses every marker in tens: the
-    host threads share one GIL with the event loop.
-    """
-    view = memoryview(data)
-    n = len(view)
-    if n < 4 or view[0] != 0xFF or view[1] != 0xD8 or view[n - 2] != 0xFF or view[n - 1] != 0xD9:
-        return None
-    i = 2
-    while i + 4 <= n:
-        if view[i] != 0xFF:
-            return None
-        marker = view[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if 0xD0 <= marker <= 0xD7 or marker == 0x01:  # no length
-            i += 2
-            continue
-        length = (view[i + 2] << 8) | view[i + 3]
-        if marker in _SOF_NVJPEG:
-            if i + 10 > n or length < 8:
-                return None
-            height = (view[i + 5] << 8) | view[i + 6]
-            width = (view[i + 7] << 8) | view[i + 8]
-            return (width, height, view[i + 9]) if width and height else None
-        if marker in _SOF_OTHER or marker in (0xDA, 0xD9) or length < 2:
-            return None
-        i += 2 + length
-    return None
-
-
-def windows(
-    start: npt.NDArray[np.float64],
-    end: npt.NDArray[np.float64],
-    size: npt.NDArray[np.float64],
-    out: int,
-) -> npt.NDArray[np.float64]:
-    """Where Pillow's BILINEAR filter reads, for ``[start, end)`` of axes of ``size`` pixels
-    resized to ``out`` pixels (one axis of each of N images): [3, N, out] of each output
-    pixel's centre in the source, and the first and end source pixel of its window.
-
-    Pillow's ``precompute_coeffs`` (Resample.c): a triangle of radius ``max(scale, 1)``
-    source pixels around the centre, clipped to the image (C's ``(int)`` truncates toward
-    zero; below zero it is clipped to 0 either way).
-    """
-    scale = (end - start) / out
-    support = np.maximum(scale, 1.0)[:, None]
-    centre = start[:, None] + (np.arange(out, dtype=np.float64) + 0.5)[None, :] * scale[:, None]
-    lo = np.clip(np.trunc(centre - support + 0.5), 0, size[:, None])
-    hi = np.clip(np.trunc(centre + support + 0.5), 0, size[:, None])
-    return np.stack([centre, lo, hi, np.broadcast_to(support, centre.shape)])
-
-
-def weights(win: torch.Tensor, width: int, flip: torch.Tensor | None = None) -> torch.Tensor:
-    """The filter's weights for :func:`windows` ``win`` (on any device): float32
-    [N, out, width], where column ``k`` of image ``i`` is source pixel
-    ``win[1, i, 0] + k``; rows reversed for the images where ``flip`` is True."""
-    centre, lo, hi, support = win[0], win[1], win[2], win[3]
-    first = lo[:, :1]
-    x = first + torch.arange(width, dtype=win.dtype, device=win.device)[None, :]  # [N, width]
-    d = (x[:, None, :] - centre[:, :, None] + 0.5) / support[:, :, None]
-    w = torch.clamp(1.0 - d.abs(), min=0.0)
-    w *= (x[:, None, :] >= lo[:, :, None]) & (x[:, None, :] < hi[:, :, None])
-    total = w.sum(dim=2, keepdim=True)
-    w /= torch.where(total == 0, 1.0, total)
-    if flip is not None:
-        w = torch.where(flip[:, None, None], w.flip(1), w)
-    return w.float()
-
-
-def resize_weights(
-    start: float, end: float, size: int, out: int, *, flip: bool = False
-) -> tuple[npt.NDArray[np.float32], int]:
-    """Pillow's BILINEAR resize of ``[start, end)`` of an axis of ``size`` pixels to ``out``
-    pixels, as a matrix: ``(weights [out, n], first)`` where output pixel ``i`` is
-    ``sum_k weights[i, k] * source[first + k]``; rows reversed when ``flip``."""
-    win = windows(np.array([start]), np.array([end]), np.array([float(size)]), out)
-    first, n = int(win[1].min()), int(win[2].max() - win[1].min())
-    w = weights(torch.from_numpy(win), n, torch.tensor([flip]))
-    return w[0].numpy(), first
-
-
-def resample(
-    image: torch.Tensor, wx: torch.Tensor, x0: int, wy: torch.Tensor, y0: int
-) -> torch.Tensor:
-    """``image`` (uint8 [C, H, W]) cropped and resized by weights from :func:`weights`
-    (``wx`` [out_w, nx] for columns from ``x0``, ``wy`` [out_h, ny] for rows from ``y0``):
-    float32 [C, out_h, out_w], not rounded."""
-    crop = image[:, y0 : y0 + wy.shape[1], x0 : x0 + wx.shape[1]].float()
-    return torch.matmul(wy, torch.matmul(crop, wx.T))
 
 
 class _Group:
