@@ -38,11 +38,12 @@ DECODE_SIBLINGS = {
     "_image": {"_jpegroi", "_resize", "_transforms"},
     "_backend": {"_image"},
     "_job": {"_image"},
-    "_threads": {"_image", "_job"},
+    "_completions": set(),
+    "_threads": {"_completions", "_image", "_job"},
     "_worker": {"_arena", "_image", "_job"},
     "_processes": {"_arena", "_image", "_worker"},
     "_resample": set(),
-    "_gpu": {"_image", "_job", "_resample"},
+    "_gpu": {"_completions", "_image", "_job", "_resample"},
 }
 
 

@@ -34,7 +34,6 @@ import queue
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ import torch
 
 from .._base._errors import DecodeError, shown_key
 from .._base._types import Blob, CacheEvent, DecodeJob, Outcome
+from ._completions import Completions, Group, Target
 from ._image import DecodeSpec, decode_into
 from ._job import job_bytes
 from ._resample import jpeg_header, resample, weights, windows
@@ -91,26 +91,11 @@ def nvjpeg_batch(device: torch.device) -> DecodeBatch:
     return run
 
 
-class _Group:
-    """Jobs awaited together (:meth:`GpuDecodePool.decode_many`): one future."""
-
-    __slots__ = ("fut", "remaining", "results")
-
-    def __init__(self, fut: asyncio.Future[list[Outcome | BaseException]], n: int) -> None:
-        self.fut = fut
-        self.remaining = n
-        self.results: list[Outcome | BaseException] = [Outcome()] * n
-
-
-# Where a job's result goes: its own future, or (a group, the job's place in it).
-_Target = asyncio.Future[Outcome] | tuple[_Group, int]
-
-
 @dataclass(slots=True)
 class _Work:
     """One sample between its host thread and the GPU thread."""
 
-    target: _Target
+    target: Target
     job: DecodeJob
     data: Blob | memoryview
     events: CacheEvent
@@ -157,15 +142,9 @@ class GpuDecodePool:
         self._images = images
         self._decode_batch = decode_batch or nvjpeg_batch(self.device)
         self._max_batch = max_batch
-        self._host: queue.SimpleQueue[tuple[_Target, DecodeJob] | None] = queue.SimpleQueue()
+        self._host: queue.SimpleQueue[tuple[Target, DecodeJob] | None] = queue.SimpleQueue()
         self._gpu: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
-        self._done: deque[tuple[_Target, Outcome | BaseException]] = deque()
-        self._lock = threading.Lock()
-        self._wake_pending = False
-        self._active = 0
-        self._idle = threading.Event()
-        self._idle.set()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._results = Completions()
         self._pinned: torch.Tensor | None = None
         self._threads = [
             threading.Thread(target=self._host_work, name=f"asyncloader-gpu-host-{i}", daemon=True)
@@ -180,11 +159,9 @@ class GpuDecodePool:
     # --- the loop's side ----------------------------------------------------------------
 
     async def decode(self, job: DecodeJob, priority: int = 0) -> Outcome:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Outcome] = self._loop.create_future()
+        fut = self._results.future()
         self._queue([(fut, job)])
-        return await fut
+        return await fut  # type: ignore[no-any-return]
 
     async def decode_many(
         self, jobs: Sequence[DecodeJob], priority: int = 0
@@ -192,51 +169,22 @@ class GpuDecodePool:
         """The jobs of a batch as one group: one future for all of them."""
         if not jobs:
             return []
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        group = _Group(self._loop.create_future(), len(jobs))
+        group = Group(self._results.future(), len(jobs))
         self._queue([((group, i), job) for i, job in enumerate(jobs)])
         return await group.fut
 
-    def _queue(self, items: list[tuple[_Target, DecodeJob]]) -> None:
-        with self._lock:
-            self._active += len(items)
-            self._idle.clear()
+    def _queue(self, items: list[tuple[Target, DecodeJob]]) -> None:
+        with self._results.lock:
+            self._results.started(len(items))
         for item in items:
             self._host.put(item)
 
-    def _complete(self, items: list[tuple[_Target, Outcome | BaseException]]) -> None:
-        with self._lock:
-            self._done.extend(items)
-            self._active -= len(items)
-            if self._active == 0:
-                self._idle.set()
-            wake = not self._wake_pending
-            self._wake_pending = True
-        if wake and self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # loop closed during shutdown
-                self._loop.call_soon_threadsafe(self._deliver)
-
-    def _deliver(self) -> None:
-        with self._lock:
-            self._wake_pending = False
-            done, self._done = self._done, deque()
-        for target, result in done:
-            if isinstance(target, tuple):
-                group, i = target
-                group.results[i] = result
-                group.remaining -= 1
-                if group.remaining == 0 and not group.fut.done():
-                    group.fut.set_result(group.results)
-            elif not target.done():
-                if isinstance(result, BaseException):
-                    target.set_exception(result)
-                else:
-                    target.set_result(result)
+    def _complete(self, items: list[tuple[Target, Outcome | BaseException]]) -> None:
+        self._results.finish(items, more_queued=False)
 
     async def drain(self) -> None:
         """Wait until no job is queued or running: only then can slots be reused."""
-        await asyncio.to_thread(self._idle.wait)
+        await self._results.drain()
 
     async def aclose(self) -> None:
         """Stop the threads once their current work is done (joined off the loop)."""
@@ -246,7 +194,7 @@ class GpuDecodePool:
             await asyncio.to_thread(self._join)
         except RuntimeError:  # interpreter exit: no new threads may start any more
             self._join()
-        self._deliver()
+        self._results.deliver()
 
     def _join(self) -> None:
         for t in self._threads[:-1]:
@@ -278,7 +226,7 @@ class GpuDecodePool:
 
     def _plan(
         self,
-        target: _Target,
+        target: Target,
         job: DecodeJob,
         data: Blob | memoryview,
         events: CacheEvent,

@@ -98,10 +98,14 @@ class BatchRing:
     def lease(self, slot: int, n: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
         """Views of the first ``n`` samples of ``slot`` (images, labels) that hold the slot
         until both, and everything made from them, are gone."""
+        lease = self._take(slot)
+        return leased(self.images[slot, :n], lease), leased(self.labels[slot, :n], lease)
+
+    def _take(self, slot: int) -> Lease:
+        """A lease that holds ``slot`` until it is let go."""
         with self._lock:
             self._held += 1
-        lease = Lease(functools.partial(self._returned, slot))
-        return leased(self.images[slot, :n], lease), leased(self.labels[slot, :n], lease)
+        return Lease(functools.partial(self._returned, slot))
 
     def compact(self, slot: int, keep: list[int]) -> None:
         """Move the samples ``keep`` of ``slot`` to its front, in order (a batch whose
@@ -178,10 +182,7 @@ class DeviceBatchRing(BatchRing):
         return int(self.images.nbytes + self.labels.nbytes)
 
     def lease(self, slot: int, n: int) -> tuple[Any, npt.NDArray[np.int64]]:
-        with self._lock:
-            self._held += 1
-        lease = Lease(functools.partial(self._returned, slot))
-        return self.images[slot, :n], leased(self.labels[slot, :n], lease)
+        return self.images[slot, :n], leased(self.labels[slot, :n], self._take(slot))
 
     def compact(self, slot: int, keep: list[int]) -> None:
         import torch
