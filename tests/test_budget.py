@@ -197,6 +197,33 @@ def test_waiters_are_served_in_order_and_a_cancelled_one_leaks_nothing() -> None
     _run(body())
 
 
+def test_a_newcomer_never_goes_ahead_of_a_waiter_already_granted() -> None:
+    """A release that grows the window grants the waiter and leaves a slot over; a task
+    that asks next, scheduled before the granted waiter resumes, queues behind it (requests
+    go out first come, first served: a later batch's never ahead of an earlier one's)."""
+
+    async def body() -> None:
+        budget = InflightBudget(8, floor=1, start=2)
+        a, b = await budget.acquire(), await budget.acquire()
+        order: list[int] = []
+
+        async def take(i: int) -> None:
+            p = await budget.acquire()
+            order.append(i)
+            budget.release(p, answered=True)
+
+        waiter = asyncio.create_task(take(0))
+        await asyncio.sleep(0)  # it waits: 2 of 2 in flight
+        late = asyncio.create_task(take(1))  # runs before the granted waiter resumes
+        budget.release(a, answered=True)  # the window grows to 3: granted, one slot over
+        await asyncio.gather(waiter, late)
+        assert order == [0, 1]
+        budget.release(b, answered=True)
+        assert budget.inflight == 0
+
+    _run(body())
+
+
 def _loader(server: S3TestServer, adaptive: bool) -> al.ImageLoader:
     return al.ImageLoader(
         "s3://data/train/",

@@ -229,6 +229,7 @@ class InflightBudget:
         self.inflight = 0
         self.generation = 0  # back-offs so far
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._granted = 0  # waiters given a slot that have not resumed yet
         self._holds: deque[float] = deque(maxlen=samples)
         self._hold_sum = 0.0
         self._since_sized = 0
@@ -249,19 +250,23 @@ class InflightBudget:
         return max(1, -(-self.floor // self.members)) if self.members > 1 else self.floor
 
     async def acquire(self) -> Permit:
-        """Wait for a slot (first come, first served)."""
-        if self.inflight >= self.limit or self._waiters:
+        """Wait for a slot (first come, first served: also behind waiters that were granted
+        a slot and have not run yet, whose requests would otherwise go out after this one's)."""
+        if self.inflight >= self.limit or self._waiters or self._granted:
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             try:
                 await fut
             except BaseException:
                 if fut.done() and not fut.cancelled():
+                    self._granted -= 1
                     self.inflight -= 1  # granted as it was cancelled: give the slot back
                     self._wake()
                 else:
                     self._waiters.remove(fut)
                 raise
+            self._granted -= 1
+            self._wake()  # those queued behind this one while it was granted
         else:
             self.inflight += 1
         return Permit(self._clock(), self.generation)
@@ -342,4 +347,5 @@ class InflightBudget:
             fut = self._waiters.popleft()
             if not fut.done():
                 self.inflight += 1
+                self._granted += 1
                 fut.set_result(None)
