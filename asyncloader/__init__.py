@@ -13,8 +13,12 @@ from ._lazy import lazy_exports
 if TYPE_CHECKING:
     from ._base._config import IMAGENET_MEAN as IMAGENET_MEAN
     from ._base._config import IMAGENET_STD as IMAGENET_STD
+    from ._base._config import CacheConfig as CacheConfig
+    from ._base._config import EngineConfig as EngineConfig
     from ._base._config import FetchConfig as FetchConfig
+    from ._base._config import OutputConfig as OutputConfig
     from ._base._config import RunConfig as RunConfig
+    from ._base._config import ShardConfig as ShardConfig
     from ._base._env import shard_from_env as shard_from_env
     from ._base._errors import AccessDenied as AccessDenied
     from ._base._errors import AsyncLoaderError as AsyncLoaderError
@@ -67,6 +71,10 @@ _WHERE = {
     "IMAGENET_MEAN": "._base._config",
     "IMAGENET_STD": "._base._config",
     "FetchConfig": "._base._config",
+    "CacheConfig": "._base._config",
+    "EngineConfig": "._base._config",
+    "OutputConfig": "._base._config",
+    "ShardConfig": "._base._config",
     "RunConfig": "._base._config",
     "Inventory": "._tools._describe",
     "describe": "._tools._describe",
@@ -119,10 +127,12 @@ __all__ = [
     "BatchesHeldError",
     "CacheFormatError",
     "BenchReport",
+    "CacheConfig",
     "CacheStats",
     "CenterCrop",
     "ClosedError",
     "DecodeError",
+    "EngineConfig",
     "FailureBudgetExceeded",
     "FetchConfig",
     "GCSStore",
@@ -137,12 +147,14 @@ __all__ = [
     "ObjectCache",
     "ObjectNotFound",
     "ObjectStore",
+    "OutputConfig",
     "PipelineDeadError",
     "Plan",
     "RandomResizedCrop",
     "Resize",
     "RunConfig",
     "S3Store",
+    "ShardConfig",
     "Stats",
     "StoreError",
     "Throttled",

@@ -41,6 +41,7 @@ the process that iterates, so both the fork and the spawn start methods work; wi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -53,12 +54,14 @@ from asyncloader import (
     IMAGENET_STD,
     ImageLoader,
     ObjectInfo,
+    ShardConfig,
     listing,
     merge_worker_states,
     shard_from_env,
 )
 from asyncloader._device._device_spec import DeviceSpec
 from asyncloader._device._upload import Uploader
+from asyncloader._run._build import MOVED, fold_moved
 from asyncloader._run._dist import (
     Agreement,
     adopt_store_address,
@@ -82,14 +85,10 @@ def dist_shard() -> tuple[int, int]:
 def _list_once(url: str, options: dict[str, Any], store: Any | None) -> Sequence[ObjectInfo]:
     """The URL's object list: listed by this process if it is the first of the job to
     need it (or there is no job), else read from the job's store, where the first put it."""
-    names = ("labels", "store_options", "cache_dir", "cache_size", "listing_max_age")
+    names = ("labels", "store_options", "cache_dir", "cache")
 
     def produce() -> Sequence[ObjectInfo]:
-        return listing(
-            url,
-            refresh_listing=bool(options.get("refresh_listing")),
-            **{name: options[name] for name in names if name in options},
-        )
+        return listing(url, **{name: options[name] for name in names if name in options})
 
     if store is None:
         return produce()
@@ -123,6 +122,12 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         for name in ("rank", "world_size", "worker", "num_workers"):
             if name in options:
                 raise TypeError(f"{name} is set by the dataset itself (torch.distributed/env)")
+        shard = options.get("shard")
+        if shard is not None and (shard.worker, shard.num_workers) != (0, 1):
+            raise TypeError("shard.worker and shard.num_workers are set by the dataset itself")
+        # The keywords that moved into configs, folded once here (one warning each).
+        moved = {name: options.pop(name) for name in list(options) if name in MOVED}
+        options.update(fold_moved("ImageDataset", moved, options))
         self.url = url
         self.options = options
         rank, world = dist_shard()
@@ -171,11 +176,14 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         if info is not None:
             adopt_store_address(self._store_address)
         options = dict(self.options)
-        if "LOCAL_WORLD_SIZE" in os.environ and options.get("shuffle") == "node":
-            options.setdefault("local_world_size", int(os.environ["LOCAL_WORLD_SIZE"]))
-        self._loader = ImageLoader(
-            self.url, rank=rank, world_size=world, worker=worker, num_workers=workers, **options
+        shard: ShardConfig = options.pop("shard")
+        local = shard.local_world_size
+        if local is None and "LOCAL_WORLD_SIZE" in os.environ and options.get("shuffle") == "node":
+            local = int(os.environ["LOCAL_WORLD_SIZE"])
+        shard = dataclasses.replace(
+            shard, worker=worker, num_workers=workers, local_world_size=local
         )
+        self._loader = ImageLoader(self.url, rank=rank, world_size=world, shard=shard, **options)
         self._pid = os.getpid()
         return self._loader
 

@@ -78,7 +78,7 @@ def case_small(endpoint: str, cache_dir: str, batch: int, workers: int, epochs: 
         batch_size=batch,
         decode_workers=workers,
         cache_dir=cache_dir,
-        cache_size=limit,
+        cache=al.CacheConfig(size=limit),
         store_options={"endpoint_url": endpoint},
     ) as loader:
         for epoch in range(epochs):

@@ -175,7 +175,9 @@ def test_second_epoch_and_later_run_come_from_the_cache(az_data: Azurite, tmp_pa
         kw = dict(
             batch_size=16,
             decode_workers=2,
-            prefetch_batches=2,  # so epoch 1 is not already fetched during epoch 0
+            engine=al.EngineConfig(
+                prefetch_batches=2
+            ),  # so epoch 1 is not already fetched during epoch 0
             max_inflight=16,
             cache_dir=tmp_path / "c",
             store_options=opts,

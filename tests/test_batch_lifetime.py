@@ -72,7 +72,7 @@ def test_last_k_batches_stay_intact_while_iterating(
     k = 3
     kept: deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = deque()
     seen = 0
-    with _loader(slow_server, prefetch_batches=k + 3, **options) as loader:
+    with _loader(slow_server, engine=al.EngineConfig(prefetch_batches=k + 3), **options) as loader:
         for images, labels in loader:
             kept.append((images, labels, images.clone(), labels.clone()))
             if len(kept) > k:
@@ -132,7 +132,7 @@ def test_closing_with_no_batch_held_unlinks_at_once(slow_server: S3TestServer) -
 
 
 def test_holding_every_slot_is_a_clear_error(slow_server: S3TestServer) -> None:
-    with _loader(slow_server, prefetch_batches=3) as loader:
+    with _loader(slow_server, engine=al.EngineConfig(prefetch_batches=3)) as loader:
         it = iter(loader)
         held = [next(it) for _ in range(3)]
         assert loader.stats().ring_held == 3

@@ -45,7 +45,9 @@ def _epoch(loader: al.ImageLoader, epoch: int) -> tuple[list[int], np.ndarray]:
 
 
 def test_second_epoch_is_served_from_disk(light_server: S3TestServer, tmp_path: Path) -> None:
-    with _loader(light_server, tmp_path / "c", shuffle=False, prefetch_batches=2) as loader:
+    with _loader(
+        light_server, tmp_path / "c", shuffle=False, engine=al.EngineConfig(prefetch_batches=2)
+    ) as loader:
         _, first = _epoch(loader, 0)
         gets_after_first = light_server.stats()["counters"]["get"]
         _, again = _epoch(loader, 0)  # same epoch: same pixels, from the cache
@@ -68,6 +70,9 @@ def test_each_object_is_fetched_once_while_later_batches_need_it(
     fetched once, whatever the timing; the pixels are those of a run without a cache."""
     from asyncloader._cache._writer import CacheWriter
 
+    # GETs are counted at the server: no hedge (a second request of the same fetch, sent
+    # when a busy machine delays an answer past the learned deadline) may add to them.
+    once = al.FetchConfig(hedge=False)
     with _loader(light_server, None, seed=1) as loader:
         expected = [_epoch(loader, e) for e in (0, 1)]
     gets = light_server.stats()["counters"]["get"]
@@ -75,7 +80,13 @@ def test_each_object_is_fetched_once_while_later_batches_need_it(
         assert CacheWriter.__init__.__kwdefaults__ is not None
         monkeypatch.setitem(CacheWriter.__init__.__kwdefaults__, "linger", 600.0)
         monkeypatch.setattr(CacheWriter, "_BATCH", 10_000)
-    with _loader(light_server, tmp_path / "c", seed=1, prefetch_batches=4) as loader:
+    with _loader(
+        light_server,
+        tmp_path / "c",
+        seed=1,
+        engine=al.EngineConfig(prefetch_batches=4),
+        fetch=once,
+    ) as loader:
         got = [_epoch(loader, e) for e in (0, 1)]
     stats = loader.stats()
     assert light_server.stats()["counters"]["get"] - gets == N_IMAGES  # each object once
@@ -98,7 +109,8 @@ def test_an_object_written_after_a_batch_looked_is_read_from_the_cache_not_fetch
     cache (the writer remembers what it wrote last): a small dataset, three batches an
     epoch, and the loader runs epochs ahead with few requests in flight, so the samples of
     later batches wait while earlier ones fetch and write theirs."""
-    fetch = al.FetchConfig(max_inflight=4)
+    # Few requests in flight, and no hedge (GETs are counted at the server: see above).
+    fetch = al.FetchConfig(max_inflight=4, hedge=False)
     with _loader(light_server, None, seed=2, shuffle=shuffle, batch_size=32) as loader:
         expected = [_epoch(loader, e) for e in (0, 1, 2)]
     gets = light_server.stats()["counters"]["get"]
@@ -150,7 +162,9 @@ def test_auto_decodes_cache_hits_in_processes_only_where_decode_holds_the_gil(
 
 def test_damaged_entry_is_dropped_and_refetched(light_server: S3TestServer, tmp_path: Path) -> None:
     cache_dir = tmp_path / "c"
-    with _loader(light_server, cache_dir, shuffle=False, prefetch_batches=2) as loader:
+    with _loader(
+        light_server, cache_dir, shuffle=False, engine=al.EngineConfig(prefetch_batches=2)
+    ) as loader:
         _, first = _epoch(loader, 0)
     cache = ObjectCache(cache_dir)
     where = cache.locate(list(cache.entry_keys()))
@@ -167,7 +181,13 @@ def test_damaged_entry_is_dropped_and_refetched(light_server: S3TestServer, tmp_
     last = places[-1]  # the last entry of a pack, truncated on disk
     os.truncate(cache_dir / "packs" / last.filename, last.offset + 100)
     light_server.reset_stats()
-    with _loader(light_server, cache_dir, shuffle=False, prefetch_batches=2) as loader:
+    with _loader(
+        light_server,
+        cache_dir,
+        shuffle=False,
+        engine=al.EngineConfig(prefetch_batches=2),
+        fetch=al.FetchConfig(hedge=False),  # GETs are counted at the server
+    ) as loader:
         _, again = _epoch(loader, 0)
         stats = loader.stats()
     assert np.array_equal(first, again)  # never decoded from damaged bytes
@@ -181,7 +201,7 @@ def test_eviction_keeps_the_cache_under_its_limit(
 ) -> None:
     cache_dir = tmp_path / "c"
     limit = 2_000_000  # a fifth of the dataset
-    with _loader(light_server, cache_dir, cache_size=limit) as loader:
+    with _loader(light_server, cache_dir, cache=al.CacheConfig(size=limit)) as loader:
         for epoch in range(2):
             labels, _ = _epoch(loader, epoch)
             assert len(labels) == N_IMAGES
@@ -215,7 +235,7 @@ def test_node_local_shuffle_keeps_each_node_cache_to_its_share(
             shuffle="node",
             rank=node,
             world_size=2,
-            local_world_size=1,
+            shard=al.ShardConfig(local_world_size=1),
             labels=lambda key: int(key.split("/")[-1].split(".")[0].split("_")[-1]),
         ) as loader:
             seen[node] = [set(_epoch(loader, e)[0]) for e in range(3)]
@@ -240,7 +260,7 @@ def test_warm_for_node_local_covers_exactly_what_the_node_reads(
         seed=9,
         rank=1,
         world_size=2,
-        local_world_size=1,
+        shard=al.ShardConfig(local_world_size=1),
     ) as loader:
         for epoch in range(2):
             _epoch(loader, epoch)
@@ -516,7 +536,7 @@ def test_a_cache_smaller_than_the_data_keeps_a_fixed_subset(
     cache = ObjectCache(tmp_path / "c", size_limit=limit)
     for epoch in range(3):  # a run per epoch: each starts from what the last one stored
         light_server.reset_stats()
-        with _loader(light_server, tmp_path / "c", cache_size=limit) as loader:
+        with _loader(light_server, tmp_path / "c", cache=al.CacheConfig(size=limit)) as loader:
             labels, _ = _epoch(loader, epoch)
             stats = loader.stats()  # (the stream has started on the next epoch, too)
         assert len(labels) == N_IMAGES

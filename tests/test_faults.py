@@ -58,7 +58,7 @@ def test_answers_cut_short_are_asked_for_again(light_server: S3TestServer) -> No
         clean = [images.clone() for images, _ in loader]
     light_server.reset_stats()
     light_server.set_faults({"short": 0.4}, max_faults_per_key=2, seed=3)
-    with _loader(light_server, shuffle=False, refresh_listing=True) as loader:
+    with _loader(light_server, shuffle=False, cache=al.CacheConfig(refresh_listing=True)) as loader:
         cut = [images.clone() for images, _ in loader]
     stats = loader.stats()
     counters = light_server.stats()["counters"]

@@ -294,7 +294,7 @@ def test_cuda_decode_slow_consumer_never_sees_a_reused_slot(light_server: S3Test
     kw = {
         "batch_size": 16,
         "seed": 9,
-        "prefetch_batches": 2,
+        "engine": al.EngineConfig(prefetch_batches=2),
         "dtype": "uint8",
         "device": "cuda",
         "decode_backend": "cuda",

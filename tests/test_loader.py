@@ -163,7 +163,11 @@ def test_corrupt_truncated_and_bomb_images(backend: Backend, decode_backend: str
     buf = io.BytesIO()
     Image.new("RGB", (4000, 3000)).save(buf, "JPEG")  # 12 Mpx, tiny file
     backend.put("bad", "c/bomb.jpg", buf.getvalue())
-    common = {"shuffle": False, "max_pixels": 1_000_000, "decode_backend": decode_backend}
+    common = {
+        "shuffle": False,
+        "engine": al.EngineConfig(max_pixels=1_000_000),
+        "decode_backend": decode_backend,
+    }
     with _loader(backend.url("bad"), backend, **common) as loader:
         with pytest.raises(al.DecodeError, match=r"c/bomb\.jpg.*decompression bomb"):
             list(loader)

@@ -181,7 +181,9 @@ def test_a_late_sample_does_not_stop_the_batches_after_it(bucket: MemoryBucket) 
     store.fail_next(1, bucket.sorted_keys()[0], kind="stall")
     fetch = al.FetchConfig(hedge=False)
     t0 = time.monotonic()
-    with _loader(store, shuffle=False, fetch=fetch, prefetch_batches=4) as loader:
+    with _loader(
+        store, shuffle=False, fetch=fetch, engine=al.EngineConfig(prefetch_batches=4)
+    ) as loader:
         expected = 4 * BATCH - 1  # batch 0 but its late sample, and batches 1, 2, 3
         deadline = time.monotonic() + 60
         while loader.stats().decoded < expected and time.monotonic() < deadline:

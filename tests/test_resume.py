@@ -50,7 +50,10 @@ def test_workers_split_a_rank_round_robin(light_server: S3TestServer, world_size
         parts = []
         for w in range(3):
             with _loader(
-                light_server, rank=rank, world_size=world_size, worker=w, num_workers=3
+                light_server,
+                rank=rank,
+                world_size=world_size,
+                shard=al.ShardConfig(worker=w, num_workers=3),
             ) as part:
                 parts.append(_batches(part, 3))
         # A DataLoader takes one batch from each worker in turn: that is the rank's order.
@@ -150,7 +153,8 @@ def test_elastic_resume_on_another_world_size(
     """Rank 0's state after ``k`` batches of an ``old``-rank run, loaded by every rank of
     a ``new``-rank run: together they finish the epoch with every sample not yet seen,
     equal batch counts per rank, and the next epoch is that of an uninterrupted run."""
-    kw: dict[str, object] = {"shuffle": shuffle, "even": even}
+    shard = al.ShardConfig(even=even)  # type: ignore[arg-type]
+    kw: dict[str, object] = {"shuffle": shuffle, "shard": shard}
     consumed, saved = _interrupted(light_server, old, k, **kw)
     assert saved["consumed"] == len(consumed) == k * 8 * old
     assert len(set(consumed)) == len(consumed)
@@ -196,18 +200,20 @@ def test_elastic_resume_onto_dataloader_workers(light_server: S3TestServer) -> N
     """A 2-rank state resumed by one rank split among 2 DataLoader workers' loaders."""
     consumed, saved = _interrupted(light_server, 2, 2)
     for worker in range(2):
-        with _loader(light_server, worker=worker, num_workers=2) as loader:
+        with _loader(light_server, shard=al.ShardConfig(worker=worker, num_workers=2)) as loader:
             loader.load_state_dict(saved)
             consumed += [x for _, lab in loader for x in lab.tolist()]
     assert sorted(consumed) == list(range(N_IMAGES))
 
 
 def test_elastic_resume_refusals(light_server: S3TestServer) -> None:
-    with _loader(light_server, world_size=2, shuffle="node", local_world_size=1) as loader:
+    with _loader(
+        light_server, world_size=2, shuffle="node", shard=al.ShardConfig(local_world_size=1)
+    ) as loader:
         state = loader.state_dict()
     with _loader(light_server, shuffle="node") as loader, pytest.raises(ValueError, match="node"):
         loader.load_state_dict(state)
-    with _loader(light_server, worker=0, num_workers=2) as loader:
+    with _loader(light_server, shard=al.ShardConfig(worker=0, num_workers=2)) as loader:
         state = loader.state_dict()
     with _loader(light_server, world_size=2) as loader, pytest.raises(ValueError, match="worker"):
         loader.load_state_dict(state)
@@ -219,7 +225,7 @@ def test_elastic_resume_refusals(light_server: S3TestServer) -> None:
 
 def test_too_many_workers_for_the_batches_is_refused(light_server: S3TestServer) -> None:
     with pytest.raises(ValueError, match="fewer than the 20 worker"):
-        _loader(light_server, batch_size=32, worker=0, num_workers=20)
+        _loader(light_server, batch_size=32, shard=al.ShardConfig(worker=0, num_workers=20))
 
 
 @pytest.mark.parametrize("new_workers", [2, 3, 1, 0])

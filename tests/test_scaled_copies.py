@@ -216,7 +216,11 @@ def test_the_loader_makes_copies_and_decodes_from_them(
     plain, _ = _epochs(large_server, 3, decode_backend=backend)
     cache_dir = tmp_path / "cache"
     first, _ = _epochs(
-        large_server, 1, cache_dir=cache_dir, cache_scaled_jpegs=True, decode_backend=backend
+        large_server,
+        1,
+        cache_dir=cache_dir,
+        cache=al.CacheConfig(scaled_jpegs=True),
+        decode_backend=backend,
     )
     _assert_every_object_has_copies(cache_dir)  # closing the loader wrote what it held
     # A later run on the same cache: every sample a hit, many from their copies.
@@ -291,7 +295,10 @@ def test_a_cache_too_small_budgets_for_the_copies(
         assert report.warmed == report.scaled == N_LARGE - report.not_admitted
     else:
         _, stats = _epochs(
-            large_server, 2, cache_dir=cache_dir, cache_size=limit, cache_scaled_jpegs=True
+            large_server,
+            2,
+            cache_dir=cache_dir,
+            cache=al.CacheConfig(size=limit, scaled_jpegs=True),
         )
         assert 0 < stats.cache_share < 1
     cache = al.ObjectCache(cache_dir, size_limit=limit)
@@ -320,5 +327,5 @@ def test_the_warm_command_makes_copies(large_server: S3TestServer, tmp_path: Pat
 
 def test_scaled_copies_need_a_cache_and_the_built_in_decode(large_server: S3TestServer) -> None:
     opts = {"endpoint_url": large_server.endpoint}
-    with pytest.raises(ValueError, match="cache_scaled_jpegs"):
-        al.ImageLoader("s3://b/big/", store_options=opts, cache_scaled_jpegs=True)
+    with pytest.raises(ValueError, match="scaled_jpegs"):
+        al.ImageLoader("s3://b/big/", store_options=opts, cache=al.CacheConfig(scaled_jpegs=True))

@@ -101,7 +101,8 @@ SCRIPT = textwrap.dedent(
     print("SCRIPT RAN", flush=True)  # once: decode processes do not import the script
     def main():
         loader = al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2,
-                                decode_backend=sys.argv[2], shuffle=False, prefetch_batches=2,
+                                decode_backend=sys.argv[2], shuffle=False,
+                                engine=al.EngineConfig(prefetch_batches=2),
                                 store_options={"endpoint_url": sys.argv[1]})
         # Epochs until a decode worker was replaced (at most argv[3]): whatever the machine's
         # speed, the run is still going when the test interrupts it or kills a worker.

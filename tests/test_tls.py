@@ -22,7 +22,7 @@ def _pixels(
 ) -> tuple[np.ndarray, al.Stats]:
     with al.ImageLoader(
         "s3://data/train/",
-        event_loop=event_loop,  # type: ignore[arg-type]
+        engine=al.EngineConfig(event_loop=event_loop),  # type: ignore[arg-type]
         batch_size=16,
         decode_workers=2,
         decode_backend="thread",

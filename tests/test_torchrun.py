@@ -162,6 +162,7 @@ TRAIN = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
+    from asyncloader import ShardConfig
     from asyncloader.torch import ImageDataset
 
     class Key:
@@ -174,7 +175,7 @@ TRAIN = textwrap.dedent(
         result = {}
         for even in ("pad", "drop"):  # one torchrun for both: starting one takes seconds
             ds = ImageDataset("s3://data/train/", batch_size=10, seed=1, labels=Key(),
-                              even=even, store_options={"endpoint_url": endpoint})
+                              shard=ShardConfig(even=even), store_options={"endpoint_url": endpoint})
             ds.set_epoch(3)
             labels, batches = [], 0
             for _, lab in DataLoader(ds, batch_size=None, num_workers=2):

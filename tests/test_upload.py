@@ -6,6 +6,7 @@ copies overlapping compute."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -87,7 +88,9 @@ def test_cpu_device_normalises_in_order(
 def test_dtypes_and_channels_last(
     server: S3TestServer, plain: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> None:
-    with _loader(server, device="cpu", dtype="float16", channels_last=True) as loader:
+    with _loader(
+        server, device="cpu", dtype="float16", output=al.OutputConfig(channels_last=True)
+    ) as loader:
         got = _epoch(loader)
     for (images, _), ref in zip(got, _reference(plain), strict=True):
         assert images.dtype == torch.float16
@@ -96,7 +99,7 @@ def test_dtypes_and_channels_last(
     with _loader(server, device="cpu", dtype="uint8") as loader:
         got = _epoch(loader)
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got, plain, strict=True))
-    with _loader(server, device="cpu", mean=None, std=None) as loader:
+    with _loader(server, device="cpu", output=al.OutputConfig(mean=None, std=None)) as loader:
         images, _ = next(iter(loader))
     assert torch.allclose(images.double(), plain[0][0].double() / 255, atol=1e-6)
 
@@ -244,10 +247,12 @@ def test_cuda_is_bit_exact_with_the_cpu_path(
 ) -> None:
     """Both decode backends (with processes the ring is POSIX shared memory, page-locked
     with cudaHostRegister under pin="register")."""
-    kw = {"dtype": dtype, "channels_last": channels_last, "decode_backend": backend}
-    with _loader(server, device="cpu", **kw) as loader:
+    kw = {"dtype": dtype, "decode_backend": backend}
+    layout = al.OutputConfig(channels_last=channels_last)
+    with _loader(server, device="cpu", output=layout, **kw) as loader:
         cpu = _epoch(loader)
-    with _loader(server, device="cuda", pin=pin, **kw) as loader:
+    pinned = dataclasses.replace(layout, pin=pin)
+    with _loader(server, device="cuda", output=pinned, **kw) as loader:
         assert loader.device == torch.device("cuda", torch.cuda.current_device())
         loader.set_epoch(0)
         gpu = []
@@ -271,10 +276,15 @@ def test_cuda_slow_consumer_never_sees_a_reused_slot(
 ) -> None:
     """Two ring slots and a consumer slower than the producer: if a slot were refilled
     before its copy finished, a batch would carry pixels of a later one."""
-    kw = {"prefetch_batches": 2, "max_inflight": 16, "labels": None, "decode_backend": backend}
+    kw = {
+        "engine": al.EngineConfig(prefetch_batches=2),
+        "max_inflight": 16,
+        "labels": None,
+        "decode_backend": backend,
+    }
     with _loader(server, device="cpu", **kw) as loader:
         cpu = _epoch(loader)
-    with _loader(server, device="cuda", pin=pin, **kw) as loader:
+    with _loader(server, device="cuda", output=al.OutputConfig(pin=pin), **kw) as loader:
         loader.set_epoch(0)
         for (images, _), (want, _) in zip(loader, cpu, strict=True):
             torch.cuda._sleep(50_000_000)  # ~tens of ms of GPU work queued before reading

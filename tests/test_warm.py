@@ -166,7 +166,7 @@ def test_warm_into_a_cache_too_small_keeps_the_loaders_subset(
         batch_size=16,
         decode_backend="thread",
         cache_dir=tmp_path / "c",
-        cache_size=limit,
+        cache=al.CacheConfig(size=limit),
         store_options=opts,
     ) as loader:
         n = sum(len(labels) for _, labels in loader)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from ._env import usable_cpus
 
 __all__ = [
     "CACHE_SIZE",
@@ -14,10 +17,16 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "LISTING_MAX_AGE",
+    "MAX_PIXELS",
+    "CacheConfig",
+    "EngineConfig",
     "FetchConfig",
     "OnError",
+    "OutputConfig",
     "RunConfig",
+    "ShardConfig",
     "decode_window",
+    "decode_workers",
     "default_max_inflight",
     "ring_slots",
 ]
@@ -30,6 +39,8 @@ OnError = Literal["raise", "skip"]
 
 # The most bytes an SSD cache keeps unless told (loader, warm, ls, the CLI).
 CACHE_SIZE = "100GB"
+# Sources with more pixels are refused (decompression bombs), by default: Pillow's limit.
+MAX_PIXELS = 89_478_485
 # How old a saved listing may be and still be used instead of listing again [seconds].
 LISTING_MAX_AGE = 3600.0
 # The HTTP stores: the longest wait for an answer to start, and then between two reads of
@@ -37,6 +48,12 @@ LISTING_MAX_AGE = 3600.0
 # sub-folders (or key ranges) listed at once.
 READ_TIMEOUT = 60.0
 LIST_CONCURRENCY = 32
+
+
+def decode_workers(given: int | None, num_workers: int = 1) -> int:
+    """The one default of the decode worker count: the usable CPUs, shared among the
+    ``num_workers`` DataLoader workers that each run a loader, at least 1."""
+    return given or max(1, usable_cpus() // num_workers)
 
 
 def default_max_inflight(workers: int) -> int:
@@ -224,3 +241,106 @@ class RunConfig:
                 return math.inf
             return int(self.max_failures * epoch_samples)
         return int(self.max_failures)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheConfig:
+    """How the SSD cache of ``cache_dir`` is kept.
+
+    Attributes:
+        size: Most bytes the cache keeps (``"500GB"``, ``"64GiB"``, an int); the least
+            recently stored entries are evicted.
+        scaled_jpegs: Also keep, beside each JPEG of at least 1 MiB, copies that decode at
+            1/4 and 1/8 scale to exactly its pixels from a fraction of its data.  Later
+            epochs decode such photos several times faster; making them costs ~3 decodes
+            of the photo, once, on the cache's writer thread, and ~65 % more cache space
+            for those objects; objects it cannot keep up with are not cached that epoch
+            (``cache_store_skipped``).  ``asyncloader warm --scaled-jpegs`` makes them
+            ahead of a run on every core.  Copies in the cache are used whether or not this is set.
+        listing_max_age: Reuse the saved object list of the URL if younger than this
+            [seconds]; objects replaced since then fail their ETag check clearly.
+        refresh_listing: List the store again even if a saved list is young enough.
+        group_shared: Make a missing cache folder for the owner's group too
+            (``drwxrws---``) instead of the owner only.
+    """
+
+    size: int | str = CACHE_SIZE
+    scaled_jpegs: bool = False
+    listing_max_age: float = LISTING_MAX_AGE
+    refresh_listing: bool = False
+    group_shared: bool = False
+
+    def __post_init__(self) -> None:
+        if self.listing_max_age < 0:
+            raise ValueError("listing_max_age must be >= 0")
+
+    @property
+    def max_age(self) -> float:
+        """How old a saved listing may be and still serve [seconds] (0 with
+        ``refresh_listing``)."""
+        return 0.0 if self.refresh_listing else self.listing_max_age
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardConfig:
+    """How a rank's share of each epoch is laid out beyond ``rank``/``world_size``.
+
+    Attributes:
+        local_world_size: Ranks per node (``LOCAL_WORLD_SIZE`` under torchrun), for
+            ``shuffle="node"``; None: one node.
+        worker, num_workers: Within the rank's shard, take only batches ``worker, worker +
+            num_workers, ...`` (one loader per DataLoader worker; ``asyncloader.torch``
+            sets them).
+        even: How ranks get equal sample counts: ``"pad"`` (repeat a few samples) or
+            ``"drop"`` (leave out the incomplete last round).
+    """
+
+    local_world_size: int | None = None
+    worker: int = 0
+    num_workers: int = 1
+    even: Literal["pad", "drop"] = "pad"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputConfig:
+    """How batches are converted for ``device=`` (besides ``dtype``).
+
+    Attributes:
+        mean, std: Per channel on the 0..1 scale (ImageNet's by default); None: 0 and 1.
+        channels_last: Deliver images in ``torch.channels_last`` memory format.
+        pin: CUDA: ``"register"`` page-locks the ring in place, ``"staging"`` copies
+            through pinned buffers, ``"auto"`` registers and falls back to staging.
+    """
+
+    mean: Sequence[float] | None = IMAGENET_MEAN
+    std: Sequence[float] | None = IMAGENET_STD
+    channels_last: bool = False
+    pin: Literal["auto", "register", "staging"] = "auto"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """How the loader's engine runs: its buffers, limits and event loop.
+
+    Attributes:
+        prefetch_batches: Ring slots: batches filling, waiting, or still referenced by the
+            consumer (None: :func:`ring_slots`, at least 5).  Memory is
+            ``prefetch_batches × batch bytes``.
+        max_pixels: Sources with more pixels are refused (decompression bombs); by default
+            Pillow's ``Image.MAX_IMAGE_PIXELS``.  A larger value raises Pillow's limit (a
+            setting of the process) to it where images are decoded.
+        event_loop: ``"asyncio"`` or ``"uvloop"`` (``pip install 'asyncloader[uvloop]'``):
+            over HTTPS it costs ~20 % less client CPU per GET (``bench_get_cpu.py``).
+    """
+
+    prefetch_batches: int | None = None
+    max_pixels: int = MAX_PIXELS
+    event_loop: Literal["asyncio", "uvloop"] = "asyncio"
+
+    def __post_init__(self) -> None:
+        if self.prefetch_batches is not None and self.prefetch_batches < 1:
+            raise ValueError("prefetch_batches must be at least 1")
+        if self.max_pixels < 1:
+            raise ValueError("max_pixels must be at least 1")
+        if self.event_loop not in ("asyncio", "uvloop"):
+            raise ValueError(f"event_loop must be 'asyncio' or 'uvloop', not {self.event_loop!r}")

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from ._backend import choose_backend as choose_backend
     from ._gpu import GpuDecodePool as GpuDecodePool
     from ._image import FAST_RESIZE as FAST_RESIZE
-    from ._image import MAX_PIXELS as MAX_PIXELS
     from ._image import ROI_DECODE as ROI_DECODE
     from ._image import SCALED_COPY_MIN as SCALED_COPY_MIN
     from ._image import DecodeSpec as DecodeSpec
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
 _WHERE = {
     "choose_backend": "._backend",
     "FAST_RESIZE": "._image",
-    "MAX_PIXELS": "._image",
     "ROI_DECODE": "._image",
     "SCALED_COPY_MIN": "._image",
     "DecodeSpec": "._image",
@@ -59,7 +57,6 @@ _WHERE = {
 
 __all__ = [
     "FAST_RESIZE",
-    "MAX_PIXELS",
     "ROI_DECODE",
     "SCALED_COPY_MIN",
     "DecodePool",

@@ -31,6 +31,7 @@ import numpy.typing as npt
 import PIL
 from PIL import Image, UnidentifiedImageError
 
+from .._base._config import MAX_PIXELS
 from .._base._errors import DecodeError, shown_key
 from .._base._types import Blob, BlobCache, DecodeFn
 from ._transforms import Transform
@@ -71,8 +72,6 @@ _PILLOW_VERTICAL_FIRST = int(PIL.__version__.split(".")[0]) >= 13
 
 U8Array = npt.NDArray[np.uint8]
 
-MAX_PIXELS = 89_478_485
-"""Sources with more pixels are refused (decompression bombs), by default: Pillow's limit."""
 
 SCALED_COPY_MIN = 2**20
 """Objects of at least this many bytes get scaled copies (``cache_scaled_jpegs``) [bytes]:

@@ -1,5 +1,6 @@
-"""Objects on their way into the SSD cache, each fetched once (the loader's fetch stage with
-a cache).
+"""Objects on their way into the SSD cache, each fetched once: the cache-fill stage that the
+loader's pipeline and ``warm`` share (:class:`CacheFill`: the index thread, the writer
+thread, admission and the fetch-once table, made and closed in one place).
 
 The loader runs into the next epoch while this one is still fetched and written, so a batch
 may need an object that another batch is fetching, or whose bytes wait for the cache's
@@ -18,10 +19,11 @@ from collections.abc import Callable
 
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo
+from .._cache import IndexThread, ObjectCache
 from .._cache._writer import CacheWriter
 from .._fetch import Fetcher
 
-__all__ = ["InHand", "OnceFetcher"]
+__all__ = ["CacheFill", "InHand", "OnceFetcher"]
 
 InHand = Blob | asyncio.Future[Blob]
 """An object's bytes waiting to be written, or its fetch in flight."""
@@ -37,6 +39,9 @@ class OnceFetcher:
         admit: Whether the cache keeps an object (by its key); others are fetched plainly,
             and not shared.
         counters: Counts objects the writer had no room for.
+        wait_for_room: When the writer is full, wait for room (``warm``: caching is the
+            job) instead of leaving the object out of the cache this time (the loader:
+            the epoch must not slow down for the disk).
     """
 
     def __init__(
@@ -45,11 +50,14 @@ class OnceFetcher:
         writer: CacheWriter,
         admit: Callable[[str], bool],
         counters: Counters,
+        *,
+        wait_for_room: bool = False,
     ) -> None:
         self._fetcher = fetcher
         self._writer = writer
         self._admit = admit
         self._counters = counters
+        self._wait = wait_for_room
         self._fetching: dict[str, asyncio.Future[Blob]] = {}  # by cache key
 
     def in_hand(self, cache_key: str) -> InHand | None:
@@ -97,9 +105,62 @@ class OnceFetcher:
         finally:
             if self._fetching.get(cache_key) is shared:
                 del self._fetching[cache_key]
+        if self._writer.full() and self._wait:
+            await self._writer.room()
         if self._writer.full():
             self._counters.cache_store_skipped += 1
         else:
             self._writer.submit(obj.key, cache_key, data)  # held until written
         shared.set_result(data)
         return data
+
+
+class CacheFill:
+    """The way into the SSD cache, for the pipeline and ``warm`` alike: one index thread
+    (queries answer in the order they were asked, on one connection), one writer thread
+    (fetched bytes appended to packs, indexed in batches; scaled copies derived there),
+    and the fetch-once table over them (:class:`OnceFetcher`).
+
+    Args:
+        cache: The cache.
+        fetcher: Sends the requests.
+        counters: Counts objects the writer had no room for.
+        admit: Whether the cache keeps an object (by its key).
+        done: Called on the writer thread with the keys of each batch written (and the
+            error, if the write failed).
+        name: The index thread's name.
+        derive: Copies to store beside an object (scaled JPEGs), made on the writer's side.
+        derive_threads: Threads that derive them.
+        remember: Cache keys the writer remembers having written (see
+            :meth:`OnceFetcher.written_lately`).
+        wait_for_room: See :class:`OnceFetcher`.
+    """
+
+    def __init__(
+        self,
+        cache: ObjectCache,
+        fetcher: Fetcher,
+        counters: Counters,
+        *,
+        admit: Callable[[str], bool],
+        done: Callable[[list[str], Exception | None], None],
+        name: str,
+        derive: Callable[[Blob], list[tuple[str, bytes]]] | None = None,
+        derive_threads: int = 1,
+        remember: int = 0,
+        wait_for_room: bool = False,
+    ) -> None:
+        self.cache = cache
+        self.writer = CacheWriter(
+            cache, done=done, derive=derive, derive_threads=derive_threads, remember=remember
+        )
+        self.index = IndexThread(cache, name)
+        self.once = OnceFetcher(fetcher, self.writer, admit, counters, wait_for_room=wait_for_room)
+
+    def close(self) -> None:
+        """Write what the writer holds, then stop it and the index thread (blocks: call off
+        the loop).  Idempotent."""
+        try:
+            self.writer.close()
+        finally:
+            self.index.close()

@@ -12,8 +12,6 @@ unlinked last (once no batch handed out references it any more).
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import gc
 import os
 import queue
@@ -25,17 +23,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import numpy as np
 
 from .._base._config import (
-    CACHE_SIZE,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    LISTING_MAX_AGE,
+    CacheConfig,
+    EngineConfig,
     FetchConfig,
     OnError,
+    OutputConfig,
     RunConfig,
-    decode_window,
-    ring_slots,
+    ShardConfig,
 )
-from .._base._env import usable_cpus
 from .._base._errors import (
     AsyncLoaderError,
     BatchesHeldError,
@@ -44,29 +39,24 @@ from .._base._errors import (
 )
 from .._base._stats import Counters, Stats
 from .._base._types import DecodeFn, ObjectInfo, ObjectStore
-from .._cache import ObjectCache
 from .._dataset import list_for, open_listing
-from .._dataset._labels import (
-    IMAGE_EXTENSIONS,
-    Dataset,
-    LabelSpec,
-)
-from .._dataset._saved import budget_path
-from .._decode import (
-    MAX_PIXELS,
-    DecodePool,
-    DecodeSpec,
-    ProcessDecodePool,
-    ThreadDecodePool,
-    choose_backend,
-)
-from .._decode._transforms import RandomResizedCrop, Transform
-from .._device._ring import BatchRing, DeviceBatchRing
-from .._fetch import Fetcher
+from .._dataset._labels import IMAGE_EXTENSIONS, Dataset, LabelSpec
+from .._decode._transforms import Transform
 from .._stores import open_store
 from .._stores import store_options as store_options_for
+from ._build import (
+    DecodeBackend,
+    fold_moved,
+    loop_factory,
+    make_fetcher,
+    make_pipeline,
+    make_pool,
+    make_ring,
+    open_cache,
+    plan,
+)
 from ._dist import Agreement, listing_key, share_listing
-from ._pipeline import BatchReady, EpochEnd, Failed, Notice, Pipeline
+from ._pipeline import BatchReady, EpochEnd, Failed, Notice
 from ._resume import loader_state, plan_resume
 from ._runtime import Runtime
 from ._sampler import num_batches
@@ -79,7 +69,6 @@ if TYPE_CHECKING:
 __all__ = ["ImageLoader"]
 
 T = TypeVar("T")
-DecodeBackend = Literal["auto", "thread", "process", "cuda"]
 _SLICE = 0.1  # how often a waiting consumer checks liveness [seconds]
 # How long a consumer that holds every ring slot waits for one to come back (another thread
 # of the user's may still drop a batch) before it is told so [seconds].
@@ -115,8 +104,15 @@ class ImageLoader:
             across epochs (so its SSD cache holds only that) and shuffles inside it;
             ``False``: listing order.
         seed: Seed of the order and the augmentations.
+        labels: ``"folder"`` (ImageFolder), a manifest — a local path, a key beside the
+            images, or a URL (``s3://bucket/train.npz``) — of ``.jsonl``/``.csv`` rows or
+            ``.npz`` arrays (``ls --write-manifest``), a callable ``key -> int`` or None.
+        extensions: Keys to keep (ignored with a manifest); None keeps every object.
+        decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
+        sample_shape: (C, H, W) of a sample; needed with ``decode=``.  Images get theirs
+            from ``transform`` (3 × its output size); a different one is an error.
         decode_workers: Decode threads/processes (default: the usable CPUs divided among
-            ``num_workers``).
+            the DataLoader workers).
         decode_backend: ``"thread"``, ``"process"`` or ``"auto"`` (default): threads,
             except with a ``cache_dir`` where JPEGs would be decoded by Pillow (the
             ``_jpegroi``/``_resize`` extensions not built) or by a ``decode=`` hook:
@@ -126,71 +122,48 @@ class ImageLoader:
             torchvision, batched), cropped and resized there by the same plan, and land in
             a ring on the device; ``decode_workers`` threads read, plan and decode on the
             CPU what nvJPEG is not given (``_decode/_gpu.py``).  Needs ``device="cuda"``.
-        labels: ``"folder"`` (ImageFolder), a manifest — a local path, a key beside the
-            images, or a URL (``s3://bucket/train.npz``) — of ``.jsonl``/``.csv`` rows or
-            ``.npz`` arrays (``ls --write-manifest``), a callable ``key -> int`` or None.
-        extensions: Keys to keep (ignored with a manifest); None keeps every object.
-        decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
-        sample_shape: (C, H, W) of a sample; needed with ``decode=``.  Images get theirs
-            from ``transform`` (3 × its output size); a different one is an error.
-        max_pixels: Sources with more pixels are refused (decompression bombs); default
-            Pillow's ``Image.MAX_IMAGE_PIXELS``.  A larger value raises Pillow's limit (a
-            setting of the process) to it where images are decoded.
-        prefetch_batches: Ring slots: batches filling, waiting, or still referenced by the
-            consumer (default from the in-flight bound, at least 5: one for the batch the
-            loop body holds).  Memory is ``prefetch_batches × batch bytes``.
         max_inflight: Requests in flight (overrides ``fetch.max_inflight``; default 64 per
             decode worker, at least 64: hides 50 ms of storage latency at the decode rate).
         on_error: ``"raise"`` or ``"skip"`` (counted in ``stats().skipped``).
         max_failures: Skips tolerated per epoch: a count, or a fraction if < 1.
         drop_last: Drop the short last batch of each epoch.
         rank, world_size: This process's shard (default: the whole dataset).
-        local_world_size: Ranks per node (``LOCAL_WORLD_SIZE`` under torchrun), for
-            ``shuffle="node"``; None: one node.
-        worker, num_workers: Within the rank's shard, take only batches ``worker, worker +
-            num_workers, ...`` (one loader per DataLoader worker; see asyncloader.torch).
-        even: How ranks get equal sample counts: ``"pad"`` (repeat a few samples) or
-            ``"drop"`` (leave out the incomplete last round).
-        store: An :class:`~asyncloader.ObjectStore` to use instead of ``url``.
-        store_options: Keyword options for the store (``endpoint_url``, ``anonymous``, ...).
-        fetch: Retry, range and in-flight settings (:class:`~asyncloader.FetchConfig`).
-        timeout: Give up when no batch arrives for this long (None: wait) [seconds].
         cache_dir: A local (NVMe) folder caching object bytes across epochs and runs; shared
-            safely by every process on the node (see ``asyncloader warm``).
-        cache_size: Most bytes the cache keeps (``"500GB"``, ``"64GiB"``, an int); the least
-            recently stored entries are evicted.
-        cache_scaled_jpegs: Also keep, beside each JPEG of at least 1 MiB, copies that
-            decode at 1/4 and 1/8 scale to exactly its pixels from a fraction of its data
-            (the DCT coefficients those scales never read are dropped).  Later epochs decode
-            such photos several times faster (a 12-megapixel photo's RandomResizedCrop(224)
-            is mostly decoded at 1/8).  Making them costs ~3 decodes of the photo, once, on
-            the cache's writer thread, and ~65 % more cache space for those objects; objects
-            it cannot keep up with are not cached that epoch (``cache_store_skipped``).
-            ``asyncloader warm --scaled-jpegs`` makes them ahead of a run on every core.
-            Copies in the cache are used whether or not this is set.
-        listing_max_age: With a cache, reuse the saved object list of the URL if younger
-            than this [seconds]; objects replaced since then fail their ETag check clearly.
-        refresh_listing: List the store again even if a saved list is young enough.
-        objects: The URL's object list, listed already (by the training process for its
-            DataLoader workers, by rank 0 for every rank: see ``asyncloader.torch``): the
-            store is not listed.
+            safely by every process on the node (see ``asyncloader warm``); kept as
+            ``cache=`` says.
         device: Where batches are delivered: ``None`` (default) gives uint8 CPU tensors that
             are views of the ring; ``"cuda"`` (this process's GPU: ``LOCAL_RANK`` under
-            torchrun), ``"cuda:1"`` or ``"cpu"`` give ``dtype`` tensors normalised with
-            ``mean``/``std``, made by an uploader thread two batches ahead (on a GPU: copied
+            torchrun), ``"cuda:1"`` or ``"cpu"`` give ``dtype`` tensors normalised as
+            ``output=`` says, made by an uploader thread two batches ahead (on a GPU: copied
             on its own CUDA stream, converted there, the training stream waiting on an event).
             Without CUDA, ``"cuda"`` falls back to the CPU with a warning.
         dtype: ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"uint8"`` (no normalisation).
-        mean, std: Per channel on the 0..1 scale (ImageNet's by default); None: 0 and 1.
-        channels_last: Deliver images in ``torch.channels_last`` memory format.
-        pin: CUDA: ``"register"`` page-locks the ring in place, ``"staging"`` copies through
-            pinned buffers, ``"auto"`` registers and falls back to staging.
-        event_loop: The loader's own event loop: ``"asyncio"`` (default) or ``"uvloop"``
-            (``pip install 'asyncloader[uvloop]'``): over HTTPS it costs ~20 % less client
-            CPU per GET here (``benchmarks/bench_get_cpu.py``), over HTTP about the same.
+        timeout: Give up when no batch arrives for this long (None: wait) [seconds].
+        store: An :class:`~asyncloader.ObjectStore` to use instead of ``url``.
+        store_options: Keyword options for the store (``endpoint_url``, ``anonymous``, ...).
+        objects: The URL's object list, listed already (by the training process for its
+            DataLoader workers, by rank 0 for every rank: see ``asyncloader.torch``): the
+            store is not listed.
+        fetch: Retry, range, hedging and in-flight settings
+            (:class:`~asyncloader.FetchConfig`).
+        cache: The cache's size, scaled JPEG copies, saved listings and folder permissions
+            (:class:`~asyncloader.CacheConfig`).
+        shard: Ranks per node, DataLoader workers, equal counts per rank
+            (:class:`~asyncloader.ShardConfig`).
+        output: Normalisation, layout and pinning of ``device=`` batches
+            (:class:`~asyncloader.OutputConfig`).
+        engine: Ring slots, the decompression-bomb limit, the event loop
+            (:class:`~asyncloader.EngineConfig`).
+        **moved: The keywords that moved into those configs (``cache_size``,
+            ``cache_scaled_jpegs``, ``listing_max_age``, ``refresh_listing``,
+            ``local_world_size``, ``worker``, ``num_workers``, ``even``, ``mean``, ``std``,
+            ``channels_last``, ``pin``, ``prefetch_batches``, ``max_pixels``,
+            ``event_loop``) still work for a release, each with a ``DeprecationWarning``
+            that names its new spelling.
 
     Raises:
-        ImportError: ``event_loop="uvloop"`` without uvloop installed.
+        ImportError: ``EngineConfig(event_loop="uvloop")`` without uvloop installed.
+        TypeError: a keyword the loader does not have.
     """
 
     def __init__(
@@ -201,114 +174,74 @@ class ImageLoader:
         transform: Transform | None = None,
         shuffle: bool | Literal["global", "node"] = True,
         seed: int = 0,
-        decode_workers: int | None = None,
-        decode_backend: DecodeBackend = "auto",
         labels: LabelSpec = "folder",
         extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
         decode: DecodeFn | None = None,
         sample_shape: tuple[int, int, int] | None = None,
-        max_pixels: int = MAX_PIXELS,
-        prefetch_batches: int | None = None,
+        decode_workers: int | None = None,
+        decode_backend: DecodeBackend = "auto",
         max_inflight: int | None = None,
         on_error: OnError = "raise",
         max_failures: int | float = 0.01,
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
-        local_world_size: int | None = None,
-        worker: int = 0,
-        num_workers: int = 1,
-        even: Literal["pad", "drop"] = "pad",
-        store: ObjectStore | None = None,
-        store_options: dict[str, Any] | None = None,
-        fetch: FetchConfig | None = None,
-        timeout: float | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
-        cache_size: int | str = CACHE_SIZE,
-        cache_scaled_jpegs: bool = False,
-        listing_max_age: float = LISTING_MAX_AGE,
-        refresh_listing: bool = False,
-        objects: Sequence[ObjectInfo] | None = None,
         device: str | None = None,
         dtype: str = "float32",
-        mean: Sequence[float] | None = IMAGENET_MEAN,
-        std: Sequence[float] | None = IMAGENET_STD,
-        channels_last: bool = False,
-        pin: str = "auto",
-        event_loop: Literal["asyncio", "uvloop"] = "asyncio",
+        timeout: float | None = None,
+        store: ObjectStore | None = None,
+        store_options: dict[str, Any] | None = None,
+        objects: Sequence[ObjectInfo] | None = None,
+        fetch: FetchConfig | None = None,
+        cache: CacheConfig | None = None,
+        shard: ShardConfig | None = None,
+        output: OutputConfig | None = None,
+        engine: EngineConfig | None = None,
+        **moved: Any,
     ) -> None:
-        # The usable CPUs, shared among the DataLoader workers that each run a loader.
-        workers = decode_workers or max(1, usable_cpus() // num_workers)
-        if decode is None:
-            transform = transform or RandomResizedCrop(224)
-            h, w = transform.output_size
-            shape = (3, h, w)
-            if sample_shape is not None and tuple(sample_shape) != shape:
-                raise ValueError(
-                    f"sample_shape={tuple(sample_shape)} but images come out as {shape} "
-                    f"(transform={transform!r}): the transform sets the size of decoded "
-                    "images; sample_shape= is for decode= hooks"
-                )
-        else:
-            if sample_shape is None:
-                raise ValueError("decode= needs sample_shape=(C, H, W)")
-            shape = sample_shape
-        if decode_backend not in ("auto", "thread", "process", "cuda"):
-            raise ValueError(
-                "decode_backend must be 'auto', 'thread', 'process' or 'cuda', "
-                f"not {decode_backend!r}"
-            )
-        if decode_backend == "cuda":
-            _check_gpu_decode(device, decode)
-        if decode_backend == "auto":
-            decode_backend = choose_backend(cache=bool(cache_dir), decode_hook=decode is not None)
-        elif decode_backend == "process" and os.name != "posix":
-            raise ValueError("decode_backend='process' needs a POSIX system: use 'thread'")
-        base = fetch or FetchConfig()
-        if max_inflight is not None:
-            base = dataclasses.replace(base, max_inflight=max_inflight)
-        self._fetch_config = base.for_workers(workers)
-        inflight = self._fetch_config.inflight
-        self._run_config = RunConfig(
+        given = {"cache": cache, "shard": shard, "output": output, "engine": engine}
+        configs = fold_moved("ImageLoader", moved, given)
+        cache_config: CacheConfig = configs["cache"]
+        sh: ShardConfig = configs["shard"]
+        out: OutputConfig = configs["output"]
+        eng: EngineConfig = configs["engine"]
+        run = RunConfig(
             batch_size=batch_size,
             shuffle=shuffle,
             seed=seed,
             drop_last=drop_last,
             rank=rank,
             world_size=world_size,
-            local_world_size=local_world_size,
-            worker=worker,
-            num_workers=num_workers,
-            even=even,
+            local_world_size=sh.local_world_size,
+            worker=sh.worker,
+            num_workers=sh.num_workers,
+            even=sh.even,
             on_error=on_error,
             max_failures=max_failures,
         )
-        self.cache = ObjectCache(cache_dir, size_limit=cache_size) if cache_dir else None
-        self._folder = self.cache.directory if self.cache is not None else None
-        if self.cache is not None:
-            self.cache.make_folder()  # its owner's only, before anything is written there
-        self._listing_max_age = 0.0 if refresh_listing else listing_max_age
-        self._objects = objects
-        if cache_scaled_jpegs and (self.cache is None or decode is not None):
-            raise ValueError(
-                "cache_scaled_jpegs needs a cache_dir and the built-in decode (no decode= hook)"
-            )
-        self._scaled_copies = cache_scaled_jpegs
-        # Hits of large JPEGs are decoded from their scaled copies wherever the cache has
-        # them (made by this option or by `asyncloader warm --scaled-jpegs`): same pixels.
-        self._spec = DecodeSpec(
-            shape,
-            transform,
-            decode,
-            max_pixels,
-            self.cache,
-            scaled_copies=self.cache is not None and decode is None,
+        self.cache = open_cache(cache_dir, cache_config)
+        self._plan = p = plan(
+            run=run,
+            transform=transform,
+            decode=decode,
+            sample_shape=sample_shape,
+            workers=decode_workers,
+            backend=decode_backend,
+            max_inflight=max_inflight,
+            fetch=fetch,
+            cache=cache_config,
+            engine=eng,
+            object_cache=self.cache,
+            device=device,
         )
-        # One slot more than the work in flight needs: a plain `for` loop still holds the
-        # previous batch while it asks for the next.
-        self._slots = ring_slots(prefetch_batches, inflight, batch_size)
-        self._workers = workers
-        self._backend: DecodeBackend = decode_backend
+        self._folder = self.cache.directory if self.cache is not None else None
+        self._listing_max_age = cache_config.max_age
+        self._objects = objects
+        self._fetch_config = p.fetch
+        self._run_config = run
+        self._workers = p.workers
+        self._backend: DecodeBackend = p.backend
         self._timeout = timeout
         self._counters = Counters()
         self._output: queue.Queue[Notice] = queue.Queue()
@@ -329,9 +262,9 @@ class ImageLoader:
             from .._device._device_spec import DeviceSpec
             from .._device._upload import Uploader
 
-            spec = DeviceSpec.make(device, dtype, mean, std, channels_last)
-            self._uploader = Uploader(spec, depth=2, pin=pin)
-        self._rt = Runtime(_loop_factory(event_loop))
+            spec = DeviceSpec.make(device, dtype, out.mean, out.std, out.channels_last)
+            self._uploader = Uploader(spec, depth=2, pin=out.pin)
+        self._rt = Runtime(loop_factory(eng.event_loop))
         self._finalizer = weakref.finalize(self, self._rt.close)
         try:
             options = store_options_for(url, labels, store_options)
@@ -406,52 +339,13 @@ class ImageLoader:
         )
         self._objects = None  # the dataset holds what it needs
         self._rt.listing_task = task
-        ring: BatchRing
-        if self._backend == "cuda":
-            assert self._uploader is not None
-            ring = DeviceBatchRing(
-                self._slots,
-                self._run_config.batch_size,
-                self._spec.sample_shape,
-                device=self._uploader.spec.device,
-            )
-        else:
-            ring = BatchRing(
-                self._slots,
-                self._run_config.batch_size,
-                self._spec.sample_shape,
-                shared=self._backend == "process",
-            )
-        self._rt.ring = ring
+        p = self._plan
+        device = self._uploader.spec.device if self._uploader is not None else None
+        self._rt.ring = ring = make_ring(p, device)
         c.ring_slots = ring.slots
-        pool: DecodePool
-        if self._backend == "process":
-            assert ring.shm_name is not None
-            ppool = ProcessDecodePool(self._workers, self._spec, ring.shm_name, ring.images.shape)
-            await ppool.start()
-            pool = ppool
-        elif self._backend == "cuda":
-            from .._decode._gpu import GpuDecodePool
-
-            pool = GpuDecodePool(self._workers, self._spec, ring.images)  # type: ignore[arg-type]
-        else:
-            pool = ThreadDecodePool(self._workers, self._spec, ring.images)
-        self._rt.pool = pool
-        node = budget_path(self._folder, store.url) if self._folder is not None else None
-        fetcher = Fetcher(store, c, self._fetch_config, decode_workers=self._workers, node=node)
-        self._rt.pipeline = Pipeline(
-            listing,
-            fetcher,
-            pool,
-            ring,
-            self._run_config,
-            c,
-            self._output,
-            decode_window=decode_window(self._fetch_config.inflight, self._workers),
-            cache=self.cache,
-            scaled_copies=self._scaled_copies,
-            max_pixels=self._spec.max_pixels,
-        )
+        self._rt.pool = pool = await make_pool(p, ring)
+        fetcher = make_fetcher(store, c, p.fetch, self._folder, decode_workers=p.workers)
+        self._rt.pipeline = make_pipeline(p, listing, fetcher, pool, ring, c, self._output)
         # Captures the runtime, never the loader: the loader must stay collectable.
         pipeline, rt = self._rt.pipeline, self._rt
         ring.on_release = lambda slot: rt.call_soon(pipeline.release, slot)
@@ -697,7 +591,8 @@ class ImageLoader:
                             "referenced, so the next batch cannot be made. A batch is a view "
                             "of its slot (no copy) until the last reference to it is gone: "
                             "keep copies of batches you keep (images.clone()), drop the ones "
-                            f"you are done with, or raise prefetch_batches (now {ring.slots})"
+                            "you are done with, or raise EngineConfig(prefetch_batches=) "
+                            f"(now {ring.slots})"
                         ) from None
         finally:
             c.consumer_wait_seconds += time.perf_counter() - t0
@@ -734,39 +629,3 @@ def _as_tensors(
     if not isinstance(images, np.ndarray):  # a ring on the device: a tensor already
         return images, from_numpy(labels), meta
     return from_numpy(images), from_numpy(labels), meta
-
-
-def _check_gpu_decode(device: str | None, decode: DecodeFn | None) -> None:
-    """``decode_backend="cuda"``'s needs, checked before any work starts."""
-    if decode is not None:
-        raise ValueError("decode_backend='cuda' decodes JPEGs itself: it takes no decode= hook")
-    if device is None or not device.startswith("cuda"):
-        raise ValueError(
-            f"decode_backend='cuda' decodes into the GPU's memory: it needs device='cuda' "
-            f"(or 'cuda:N'), not device={device!r}"
-        )
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ValueError(
-            "decode_backend='cuda' needs a CUDA device, and torch.cuda.is_available() is "
-            "False here: use decode_backend='auto'"
-        )
-    from .._decode._gpu import require_torchvision
-
-    require_torchvision()
-
-
-def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The event loop maker ``event_loop=`` names."""
-    if name == "asyncio":
-        return asyncio.new_event_loop
-    if name != "uvloop":
-        raise ValueError(f"event_loop must be 'asyncio' or 'uvloop', not {name!r}")
-    try:
-        import uvloop
-    except ImportError as exc:
-        raise ImportError(
-            "event_loop='uvloop' needs uvloop: pip install 'asyncloader[uvloop]'"
-        ) from exc
-    return uvloop.new_event_loop  # type: ignore[no-any-return]

@@ -28,19 +28,18 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from .._base._config import RunConfig
+from .._base._config import MAX_PIXELS, RunConfig
 from .._base._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
 from .._base._stats import Counters
 from .._base._types import CachedAt, CacheEvent, DecodeJob, Outcome, Sample
-from .._cache import IndexThread, ObjectCache
+from .._cache import ObjectCache
 from .._cache._admission import ADMIT_ALL, admission, admitted
-from .._cache._writer import CacheWriter
 from .._dataset import Listing
-from .._decode import MAX_PIXELS, DecodePool, scaled_footprint
+from .._decode import DecodePool, scaled_footprint
 from .._decode import scaled_copies as make_scaled_copies
 from .._device._ring import BatchRing
 from .._fetch import Fetcher
-from ._cache_fill import InHand, OnceFetcher
+from ._cache_fill import CacheFill, InHand, OnceFetcher
 from ._sampler import epoch_indices, mix_seed, node_subset, num_batches, unshuffled_batch
 
 __all__ = [
@@ -138,25 +137,29 @@ class Pipeline:
         self.cache = cache
         self._scaled_copies = scaled_copies
         # Fetched bytes go to the cache off the decode path, written in batches by one
-        # thread; when the disk falls behind (CacheWriter.full), objects are not
-        # cached this time (counted), rather than slowing the epoch down.
-        self._writer = (
-            CacheWriter(
+        # thread; when the disk falls behind (CacheWriter.full), objects are not cached
+        # this time (counted), rather than slowing the epoch down.  The batches' index
+        # queries run off the loop on one thread: they answer in the order the batches
+        # started, so their fetches start in that order too (several threads let a later
+        # batch's requests go ahead of an earlier one's), on one connection.  Each object
+        # is fetched once while other batches need it.
+        self._filling = (
+            CacheFill(
                 cache,
+                fetcher,
+                counters,
+                admit=lambda key: admitted(key, self._admission()),
                 done=self._written,
-                # What was written while a batch was in flight: its ring slots' worth, twice.
-                remember=2 * ring.slots * run.batch_size,
+                name="asyncloader-index",
                 derive=partial(make_scaled_copies, max_pixels=max_pixels)
                 if scaled_copies
                 else None,
+                # What was written while a batch was in flight: its ring slots' worth, twice.
+                remember=2 * ring.slots * run.batch_size,
             )
             if cache is not None
             else None
         )
-        # The batches' index queries, off the loop on one thread: they answer in the order
-        # the batches started, so their fetches start in that order too (several threads
-        # let a later batch's requests go ahead of an earlier one's), on one connection.
-        self._index = IndexThread(cache, "asyncloader-index") if cache is not None else None
         self._admit: int | None = None  # see _admission
         self._free: asyncio.Queue[int] = asyncio.Queue()
         # Slots published and not yet given back: announced on `output`, or delivered and
@@ -166,17 +169,6 @@ class Pipeline:
         self._window = asyncio.Semaphore(decode_window)
         self._failures: dict[int, list[Exception]] = {}
         self._epoch_samples: int | None = None
-        # With a cache, each object is fetched once while other batches need it.
-        self._once = (
-            OnceFetcher(
-                fetcher,
-                self._writer,
-                lambda key: admitted(key, self._admission()),
-                self.counters,
-            )
-            if self._writer is not None
-            else None
-        )
         # Each batch's place in the stream: its decode jobs' priority, so that a batch's
         # samples are decoded before a later batch's (cache hits of the next epoch, ready at
         # once, would otherwise hold up the end of this one).
@@ -219,10 +211,8 @@ class Pipeline:
     def close_threads(self) -> None:
         """Write what the cache writer holds, then stop it and the index thread (blocks:
         call off the loop)."""
-        if self._writer is not None:
-            self._writer.close()
-        if self._index is not None:
-            self._index.close()
+        if self._filling is not None:
+            self._filling.close()
 
     def epoch_samples(self, epoch: int) -> int:
         """Samples this rank sees in ``epoch`` (the same for every epoch); the listing must
@@ -274,8 +264,8 @@ class Pipeline:
         epoch reads them from disk.
         """
         await self.stop()
-        if self._writer is not None:
-            await self._writer.drain()
+        if self._filling is not None:
+            await self._filling.writer.drain()
             if self._admit is None and self.listing.done:  # a hash per key: off the loop
                 await asyncio.to_thread(self._admission)
         # Nothing is filling any slot now.  Batches announced but never taken are dropped;
@@ -465,15 +455,16 @@ class Pipeline:
         seed = self.run.seed
         cached: dict[str, CachedAt | None] = {}
         keys = [""] * len(sel)
-        if self.cache is not None and self._index is not None:
+        fill = self._filling
+        if fill is not None:
             url = self.fetcher.store.url
             keys = [ObjectCache.entry_key(url, b.obj.key, b.obj.etag) for b in batch]
             # One index query per batch, off the loop: which samples are cached, and in which
             # file; the decode workers read the files without another query.
             # What is being fetched or waits to be written, looked at *before* the query
             # (see _cache_fill).
-            early = self._once.all_in_hand(keys) if self._once is not None else {}
-            cached = await self._index.run(self.cache.locate, keys)
+            early = fill.once.all_in_hand(keys)
+            cached = await fill.index.run(fill.cache.locate, keys)
         else:
             early = {}
         hits = [j for j in range(len(sel)) if keys[j] in cached]
@@ -611,7 +602,7 @@ class Pipeline:
             async with self._window:
                 # Fetched by another batch and not yet in the index: a hit on the cache's
                 # bytes in memory, not a second GET.
-                once = self._once
+                once = self._filling.once if self._filling is not None else None
                 if early is None and once is not None:
                     early = once.in_hand(cache_key)
                     if early is None and once.written_lately(cache_key):

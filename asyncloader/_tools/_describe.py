@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .._base._config import CACHE_SIZE, LISTING_MAX_AGE
+from .._base._config import CACHE_SIZE, LISTING_MAX_AGE, CacheConfig
 from .._base._errors import shown_key
 from .._base._own_thread import run_on_own_thread
 from .._base._types import ObjectInfo, ObjectStore
@@ -29,6 +29,7 @@ from .._dataset._labels import (
 )
 from .._dataset._located import write_file
 from .._dataset._objects import ObjectList
+from .._run._build import open_cache
 from .._stores import open_store
 from .._stores import store_options as store_options_for
 
@@ -189,15 +190,16 @@ def describe(
         StoreError: the store could not be listed.
     """
 
+    config = CacheConfig(refresh_listing=refresh_listing)
+
     async def main() -> Inventory:
         store = open_store(url, **(store_options or {}))
         try:
-            cache = ObjectCache(cache_dir) if cache_dir is not None else None
             return await describe_store(
                 store,
-                cache,
+                open_cache(cache_dir, config),
                 extensions=extensions,
-                listing_max_age=0 if refresh_listing else LISTING_MAX_AGE,
+                listing_max_age=config.max_age,
                 write_manifest=write_manifest,
                 store_options=store_options,
             )
@@ -216,6 +218,7 @@ def listing(
     cache_size: int | str = CACHE_SIZE,
     listing_max_age: float = LISTING_MAX_AGE,
     refresh_listing: bool = False,
+    cache: CacheConfig | None = None,
 ) -> Sequence[ObjectInfo]:
     """Every object under ``url``, as a loader with these options lists it: from a manifest
     given as ``labels`` with every size and ETag (``ls --write-manifest``), from the
@@ -224,23 +227,25 @@ def listing(
     ``objects=`` so that they do not list again (``asyncloader.torch.ImageDataset`` does,
     for its DataLoader workers and across ranks).  Blocking; runs its own event loop, in a
     thread of its own (so it can be called where a loop runs, as in a notebook).
+    ``cache`` (a loader's :class:`~asyncloader.CacheConfig`) replaces ``cache_size``,
+    ``listing_max_age`` and ``refresh_listing``.
 
     Raises:
         StoreError: the store could not be listed.
     """
 
+    config = cache or CacheConfig(
+        size=cache_size, listing_max_age=listing_max_age, refresh_listing=refresh_listing
+    )
+
     async def main() -> Sequence[ObjectInfo]:
         options = store_options_for(url, labels, store_options)
         store = open_store(url, **options)
         try:
-            folder = None
-            if cache_dir:
-                cache = ObjectCache(cache_dir, size_limit=cache_size)
-                cache.make_folder()
-                folder = cache.directory
-            max_age = 0.0 if refresh_listing else listing_max_age
+            made = open_cache(cache_dir, config)
+            folder = made.directory if made is not None else None
             return await list_for(
-                store, labels, folder=folder, max_age=max_age, store_options=options
+                store, labels, folder=folder, max_age=config.max_age, store_options=options
             )
         finally:
             await store.close()

@@ -19,19 +19,18 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .._base._config import CACHE_SIZE, LISTING_MAX_AGE, FetchConfig
+from .._base._config import CACHE_SIZE, LISTING_MAX_AGE, CacheConfig, FetchConfig
 from .._base._env import local_world_size, shard_from_env, usable_cpus
 from .._base._errors import AsyncLoaderError, shown_key
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore, derived_key
-from .._cache import IndexThread, ObjectCache
+from .._cache import ObjectCache
 from .._cache._admission import ADMIT_ALL, admission, admitted
-from .._cache._writer import CacheWriter
 from .._dataset import list_objects
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
-from .._dataset._saved import budget_path
 from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_footprint, scaled_name
-from .._fetch import Fetcher
+from .._run._build import make_fetcher, open_cache
+from .._run._cache_fill import CacheFill
 from .._run._sampler import node_subset
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
@@ -141,10 +140,39 @@ async def warm_cache(
         mine = kept
     url = store.url
     keys = {o.key: ObjectCache.entry_key(url, o.key, o.etag) for o in mine}
-    # The cache's index is read on one thread of our own, which closes its connection at
-    # the end (a SQLite connection belongs to its thread).
-    index = IndexThread(cache, "asyncloader-warm-index")
-    in_index = index.run
+    counters = Counters()
+    fetcher = make_fetcher(store, counters, FetchConfig(max_inflight=max_inflight), cache.directory)
+    refreshed: set[str] = set()  # objects read from the cache for their copies (added first)
+
+    def written(objs: list[str], error: Exception | None) -> None:  # on the writer thread
+        if error is None:
+            # only this thread writes it; objects read from the cache were there already
+            report.warmed += sum(k not in refreshed for k in objs)
+        else:
+            report.failed.extend((shown_key(k), f"cache write failed: {error}") for k in objs)
+
+    made: list[int] = []  # one item per object given copies (appends are atomic)
+
+    def derive(data: Blob) -> list[tuple[str, bytes]]:  # on a derive thread
+        copies = scaled_copies(data)
+        if copies:
+            made.append(1)
+        return copies
+
+    # The same way into the cache as the loader's (index thread, writer, fetch once), except
+    # that fetches wait while the writer is full: filling the cache is the job here.
+    fill = CacheFill(
+        cache,
+        fetcher,
+        counters,
+        admit=lambda key: True,  # `mine` holds the admitted objects only
+        done=written,
+        name="asyncloader-warm-index",
+        derive=derive if scaled_jpegs else None,
+        derive_threads=usable_cpus(),
+        wait_for_room=True,
+    )
+    in_index = fill.index.run
     try:
         present = await in_index(cache.contains, keys.values())
         todo = [o for o in mine if keys[o.key] not in present]
@@ -157,39 +185,8 @@ async def warm_cache(
             have = await in_index(cache.contains, copied.values())
             later = [o for o in large if copied[o.key] not in have]
         again = {o.key for o in later}
-        refreshed: set[str] = set()  # of those, read from the cache (added before submitting)
         if on_listed is not None:
             on_listed(len(todo) + len(later), report.already_cached)
-        counters = Counters()
-        fetcher = Fetcher(
-            store,
-            counters,
-            FetchConfig(max_inflight=max_inflight),
-            node=budget_path(cache.directory, url),
-        )
-        inflight = fetcher.config.inflight
-
-        def written(objs: list[str], error: Exception | None) -> None:  # on the writer thread
-            if error is None:
-                # only this thread writes it; objects read from the cache were there already
-                report.warmed += sum(k not in refreshed for k in objs)
-            else:
-                report.failed.extend((shown_key(k), f"cache write failed: {error}") for k in objs)
-
-        made: list[int] = []  # one item per object given copies (appends are atomic)
-
-        def derive(data: Blob) -> list[tuple[str, bytes]]:  # on a derive thread
-            copies = scaled_copies(data)
-            if copies:
-                made.append(1)
-            return copies
-
-        writer = CacheWriter(  # fetches wait while it is full
-            cache,
-            done=written,
-            derive=derive if scaled_jpegs else None,
-            derive_threads=usable_cpus(),
-        )
         pending = iter([*later, *todo])
         t0 = time.perf_counter()
 
@@ -198,35 +195,35 @@ async def warm_cache(
                 data: Blob | None = None
                 if obj.key in again:  # cached already: only its copies are made
                     data = await in_index(cache.get, keys[obj.key], obj.size)
-                stored = data is not None  # else gone meanwhile (evicted, damaged): fetched
-                if stored:
+                if data is not None:  # else gone meanwhile (evicted, damaged): fetched
                     refreshed.add(obj.key)
-                try:
-                    data = data if data is not None else await fetcher.fetch(obj)
-                except AsyncLoaderError as exc:
-                    report.failed.append((shown_key(obj.key), str(exc).splitlines()[0]))
-                    continue
-                if writer.full():
-                    await writer.room()
-                writer.submit(obj.key, keys[obj.key], data, stored=stored)
+                    if fill.writer.full():
+                        await fill.writer.room()
+                    fill.writer.submit(obj.key, keys[obj.key], data, stored=True)
+                else:
+                    try:
+                        data = await fill.once.fetch(obj, keys[obj.key])
+                    except AsyncLoaderError as exc:
+                        report.failed.append((shown_key(obj.key), str(exc).splitlines()[0]))
+                        continue
                 if on_object is not None:
                     on_object(len(data))
 
         try:
             async with asyncio.TaskGroup() as tg:
-                for _ in range(min(inflight, max(len(todo), 1))):
+                for _ in range(min(fetcher.config.inflight, max(len(todo), 1))):
                     tg.create_task(worker())
         finally:
             fetcher.close()
-            await asyncio.to_thread(writer.close)
-            report.write_cpu_seconds = writer.cpu_seconds
+            await asyncio.to_thread(fill.writer.close)
+            report.write_cpu_seconds = fill.writer.cpu_seconds
             report.scaled = len(made)
         report.seconds = time.perf_counter() - t0
         report.bytes_fetched = counters.bytes_fetched
         report.retries = dict(counters.retries)
         return report
     finally:
-        await asyncio.to_thread(index.close)
+        await asyncio.to_thread(fill.close)
 
 
 def warm(
@@ -271,16 +268,22 @@ def warm(
             shard = (rank, world)
     from .._stores import open_store
 
+    config = CacheConfig(
+        size=cache_size, refresh_listing=refresh_listing, group_shared=group_shared
+    )
+
     async def main() -> WarmReport:
         store = open_store(url, **(store_options or {}))
         try:
+            cache = open_cache(cache_dir, config)
+            assert cache is not None
             return await warm_cache(
                 store,
-                ObjectCache(cache_dir, size_limit=cache_size, group_shared=group_shared),
+                cache,
                 max_inflight=max_inflight,
                 shard=shard,
                 extensions=extensions,
-                listing_max_age=0.0 if refresh_listing else LISTING_MAX_AGE,
+                listing_max_age=config.max_age,
                 on_listed=on_listed,
                 on_object=on_object,
                 node_seed=node_seed,

@@ -1,0 +1,327 @@
+"""The composition root: a loader's options resolved into one plan, and the parts built from
+it — the cache, the fetcher, the ring, the decode pool and the pipeline.
+
+``ImageLoader`` builds a whole engine here; ``warm`` (the cache and the fetcher), ``describe``
+and ``bench`` (the cache) take the parts they need from the same functions, so every default
+is resolved once (in ``_base/_config.py``) and the decode-backend rule is asked in one place
+(``_decode/_backend.py``).  Options that moved into the grouped configs keep working for a
+release through :func:`fold_moved`, with a ``DeprecationWarning`` naming the new spelling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import queue
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .._base._config import (
+    CacheConfig,
+    EngineConfig,
+    FetchConfig,
+    OutputConfig,
+    RunConfig,
+    ShardConfig,
+    decode_window,
+    decode_workers,
+    ring_slots,
+)
+from .._base._stats import Counters
+from .._base._types import DecodeFn, ObjectStore
+from .._cache import ObjectCache
+from .._dataset import Listing
+from .._dataset._saved import budget_path
+from .._decode import DecodePool, DecodeSpec, choose_backend
+from .._decode._transforms import RandomResizedCrop, Transform
+from .._device._ring import BatchRing, DeviceBatchRing
+from .._fetch import Fetcher
+from ._pipeline import Notice, Pipeline
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "MOVED",
+    "DecodeBackend",
+    "Plan",
+    "fold_moved",
+    "loop_factory",
+    "make_fetcher",
+    "make_pipeline",
+    "make_pool",
+    "make_ring",
+    "open_cache",
+    "plan",
+]
+
+DecodeBackend = Literal["auto", "thread", "process", "cuda"]
+Configs = dict[str, Any]
+
+# The loader's options that moved into a grouped config: old keyword -> (config, field).
+MOVED: dict[str, tuple[str, str]] = {
+    "cache_size": ("cache", "size"),
+    "cache_scaled_jpegs": ("cache", "scaled_jpegs"),
+    "listing_max_age": ("cache", "listing_max_age"),
+    "refresh_listing": ("cache", "refresh_listing"),
+    "local_world_size": ("shard", "local_world_size"),
+    "worker": ("shard", "worker"),
+    "num_workers": ("shard", "num_workers"),
+    "even": ("shard", "even"),
+    "mean": ("output", "mean"),
+    "std": ("output", "std"),
+    "channels_last": ("output", "channels_last"),
+    "pin": ("output", "pin"),
+    "prefetch_batches": ("engine", "prefetch_batches"),
+    "max_pixels": ("engine", "max_pixels"),
+    "event_loop": ("engine", "event_loop"),
+}
+CONFIG_TYPES: dict[str, type] = {
+    "cache": CacheConfig,
+    "shard": ShardConfig,
+    "output": OutputConfig,
+    "engine": EngineConfig,
+}
+
+
+def fold_moved(owner: str, old: dict[str, Any], configs: Configs) -> Configs:
+    """``configs`` (name -> config or None) with each deprecated keyword of ``old`` folded
+    into its config (over what the config says), each with a ``DeprecationWarning`` that
+    names the new spelling.  Every config comes back made (its defaults where None).
+
+    Raises:
+        TypeError: a keyword of ``old`` that the loader never had.
+    """
+    out = {name: configs.get(name) or kind() for name, kind in CONFIG_TYPES.items()}
+    for key, value in old.items():
+        if key not in MOVED:
+            raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}")
+        name, field = MOVED[key]
+        kind = CONFIG_TYPES[name]
+        warnings.warn(
+            f"{owner}({key}=...) is now {owner}({name}={kind.__name__}({field}=...)); "
+            "the old keyword goes in a future release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        out[name] = dataclasses.replace(out[name], **{field: value})
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Every setting of one loader, resolved: what its parts are built from.
+
+    Attributes:
+        spec: What each decode makes (shape, transform, hook, limits, the cache).
+        workers: Decode workers (threads, processes, or the GPU pool's host threads).
+        backend: ``"thread"``, ``"process"`` or ``"cuda"``.
+        fetch: The fetch config, ``max_inflight`` resolved.
+        run: Batch composition, shard and error policy.
+        cache: How the SSD cache is kept.
+        engine: Ring, limits and event loop.
+        slots: Ring slots.
+        window: Most samples between the start of their fetch and the end of their decode.
+    """
+
+    spec: DecodeSpec
+    workers: int
+    backend: Literal["thread", "process", "cuda"]
+    fetch: FetchConfig
+    run: RunConfig
+    cache: CacheConfig
+    engine: EngineConfig
+    slots: int
+    window: int
+
+
+def plan(
+    *,
+    run: RunConfig,
+    transform: Transform | None,
+    decode: DecodeFn | None,
+    sample_shape: tuple[int, int, int] | None,
+    workers: int | None,
+    backend: DecodeBackend,
+    max_inflight: int | None,
+    fetch: FetchConfig | None,
+    cache: CacheConfig,
+    engine: EngineConfig,
+    object_cache: ObjectCache | None,
+    device: str | None,
+) -> Plan:
+    """Resolve a loader's options (every default from ``_base/_config.py``).
+
+    Raises:
+        ValueError: options that contradict each other, or a backend this machine lacks.
+    """
+    n = decode_workers(workers, run.num_workers)
+    if decode is None:
+        transform = transform or RandomResizedCrop(224)
+        h, w = transform.output_size
+        shape = (3, h, w)
+        if sample_shape is not None and tuple(sample_shape) != shape:
+            raise ValueError(
+                f"sample_shape={tuple(sample_shape)} but images come out as {shape} "
+                f"(transform={transform!r}): the transform sets the size of decoded "
+                "images; sample_shape= is for decode= hooks"
+            )
+    else:
+        if sample_shape is None:
+            raise ValueError("decode= needs sample_shape=(C, H, W)")
+        shape = sample_shape
+    if backend not in ("auto", "thread", "process", "cuda"):
+        raise ValueError(
+            f"decode_backend must be 'auto', 'thread', 'process' or 'cuda', not {backend!r}"
+        )
+    if backend == "cuda":
+        _check_gpu_decode(device, decode)
+    elif backend == "auto":
+        backend = choose_backend(cache=object_cache is not None, decode_hook=decode is not None)
+    elif backend == "process" and os.name != "posix":
+        raise ValueError("decode_backend='process' needs a POSIX system: use 'thread'")
+    if cache.scaled_jpegs and (object_cache is None or decode is not None):
+        raise ValueError(
+            "CacheConfig(scaled_jpegs=True) needs a cache_dir and the built-in decode "
+            "(no decode= hook)"
+        )
+    base = fetch or FetchConfig()
+    if max_inflight is not None:
+        base = dataclasses.replace(base, max_inflight=max_inflight)
+    fetch = base.for_workers(n)
+    # Hits of large JPEGs are decoded from their scaled copies wherever the cache has them
+    # (made by cache_scaled_jpegs or by `asyncloader warm --scaled-jpegs`): same pixels.
+    spec = DecodeSpec(
+        shape,
+        transform,
+        decode,
+        engine.max_pixels,
+        object_cache,
+        scaled_copies=object_cache is not None and decode is None,
+    )
+    return Plan(
+        spec=spec,
+        workers=n,
+        backend=backend,
+        fetch=fetch,
+        run=run,
+        cache=cache,
+        engine=engine,
+        slots=ring_slots(engine.prefetch_batches, fetch.inflight, run.batch_size),
+        window=decode_window(fetch.inflight, n),
+    )
+
+
+def open_cache(cache_dir: str | os.PathLike[str] | None, config: CacheConfig) -> ObjectCache | None:
+    """The SSD cache of ``cache_dir`` (None without one), its folder made (its owner's only,
+    or its group's) before anything is written there."""
+    if not cache_dir:
+        return None
+    cache = ObjectCache(cache_dir, size_limit=config.size, group_shared=config.group_shared)
+    cache.make_folder()
+    return cache
+
+
+def make_fetcher(
+    store: ObjectStore,
+    counters: Counters,
+    config: FetchConfig,
+    folder: str | None,
+    *,
+    decode_workers: int | None = None,
+) -> Fetcher:
+    """The fetcher of ``store``: with a cache ``folder``, its in-flight budget shared by the
+    node's loaders and ``warm`` of the same URL."""
+    node = budget_path(folder, store.url) if folder is not None else None
+    return Fetcher(store, counters, config, decode_workers=decode_workers, node=node)
+
+
+def make_ring(p: Plan, device: torch.device | None) -> BatchRing:
+    """The batch buffers: on the GPU for GPU decode, in shared memory for decode processes,
+    else in this process."""
+    if p.backend == "cuda":
+        assert device is not None
+        return DeviceBatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, device=device)
+    return BatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, shared=p.backend == "process")
+
+
+async def make_pool(p: Plan, ring: BatchRing) -> DecodePool:
+    """The decode workers of ``p.backend``, writing into ``ring``."""
+    if p.backend == "process":
+        from .._decode import ProcessDecodePool
+
+        assert ring.shm_name is not None
+        pool = ProcessDecodePool(p.workers, p.spec, ring.shm_name, ring.images.shape)
+        await pool.start()
+        return pool
+    if p.backend == "cuda":
+        from .._decode._gpu import GpuDecodePool
+
+        return GpuDecodePool(p.workers, p.spec, ring.images)  # type: ignore[arg-type]
+    from .._decode import ThreadDecodePool
+
+    return ThreadDecodePool(p.workers, p.spec, ring.images)
+
+
+def make_pipeline(
+    p: Plan,
+    listing: Listing,
+    fetcher: Fetcher,
+    pool: DecodePool,
+    ring: BatchRing,
+    counters: Counters,
+    output: queue.Queue[Notice],
+) -> Pipeline:
+    """The pipeline of one loader over its parts."""
+    return Pipeline(
+        listing,
+        fetcher,
+        pool,
+        ring,
+        p.run,
+        counters,
+        output,
+        decode_window=p.window,
+        cache=p.spec.cache if isinstance(p.spec.cache, ObjectCache) else None,
+        scaled_copies=p.cache.scaled_jpegs,
+        max_pixels=p.spec.max_pixels,
+    )
+
+
+def _check_gpu_decode(device: str | None, decode: DecodeFn | None) -> None:
+    """``decode_backend="cuda"``'s needs, checked before any work starts."""
+    if decode is not None:
+        raise ValueError("decode_backend='cuda' decodes JPEGs itself: it takes no decode= hook")
+    if device is None or not device.startswith("cuda"):
+        raise ValueError(
+            f"decode_backend='cuda' decodes into the GPU's memory: it needs device='cuda' "
+            f"(or 'cuda:N'), not device={device!r}"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(
+            "decode_backend='cuda' needs a CUDA device, and torch.cuda.is_available() is "
+            "False here: use decode_backend='auto'"
+        )
+    from .._decode._gpu import require_torchvision
+
+    require_torchvision()
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop maker ``event_loop=`` names."""
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    if name != "uvloop":
+        raise ValueError(f"event_loop must be 'asyncio' or 'uvloop', not {name!r}")
+    try:
+        import uvloop
+    except ImportError as exc:
+        raise ImportError(
+            "event_loop='uvloop' needs uvloop: pip install 'asyncloader[uvloop]'"
+        ) from exc
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
