@@ -327,7 +327,7 @@ def test_a_batch_written_in_part_by_each_call_lands_whole(
         sizes.append(sum(len(v) for v in views))
         return os.write(fd, b"".join(bytes(v) for v in views)[:25_000])
 
-    monkeypatch.setattr("asyncloader._cache._writev", stingy)
+    monkeypatch.setattr("asyncloader._cache._pack._writev", stingy)
     cache = ObjectCache(tmp_path, size_limit=10**9)
     values = [(f"k{i}", _value(i, 40_000 + 996 * i)) for i in range(5)]
     cache.put_many(values)

@@ -202,15 +202,15 @@ def test_an_s3_page_scanned_reads_as_the_xml_parser_reads_it(
     """The scan gives exactly what ElementTree gives, or declines (None) and leaves the
     page to it: escaped characters, a page cut short."""
     from asyncloader._base._errors import TransientStoreError
-    from asyncloader._stores._s3 import _parsed_page, _plain_page
+    from asyncloader._stores._s3_pages import parsed_page, plain_page
 
     objects = [("r/" + k, s, t) for k, s, t in zip(keys, sizes, tags, strict=False)]
     body = _page_xml(objects, ["r/" + f + "/" for f in folders], token, ns=ns)
     if cut_at is not None:
         body = body[: max(0, len(body) - cut_at)]
-    scanned = _plain_page(body, 2)
+    scanned = plain_page(body, 2)
     try:
-        parsed = _parsed_page(body, 2, what="s3://b/r/", key="r/")
+        parsed = parsed_page(body, 2, what="s3://b/r/", key="r/")
     except TransientStoreError:
         assert scanned is None
         return

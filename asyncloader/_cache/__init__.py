@@ -24,7 +24,6 @@ connection lazily, so it travels to decode worker processes as a few strings and
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
@@ -32,15 +31,16 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from .._base._config import CACHE_SIZE
 from .._base._errors import CacheFormatError
 from .._base._folders import make_folder
 from .._base._types import CachedAt
+from ._index_thread import IndexThread
+from ._pack import MAX_PACK, Pack, PackGone
 
 try:  # zlib's CRC-32 by carry-less multiplication: 8 µs per 110 KB here, zlib's 26-39
     from . import _crc  # type: ignore[attr-defined]
@@ -102,65 +102,6 @@ _PACK_SCHEMA = (
     # An entry's value is "pack:offset:length": a pack's entries are one range of values.
     f"CREATE INDEX IF NOT EXISTS AsyncloaderPackEntry ON Cache(value) WHERE mode = {_PACKED}",
 )
-_MAX_PACK = 256 * 2**20
-_writev = getattr(os, "writev", None)
-_IOV_MAX = 1024  # buffers one writev takes (Linux, macOS)
-
-
-class _PackGone(Exception):
-    """The pack this thread appends to was evicted or cleared by another process."""
-
-
-@dataclass(slots=True)
-class _Pack:
-    """The pack file one thread appends to."""
-
-    name: str
-    fd: int
-    pid: int
-    end: int = 0  # bytes written
-    registered: bool = False  # has a row in AsyncloaderPack
-
-    @classmethod
-    def create(cls, folder: str) -> _Pack:
-        # Names sort by creation time; pid and random bits make them unique across processes.
-        name = f"{time.time_ns():020d}-{os.getpid()}-{os.urandom(4).hex()}.pack"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-        try:
-            fd = os.open(os.path.join(folder, name), flags, 0o644)
-        except FileNotFoundError:  # the folder was removed (``cache clear`` by hand)
-            os.makedirs(folder, exist_ok=True)
-            fd = os.open(os.path.join(folder, name), flags, 0o644)
-        return cls(name, fd, os.getpid())
-
-    def append(self, views: Sequence[memoryview]) -> list[int]:
-        """Write ``views`` one after another at the end; their offsets.  One system call
-        for them all where the OS gathers (``writev``): one release of the GIL per batch
-        instead of one per object."""
-        offsets = []
-        at = self.end
-        for view in views:
-            offsets.append(at)
-            at += len(view)
-        pending = [v for v in views if len(v)]
-        while pending:
-            if _writev is not None:
-                n = _writev(self.fd, pending[:_IOV_MAX])
-            else:  # pragma: no cover (not POSIX)
-                n = os.write(self.fd, pending[0])
-            self.end += n
-            while n:  # drop what was written, keep the rest of a view written in part
-                if n >= len(pending[0]):
-                    n -= len(pending.pop(0))
-                else:
-                    pending[0], n = pending[0][n:], 0
-        return offsets
-
-    def close(self) -> None:
-        if self.pid == os.getpid():
-            os.close(self.fd)
-
-
 # The columns of diskcache's table that the pack entries are rows of (diskcache 5.x): the
 # entries write and read them directly, so another layout must stop the cache, not be
 # written into.
@@ -251,7 +192,7 @@ class ObjectCache:
     def pack_size(self) -> int:
         """The most bytes a pack file grows to before the next one is started: a 16th of
         ``size_limit`` (eviction drops a pack at a time), 256 MiB at most."""
-        return max(min(self.size_limit // 16, _MAX_PACK), 1)
+        return max(min(self.size_limit // 16, MAX_PACK), 1)
 
     def __repr__(self) -> str:
         return f"ObjectCache({self.directory!r}, size_limit={self.size_limit})"
@@ -391,7 +332,7 @@ class ObjectCache:
         if large:
             try:
                 self._put_packed(large)
-            except _PackGone:  # evicted meanwhile: once more, into a new pack
+            except PackGone:  # evicted meanwhile: once more, into a new pack
                 self._put_packed(large)
 
     def _put_packed(self, items: list[tuple[str, memoryview]]) -> None:
@@ -402,9 +343,9 @@ class ObjectCache:
         items = [(key, view) for key, view in items if key not in present]
         if not items:
             return
-        pack: _Pack | None = self._local.pack
+        pack: Pack | None = self._local.pack
         if pack is None or pack.pid != os.getpid():
-            pack = self._local.pack = _Pack.create(self._packs)
+            pack = self._local.pack = Pack.create(self._packs)
         try:
             crcs = [_crc32(view) for _, view in items]
             offsets = pack.append([view for _, view in items])
@@ -422,7 +363,7 @@ class ObjectCache:
                         "UPDATE AsyncloaderPack SET size = ? WHERE name = ?", (pack.end, pack.name)
                     )
                     if cur.rowcount == 0:
-                        raise _PackGone(pack.name)
+                        raise PackGone(pack.name)
                 else:
                     sql(
                         "INSERT INTO AsyncloaderPack (name, size, created) VALUES (?, ?, ?)",
@@ -447,7 +388,7 @@ class ObjectCache:
                     ],
                 )
                 gone = self._evict(db, keep=pack.name)
-        except _PackGone:
+        except PackGone:
             self._drop_pack()
             raise
         pack.registered = True
@@ -459,7 +400,7 @@ class ObjectCache:
             self._drop_pack()  # full: the next batch starts a new one
 
     def _drop_pack(self) -> None:
-        pack: _Pack | None = getattr(self._local, "pack", None)
+        pack: Pack | None = getattr(self._local, "pack", None)
         if pack is not None:
             pack.close()
         self._local.pack = None
@@ -561,36 +502,6 @@ class ObjectCache:
         with contextlib.suppress(Exception):
             if getattr(self._local, "pid", None) == os.getpid():
                 self.close()
-
-
-T = TypeVar("T")
-
-
-class IndexThread:
-    """One thread of its own for a cache's index queries, off the event loop.
-
-    A SQLite connection belongs to the thread that opened it, so the thread that queried
-    the index is the one that closes its connection: :meth:`close` runs ``cache.close``
-    there before the thread ends.  One thread, so queries answer in the order they were
-    asked, on one connection.
-    """
-
-    def __init__(self, cache: ObjectCache, name: str) -> None:
-        self.cache = cache
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
-        self._closed = False
-
-    def run(self, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
-        """``fn(*args)`` on the index thread, awaited from the running loop."""
-        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
-    def close(self) -> None:
-        """Close the thread's index connection there, then end the thread (blocks until
-        queries asked before have answered; call off the loop).  Idempotent."""
-        if not self._closed:
-            self._closed = True
-            self._pool.submit(self.cache.close)
-            self._pool.shutdown()
 
 
 def _where(filename: str | None, tag: Any, mode: int, value: Any) -> CachedAt | None:

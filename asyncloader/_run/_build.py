@@ -39,7 +39,8 @@ from .._decode import DecodePool, DecodeSpec, choose_backend
 from .._decode._transforms import RandomResizedCrop, Transform
 from .._device._ring import BatchRing, DeviceBatchRing
 from .._fetch import Fetcher
-from ._pipeline import Notice, Pipeline
+from ._notices import Notice
+from ._pipeline import Pipeline
 
 if TYPE_CHECKING:
     import torch

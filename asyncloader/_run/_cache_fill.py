@@ -17,16 +17,42 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from .._base._config import RunConfig
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo
 from .._cache import IndexThread, ObjectCache
+from .._cache._admission import admission
 from .._cache._writer import CacheWriter
+from .._decode import scaled_footprint
 from .._fetch import Fetcher
+from ._sampler import node_subset
 
-__all__ = ["CacheFill", "InHand", "OnceFetcher"]
+__all__ = ["CacheFill", "InHand", "OnceFetcher", "node_admission"]
 
 InHand = Blob | asyncio.Future[Blob]
 """An object's bytes waiting to be written, or its fetch in flight."""
+
+
+def node_admission(
+    objects: list[ObjectInfo], run: RunConfig, size_limit: int, *, scaled: bool
+) -> tuple[int, float]:
+    """The cache's admission threshold for the objects this node reads of ``objects``, and
+    the share of them it keeps (see :func:`~asyncloader._cache._admission.admission`).
+
+    Shuffled globally, a node reads everything over the epochs; node-local, its subset;
+    unshuffled, its ranks' fixed shards.  With ``scaled`` copies, each large JPEG counts
+    with them (``warm --scaled-jpegs`` counts them the same way, so both keep one subset).
+    """
+    part = 1.0
+    if run.shuffle == "node" and run.local_world_size:
+        nodes = max(run.world_size // run.local_world_size, 1)
+        node = run.rank // run.local_world_size
+        mine = node_subset(len(objects), seed=run.seed, node=node, nodes=nodes)
+        objects = [objects[int(i)] for i in mine]
+    elif not run.shuffle:  # the fixed shards of this node's ranks
+        part = min((run.local_world_size or run.world_size) / run.world_size, 1.0)
+    footprint = scaled_footprint if scaled else int
+    return admission(((o.key, footprint(o.size)) for o in objects), size_limit, part)
 
 
 class OnceFetcher:

@@ -56,7 +56,7 @@ from ._build import (
     plan,
 )
 from ._dist import Agreement, listing_key, share_listing
-from ._pipeline import BatchReady, EpochEnd, Failed, Notice
+from ._notices import BatchReady, EpochEnd, Failed, Notice
 from ._resume import loader_state, plan_resume
 from ._runtime import Runtime
 from ._sampler import num_batches

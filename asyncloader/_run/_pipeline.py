@@ -21,7 +21,6 @@ import contextlib
 import queue
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -33,55 +32,19 @@ from .._base._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
 from .._base._stats import Counters
 from .._base._types import CachedAt, CacheEvent, DecodeJob, Outcome, Sample
 from .._cache import ObjectCache
-from .._cache._admission import ADMIT_ALL, admission, admitted
+from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import Listing
-from .._decode import DecodePool, scaled_footprint
+from .._decode import DecodePool
 from .._decode import scaled_copies as make_scaled_copies
 from .._device._ring import BatchRing
 from .._fetch import Fetcher
-from ._cache_fill import CacheFill, InHand, OnceFetcher
-from ._sampler import epoch_indices, mix_seed, node_subset, num_batches, unshuffled_batch
+from ._cache_fill import CacheFill, InHand, OnceFetcher, node_admission
+from ._notices import BatchReady, EpochEnd, Failed, Notice
+from ._sampler import epoch_indices, mix_seed, num_batches, unshuffled_batch
 
-__all__ = [
-    "BatchReady",
-    "EpochEnd",
-    "Failed",
-    "Notice",
-    "Pipeline",
-]
+__all__ = ["Pipeline"]
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class BatchReady:
-    """Batch ``index`` of ``epoch`` is in ring ``slot``: its first ``n`` samples; ``skipped``
-    maps error type → samples of it left out (counted when it is delivered)."""
-
-    epoch: int
-    index: int
-    slot: int
-    n: int
-    skipped: Counter[str]
-
-
-@dataclass(frozen=True, slots=True)
-class EpochEnd:
-    """This worker's share of ``epoch`` is complete."""
-
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """Production stopped with ``error`` (a failure under ``on_error="raise"``, a failure
-    budget exceeded, or a bug)."""
-
-    error: BaseException
-
-
-Notice = BatchReady | EpochEnd | Failed
-"""What the pipeline announces on its output queue, in order."""
 
 
 class _Failure(Exception):
@@ -183,21 +146,12 @@ class Pipeline:
             dataset = self.listing.dataset
             if dataset is None or self.cache is None:
                 return ADMIT_ALL
-            r = self.run
-            objects = [s.obj for s in dataset.samples]
-            part = 1.0  # shuffled globally: over the epochs, this node reads everything
-            if r.shuffle == "node" and r.local_world_size:
-                nodes = max(r.world_size // r.local_world_size, 1)
-                node = r.rank // r.local_world_size
-                mine = node_subset(len(objects), seed=r.seed, node=node, nodes=nodes)
-                objects = [objects[int(i)] for i in mine]
-            elif not r.shuffle:  # the fixed shards of this node's ranks
-                part = min((r.local_world_size or r.world_size) / r.world_size, 1.0)
-            # The copies too, where this loader makes them (warm with --scaled-jpegs counts
-            # them the same way, so both keep the same subset).
-            footprint = scaled_footprint if self._scaled_copies else int
-            sizes = ((o.key, footprint(o.size)) for o in objects)
-            threshold, self.counters.cache_share = admission(sizes, self.cache.size_limit, part)
+            threshold, self.counters.cache_share = node_admission(
+                [s.obj for s in dataset.samples],
+                self.run,
+                self.cache.size_limit,
+                scaled=self._scaled_copies,
+            )
             self._admit = threshold
         return threshold
 

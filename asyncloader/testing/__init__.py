@@ -1,7 +1,7 @@
 """Test equipment users can run against their own code.
 
 * Servers on 127.0.0.1 (``_servers``): :class:`S3TestServer` (our light S3 server with
-  injected latency and faults), :class:`MotoServer`, :class:`Azurite`.
+  injected latency and faults), :class:`MotoServer`; :class:`Azurite` (``_azurite``).
 * :class:`FaultProxy` (``_faultproxy``): a TCP proxy that injects resets, truncation and
   stalls in front of any of them, and refuses tokens it is told are revoked.
 * :class:`TokenServer` (``_tokens``): a local OAuth token service (a Google service
@@ -15,6 +15,8 @@
   real photos) and the emulator bucket that serves them (they live in the package proper).
 """
 
+from ._azurite import Azurite as Azurite
+from ._azurite import find_azurite as find_azurite
 from ._conformance import StoreFixture as StoreFixture
 from ._conformance import check_object_store as check_object_store
 from ._demo import DemoBucket as DemoBucket
@@ -27,12 +29,10 @@ from ._memory import MEMORY_FAULTS as MEMORY_FAULTS
 from ._memory import FaultyStore as FaultyStore
 from ._memory import MemoryBucket as MemoryBucket
 from ._memory import MemoryStore as MemoryStore
-from ._s3server import FAULT_KINDS as FAULT_KINDS
+from ._s3state import FAULT_KINDS as FAULT_KINDS
 from ._servers import TEST_ENV as TEST_ENV
-from ._servers import Azurite as Azurite
 from ._servers import MotoServer as MotoServer
 from ._servers import S3TestServer as S3TestServer
-from ._servers import find_azurite as find_azurite
 from ._servers import free_port as free_port
 from ._tokens import TOKEN_MARK as TOKEN_MARK
 from ._tokens import TokenServer as TokenServer

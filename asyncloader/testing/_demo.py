@@ -24,7 +24,8 @@ import numpy as np
 from PIL import Image, ImageEnhance
 
 if TYPE_CHECKING:
-    from ._servers import Azurite, MotoServer
+    from ._azurite import Azurite
+    from ._servers import MotoServer
 
 __all__ = [
     "DEMO_DIR",
@@ -150,7 +151,8 @@ def demo_bucket(
     """
     if store not in ("s3", "azure"):
         raise ValueError(f"store must be 's3' or 'azure', not {store!r}")
-    from ._servers import TEST_ENV, Azurite, MotoServer  # the emulators
+    from ._azurite import Azurite  # the emulators
+    from ._servers import TEST_ENV, MotoServer
 
     make_jpeg_folder(data_dir, images=images, classes=classes, seed=seed)
     server: MotoServer | Azurite

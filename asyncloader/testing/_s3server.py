@@ -45,7 +45,6 @@ import argparse
 import asyncio
 import bisect
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -53,134 +52,16 @@ import re
 import signal
 import ssl
 import sys
-from collections import Counter
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from email.utils import formatdate
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-FAULT_KINDS = (
-    "slowdown",
-    "throttle",
-    "error",
-    "reset",
-    "truncate",
-    "stall",
-    "short",
-    "stall_body",
-)
+from ._s3state import FAULT_KINDS, ServerState, Stored, Synthetic, load_folder, synthetic_bucket
+
 _DATE = "2026-01-01T00:00:00.000Z"
 _SCOPE = re.compile(r"Credential=[^/,]+/[0-9]{8}/([^/,]+)/")
-
-
-@dataclass
-class _Object:
-    data: bytes
-    etag: str
-
-
-class _Synthetic(Mapping[str, _Object]):
-    """A read-only bucket of ``count`` keys that all hold one body: sizes and ETags only,
-    the bytes made on demand, so that a million keys cost their names and no bodies.
-
-    Keys are ``prefix + "class_FFFF/img_NNNNNNN.jpg"`` over ``folders`` class folders
-    (sample ``i`` in folder ``i % folders``), or ``prefix + "img_NNNNNNN.jpg"`` (flat).
-    """
-
-    def __init__(self, count: int, folders: int, prefix: str, body: bytes) -> None:
-        self.object = _Object(body, hashlib.md5(body, usedforsecurity=False).hexdigest())
-        if folders:
-            names = (f"{prefix}class_{i % folders:04d}/img_{i:07d}.jpg" for i in range(count))
-        else:
-            names = (f"{prefix}img_{i:07d}.jpg" for i in range(count))
-        self.sorted = sorted(names)
-
-    def __getitem__(self, key: str) -> _Object:
-        i = bisect.bisect_left(self.sorted, key)
-        if i == len(self.sorted) or self.sorted[i] != key:
-            raise KeyError(key)
-        return self.object
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.sorted)
-
-    def __len__(self) -> int:
-        return len(self.sorted)
-
-
-@dataclass
-class _State:
-    buckets: dict[str, dict[str, _Object] | _Synthetic] = field(default_factory=dict)
-    latency: float = 0.0
-    fault_rates: dict[str, float] = field(default_factory=dict)
-    max_faults_per_key: int = 3
-    stall_seconds: float = 30.0
-    rng: random.Random = field(default_factory=lambda: random.Random(0))
-    faults_by_key: Counter[str] = field(default_factory=Counter)
-    counters: Counter[str] = field(default_factory=Counter)
-    gets_by_key: Counter[str] = field(default_factory=Counter)
-    sorted_keys: dict[str, list[str]] = field(default_factory=dict)  # bucket → keys, in order
-    regions: dict[str, str] = field(default_factory=dict)  # bucket → region (else any)
-    region_answer: str = "redirect"  # or "malformed": how a wrong region is answered
-    requester_pays: set[str] = field(default_factory=set)  # buckets that bill the requester
-    rate_limit: float = 0.0  # object requests per second before 503 SlowDown (0: none)
-    burst: float = 0.0  # the token bucket's size
-    _tokens: float = 0.0
-    _refilled: float = 0.0
-
-    def admit(self, now: float) -> bool:
-        """A token-bucket rate limit on object requests, as a store throttles a prefix."""
-        if self.rate_limit <= 0:
-            return True
-        self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.rate_limit)
-        self._refilled = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        return False
-
-    def _writable(self, bucket: str) -> dict[str, _Object]:
-        objects = self.buckets.setdefault(bucket, {})
-        if isinstance(objects, _Synthetic):  # a million names over one body: read-only
-            objects = self.buckets[bucket] = dict(objects)
-        return objects
-
-    def put(self, bucket: str, key: str, data: bytes) -> str:
-        etag = hashlib.md5(data, usedforsecurity=False).hexdigest()
-        self._writable(bucket)[key] = _Object(data, etag)
-        self.sorted_keys.pop(bucket, None)
-        return etag
-
-    def delete(self, bucket: str, key: str) -> None:
-        if bucket in self.buckets:
-            self._writable(bucket).pop(key, None)
-        self.sorted_keys.pop(bucket, None)
-
-    def keys(self, bucket: str) -> list[str]:
-        """The bucket's keys in order, kept between requests (a page costs its own size,
-        not the bucket's)."""
-        keys = self.sorted_keys.get(bucket)
-        if keys is None:
-            objects = self.buckets.get(bucket, {})
-            keys = objects.sorted if isinstance(objects, _Synthetic) else sorted(objects)
-            self.sorted_keys[bucket] = keys
-        return keys
-
-    def pick_fault(self, key: str, kinds: tuple[str, ...] = FAULT_KINDS) -> str | None:
-        if not self.fault_rates or self.faults_by_key[key] >= self.max_faults_per_key:
-            return None
-        roll = self.rng.random()
-        for kind, rate in self.fault_rates.items():
-            if kind not in kinds:
-                continue
-            if roll < rate:
-                self.faults_by_key[key] += 1
-                self.counters[f"fault_{kind}"] += 1
-                return kind
-            roll -= rate
-        return None
 
 
 _REASONS = {
@@ -208,7 +89,7 @@ def _error_xml(code: str, message: str) -> bytes:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, state: _State) -> None:
+    def __init__(self, state: ServerState) -> None:
         self.state = state
         self.buf = b""
         self.transport: asyncio.Transport | None = None
@@ -418,7 +299,7 @@ class _Protocol(asyncio.Protocol):
             self._respond(400, body, extra, head=method == "HEAD")
         return True
 
-    def _list(self, bucket: str, objects: Mapping[str, _Object], query: dict[str, str]) -> bytes:
+    def _list(self, bucket: str, objects: Mapping[str, Stored], query: dict[str, str]) -> bytes:
         prefix = query.get("prefix", "")
         delimiter = query.get("delimiter", "")
         max_keys = int(query.get("max-keys", "1000"))
@@ -504,12 +385,10 @@ class _Protocol(asyncio.Protocol):
                 "keys": sorted(
                     k
                     for objs in st.buckets.values()
-                    if not isinstance(objs, _Synthetic)  # a million names: ask for a count
+                    if not isinstance(objs, Synthetic)  # a million names: ask for a count
                     for k in objs
                 ),
-                "synthetic": {
-                    b: len(o) for b, o in st.buckets.items() if isinstance(o, _Synthetic)
-                },
+                "synthetic": {b: len(o) for b, o in st.buckets.items() if isinstance(o, Synthetic)},
             }
             self._respond(200, json.dumps(out).encode(), {"Content-Type": "application/json"})
         elif path == "/_control/reset-stats" and method == "POST":
@@ -520,25 +399,14 @@ class _Protocol(asyncio.Protocol):
             self._respond(404, b"{}")
 
 
-def load_folder(state: _State, bucket: str, folder: Path, prefix: str = "") -> int:
-    """Load every file under ``folder`` (but dotfiles) into ``bucket`` as prefix + path."""
-    n = 0
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.name.startswith("."):
-            key = prefix + path.relative_to(folder).as_posix()
-            state.put(bucket, key, path.read_bytes())
-            n += 1
-    return n
-
-
 async def _serve(args: argparse.Namespace) -> None:
-    state = _State(latency=args.latency)
+    state = ServerState(latency=args.latency)
     if args.bucket:
         state.buckets.setdefault(args.bucket, {})
     if args.load:
         load_folder(state, args.bucket, Path(args.load), args.prefix)
     if args.synthetic:
-        state.buckets[args.bucket] = _synthetic(args)
+        state.buckets[args.bucket] = synthetic_bucket(args)
     loop = asyncio.get_running_loop()
     tls = None
     if args.tls_cert:
@@ -574,22 +442,6 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args))
-
-
-def _synthetic(args: argparse.Namespace) -> _Synthetic:
-    body = Path(args.synthetic_body).read_bytes() if args.synthetic_body else _tiny_jpeg()
-    return _Synthetic(args.synthetic, args.synthetic_folders, args.prefix, body)
-
-
-def _tiny_jpeg() -> bytes:
-    """A small, valid JPEG (64×48) for synthetic keys."""
-    import io
-
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (64, 48), (120, 60, 30)).save(buf, "JPEG")
-    return buf.getvalue()
 
 
 def object_url(endpoint: str, bucket: str, key: str) -> str:

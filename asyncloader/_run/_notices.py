@@ -1,0 +1,40 @@
+"""What the pipeline announces to the consumer, in order, on its output queue: a batch ready
+in a ring slot, the end of an epoch, or the failure that stopped production."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+__all__ = ["BatchReady", "EpochEnd", "Failed", "Notice"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReady:
+    """Batch ``index`` of ``epoch`` is in ring ``slot``: its first ``n`` samples; ``skipped``
+    maps error type → samples of it left out (counted when it is delivered)."""
+
+    epoch: int
+    index: int
+    slot: int
+    n: int
+    skipped: Counter[str]
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEnd:
+    """This worker's share of ``epoch`` is complete."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Production stopped with ``error`` (a failure under ``on_error="raise"``, a failure
+    budget exceeded, or a bug)."""
+
+    error: BaseException
+
+
+Notice = BatchReady | EpochEnd | Failed
+"""What the pipeline announces on its output queue, in order."""
