@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .._base._config import LISTING_MAX_AGE
+from .._base._config import CacheConfig
 from .._base._env import usable_cpus
 from .._base._errors import StoreError, Throttled
 from .._base._types import Blob, ObjectInfo, ObjectStore
@@ -45,6 +45,7 @@ from .._dataset._labels import IMAGE_EXTENSIONS
 from .._dataset._saved import listing_path, save_listing
 from .._decode import DecodeSpec, choose_backend, decode_into
 from .._decode._transforms import RandomResizedCrop
+from .._run._build import open_cache
 from .._stores import open_store
 from .._stores._retry import retrying
 from ._bench_report import BenchReport, FetchLevel
@@ -89,7 +90,7 @@ async def _listed(
     """The saved listing when there is one; else as much of the listing as ``seconds``
     allow (sorted key order), and whether it is complete."""
     folder = cache.directory if cache is not None else None
-    saved = await saved_listing(store, folder, LISTING_MAX_AGE)
+    saved = await saved_listing(store, folder, CacheConfig().max_age)
     if saved is not None:
         return saved, True
     out: list[ObjectInfo] = []
@@ -259,7 +260,7 @@ async def _measure(
     seed: int,
 ) -> dict[str, Any]:
     store = open_store(url, **store_options)
-    cache = ObjectCache(cache_dir) if cache_dir else None
+    cache = open_cache(cache_dir, CacheConfig())  # the loader's cache, as it opens it
     try:
         objects, complete = await _listed(store, cache, seconds * 0.2)
         images = [o for o in objects if os.path.splitext(o.key)[1].lower() in IMAGE_EXTENSIONS]
