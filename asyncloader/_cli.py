@@ -1,4 +1,4 @@
-"""The ``asyncloader`` command line.
+"""asyncloader: stream image folders from S3, GCS, Azure, HTTP or disk into PyTorch.
 
 ``asyncloader demo`` — the main job on an embedded default: generate (once) an ImageNet-like
 JPEG folder from real photos, start ``moto_server`` (or Azurite, ``--store azure``) on
@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from asyncloader import Stats
 
 __all__ = ["main"]
+
+# The documentation's pages: the docs site is built from this folder of the source.
+DOCS = "docs/"
 
 
 def _proc_cpu_seconds(pid: int) -> float:
@@ -274,6 +277,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     import asyncloader as al
 
+    if args.plot:
+        al.BenchReport.check_plot()  # before the measurement, not after it
     options = _store_options(args)
     if not args.json:
         print(f"measuring {args.url} for about {args.seconds:.0f} s ...", file=sys.stderr)
@@ -318,7 +323,12 @@ def _cache_cmd(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asyncloader", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="asyncloader",
+        description=__doc__.split("\n")[0],
+        epilog=f"Each command's options: asyncloader COMMAND --help.  Docs: the CLI page "
+        f"({DOCS}cli.md).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="stream a generated JPEG folder from a local S3 emulator")
     demo.add_argument("--images", type=int, default=2000, help="images to generate (2000)")
@@ -442,12 +452,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    except (AsyncLoaderError, ValueError, OSError) as exc:
+    except (AsyncLoaderError, ValueError, OSError, ImportError) as exc:
         # What the user can fix (a URL, an option, credentials, a bucket, a folder): the
         # message, not a traceback.  ASYNCLOADER_DEBUG=1 shows the traceback too.
         if os.environ.get("ASYNCLOADER_DEBUG"):
             raise
         print(f"asyncloader {args.command}: {_message(exc)}", file=sys.stderr)
+        if isinstance(exc, AsyncLoaderError):
+            print(
+                f"  (what it means and what to do: the Errors page, {DOCS}errors.md)",
+                file=sys.stderr,
+            )
         return 1
     return 2  # pragma: no cover
 

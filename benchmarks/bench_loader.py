@@ -137,6 +137,36 @@ def case_asyncloader(
     return {"images": n, "wall": wall, "cpu": _cpu() - c0, "bound": bound}  # type: ignore[dict-item]
 
 
+def write_json(path: str, args: dict[str, object], rows: dict[str, list[dict[str, float]]]) -> None:
+    """Every round of every case, their medians (images/s, CPU ms per image, peak RSS), and
+    where they were made: the command, the date, the commit, the machine."""
+    import platform
+
+    def med(xs: list[float]) -> float:
+        return float(np.median(xs)) if xs else float("nan")
+
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
+    ).stdout.strip()
+    out = {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit,
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}",
+        "args": {k: v for k, v in args.items() if k not in ("case", "json", "node_member")},
+        "medians": {
+            name: {
+                "images_per_second": med([r["images"] / r["wall"] for r in rs]),
+                "cpu_ms_per_image": med([r["cpu"] / r["images"] * 1e3 for r in rs]),
+                "peak_rss_mb": max((r.get("rss_mb", 0.0) for r in rs), default=0.0),
+            }
+            for name, rs in rows.items()
+        },
+        "rounds": rows,
+    }
+    Path(path).write_text(json.dumps(out, indent=1))
+
+
 def run_case(argv: list[str], script: str = __file__) -> dict[str, float]:
     """Run ``script --case ARGV`` in a fresh process; its last stdout line is JSON."""
     out = subprocess.run(
@@ -160,6 +190,7 @@ def main() -> None:
     )
     p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
     p.add_argument("--epochs", type=int, default=2, help="passes measured per case")
+    p.add_argument("--json", metavar="PATH", help="also write every round and the medians here")
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     folder = Path(args.data_dir)
@@ -234,6 +265,9 @@ def main() -> None:
             f"{name:34s} {med(ips):7.0f} {med(xc):7.2f} {med(cpu) * 1e3:10.2f} {med(xcpu):7.2f} "
             f"{max(rss):11.0f}  {' '.join(f'{x:.2f}' for x in xc)}"
         )
+    if args.json:
+        by_case = {name: [rows[name] for rows in rounds] for name in rounds[0]}
+        write_json(args.json, vars(args), by_case)
     for lat in lats:
         a = ratios.get(f"asyncloader @{lat * 1e3:.0f} ms")
         d = ratios.get(f"DataLoader+boto3 @{lat * 1e3:.0f} ms")

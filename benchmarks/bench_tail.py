@@ -8,6 +8,10 @@ Our light S3 server at 20 ms time to first byte, with:
 * ``step-20-100ms`` — the latency steps from 20 to 100 ms a third into the epoch (the rate
   before the step, and from 2 s to 4 s after it: the case runs on, whole epochs, until then);
 * ``rate-limit`` — a token bucket answers 503 SlowDown above ``--rate-limit`` requests/s;
+* ``peer-baseline`` / ``peer-tail-1pct-2s`` — the peer users run today,
+  ``torch.utils.data.DataLoader(num_workers=4)`` with boto3 per item and Pillow's decode
+  (``bench_loader.py``'s ``dataloader`` case), without and with the 1 % tail (not in the
+  default cases: ``--cases baseline,tail-1pct-2s,peer-baseline,peer-tail-1pct-2s``);
 * ``node-shared`` / ``node-alone`` — ``--node-loaders`` loaders of one node (processes, one
   shard each, one cache folder, started together) against that same limit, with the node's
   shared budget (``FetchConfig.node_budget``) and without it: their goodput together and
@@ -47,6 +51,8 @@ CASES = {
     "node-alone": {},
 }
 NODE_CASES = ("node-shared", "node-alone")
+# The peer's cases: the faults of the asyncloader case of the same name.
+PEER_CASES = {"peer-baseline": "baseline", "peer-tail-1pct-2s": "tail-1pct-2s"}
 
 
 def _set_faults(endpoint: str, **cfg: object) -> None:
@@ -190,6 +196,7 @@ def main() -> None:
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated")
     p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs-tail"))
     p.add_argument("--node-loaders", type=int, default=4, help="loaders of one node (node-*)")
+    p.add_argument("--json", metavar="PATH", help="also write every round and the medians here")
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
     p.add_argument("--node-member", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -217,13 +224,16 @@ def main() -> None:
         for r in range(args.repeat):
             order = names if r % 2 == 0 else names[::-1]
             for name in order:
-                cfg = dict(CASES[name])
+                cfg = dict(CASES[PEER_CASES.get(name, name)])
                 if name == "rate-limit" or name in NODE_CASES:
                     cfg["rate_limit"] = args.rate_limit
                 _set_faults(srv.endpoint, seed=r, **cfg)
                 if name in NODE_CASES:
                     shared = name == "node-shared"
                     rows[name].append(node_case(srv.endpoint, shared, args.node_loaders))
+                elif name in PEER_CASES:
+                    peer = ["dataloader", srv.endpoint, "--data-dir", str(folder), *common]
+                    rows[name].append(bl.run_case(peer))
                 else:
                     rows[name].append(bl.run_case([srv.endpoint, name, *common], script=__file__))
                 _set_faults(srv.endpoint)
@@ -243,7 +253,7 @@ def main() -> None:
     )
     for name in names:
         rs = rows[name]
-        if name in NODE_CASES:
+        if name in NODE_CASES or name in PEER_CASES:
             continue
         ips = [x["images"] / x["wall"] for x in rs]
         ratio = [a / b for a, b in zip(ips, base, strict=False)] if base else []
@@ -272,6 +282,16 @@ def main() -> None:
             f"{max(x['rss_mb'] for x in rs):7.0f}  {other}"
         )
 
+    peers = [n for n in names if n in PEER_CASES]
+    if peers:
+        print("\nthe peer (DataLoader(num_workers=4) + boto3 per item), same server and faults:")
+        for name in peers:
+            rs = rows[name]
+            ips = [x["images"] / x["wall"] for x in rs]
+            cpu = med([x["cpu"] / x["images"] for x in rs]) * 1e3
+            print(f"{name:18s} {med(ips):7.0f} img/s, {cpu:.2f} CPU ms/img")
+    if args.json:
+        bl.write_json(args.json, vars(args), rows)
     node = [n for n in names if n in NODE_CASES]
     if node:
         print(

@@ -120,3 +120,44 @@ def test_one_backend_rule_for_auto_and_for_bench_s_advice(
         assert pick(cache=True, decode_hook=True, in_worker=False) == "process"
         assert pick(cache=False, decode_hook=True, in_worker=False) == "thread"
         assert pick(cache=True, decode_hook=True, in_worker=True) == "thread"
+
+
+def test_plot_without_matplotlib_is_one_line_before_any_work(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No measurement for the whole budget and a traceback at the end: one line, exit 1."""
+    import importlib.util
+
+    from asyncloader._cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+
+    def measured(*args: object, **kw: object) -> None:
+        raise AssertionError("the measurement started")
+
+    monkeypatch.setattr(al, "bench", measured)
+    assert main(["bench", "s3://b/train/", "--plot", "out.png"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "asyncloader bench: ImportError: --plot needs matplotlib: pip install 'asyncloader[plot]'"
+    ]
+
+
+def test_every_help_fits_a_screen_in_plain_words() -> None:
+    for command in ([], ["demo"], ["warm"], ["ls"], ["bench"], ["cache"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "asyncloader", *command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "100"},
+        )
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert len(lines) <= 60, (command, len(lines))
+        assert "``" not in out.stdout and ":class:" not in out.stdout  # no reStructuredText

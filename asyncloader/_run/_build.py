@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MOVED",
     "DecodeBackend",
-    "Plan",
+    "LoaderPlan",
     "fold_moved",
     "loop_factory",
     "make_fetcher",
@@ -113,7 +113,7 @@ def fold_moved(owner: str, old: dict[str, Any], configs: Configs) -> Configs:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class LoaderPlan:
     """Every setting of one loader, resolved: what its parts are built from.
 
     Attributes:
@@ -153,7 +153,7 @@ def plan(
     engine: EngineConfig,
     object_cache: ObjectCache | None,
     device: str | None,
-) -> Plan:
+) -> LoaderPlan:
     """Resolve a loader's options (every default from ``_base/_config.py``).
 
     Raises:
@@ -203,7 +203,7 @@ def plan(
         object_cache,
         scaled_copies=object_cache is not None and decode is None,
     )
-    return Plan(
+    return LoaderPlan(
         spec=spec,
         workers=n,
         backend=backend,
@@ -240,7 +240,7 @@ def make_fetcher(
     return Fetcher(store, counters, config, decode_workers=decode_workers, node=node)
 
 
-def make_ring(p: Plan, device: torch.device | None) -> BatchRing:
+def make_ring(p: LoaderPlan, device: torch.device | None) -> BatchRing:
     """The batch buffers: on the GPU for GPU decode, in shared memory for decode processes,
     else in this process."""
     if p.backend == "cuda":
@@ -249,7 +249,7 @@ def make_ring(p: Plan, device: torch.device | None) -> BatchRing:
     return BatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, shared=p.backend == "process")
 
 
-async def make_pool(p: Plan, ring: BatchRing) -> DecodePool:
+async def make_pool(p: LoaderPlan, ring: BatchRing) -> DecodePool:
     """The decode workers of ``p.backend``, writing into ``ring``."""
     if p.backend == "process":
         from .._decode import ProcessDecodePool
@@ -268,7 +268,7 @@ async def make_pool(p: Plan, ring: BatchRing) -> DecodePool:
 
 
 def make_pipeline(
-    p: Plan,
+    p: LoaderPlan,
     listing: Listing,
     fetcher: Fetcher,
     pool: DecodePool,

@@ -114,16 +114,21 @@ class BenchReport:
         ]
         return "\n".join(lines)
 
+    @staticmethod
+    def check_plot() -> None:
+        """Raise :class:`ImportError` (one line: how to install matplotlib) unless
+        :meth:`plot` can draw: checked before a measurement starts, not after it."""
+        require_matplotlib()
+
     def plot(self, path: str | os.PathLike[str]) -> None:
         """Draw GETs/s and MB/s against requests in flight, and the first-byte latency
         distribution, to a PNG (needs matplotlib: ``pip install 'asyncloader[plot]'``)."""
-        try:
-            import matplotlib
+        require_matplotlib()
+        import matplotlib
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as exc:
-            raise ImportError("--plot needs matplotlib: pip install 'asyncloader[plot]'") from exc
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
         fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
         xs = [lv.inflight for lv in self.fetch]
         left.plot(xs, [lv.gets_per_second for lv in self.fetch], "o-", label="GETs/s")
@@ -141,9 +146,15 @@ class BenchReport:
         left.set_xlabel("requests in flight")
         left.set_ylabel("GETs/s")
         left.set_title("throughput against requests in flight")
-        mb = left.twinx()
-        mb.plot(xs, [lv.mb_per_second for lv in self.fetch], "s:", color="tab:green", ms=4)
-        mb.set_ylabel("MB/s", color="tab:green")
+        # MB/s is GETs/s times the bytes a GET brings: a second scale on the same line (a
+        # second line would lie on top of the first and hide it).
+        gets = sum(lv.gets_per_second for lv in self.fetch)
+        mb_per_get = sum(lv.mb_per_second for lv in self.fetch) / gets if gets else 0.0
+        if mb_per_get > 0:
+            mb = left.secondary_yaxis(
+                "right", functions=(lambda g: g * mb_per_get, lambda m: m / mb_per_get)
+            )
+            mb.set_ylabel(f"MB/s ({mb_per_get * 1e3:.0f} KB per GET)")
         left.legend(loc="upper left")
         lat = sorted(self.latencies_ms)
         if lat:
@@ -169,3 +180,12 @@ class BenchReport:
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)
+
+
+def require_matplotlib() -> None:
+    """Raise :class:`ImportError` with the one line that says how to install matplotlib
+    unless it is importable: checked before a measurement starts, not after."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ImportError("--plot needs matplotlib: pip install 'asyncloader[plot]'")
