@@ -145,9 +145,13 @@ def write_json(path: str, args: dict[str, object], rows: dict[str, list[dict[str
     def med(xs: list[float]) -> float:
         return float(np.median(xs)) if xs else float("nan")
 
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
-    ).stdout.strip()
+    def git(*argv: str) -> str:
+        out = subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True)
+        return out.stdout
+
+    # The code measured: the package and the benchmarks (docs may change beside them).
+    changed = git("status", "--porcelain", "-uno", "--", "asyncloader", "benchmarks").strip()
+    commit = git("rev-parse", "--short", "HEAD").strip() + ("-modified" if changed else "")
     out = {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d"),
