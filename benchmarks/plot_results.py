@@ -69,10 +69,10 @@ def main() -> None:
     right.set_xticks(list(xs), groups)
     right.set_ylabel("images/s")
     right.set_title("a latency tail (20 ms, and 1 % of requests 2 s late)")
-    right.legend(loc="upper right")
     for ax in (left, right):
-        ax.set_ylim(0, max(ax.get_ylim()[1], 1) * 1.1)
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1) * 1.25)
         ax.spines[["top", "right"]].set_visible(False)
+    right.legend(loc="upper center", ncol=2, frameon=False)
     fig.suptitle(
         f"RandomResizedCrop(224) batches, {loader['machine']}; "
         f"commit {loader['commit']}, {loader['date']}",
