@@ -586,6 +586,7 @@ if __name__ == "__main__":
     endpoint, cache_dir, stream = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     with al.ImageLoader(
         "s3://b/train/", batch_size=8, decode_workers=1, decode_backend="thread",
+        transform=al.RandomResizedCrop(32),  # the listing is the subject, not the decode
         shuffle=not stream, cache_dir=cache_dir, store_options={"endpoint_url": endpoint},
     ) as loader:
         print(sum(len(labels) for _, labels in loader))

@@ -62,3 +62,24 @@ def test_block_runs_as_written(
         timeout=120,
     )
     assert out.returncode == 0, f"{where}\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+
+
+def _sentences(text: str) -> set[str]:
+    """The prose sentences of a page, of 12 words or more (code blocks and tables left out),
+    with markup and spacing made plain."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("|"))
+    text = re.sub(r"[`*_\[\]()>#-]", " ", text)
+    out = set()
+    for sentence in re.split(r"(?<=[.:;!?])\s+", text):
+        words = sentence.lower().split()
+        if len(words) >= 12:
+            out.add(" ".join(words))
+    return out
+
+
+def test_one_home_per_fact_between_readme_and_the_docs() -> None:
+    """README is the front door: what it says, no docs page says again (it links there)."""
+    readme = _sentences((ROOT / "README.md").read_text())
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert readme.isdisjoint(_sentences(page.read_text())), page.name
