@@ -49,26 +49,6 @@ CASES = ("alone", "burn", "thread", "process", "dataloader")
 _SPIN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 class Pinner:
     """Pins every thread of every process below ``root`` (not ``root`` itself) to ``cpus``,
     every ``every`` seconds."""
@@ -84,7 +64,9 @@ class Pinner:
             self.pin_now()
 
     def pin_now(self) -> None:
-        for pid in _descendants(self._root):
+        from asyncloader.testing import descendants
+
+        for pid in descendants(self._root):
             try:
                 tids = os.listdir(f"/proc/{pid}/task")
             except OSError:

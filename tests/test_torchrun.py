@@ -14,7 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from asyncloader.testing import MotoServer, S3TestServer, free_port
+from asyncloader.testing import MotoServer, S3TestServer, descendants, free_port
 
 from .conftest import N_IMAGES
 
@@ -81,13 +81,13 @@ def _job(
                 stacks = []
                 for p in procs:
                     if p.poll() is None:
-                        job = [p.pid, *_descendants(p.pid)]  # ranks: sessions of their own
+                        job = [p.pid, *descendants(p.pid)]  # ranks: sessions of their own
                         _signal(job, signal.SIGABRT, pause=0.5)  # dumps not interleaved
                 for p in procs:
                     try:
                         _, err = p.communicate(timeout=15)
                     except subprocess.TimeoutExpired:
-                        _signal([p.pid, *_descendants(p.pid)], signal.SIGKILL)
+                        _signal([p.pid, *descendants(p.pid)], signal.SIGKILL)
                         _, err = p.communicate()
                     stacks.append((err or "")[-12000:])
                 raise AssertionError(
@@ -99,29 +99,12 @@ def _job(
     finally:
         for proc in procs:
             if proc.poll() is None:
-                _signal([proc.pid, *_descendants(proc.pid)], signal.SIGKILL)
+                _signal([proc.pid, *descendants(proc.pid)], signal.SIGKILL)
                 proc.communicate()
     return done
 
 
 HANG = 90  # seconds: under the suite's per-test timeout, which would print only ours
-
-
-def _descendants(pid: int) -> list[int]:
-    """The processes under ``pid`` (Linux: from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def _signal(pids: list[int], sig: int, pause: float = 0.0) -> None:

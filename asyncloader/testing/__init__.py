@@ -22,6 +22,7 @@ from ._conformance import check_object_store as check_object_store
 from ._demo import DemoBucket as DemoBucket
 from ._demo import demo_bucket as demo_bucket
 from ._demo import make_jpeg_folder as make_jpeg_folder
+from ._equipment import descendants as descendants
 from ._faultproxy import FaultProxy as FaultProxy
 from ._gcs import GCSEmulator as GCSEmulator
 from ._gcs import find_fake_gcs_server as find_fake_gcs_server
@@ -55,6 +56,7 @@ __all__ = [
     "TokenServer",
     "check_object_store",
     "demo_bucket",
+    "descendants",
     "find_azurite",
     "find_fake_gcs_server",
     "free_port",
