@@ -11,8 +11,8 @@
 #     nvidia-nvimgcodec-cu13 nvidia-nvjpeg
 #   (cd .whl && mkdir -p deb && cd deb && apt-get download libjpeg62-turbo libjpeg62-turbo-dev)
 #
-# Run: bash benchmarks/gpu_check.sh [tests|gpu-decode-tests|upload|decode ...]
-# (default: tests upload decode)
+# Run: bash benchmarks/gpu_check.sh [tests|gpu-decode-tests|upload|decode|neighbour ...]
+# (default: tests upload decode; neighbour: bench_neighbour.py on the machine's cores)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -56,6 +56,10 @@ for step in $steps; do
     decode)
         timeout 300 python3 benchmarks/bench_gpu_decode.py --images 4000 --cores 4 2>&1 |
             tee "$OUT/decode.log" | tail -45
+        ;;
+    neighbour)
+        timeout 300 python3 benchmarks/bench_neighbour.py --images 3000 --repeat 3 2>&1 |
+            tee "$OUT/neighbour.log" | tail -12
         ;;
     esac
 done
