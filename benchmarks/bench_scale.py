@@ -1,0 +1,168 @@
+"""Where one loader stops scaling: images/s, the training process's CPU per image, and the CPU
+per image of the busiest thread anywhere (the training process and every process below it),
+with a trivial decode hook (what the coordination costs alone) and with the real decode.
+
+The busiest thread's CPU per image bounds the loader: no number of cores makes it go past
+``1 / that`` images/s, the serial bound printed.  With a trivial decode, the busiest thread
+is the coordination (the event loop, a decode-send thread); the engine of #39 must move it
+out of the training process and shard it.  Each case runs in a fresh process: a warm-up
+epoch, then ``--epochs`` measured; thread CPU times are read from ``/proc`` (Linux) before
+and after.  Storage is our light S3 server with ``--latency`` to the first byte.
+
+Run: ``python benchmarks/bench_scale.py [--images 1500] [--latency 0.02]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+CASES = ("thread:trivial", "process:trivial", "thread:real", "process:real")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def trivial(data: bytes) -> np.ndarray[Any, Any]:
+    """A decode hook that costs almost nothing: a byte of the object, broadcast."""
+    return np.full((3, 8, 8), data[len(data) // 2], np.uint8)
+
+
+def _threads(pids: list[int]) -> dict[tuple[int, int], tuple[str, float]]:
+    """CPU seconds of every thread of ``pids``, by (pid, tid), with the thread's name."""
+    out = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    head, rest = f.read().rsplit(")", 1)
+                fields = rest.split()
+                cpu = (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+                out[(pid, int(tid))] = (head.split("(", 1)[1], cpu)
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) -> dict[str, Any]:
+    import asyncloader as al
+
+    backend, decode = case.split(":")
+    options: dict[str, Any] = {}
+    if decode == "trivial":
+        options = {"decode": trivial, "sample_shape": (3, 8, 8)}
+    else:
+        options = {"transform": al.RandomResizedCrop(224)}
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=batch,
+        decode_workers=workers,
+        decode_backend=backend,  # type: ignore[arg-type]
+        store_options={"endpoint_url": endpoint},
+        **options,
+    ) as loader:
+        for _ in loader:  # warm-up epoch: start-up, connections
+            pass
+        from asyncloader.testing import descendants
+
+        # Found once, so that each reading is a few files (the loader runs on meanwhile).
+        pids = [os.getpid(), *descendants(os.getpid())]
+        before, c0, t0 = _threads(pids), time.process_time(), time.perf_counter()
+        n = sum(len(labels) for _ in range(epochs) for _, labels in loader)
+        wall, cpu, after = time.perf_counter() - t0, time.process_time() - c0, _threads(pids)
+        # The trainer's threads by their Python names (the OS knows them all as "python").
+        named = {t.native_id: t.name for t in threading.enumerate()}
+    me = os.getpid()
+    busiest = max(
+        (
+            (
+                after[k][1] - before.get(k, ("", 0.0))[1],
+                named.get(k[1], after[k][0]) if k[0] == me else "a decode process",
+                k[0] == me,
+            )
+            for k in after
+        ),
+        default=(0.0, "", True),
+    )
+    return {
+        "case": case,
+        "images": n,
+        "wall": wall,
+        "trainer_cpu_ms": cpu / n * 1e3,
+        "busiest_ms": busiest[0] / n * 1e3,
+        "busiest_name": busiest[1],
+        "busiest_in_trainer": busiest[2],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=1500)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--latency", type=float, default=0.02)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--data-dir", default=str(HERE.parent / "cache" / "bench-jpegs"))
+    p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.case:
+        res = run_case(args.case[0], args.case[1], args.batch_size, args.workers, args.epochs)
+        print(json.dumps(res))
+        return
+
+    from asyncloader.testing import TEST_ENV, S3TestServer
+    from asyncloader.testing._demo import make_jpeg_folder
+
+    os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
+    folder = Path(args.data_dir)
+    make_jpeg_folder(folder, images=args.images, classes=10, seed=0)
+    names = [c for c in args.cases.split(",") if c]
+    rows: dict[str, list[dict[str, Any]]] = {c: [] for c in names}
+    common = ["--batch-size", str(args.batch_size), "--workers", str(args.workers)]
+    common += ["--epochs", str(args.epochs)]
+    with S3TestServer(latency=args.latency, load=folder, bucket="b", prefix="train/") as srv:
+        for r in range(args.repeat):
+            for case in names if r % 2 == 0 else names[::-1]:
+                argv = [sys.executable, __file__, "--case", case, srv.endpoint, *common]
+                out = subprocess.run(argv, capture_output=True, text=True, check=False)
+                if out.returncode:
+                    raise RuntimeError(out.stderr[-4000:])
+                rows[case].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    med = np.median
+    print(
+        f"\n{args.images} JPEGs, {args.workers} decode workers, batch {args.batch_size}, "
+        f"{os.cpu_count()} cores, {args.latency * 1e3:.0f} ms, {args.repeat} rounds; medians\n"
+    )
+    print(
+        f"{'case':16s} {'img/s':>7s} {'trainer CPU ms/img':>18s} {'busiest thread ms/img':>21s} "
+        f"{'serial bound img/s':>18s}  busiest thread"
+    )
+    for case in names:
+        rs = rows[case]
+        busiest = med([x["busiest_ms"] for x in rs])
+        last = rs[-1]
+        where = "trainer" if last["busiest_in_trainer"] else "child"
+        print(
+            f"{case:16s} {med([x['images'] / x['wall'] for x in rs]):7.0f} "
+            f"{med([x['trainer_cpu_ms'] for x in rs]):18.3f} {busiest:21.3f} "
+            f"{1e3 / busiest if busiest else float('inf'):18.0f}  "
+            f"{last['busiest_name']} ({where})"
+        )
+
+
+if __name__ == "__main__":
+    main()
