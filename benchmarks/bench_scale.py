@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -27,6 +26,10 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_loader as bl  # noqa: E402  (its run_case: a case in a fresh process)
+
 CASES = ("thread:trivial", "process:trivial", "thread:real", "process:real")
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -137,11 +140,7 @@ def main() -> None:
     with S3TestServer(latency=args.latency, load=folder, bucket="b", prefix="train/") as srv:
         for r in range(args.repeat):
             for case in names if r % 2 == 0 else names[::-1]:
-                argv = [sys.executable, __file__, "--case", case, srv.endpoint, *common]
-                out = subprocess.run(argv, capture_output=True, text=True, check=False)
-                if out.returncode:
-                    raise RuntimeError(out.stderr[-4000:])
-                rows[case].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                rows[case].append(bl.run_case([case, srv.endpoint, *common], script=__file__))
     med = np.median
     print(
         f"\n{args.images} JPEGs, {args.workers} decode workers, batch {args.batch_size}, "

@@ -26,7 +26,7 @@ __all__ = [
     "RunConfig",
     "ShardConfig",
     "decode_window",
-    "decode_workers",
+    "decode_worker_count",
     "default_max_inflight",
     "ring_slots",
 ]
@@ -50,7 +50,7 @@ READ_TIMEOUT = 60.0
 LIST_CONCURRENCY = 32
 
 
-def decode_workers(given: int | None, num_workers: int = 1) -> int:
+def decode_worker_count(given: int | None, num_workers: int = 1) -> int:
     """The one default of the decode worker count: the usable CPUs, shared among the
     ``num_workers`` DataLoader workers that each run a loader, at least 1."""
     return given or max(1, usable_cpus() // num_workers)

@@ -27,7 +27,7 @@ from .._base._config import (
     RunConfig,
     ShardConfig,
     decode_window,
-    decode_workers,
+    decode_worker_count,
     ring_slots,
 )
 from .._base._stats import Counters
@@ -159,7 +159,7 @@ def plan(
     Raises:
         ValueError: options that contradict each other, or a backend this machine lacks.
     """
-    n = decode_workers(workers, run.num_workers)
+    n = decode_worker_count(workers, run.num_workers)
     if decode is None:
         transform = transform or RandomResizedCrop(224)
         h, w = transform.output_size
@@ -275,8 +275,10 @@ def make_pipeline(
     ring: BatchRing,
     counters: Counters,
     output: queue.Queue[Notice],
+    cache: ObjectCache | None,
 ) -> Pipeline:
-    """The pipeline of one loader over its parts."""
+    """The pipeline of one loader over its parts (``cache``: the one the plan was made
+    with)."""
     return Pipeline(
         listing,
         fetcher,
@@ -286,7 +288,7 @@ def make_pipeline(
         counters,
         output,
         decode_window=p.window,
-        cache=p.spec.cache if isinstance(p.spec.cache, ObjectCache) else None,
+        cache=cache,
         scaled_copies=p.cache.scaled_jpegs,
         max_pixels=p.spec.max_pixels,
     )

@@ -131,14 +131,20 @@ class OnceFetcher:
         finally:
             if self._fetching.get(cache_key) is shared:
                 del self._fetching[cache_key]
+        await self.store(obj.key, cache_key, data)  # held until written
+        shared.set_result(data)
+        return data
+
+    async def store(self, key: str, cache_key: str, data: Blob, *, stored: bool = False) -> None:
+        """Hand ``data`` to the writer; when it is full, wait for room (``wait_for_room``)
+        or leave the object out of the cache this time (counted).  ``stored``: read from
+        the cache, written again for its derived copies only."""
         if self._writer.full() and self._wait:
             await self._writer.room()
         if self._writer.full():
             self._counters.cache_store_skipped += 1
         else:
-            self._writer.submit(obj.key, cache_key, data)  # held until written
-        shared.set_result(data)
-        return data
+            self._writer.submit(key, cache_key, data, stored=stored)
 
 
 class CacheFill:

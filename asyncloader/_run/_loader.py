@@ -345,7 +345,9 @@ class ImageLoader:
         c.ring_slots = ring.slots
         self._rt.pool = pool = await make_pool(p, ring)
         fetcher = make_fetcher(store, c, p.fetch, self._folder, decode_workers=p.workers)
-        self._rt.pipeline = make_pipeline(p, listing, fetcher, pool, ring, c, self._output)
+        self._rt.pipeline = make_pipeline(
+            p, listing, fetcher, pool, ring, c, self._output, self.cache
+        )
         # Captures the runtime, never the loader: the loader must stay collectable.
         pipeline, rt = self._rt.pipeline, self._rt
         ring.on_release = lambda slot: rt.call_soon(pipeline.release, slot)

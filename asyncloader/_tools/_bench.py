@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .._base._config import CacheConfig
+from .._base._config import CacheConfig, decode_worker_count
 from .._base._env import usable_cpus
 from .._base._errors import StoreError, Throttled
 from .._base._types import Blob, ObjectInfo, ObjectStore
@@ -349,7 +349,7 @@ def bench(
     """
     t_start = time.perf_counter()
     cpus = usable_cpus()
-    workers = decode_workers or cpus
+    workers = decode_worker_count(decode_workers)  # the loader's default
     directory = str(cache_dir) if cache_dir is not None else None
     m = asyncio.run(
         _measure(url, dict(store_options or {}), directory, seconds, sample, max_inflight, seed)

@@ -118,12 +118,15 @@ class BenchReport:
     def check_plot() -> None:
         """Raise :class:`ImportError` (one line: how to install matplotlib) unless
         :meth:`plot` can draw: checked before a measurement starts, not after it."""
-        require_matplotlib()
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ImportError("--plot needs matplotlib: pip install 'asyncloader[plot]'")
 
     def plot(self, path: str | os.PathLike[str]) -> None:
         """Draw GETs/s and MB/s against requests in flight, and the first-byte latency
         distribution, to a PNG (needs matplotlib: ``pip install 'asyncloader[plot]'``)."""
-        require_matplotlib()
+        self.check_plot()
         import matplotlib
 
         matplotlib.use("Agg")
@@ -180,12 +183,3 @@ class BenchReport:
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)
-
-
-def require_matplotlib() -> None:
-    """Raise :class:`ImportError` with the one line that says how to install matplotlib
-    unless it is importable: checked before a measurement starts, not after."""
-    import importlib.util
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise ImportError("--plot needs matplotlib: pip install 'asyncloader[plot]'")

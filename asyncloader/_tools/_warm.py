@@ -197,9 +197,7 @@ async def warm_cache(
                     data = await in_index(cache.get, keys[obj.key], obj.size)
                 if data is not None:  # else gone meanwhile (evicted, damaged): fetched
                     refreshed.add(obj.key)
-                    if fill.writer.full():
-                        await fill.writer.room()
-                    fill.writer.submit(obj.key, keys[obj.key], data, stored=True)
+                    await fill.once.store(obj.key, keys[obj.key], data, stored=True)
                 else:
                     try:
                         data = await fill.once.fetch(obj, keys[obj.key])
