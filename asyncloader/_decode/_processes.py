@@ -13,12 +13,9 @@ import contextlib
 import dataclasses
 import heapq
 import multiprocessing.connection as mpc
-import multiprocessing.spawn as mp_spawn
 import pickle
 import queue
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +23,7 @@ from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
+from .._base._child import launch
 from .._base._errors import DecodeError, PipelineDeadError, shown_key
 from .._base._types import DecodeJob, Outcome
 from ._arena import ArenaSlice, Extents
@@ -38,36 +36,17 @@ _RETRY = -1  # the priority of a dead worker's jobs: lower than any batch's
 
 
 def _launch(
-    prep: dict[str, Any],
     spec_bytes: bytes,
     shm_name: str,
     shape: tuple[int, ...],
     arena_name: str | None,
 ) -> _Worker:
-    """Start one decode process on a socket pair; the first message tells it what to do."""
-    parent_sock, child_sock = socket.socketpair()
-    # The parent's sys.path before anything is imported (spawn sets it only afterwards): the
-    # worker imports this very package, wherever the parent found it.
-    path = [p for p in sys.path if isinstance(p, str)]
-    fd = child_sock.fileno()
-    code = f"import sys; sys.path[:] = {path!r}; {_ENTRY}({fd})"
-    try:
-        proc = subprocess.Popen(
-            [mp_spawn.get_executable(), "-c", code],
-            pass_fds=(fd,),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # the parent decides when workers stop, Ctrl-C or not
-        )
-    finally:
-        child_sock.close()
-    conn = mpc.Connection(parent_sock.detach())
-    main = {k: prep[k] for k in ("init_main_from_name", "init_main_from_path") if k in prep}
-    bare = {k: prep[k] for k in ("sys_argv", "dir", "orig_dir") if k in prep}  # path: above
-    conn.send((bare, main, spec_bytes, shm_name, shape, arena_name))
+    """Start one decode process; its first message tells it what to do."""
+    proc, conn = launch(_ENTRY, "asyncloader-decode", (spec_bytes, shm_name, shape, arena_name))
     return _Worker(proc, conn)
 
 
-_ENTRY = "from asyncloader._decode._worker import worker_main; worker_main"
+_ENTRY = "asyncloader._decode._worker:worker_main"
 _DIED_STARTING = (
     "decode worker could not start (exit code {code}); its error is on stderr. A decode= "
     "hook defined in the training script makes workers import the script: guard its entry "
@@ -159,7 +138,6 @@ class ProcessDecodePool:
         self._depth = depth
         self._start_timeout = start_timeout
         self._spec_bytes = pickle.dumps(spec)
-        self._prep = mp_spawn.get_preparation_data("asyncloader-decode")
         self._pool: list[_Worker] = []
         # (priority, job id, job), lowest first: the pipeline's batch order, then arrival.
         self._pending: list[tuple[int, int, DecodeJob]] = []
@@ -178,7 +156,7 @@ class ProcessDecodePool:
     def _spawn(self) -> _Worker:
         """Launch one worker with its sender thread (blocking: runs off the loop)."""
         name = self._arena.name if self._arena is not None else None
-        w = _launch(self._prep, self._spec_bytes, self._shm_name, self._shape, name)
+        w = _launch(self._spec_bytes, self._shm_name, self._shape, name)
         w.start_sender(lambda: self._broken_pipe(w))
         return w
 

@@ -12,17 +12,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import multiprocessing.connection as mpc
-import multiprocessing.process as mp_process
-import multiprocessing.spawn as mp_spawn
-import pickle
-import signal
-import sys
 import traceback
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import numpy as np
 
+from .._base._child import attach_shm, receive_order, unpickle_order
 from .._base._errors import DecodeError
 from .._base._types import DecodeJob
 from ._arena import ArenaSlice
@@ -36,56 +31,19 @@ READY = "ready"
 
 
 def worker_main(fd: int) -> None:
-    """Entry point of a decode process, started as ``python -c`` with its socket as ``fd``.
+    """Entry point of a decode process, started by :func:`~asyncloader._base._child.launch`
+    with its socket as ``fd``.
 
-    The first message carries what the process needs: multiprocessing's preparation data
-    (working directory, argv; sys.path is set on the command line), the pickled
-    :class:`DecodeSpec`, and the ring's name and shape.  The parent's ``__main__`` (the
-    user's training script, which usually imports torch and more) is imported only when the
-    spec needs it, e.g. a ``decode_fn`` defined there: a plain worker starts with numpy and
-    Pillow alone.
+    The order carries the pickled :class:`DecodeSpec`, and the ring's and the arena's names
+    and shapes.  The parent's ``__main__`` is imported only when the spec needs it (a
+    ``decode_fn`` defined there): a plain worker starts with numpy and Pillow alone.
     """
-    # Ctrl-C reaches the whole process group; the parent decides when workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    conn = mpc.Connection(fd)
-    try:
-        prep, main, spec_bytes, shm_name, shape, arena_name = conn.recv()
-    except (EOFError, OSError):
+    got = receive_order(fd)
+    if got is None:
         return
-    mp_spawn.prepare(prep)
-    try:
-        spec = pickle.loads(spec_bytes)
-    except (AttributeError, ImportError):
-        if not main:
-            raise
-        # The spec refers to the user's script: import it, as spawn does, and like spawn
-        # refuse to start processes from it meanwhile (an unguarded script that creates a
-        # loader fails with multiprocessing's clear error instead of starting workers again).
-        mp_process.current_process()._inheriting = True  # type: ignore[attr-defined]
-        try:
-            mp_spawn.prepare(main)
-        finally:
-            del mp_process.current_process()._inheriting  # type: ignore[attr-defined]
-        spec = pickle.loads(spec_bytes)
+    conn, main, (spec_bytes, shm_name, shape, arena_name) = got
+    spec = unpickle_order(spec_bytes, main)
     _serve(conn, spec, shm_name, shape, arena_name)
-
-
-def _attach(name: str) -> SharedMemory:
-    """The parent's segment, not registered with a resource tracker of this process.
-
-    The parent owns and unlinks the segment. Python < 3.13 registers every attach, and a
-    tracker of the worker's own would unlink the ring when the worker exits.
-    """
-    if sys.version_info >= (3, 13):
-        return SharedMemory(name=name, track=False)  # type: ignore[call-arg,unused-ignore]
-    from multiprocessing import resource_tracker
-
-    register = resource_tracker.register
-    resource_tracker.register = lambda *args: None  # type: ignore[assignment]
-    try:
-        return SharedMemory(name=name)
-    finally:
-        resource_tracker.register = register
 
 
 def _without_frames(exc: BaseException) -> BaseException:
@@ -113,9 +71,9 @@ def _serve(
     shape: tuple[int, ...],
     arena_name: str | None,
 ) -> None:
-    shm = _attach(shm_name)
+    shm = attach_shm(shm_name)
     images: U8Array = np.ndarray(shape, np.uint8, buffer=shm.buf)
-    arena = _attach(arena_name) if arena_name else None
+    arena = attach_shm(arena_name) if arena_name else None
     view = arena.buf if arena is not None else None
     try:
         conn.send(READY)

@@ -17,9 +17,8 @@ import ssl
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import aiohttp
 from yarl import URL
 
 from .._base._config import READ_TIMEOUT
@@ -35,6 +34,9 @@ from .._base._errors import (
 )
 from .._base._types import Blob, ObjectInfo
 from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError, tls_context
+
+if TYPE_CHECKING:
+    import aiohttp  # imported where a session is made: it takes 0.2 s to import
 
 __all__ = [
     "check_body",
@@ -65,6 +67,8 @@ def make_session(
     ssl_context: ssl.SSLContext | None = None,
 ) -> aiohttp.ClientSession:
     """A session tuned for many small GETs to few hosts: keep-alive, no decompression."""
+    import aiohttp
+
     connector = aiohttp.TCPConnector(
         limit=max_connections,
         limit_per_host=0,
@@ -227,6 +231,8 @@ async def request(
         StoreError: as mapped by :func:`error_for_status`; transport failures (reset,
         time-out, truncated body) become TransientStoreError.
     """
+    import aiohttp  # imported already: a session exists
+
     try:
         async with session.request(method, url, headers=headers, data=body) as resp:
             answer = await resp.read()

@@ -17,10 +17,9 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit
 
-import aiohttp
 from yarl import URL
 
 from .._base._config import LIST_CONCURRENCY, READ_TIMEOUT
@@ -44,6 +43,9 @@ from ._listing import Page, RangedListing
 from ._retry import retrying
 from ._s3_auth import UNSIGNED_PAYLOAD, FrozenCredentials, SigV4Signer, uri_encode_path
 from ._s3_pages import parsed_page, plain_page
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["S3Store"]
 

@@ -13,9 +13,9 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
-import aiohttp
 from yarl import URL
 
 from .._base._config import READ_TIMEOUT
@@ -33,6 +33,9 @@ from ._http import (
 from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient
 from ._retry import retrying
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["HttpStore"]
 

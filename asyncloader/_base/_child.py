@@ -1,0 +1,108 @@
+"""Child processes of our own: fresh ``python -c`` interpreters on a socket pair (a leaf).
+
+Decode workers and engine processes both start this way: as safe with threads around as
+``spawn`` (nothing is forked), with the parent's ``sys.path`` set on the command line before
+anything is imported (so the child imports this very package, wherever the parent found
+it), in a session of their own (Ctrl-C reaches the parent only; the parent decides when
+children stop).  The first message on the socket carries multiprocessing's preparation data
+(working directory, argv) and the child's order; the parent's ``__main__`` (the user's
+training script, which usually imports torch and more) is imported only when the order
+needs it, e.g. a ``decode=`` hook defined there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.connection as mpc
+import multiprocessing.process as mp_process
+import multiprocessing.spawn as mp_spawn
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+__all__ = ["attach_shm", "launch", "receive_order", "unpickle_order"]
+
+
+def launch(
+    entry: str, name: str, order: tuple[Any, ...], *, pass_fds: Sequence[int] = ()
+) -> tuple[subprocess.Popen[bytes], mpc.Connection]:
+    """Start ``entry`` (``"module:function"``, called with the child's socket fd) in a fresh
+    interpreter, and send it ``order`` (read with :func:`receive_order`).  ``pass_fds``:
+    more descriptors the child inherits (at the same numbers)."""
+    prep = mp_spawn.get_preparation_data(name)
+    parent_sock, child_sock = socket.socketpair()
+    path = [p for p in sys.path if isinstance(p, str)]
+    module, function = entry.split(":")
+    fd = child_sock.fileno()
+    code = f"import sys; sys.path[:] = {path!r}; from {module} import {function}; {function}({fd})"
+    try:
+        proc = subprocess.Popen(
+            [mp_spawn.get_executable(), "-c", code],
+            pass_fds=(fd, *pass_fds),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # the parent decides when children stop, Ctrl-C or not
+        )
+    finally:
+        child_sock.close()
+    conn = mpc.Connection(parent_sock.detach())
+    main = {k: prep[k] for k in ("init_main_from_name", "init_main_from_path") if k in prep}
+    bare = {k: prep[k] for k in ("sys_argv", "dir", "orig_dir") if k in prep}  # path: above
+    with contextlib.suppress(OSError):  # died at once: the caller sees EOF
+        conn.send((bare, main, order))
+    return proc, conn
+
+
+def receive_order(fd: int) -> tuple[mpc.Connection, dict[str, Any], tuple[Any, ...]] | None:
+    """The child's side of :func:`launch`: its connection, the parent's ``__main__``
+    preparation data (for :func:`unpickle_order`) and its order; None when the parent went
+    away first.  Ctrl-C is ignored from here on: it reaches the whole process group, and the
+    parent decides when children stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = mpc.Connection(fd)
+    try:
+        bare, main, order = conn.recv()
+    except (EOFError, OSError):
+        return None
+    mp_spawn.prepare(bare)
+    return conn, main, order
+
+
+def unpickle_order(data: bytes, main: dict[str, Any]) -> Any:
+    """``data`` unpickled; when it refers to the user's script (a hook defined there), the
+    script is imported first, as ``spawn`` does, and like spawn it may not start processes
+    meanwhile (an unguarded script that makes a loader fails with multiprocessing's clear
+    error instead of starting children again)."""
+    try:
+        return pickle.loads(data)
+    except (AttributeError, ImportError):
+        if not main:
+            raise
+    mp_process.current_process()._inheriting = True  # type: ignore[attr-defined]
+    try:
+        mp_spawn.prepare(main)
+    finally:
+        del mp_process.current_process()._inheriting  # type: ignore[attr-defined]
+    return pickle.loads(data)
+
+
+def attach_shm(name: str) -> SharedMemory:
+    """Another process's segment, not registered with a resource tracker of this process.
+
+    Its owner unlinks it.  Python < 3.13 registers every attach, and a tracker of this
+    process's own would unlink the segment when this process exits.
+    """
+    if sys.version_info >= (3, 13):
+        return SharedMemory(name=name, track=False)  # type: ignore[call-arg,unused-ignore]
+    from multiprocessing import resource_tracker
+
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args: None  # type: ignore[assignment]
+    try:
+        return SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
