@@ -7,6 +7,7 @@ single writer and readers only ever see a slightly stale value, which is fine fo
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -119,6 +120,20 @@ class Counters:
                 self.cache_misses += 1
         if events & CacheEvent.DAMAGED:
             self.cache_damaged += 1
+
+    def with_consumer(self, consumer: Counters) -> Counters:
+        """These counters with the ``consumer_*`` fields and skips of ``consumer`` (the
+        loader's, when the engine counts elsewhere); ``self`` when they are the same."""
+        if consumer is self:
+            return self
+        out = copy.copy(self)
+        out.consumer_batches = consumer.consumer_batches
+        out.consumer_samples = consumer.consumer_samples
+        out.consumer_wait_seconds = consumer.consumer_wait_seconds
+        out.consumer_first_batch_seconds = consumer.consumer_first_batch_seconds
+        out.skipped = consumer.skipped
+        out.started = consumer.started
+        return out
 
     def snapshot(self, *, decode_workers: int, max_inflight: int, ring_held: int = 0) -> Stats:
         """The frozen view; ``ring_held`` comes from the ring (any thread may change it)."""

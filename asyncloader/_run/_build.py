@@ -276,9 +276,11 @@ def make_pipeline(
     counters: Counters,
     output: queue.Queue[Notice],
     cache: ObjectCache | None,
+    *,
+    part: tuple[int, int] = (0, 1),
 ) -> Pipeline:
     """The pipeline of one loader over its parts (``cache``: the one the plan was made
-    with)."""
+    with; ``part``: an engine process's share of the batches)."""
     return Pipeline(
         listing,
         fetcher,
@@ -291,6 +293,7 @@ def make_pipeline(
         cache=cache,
         scaled_copies=p.cache.scaled_jpegs,
         max_pixels=p.spec.max_pixels,
+        part=part,
     )
 
 

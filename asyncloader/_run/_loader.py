@@ -39,26 +39,17 @@ from .._base._errors import (
 )
 from .._base._stats import Counters, Stats
 from .._base._types import DecodeFn, ObjectInfo, ObjectStore
-from .._dataset import list_for, open_listing
+from .._dataset import list_for
 from .._dataset._labels import IMAGE_EXTENSIONS, Dataset, LabelSpec
 from .._decode._transforms import Transform
 from .._stores import open_store
 from .._stores import store_options as store_options_for
-from ._build import (
-    DecodeBackend,
-    fold_moved,
-    loop_factory,
-    make_fetcher,
-    make_pipeline,
-    make_pool,
-    make_ring,
-    open_cache,
-    plan,
-)
+from ._build import DecodeBackend, fold_moved, open_cache, plan
+from ._control import Engine
 from ._dist import Agreement, listing_key, share_listing
+from ._inline import InlineEngine
 from ._notices import BatchReady, EpochEnd, Failed, Notice
 from ._resume import loader_state, plan_resume
-from ._runtime import Runtime
 from ._sampler import num_batches
 
 if TYPE_CHECKING:
@@ -243,8 +234,7 @@ class ImageLoader:
         self._workers = p.workers
         self._backend: DecodeBackend = p.backend
         self._timeout = timeout
-        self._counters = Counters()
-        self._output: queue.Queue[Notice] = queue.Queue()
+        self._counters = Counters()  # the consumer's, and the inline engine's
         self._epoch_requested: int | None = None
         self._last_epoch = -1
         self._position: tuple[int, int] | None = None  # (epoch, batch) the queue holds next
@@ -264,14 +254,13 @@ class ImageLoader:
 
             spec = DeviceSpec.make(device, dtype, out.mean, out.std, out.channels_last)
             self._uploader = Uploader(spec, depth=2, pin=out.pin)
-        self._rt = Runtime(loop_factory(eng.event_loop))
-        self._finalizer = weakref.finalize(self, self._rt.close)
+        self._engine: Engine = InlineEngine(p, self._counters)
+        self._finalizer = weakref.finalize(self, self._engine.close)
         try:
             options = store_options_for(url, labels, store_options)
             self._store_options = options
             the_store = store if store is not None else open_store(url, **options)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
-            self._rt.store = the_store
             # A sharded run under torch.distributed: one listing per job, through the job's
             # store, and every rank checks that it holds the same list (see _dist).
             self._agreement = Agreement.open(url or self.url, labels, rank, world_size)
@@ -279,11 +268,9 @@ class ImageLoader:
                 self._agreement.announce()
                 if self._objects is None and store is None:
                     self._objects = self._share_listing(the_store, url, labels, store_options)
-            self._rt.call(self._setup(the_store, labels, extensions))
+            self._start_engine(the_store, labels, extensions, device)
             if self._uploader is not None:
-                assert self._rt.ring is not None
-                self._uploader.prepare(self._rt.ring.images)
-                self._rt.uploader = self._uploader
+                self._engine.set_uploader(self._uploader)
         except BaseException:
             self.close()
             raise
@@ -300,7 +287,8 @@ class ImageLoader:
         assert self._agreement is not None
 
         def produce() -> Sequence[ObjectInfo]:
-            return self._rt.call(
+            assert isinstance(self._engine, InlineEngine)
+            return self._engine.call(
                 list_for(
                     store,
                     labels,
@@ -313,48 +301,35 @@ class ImageLoader:
         key = listing_key(url, labels, store_options)
         return share_listing(self._agreement.store, key, self.url, produce)
 
-    async def _setup(
-        self, store: ObjectStore, labels: LabelSpec, extensions: Sequence[str] | None
+    def _start_engine(
+        self,
+        store: ObjectStore,
+        labels: LabelSpec,
+        extensions: Sequence[str] | None,
+        device: str | None,
     ) -> None:
-        c = self._counters
-        t0 = time.perf_counter()
-
         def listed(objects: Sequence[ObjectInfo]) -> None:
-            c.objects_listed = len(objects)
-            c.listing_seconds = time.perf_counter() - t0
             if self._agreement is not None:
                 self._listed = objects  # checked against the other ranks' lists
 
-        listing, task = await open_listing(
+        objects, self._objects = self._objects, None  # the dataset holds what it needs
+        engine = self._engine
+        assert isinstance(engine, InlineEngine)
+        engine.setup(
             store,
-            labels,
-            extensions,
+            labels=labels,
+            extensions=extensions,
+            objects=objects,
+            dataset=None,
             folder=self._folder,
             max_age=self._listing_max_age,
+            store_options=self._store_options,
             # A sharded run checks the whole list before its first batch: no streaming.
             stream=self._run_config.shuffle is False and self._agreement is None,
             listed=listed,
-            objects=self._objects,
-            store_options=self._store_options,
+            device=self._uploader.spec.device if self._uploader is not None else None,
+            cache=self.cache,
         )
-        self._objects = None  # the dataset holds what it needs
-        self._rt.listing_task = task
-        p = self._plan
-        device = self._uploader.spec.device if self._uploader is not None else None
-        self._rt.ring = ring = make_ring(p, device)
-        c.ring_slots = ring.slots
-        self._rt.pool = pool = await make_pool(p, ring)
-        fetcher = make_fetcher(store, c, p.fetch, self._folder, decode_workers=p.workers)
-        self._rt.pipeline = make_pipeline(
-            p, listing, fetcher, pool, ring, c, self._output, self.cache
-        )
-        # Captures the runtime, never the loader: the loader must stay collectable.
-        pipeline, rt = self._rt.pipeline, self._rt
-        ring.on_release = lambda slot: rt.call_soon(pipeline.release, slot)
-        if listing.done:
-            self._rt.pipeline.check_batches()
-        # Start on epoch 0 right away: the first batches are ready when iteration begins.
-        await self._rt.pipeline.start(0)
         self._position = (0, 0)
         self._produced = (0, 0, None)
 
@@ -363,11 +338,8 @@ class ImageLoader:
     @property
     def dataset(self) -> Dataset:
         """All samples and class names (waits for the listing of an unshuffled run)."""
-        pipeline = self._rt.pipeline
-        if pipeline is None:
-            raise ClosedError("the loader is closed")
-        listing = pipeline.listing
-        return listing.dataset or self._rt.call(listing.complete())
+        self._check_open()
+        return self._engine.dataset()
 
     @property
     def decode_backend(self) -> DecodeBackend:
@@ -391,9 +363,8 @@ class ImageLoader:
     @property
     def num_samples(self) -> int:
         """Samples this rank sees per epoch (waits for the listing of an unshuffled run)."""
-        self.dataset  # noqa: B018 -- complete
-        assert self._rt.pipeline is not None
-        return self._rt.pipeline.epoch_samples(0)
+        self._check_open()
+        return self._engine.epoch_samples()
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -417,14 +388,12 @@ class ImageLoader:
 
     def stats(self) -> Stats:
         """A snapshot of every counter, and which stage bounds the run."""
-        pool = self._rt.pool
-        if pool is not None:
-            self._counters.worker_restarts = pool.restarts
-        ring = self._rt.ring
-        return self._counters.snapshot(
-            decode_workers=self._workers,
+        engine = self._engine
+        counters = engine.engine_counters().with_consumer(self._counters)
+        return counters.snapshot(
+            decode_workers=engine.workers,
             max_inflight=self._fetch_config.inflight,
-            ring_held=ring.held if ring is not None else 0,
+            ring_held=engine.ring_held(),
         )
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -532,14 +501,10 @@ class ImageLoader:
         until the last reference to it is gone (see :meth:`BatchRing.lease`)."""
         import torch
 
-        rt = self._rt
-        assert rt.pipeline is not None
-        assert rt.ring is not None
+        engine = self._engine
         if self._produced != (epoch, first, span):
-            pipeline = rt.pipeline
-            rt.call(pipeline.start(epoch, first, span))
+            engine.start(epoch, first, span)
             self._produced = (epoch, first, span)
-        ring = rt.ring
         c = self._counters
         while True:
             notice = self._next_notice()
@@ -558,9 +523,7 @@ class ImageLoader:
                 c.skipped.update(ready.skipped)
             self._produced = (epoch, ready.index + 1, span)
             # Yielded straight from the call: no local of this frame keeps the batch.
-            yield _as_tensors(
-                *ring.lease(ready.slot, ready.n), (ready.index, ready.n), torch.from_numpy
-            )
+            yield _as_tensors(*engine.lease(ready), (ready.index, ready.n), torch.from_numpy)
 
     def _next_notice(self) -> Notice:
         c = self._counters
@@ -569,18 +532,16 @@ class ImageLoader:
         try:
             while True:
                 try:
-                    return self._output.get(timeout=_SLICE)
+                    return self._engine.next_notice(_SLICE)
                 except queue.Empty:
                     self._check_open()
-                    if not self._rt.thread.is_alive():
-                        raise PipelineDeadError("the event-loop thread died") from None
                     now = time.perf_counter()
                     if self._timeout is not None and now - t0 > self._timeout:
                         raise AsyncLoaderError(
                             f"no batch from {self.url} within {self._timeout} s\n"
                             + self.stats().summary()
                         ) from None
-                    ring = self._rt.ring
+                    ring = self._engine.held_ring()
                     if ring is None or ring.held < ring.slots:
                         all_held_since = None
                     elif all_held_since is None:
@@ -600,7 +561,7 @@ class ImageLoader:
             c.consumer_wait_seconds += time.perf_counter() - t0
 
     def _check_open(self) -> None:
-        if self._rt.closed:
+        if self._engine.closed:
             raise ClosedError("the loader is closed")
 
     def close(self) -> None:
@@ -609,7 +570,7 @@ class ImageLoader:
         Idempotent.  Batches already handed out stay readable; the shared memory behind
         them is freed with the last of them.
         """
-        self._rt.close()
+        self._engine.close()
 
     def __enter__(self) -> ImageLoader:
         return self
@@ -618,7 +579,7 @@ class ImageLoader:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._rt.closed else "open"
+        state = "closed" if self._engine.closed else "open"
         return (
             f"ImageLoader({self.url!r}, batch_size={self._run_config.batch_size}, "
             f"decode_workers={self._workers}, backend={self._backend!r}, {state})"

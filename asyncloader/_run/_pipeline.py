@@ -72,6 +72,8 @@ class Pipeline:
         scaled_copies: Also keep scaled copies of large JPEGs in the cache, made by the
             cache's writer thread (:func:`~asyncloader._decode._image.scaled_copies`).
         max_pixels: No copies of images with more pixels (the decode refuses them).
+        part: ``(k, n)``: make only every ``n``-th of this worker's batches, from its
+            ``k``-th on (the share of one of ``n`` engine processes); ``(0, 1)``: all.
     """
 
     def __init__(
@@ -88,8 +90,10 @@ class Pipeline:
         cache: ObjectCache | None = None,
         scaled_copies: bool = False,
         max_pixels: int = MAX_PIXELS,
+        part: tuple[int, int] = (0, 1),
     ) -> None:
         self.listing = listing
+        self.part = part
         self.fetcher = fetcher
         self.pool = pool
         self.ring = ring
@@ -277,7 +281,7 @@ class Pipeline:
     ) -> AsyncGenerator[tuple[int, int, npt.NDArray[np.int64], bool], None]:
         """(epoch, index, sample indices, last of its epoch) from ``epoch`` on, endlessly.
 
-        Only this worker's batches (``index % num_workers == worker``); in the first epoch
+        Only the batches made here (:meth:`_mine`); in the first epoch
         only from ``first_batch`` on (a resume).  Every epoch ends with an END marker, so
         the "last" flag goes with this worker's last batch.  While the listing still grows
         (an unshuffled run), each batch starts as soon as its samples are listed.  ``span``
@@ -294,7 +298,7 @@ class Pipeline:
                     await listing.wait((b + 1) * r.batch_size * r.world_size)
                     if listing.done:
                         break
-                    if b % r.num_workers == r.worker:
+                    if self._mine(b):
                         sel = unshuffled_batch(
                             b, r.batch_size, rank=r.rank, world_size=r.world_size
                         )
@@ -315,7 +319,7 @@ class Pipeline:
             )
             span = None
             nb = num_batches(len(indices), r.batch_size, r.drop_last)
-            mine = [b for b in range(first_batch, nb) if b % r.num_workers == r.worker]
+            mine = [b for b in range(first_batch, nb) if self._mine(b)]
             for b in mine:
                 sel = indices[b * r.batch_size : (b + 1) * r.batch_size]
                 yield epoch, b, sel, b == mine[-1]
@@ -323,6 +327,13 @@ class Pipeline:
                 yield epoch, -1, indices[:0], True  # nothing (more) for this worker: END only
             first_batch = 0
             epoch += 1
+
+    def _mine(self, b: int) -> bool:
+        """Whether batch ``b`` of the rank is made here: this DataLoader worker's, and of
+        those this engine process's part."""
+        r = self.run
+        k, n = self.part
+        return b % r.num_workers == r.worker and (b // r.num_workers) % n == k
 
     async def _run(self, epoch: int, first_batch: int, span: tuple[int, int] | None) -> None:
         # One stream of batches across epochs: the next epoch's first batches start while
