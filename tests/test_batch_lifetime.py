@@ -37,7 +37,18 @@ def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
 
 
 def _ring_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(f"asyncloader_{os.getpid()}_")}
+    """The rings this process maps (its own, or an engine process's, which that process
+    unlinks from /dev/shm when it stops: the mapping stays until the last batch goes)."""
+    with open("/proc/self/maps") as maps:
+        return {
+            line.split("/dev/shm/", 1)[1].split()[0]
+            for line in maps
+            if "/dev/shm/asyncloader_" in line
+        }
+
+
+def _shm_names() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("asyncloader_")}
 
 
 CASES = [
@@ -121,14 +132,17 @@ def test_batch_kept_after_close_stays_readable_and_memory_goes_with_it(
     assert (as_numpy == copy.numpy()).all()
     del as_numpy
     assert _ring_segments() - before == set()
+    assert not segment & _shm_names()  # unlinked too
 
 
 def test_closing_with_no_batch_held_unlinks_at_once(slow_server: S3TestServer) -> None:
     before = _ring_segments()
     with _loader(slow_server, decode_backend="process") as loader:
         assert sum(len(labels) for _, labels in loader) == N_IMAGES  # none kept
-        assert len(_ring_segments() - before) == 1
+        segment = _ring_segments() - before
+        assert len(segment) == 1
     assert _ring_segments() - before == set()
+    assert not segment & _shm_names()
 
 
 def test_holding_every_slot_is_a_clear_error(slow_server: S3TestServer) -> None:

@@ -222,6 +222,10 @@ def test_parse_size() -> None:
         parse_size("lots")
 
 
+def _number_of(key: str) -> int:
+    return int(key.split("/")[-1].split(".")[0].split("_")[-1])
+
+
 def test_node_local_shuffle_keeps_each_node_cache_to_its_share(
     light_server: S3TestServer, tmp_path: Path
 ) -> None:
@@ -236,7 +240,7 @@ def test_node_local_shuffle_keeps_each_node_cache_to_its_share(
             rank=node,
             world_size=2,
             shard=al.ShardConfig(local_world_size=1),
-            labels=lambda key: int(key.split("/")[-1].split(".")[0].split("_")[-1]),
+            labels=_number_of,  # at module level: engine processes import it
         ) as loader:
             seen[node] = [set(_epoch(loader, e)[0]) for e in range(3)]
         entries = sum(1 for _ in ObjectCache(tmp_path / f"node{node}").entry_keys())

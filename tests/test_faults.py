@@ -37,8 +37,9 @@ def test_faults_are_retried_and_nothing_is_lost(
     light_server: S3TestServer, rates: dict[str, float]
 ) -> None:
     light_server.set_faults(rates, max_faults_per_key=3, seed=1)
-    index = {k: i for i, k in enumerate(sorted(light_server.stats()["keys"]))}
-    with _loader(light_server, labels=lambda k: index["train/" + k]) as loader:
+    keys = sorted(light_server.stats()["keys"])
+    index = {k.removeprefix("train/"): i for i, k in enumerate(keys)}
+    with _loader(light_server, labels=index.__getitem__) as loader:
         labels = [x for _, lab in loader for x in lab.tolist()]
     # Snapshots after close: the next epoch was already being prefetched.
     stats = loader.stats()

@@ -197,18 +197,18 @@ def test_corrupt_truncated_and_bomb_images(backend: Backend, decode_backend: str
         }
 
 
+def _raw_decode(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, np.uint8).reshape(1, 3, 4)
+
+
 def test_decode_hook_for_other_blobs(backend: Backend) -> None:
     backend.create_bucket("raw")
     for i in range(5):
         backend.put("raw", f"{i}.bin", bytes([i]) * 12)
-
-    def decode(data: bytes) -> np.ndarray:
-        return np.frombuffer(data, np.uint8).reshape(1, 3, 4)
-
     with _loader(
         backend.url("raw"),
         backend,
-        decode=decode,
+        decode=_raw_decode,  # at module level: engine processes import it
         sample_shape=(1, 3, 4),
         extensions=None,
         shuffle=False,

@@ -31,6 +31,10 @@ HTTP_TOKEN = "HttpBearerToken0123456789"
 URL_TOKEN = "UrlQueryToken0123456789"
 
 
+def failing_hook(data: bytes) -> object:
+    raise ValueError("not an image I know")
+
+
 def _all_text(exc: BaseException) -> str:
     """Everything a user could see of an exception: traceback, notes, causes, sub-errors."""
     return "".join(traceback.format_exception(exc)) + repr(exc)
@@ -216,10 +220,6 @@ def test_presigned_url_keys_are_never_shown(
             with pytest.raises(al.FailureBudgetExceeded) as budget:
                 list(ld)
             texts.append(_all_text(budget.value))
-
-        def failing_hook(data: bytes) -> object:
-            raise ValueError("not an image I know")
-
         hooked = loader(("a",), on_error="raise", decode=failing_hook, sample_shape=(3, 8, 8))
         with hooked as ld, pytest.raises(al.DecodeError) as hook_error:
             list(ld)

@@ -28,6 +28,7 @@ __all__ = [
     "decode_window",
     "decode_worker_count",
     "default_max_inflight",
+    "engine_processes",
     "ring_slots",
 ]
 
@@ -54,6 +55,20 @@ def decode_worker_count(given: int | None, num_workers: int = 1) -> int:
     """The one default of the decode worker count: the usable CPUs, shared among the
     ``num_workers`` DataLoader workers that each run a loader, at least 1."""
     return given or max(1, usable_cpus() // num_workers)
+
+
+WORKERS_PER_ENGINE = 8
+"""Decode workers one engine process feeds.  Its event loop spends 0.15-0.45 ms of CPU per
+image (2 cores, ``bench_scale.py``): one loop keeps up with about 2 000 images/s, some
+eight cores' worth of decode, before it is the bound; more engines lift it."""
+
+
+def engine_processes(given: int | None, workers: int) -> int:
+    """The one default of the engine process count: one per :data:`WORKERS_PER_ENGINE`
+    decode workers (rounded up), never more than the workers."""
+    if given is not None:
+        return given
+    return max(1, -(-workers // WORKERS_PER_ENGINE))
 
 
 def default_max_inflight(workers: int) -> int:
@@ -320,9 +335,21 @@ class OutputConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
-    """How the loader's engine runs: its buffers, limits and event loop.
+    """Where the loader's engine runs, and its buffers, limits and event loop.
 
     Attributes:
+        mode: ``"process"`` (default): fetch, cache fill and decode run in engine
+            processes that write batches into shared memory; the training process only
+            maps the batches, gives their slots back and, with ``device=``, uploads them.
+            ``"inline"``: all of it on an event-loop thread of the training process (for
+            notebooks and debugging).  The loader runs inline by itself, with one warning,
+            where engine processes cannot run (no POSIX shared memory, a hook that cannot
+            be pickled), and without one inside a DataLoader worker (already a process of
+            its own), with ``decode_backend="cuda"`` (the ring is on the GPU) and with a
+            ``store=`` object (it lives in this process).
+        processes: Engine processes (None: one per 8 decode workers, rounded up); each
+            fetches and decodes every n-th batch with its share of the decode workers,
+            the requests in flight and the ring.
         prefetch_batches: Ring slots: batches filling, waiting, or still referenced by the
             consumer (None: :func:`ring_slots`, at least 5).  Memory is
             ``prefetch_batches × batch bytes``.
@@ -333,11 +360,17 @@ class EngineConfig:
             over HTTPS it costs ~20 % less client CPU per GET (``bench_get_cpu.py``).
     """
 
+    mode: Literal["process", "inline"] = "process"
+    processes: int | None = None
     prefetch_batches: int | None = None
     max_pixels: int = MAX_PIXELS
     event_loop: Literal["asyncio", "uvloop"] = "asyncio"
 
     def __post_init__(self) -> None:
+        if self.mode not in ("process", "inline"):
+            raise ValueError(f"mode must be 'process' or 'inline', not {self.mode!r}")
+        if self.processes is not None and self.processes < 1:
+            raise ValueError("processes must be at least 1 (mode='inline' runs no engine process)")
         if self.prefetch_batches is not None and self.prefetch_batches < 1:
             raise ValueError("prefetch_batches must be at least 1")
         if self.max_pixels < 1:

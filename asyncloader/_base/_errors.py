@@ -198,7 +198,8 @@ class DecodeError(AsyncLoaderError):
         self.key = key
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (str(self),), {"key": self.key})
+        # Notes (stage, key) travel too: errors come back from worker and engine processes.
+        return (type(self), (str(self),), dict(self.__dict__))
 
 
 class FailureBudgetExceeded(AsyncLoaderError, ExceptionGroup):  # type: ignore[misc]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from ._types import CacheEvent, Outcome
@@ -44,6 +44,16 @@ class LatencyWindow:
         self._fresh += 1
         self.count += 1
 
+    @classmethod
+    def pooled(cls, windows: list[LatencyWindow]) -> LatencyWindow:
+        """One window holding the samples of ``windows`` (their sizes added)."""
+        out = cls(size=max(sum(w._size for w in windows), 1))
+        for w in windows:
+            out._samples.extend(w._samples)
+            out.count += w.count
+        out._fresh = len(out._samples)
+        return out
+
     def quantile(self, q: float) -> float:
         """The ``q`` quantile of the window (0 when empty) [seconds]."""
         if self._fresh >= self._every or (self._fresh and len(self._sorted) < self._every):
@@ -52,6 +62,18 @@ class LatencyWindow:
         if not self._sorted:
             return 0.0
         return self._sorted[min(int(q * len(self._sorted)), len(self._sorted) - 1)]
+
+
+# Counters the lead engine process alone keeps (merged: its value).
+_FIRST = frozenset(
+    {
+        "listing_seconds",
+        "objects_listed",
+        "cache_share",
+        "node_loaders",
+        "consumer_first_batch_seconds",
+    }
+)
 
 
 @dataclass(slots=True)
@@ -120,6 +142,29 @@ class Counters:
                 self.cache_misses += 1
         if events & CacheEvent.DAMAGED:
             self.cache_damaged += 1
+
+    @classmethod
+    def merged(cls, parts: list[Counters]) -> Counters:
+        """The counters of several engine processes as one loader's: counts and times
+        summed, latency windows pooled; the listing's and the cache share's as the first
+        (the lead engine's) says."""
+        out = cls()
+        if not parts:
+            return out
+        for f in fields(cls):
+            name = f.name
+            values = [getattr(part, name) for part in parts]
+            if name in _FIRST:
+                setattr(out, name, values[0])
+            elif name == "started":
+                out.started = min(values)
+            elif name == "latency":
+                out.latency = LatencyWindow.pooled(values)
+            elif isinstance(values[0], Counter):
+                setattr(out, name, sum(values, Counter()))
+            elif isinstance(values[0], int | float):
+                setattr(out, name, sum(values))
+        return out
 
     def with_consumer(self, consumer: Counters) -> Counters:
         """These counters with the ``consumer_*`` fields and skips of ``consumer`` (the

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .._base._child import attach_shm
 from .._base._lease import Lease, leased
 
 __all__ = ["SHM_PREFIX", "BatchRing", "DeviceBatchRing"]
@@ -59,8 +60,9 @@ class BatchRing:
         sample_shape: tuple[int, ...],
         *,
         shared: bool,
+        attach: str | None = None,
     ) -> None:
-        if slots < 2:
+        if slots < 2 and attach is None:
             raise ValueError("the ring needs at least 2 slots (one filling, one consumed)")
         self.slots = slots
         self.batch_size = batch_size
@@ -68,19 +70,37 @@ class BatchRing:
         shape = (slots, batch_size, *sample_shape)
         nbytes = int(np.prod(shape))
         self._shm: SharedMemory | None = None
+        self._owner = attach is None
         # Reentrant: a lease can be freed by the garbage collector while this thread holds
         # the lock (a collection can start at any allocation).
         self._lock = threading.RLock()
         self._held = 0
         self._closed = False
         self.images: npt.NDArray[np.uint8]
-        if shared:
-            name = f"{SHM_PREFIX}{os.getpid()}_{next(_counter)}"
-            self._shm = SharedMemory(name=name, create=True, size=max(nbytes, 1))
+        self.labels: npt.NDArray[np.int64]
+        if shared or attach is not None:
+            # The labels follow the images in the same segment (8-byte aligned): a ring
+            # filled by another process hands over both.
+            at = -(-nbytes // 8) * 8
+            size = at + 8 * slots * batch_size
+            if attach is not None:
+                self._shm = attach_shm(attach)
+            else:
+                name = f"{SHM_PREFIX}{os.getpid()}_{next(_counter)}"
+                self._shm = SharedMemory(name=name, create=True, size=max(size, 1))
             self.images = np.ndarray(shape, np.uint8, buffer=self._shm.buf)
+            self.labels = np.ndarray((slots, batch_size), np.int64, buffer=self._shm.buf, offset=at)
         else:
             self.images = np.empty(shape, np.uint8)
-        self.labels = np.zeros((slots, batch_size), np.int64)
+            self.labels = np.zeros((slots, batch_size), np.int64)
+
+    @classmethod
+    def attached(
+        cls, name: str, slots: int, batch_size: int, sample_shape: tuple[int, ...]
+    ) -> BatchRing:
+        """The ring another process made and fills (an engine process): mapped here to hand
+        out its batches; that process unlinks it."""
+        return cls(slots, batch_size, sample_shape, shared=True, attach=name)
 
     @property
     def shm_name(self) -> str | None:
@@ -146,9 +166,11 @@ class BatchRing:
         _pending.discard(self)
         if shm is None:
             return
-        with contextlib.suppress(FileNotFoundError):
-            shm.unlink()
+        if self._owner:
+            with contextlib.suppress(FileNotFoundError):
+                shm.unlink()
         self.images = np.empty((0,), np.uint8)
+        self.labels = np.empty((0,), np.int64)
         try:
             shm.close()
         except BufferError:

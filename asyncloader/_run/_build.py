@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import multiprocessing
 import os
 import queue
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from .._base._config import (
     ShardConfig,
     decode_window,
     decode_worker_count,
+    engine_processes,
     ring_slots,
 )
 from .._base._stats import Counters
@@ -57,6 +60,8 @@ __all__ = [
     "make_ring",
     "open_cache",
     "plan",
+    "split_plan",
+    "engine_placement",
 ]
 
 DecodeBackend = Literal["auto", "thread", "process", "cuda"]
@@ -240,13 +245,57 @@ def make_fetcher(
     return Fetcher(store, counters, config, decode_workers=decode_workers, node=node)
 
 
-def make_ring(p: LoaderPlan, device: torch.device | None) -> BatchRing:
-    """The batch buffers: on the GPU for GPU decode, in shared memory for decode processes,
-    else in this process."""
+def make_ring(p: LoaderPlan, device: torch.device | None, *, shared: bool = False) -> BatchRing:
+    """The batch buffers: on the GPU for GPU decode, in shared memory for decode processes
+    (or with ``shared``: an engine process's ring, which the trainer maps), else in this
+    process."""
     if p.backend == "cuda":
         assert device is not None
         return DeviceBatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, device=device)
-    return BatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, shared=p.backend == "process")
+    shared = shared or p.backend == "process"
+    return BatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, shared=shared)
+
+
+def split_plan(p: LoaderPlan, n: int) -> list[LoaderPlan]:
+    """``p`` for each of ``n`` engine processes: each makes every n-th batch with its share
+    of the decode workers, of the requests in flight and of the ring's slots."""
+    plans = []
+    for k in range(n):
+        workers = max(1, p.workers // n + (k < p.workers % n))
+        inflight = max(1, -(-p.fetch.inflight // n))
+        fetch = dataclasses.replace(p.fetch, max_inflight=inflight)
+        given = p.engine.prefetch_batches
+        slots = max(2, -(-given // n)) if given else ring_slots(None, inflight, p.run.batch_size)
+        plans.append(
+            dataclasses.replace(
+                p,
+                workers=workers,
+                fetch=fetch,
+                slots=slots,
+                window=decode_window(inflight, workers),
+            )
+        )
+    return plans
+
+
+def engine_placement(
+    p: LoaderPlan, *, store_given: bool, in_worker: bool | None = None
+) -> tuple[int, str | None]:
+    """How many engine processes the loader of ``p`` runs (0: inline, in this process),
+    and why not where the default could not be followed (for the one warning)."""
+    if p.engine.mode == "inline" or p.backend == "cuda" or store_given:
+        return 0, None
+    if in_worker is None:
+        in_worker = multiprocessing.current_process().daemon
+    if in_worker:
+        return 0, None  # a DataLoader worker: a process of its own already
+    if os.name != "posix" or (sys.platform.startswith("linux") and not _dev_shm_writable()):
+        return 0, "engine processes need POSIX shared memory (/dev/shm), which is not here"
+    return engine_processes(p.engine.processes, p.workers), None
+
+
+def _dev_shm_writable() -> bool:
+    return os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
 
 
 async def make_pool(p: LoaderPlan, ring: BatchRing) -> DecodePool:

@@ -10,19 +10,87 @@ each way (a notice out, a slot given back), never one per sample.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from .._base._stats import Counters
-from .._dataset._labels import Dataset
+from .._base._types import ObjectInfo
+from .._cache import ObjectCache
+from .._dataset._labels import Dataset, LabelSpec
 from .._device._ring import BatchRing
 from ._notices import BatchReady, Notice
 
 if TYPE_CHECKING:
     from .._device._upload import Uploader
+    from ._build import LoaderPlan
 
-__all__ = ["Engine"]
+__all__ = [
+    "ASK_COUNTERS",
+    "COUNTERS",
+    "DATASET",
+    "FAILED",
+    "LISTED",
+    "NOTICE",
+    "READY",
+    "SLOT",
+    "START",
+    "Engine",
+    "EngineOrder",
+]
+
+# Engine -> trainer, on the engine's socket: (tag, ...).
+READY = "ready"  # (READY, ring name, slots, dataset or None): built, producing epoch 0
+LISTED = "listed"  # (LISTED, dataset): a listing that grew while batches were made is done
+NOTICE = "notice"  # (NOTICE, generation, Notice)
+COUNTERS = "counters"  # (COUNTERS, Counters)
+FAILED = "failed"  # (FAILED, error): the engine could not start
+# Trainer -> engine, on the same socket; None asks it to stop.
+START = "start"  # (START, generation, epoch, first batch, span)
+DATASET = "dataset"  # (DATASET, dataset): the lead engine's listing, for the others
+ASK_COUNTERS = "ask-counters"  # (ASK_COUNTERS,)
+# Trainer -> engine on a pipe of its own: a ring slot given back, written by whichever thread
+# drops the batch's last reference (one write, atomic, no lock: safe in a finaliser).
+SLOT = struct.Struct("=i")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOrder:
+    """What an engine process is told to do (pickled once, at its start).
+
+    Attributes:
+        plan: Its share of the loader's plan (decode workers, requests, ring slots).
+        part: ``(k, n)``: it makes batches ``k, k + n, …`` of the rank's share.
+        url, store_options: The store it opens (its own connections).
+        labels, extensions: How the listing becomes samples.
+        objects: The object list when the trainer has it (given, or the job's listing).
+        await_dataset: Wait for the lead engine's dataset (:data:`DATASET`) instead of
+            listing (every engine but the first, when the list is not known yet).
+        folder: The SSD cache folder, or None; ``cache`` its handle.
+        budget_folder: Where the node's fetch budget file lives (the cache folder, or a
+            folder of the loader's own so that its engines share one budget).
+        max_age: Age of a saved listing still used [seconds].
+        stream: Batches may start while the store still lists (unshuffled, one engine).
+        release_fd: The pipe the trainer gives slots back on.
+    """
+
+    plan: LoaderPlan
+    part: tuple[int, int]
+    url: str
+    store_options: dict[str, Any]
+    labels: LabelSpec
+    extensions: Sequence[str] | None
+    objects: Sequence[ObjectInfo] | None
+    await_dataset: bool
+    folder: str | None
+    cache: ObjectCache | None
+    budget_folder: str | None
+    max_age: float
+    stream: bool
+    release_fd: int
 
 
 class Engine(Protocol):

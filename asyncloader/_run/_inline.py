@@ -78,49 +78,19 @@ class InlineEngine:
         device: torch.device | None,
         cache: ObjectCache | None,
         part: tuple[int, int] = (0, 1),
+        budget_folder: str | None = None,
+        shared_ring: bool = False,
     ) -> None:
         """List (or take ``dataset``), build the parts and start producing epoch 0.
 
         ``part``: (k, n): make only the batches ``k, k + n, …`` of this rank's share (an
         engine process's part).  ``stream``: an unshuffled run may start while it lists.
+        ``budget_folder``: where the fetch budget is shared (default: the cache folder).
+        ``shared_ring``: the ring in shared memory (an engine process's).
         """
         self.rt.store = store
-        self.rt.call(
-            self._setup(
-                store,
-                labels,
-                extensions,
-                objects,
-                dataset,
-                folder,
-                max_age,
-                store_options,
-                stream,
-                listed,
-                device,
-                cache,
-                part,
-            )
-        )
-
-    async def _setup(
-        self,
-        store: ObjectStore,
-        labels: LabelSpec,
-        extensions: Sequence[str] | None,
-        objects: Sequence[ObjectInfo] | None,
-        dataset: Dataset | None,
-        folder: str | None,
-        max_age: float,
-        store_options: dict[str, Any],
-        stream: bool,
-        listed: Callable[[Sequence[ObjectInfo]], None] | None,
-        device: torch.device | None,
-        cache: ObjectCache | None,
-        part: tuple[int, int],
-    ) -> None:
         c = self.counters
-        t0 = time.perf_counter()
+        p = self.plan
 
         def done(objects: Sequence[ObjectInfo]) -> None:
             c.objects_listed = len(objects)
@@ -128,37 +98,41 @@ class InlineEngine:
             if listed is not None:
                 listed(objects)
 
-        if dataset is not None:
-            listing = Listing(dataset)
-            c.objects_listed = len(dataset.samples)
-        else:
-            listing, task = await open_listing(
-                store,
-                labels,
-                extensions,
-                folder=folder,
-                max_age=max_age,
-                stream=stream,
-                listed=done,
-                objects=objects,
-                store_options=store_options,
+        async def build() -> None:
+            if dataset is not None:
+                listing = Listing(dataset)
+                c.objects_listed = len(dataset.samples)
+            else:
+                listing, task = await open_listing(
+                    store,
+                    labels,
+                    extensions,
+                    folder=folder,
+                    max_age=max_age,
+                    stream=stream,
+                    listed=done,
+                    objects=objects,
+                    store_options=store_options,
+                )
+                self.rt.listing_task = task
+            self.rt.ring = ring = make_ring(p, device, shared=shared_ring)
+            c.ring_slots = ring.slots
+            self.rt.pool = pool = await make_pool(p, ring)
+            budget = budget_folder if budget_folder is not None else folder
+            fetcher = make_fetcher(store, c, p.fetch, budget, decode_workers=p.workers)
+            self.rt.pipeline = pipeline = make_pipeline(
+                p, listing, fetcher, pool, ring, c, self.output, cache, part=part
             )
-            self.rt.listing_task = task
-        p = self.plan
-        self.rt.ring = ring = make_ring(p, device)
-        c.ring_slots = ring.slots
-        self.rt.pool = pool = await make_pool(p, ring)
-        fetcher = make_fetcher(store, c, p.fetch, folder, decode_workers=p.workers)
-        self.rt.pipeline = pipeline = make_pipeline(
-            p, listing, fetcher, pool, ring, c, self.output, cache, part=part
-        )
-        # Captures the runtime, never the loader: the loader must stay collectable.
-        rt = self.rt
-        ring.on_release = lambda slot: rt.call_soon(pipeline.release, slot)
-        if listing.done and part == (0, 1):
-            pipeline.check_batches()
-        # Start on epoch 0 right away: the first batches are ready when iteration begins.
-        await pipeline.start(0)
+            # Captures the runtime, never the loader: the loader must stay collectable.
+            rt = self.rt
+            ring.on_release = lambda slot: rt.call_soon(pipeline.release, slot)
+            if listing.done and part == (0, 1):
+                pipeline.check_batches()
+            # Start on epoch 0 right away: the first batches are ready when iteration begins.
+            await pipeline.start(0)
+
+        t0 = time.perf_counter()
+        self.rt.call(build())
 
     # --- the surface the loader uses (see _control.Engine) ------------------------------
 

@@ -16,9 +16,10 @@ import gc
 import os
 import queue
 import time
+import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from .._base._errors import (
     ClosedError,
     PipelineDeadError,
 )
+from .._base._own_thread import run_on_own_thread
 from .._base._stats import Counters, Stats
 from .._base._types import DecodeFn, ObjectInfo, ObjectStore
 from .._dataset import list_for
@@ -44,9 +46,10 @@ from .._dataset._labels import IMAGE_EXTENSIONS, Dataset, LabelSpec
 from .._decode._transforms import Transform
 from .._stores import open_store
 from .._stores import store_options as store_options_for
-from ._build import DecodeBackend, fold_moved, open_cache, plan
+from ._build import DecodeBackend, engine_placement, fold_moved, open_cache, plan
 from ._control import Engine
 from ._dist import Agreement, listing_key, share_listing
+from ._engines import EngineProcesses, OrderNotPicklable
 from ._inline import InlineEngine
 from ._notices import BatchReady, EpochEnd, Failed, Notice
 from ._resume import loader_state, plan_resume
@@ -226,6 +229,7 @@ class ImageLoader:
             object_cache=self.cache,
             device=device,
         )
+        self._given_store_options = store_options
         self._folder = self.cache.directory if self.cache is not None else None
         self._listing_max_age = cache_config.max_age
         self._objects = objects
@@ -254,8 +258,9 @@ class ImageLoader:
 
             spec = DeviceSpec.make(device, dtype, out.mean, out.std, out.channels_last)
             self._uploader = Uploader(spec, depth=2, pin=out.pin)
-        self._engine: Engine = InlineEngine(p, self._counters)
-        self._finalizer = weakref.finalize(self, self._engine.close)
+        processes, why = engine_placement(p, store_given=store is not None)
+        self._engine: Engine = cast(Engine, _NoEngine())
+        self._finalizer = weakref.finalize(self, _close_engine, self._engine)
         try:
             options = store_options_for(url, labels, store_options)
             self._store_options = options
@@ -266,55 +271,57 @@ class ImageLoader:
             self._agreement = Agreement.open(url or self.url, labels, rank, world_size)
             if self._agreement is not None:
                 self._agreement.announce()
-                if self._objects is None and store is None:
-                    self._objects = self._share_listing(the_store, url, labels, store_options)
-            self._start_engine(the_store, labels, extensions, device)
+            if processes:
+                try:
+                    self._start_processes(processes, url, labels, extensions)
+                except OrderNotPicklable as exc:
+                    why = f"an option cannot be sent to an engine process ({exc})"
+            if isinstance(self._engine, _NoEngine):
+                if why is not None:
+                    warnings.warn(
+                        f"asyncloader runs its engine in this process: {why}. "
+                        "EngineConfig(mode='inline') says so without this warning",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                self._start_inline(the_store, url, labels, extensions, store is not None)
             if self._uploader is not None:
                 self._engine.set_uploader(self._uploader)
         except BaseException:
             self.close()
             raise
 
-    def _share_listing(
+    def _set_engine(self, engine: Engine) -> None:
+        self._engine = engine
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _close_engine, engine)
+        self._position = (0, 0)
+        self._produced = (0, 0, None)
+
+    def _start_inline(
         self,
         store: ObjectStore,
         url: str,
         labels: LabelSpec,
-        store_options: dict[str, Any] | None,
-    ) -> Sequence[ObjectInfo]:
-        """The job's listing of the URL: listed here if this process is the first of the
-        job to need it, else read from the job's store."""
-        assert self._agreement is not None
-
-        def produce() -> Sequence[ObjectInfo]:
-            assert isinstance(self._engine, InlineEngine)
-            return self._engine.call(
-                list_for(
-                    store,
-                    labels,
-                    folder=self._folder,
-                    max_age=self._listing_max_age,
-                    store_options=self._store_options,
-                )
-            )
-
-        key = listing_key(url, labels, store_options)
-        return share_listing(self._agreement.store, key, self.url, produce)
-
-    def _start_engine(
-        self,
-        store: ObjectStore,
-        labels: LabelSpec,
         extensions: Sequence[str] | None,
-        device: str | None,
+        store_given: bool,
     ) -> None:
+        """The engine on an event-loop thread of this process."""
+        engine = InlineEngine(self._plan, self._counters)
+        self._set_engine(engine)
+        agreement = self._agreement
+        if agreement is not None and self._objects is None and not store_given:
+
+            def produce() -> Sequence[ObjectInfo]:
+                return engine.call(self._list(store, labels))
+
+            self._objects = self._share_listing(url, labels, produce)
+
         def listed(objects: Sequence[ObjectInfo]) -> None:
-            if self._agreement is not None:
+            if agreement is not None:
                 self._listed = objects  # checked against the other ranks' lists
 
         objects, self._objects = self._objects, None  # the dataset holds what it needs
-        engine = self._engine
-        assert isinstance(engine, InlineEngine)
         engine.setup(
             store,
             labels=labels,
@@ -325,13 +332,67 @@ class ImageLoader:
             max_age=self._listing_max_age,
             store_options=self._store_options,
             # A sharded run checks the whole list before its first batch: no streaming.
-            stream=self._run_config.shuffle is False and self._agreement is None,
+            stream=self._run_config.shuffle is False and agreement is None,
             listed=listed,
             device=self._uploader.spec.device if self._uploader is not None else None,
             cache=self.cache,
         )
-        self._position = (0, 0)
-        self._produced = (0, 0, None)
+
+    def _start_processes(
+        self, n: int, url: str, labels: LabelSpec, extensions: Sequence[str] | None
+    ) -> None:
+        """The engine in ``n`` processes of its own."""
+        if self._agreement is not None and self._objects is None:
+
+            def produce() -> Sequence[ObjectInfo]:
+                async def listed() -> Sequence[ObjectInfo]:
+                    store = open_store(url, **self._store_options)
+                    try:
+                        return await self._list(store, labels)
+                    finally:
+                        await store.close()
+
+                return run_on_own_thread(listed())
+
+            self._objects = self._share_listing(url, labels, produce)
+        if self._agreement is not None:
+            self._listed = self._objects
+        objects, self._objects = self._objects, None
+        self._set_engine(
+            EngineProcesses(
+                self._plan,
+                n,
+                url=self.url,
+                store_options=self._store_options,
+                labels=labels,
+                extensions=extensions,
+                objects=objects,
+                folder=self._folder,
+                max_age=self._listing_max_age,
+                stream=self._run_config.shuffle is False and self._agreement is None,
+                cache=self.cache,
+            )
+        )
+
+    def _list(
+        self, store: ObjectStore, labels: LabelSpec
+    ) -> Coroutine[Any, Any, Sequence[ObjectInfo]]:
+        return list_for(
+            store,
+            labels,
+            folder=self._folder,
+            max_age=self._listing_max_age,
+            store_options=self._store_options,
+        )
+
+    def _share_listing(
+        self, url: str, labels: LabelSpec, produce: Callable[[], Sequence[ObjectInfo]]
+    ) -> Sequence[ObjectInfo]:
+        """The job's listing of the URL: listed here (``produce``) if this process is the
+        first of the job to need it, else read from the job's store."""
+        assert self._agreement is not None
+        key = listing_key(url, labels, self._given_store_options)
+        return share_listing(self._agreement.store, key, self.url, produce)
 
     # --- public surface -----------------------------------------------------------------
 
@@ -346,6 +407,12 @@ class ImageLoader:
         """``"thread"``, ``"process"`` or ``"cuda"``: what ``decode_backend`` (``"auto"``)
         chose, or was given."""
         return self._backend
+
+    @property
+    def engine_processes(self) -> int:
+        """Engine processes fetching and decoding for this loader; 0 when its engine runs
+        in this process (``EngineConfig(mode="inline")``, or where processes cannot run)."""
+        return getattr(self._engine, "processes", 0)
 
     @property
     def device(self) -> torch.device:
@@ -570,7 +637,7 @@ class ImageLoader:
         Idempotent.  Batches already handed out stay readable; the shared memory behind
         them is freed with the last of them.
         """
-        self._engine.close()
+        _close_engine(self._engine)
 
     def __enter__(self) -> ImageLoader:
         return self
@@ -582,8 +649,23 @@ class ImageLoader:
         state = "closed" if self._engine.closed else "open"
         return (
             f"ImageLoader({self.url!r}, batch_size={self._run_config.batch_size}, "
-            f"decode_workers={self._workers}, backend={self._backend!r}, {state})"
+            f"decode_workers={self._workers}, backend={self._backend!r}, "
+            f"engine_processes={self.engine_processes}, {state})"
         )
+
+
+class _NoEngine:
+    """The engine before one is made (a loader whose construction failed has this one)."""
+
+    workers = 0
+    closed = True
+
+    def close(self) -> None:
+        pass
+
+
+def _close_engine(engine: Any) -> None:
+    engine.close()
 
 
 def _as_tensors(

@@ -12,13 +12,15 @@ __all__ = ["BatchReady", "EpochEnd", "Failed", "Notice"]
 @dataclass(frozen=True, slots=True)
 class BatchReady:
     """Batch ``index`` of ``epoch`` is in ring ``slot``: its first ``n`` samples; ``skipped``
-    maps error type → samples of it left out (counted when it is delivered)."""
+    maps error type → samples of it left out (counted when it is delivered); ``ring``: which
+    engine process's ring (0 in the engine's own process)."""
 
     epoch: int
     index: int
     slot: int
     n: int
     skipped: Counter[str]
+    ring: int = 0
 
 
 @dataclass(frozen=True, slots=True)

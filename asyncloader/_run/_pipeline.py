@@ -42,9 +42,25 @@ from ._cache_fill import CacheFill, InHand, OnceFetcher, node_admission
 from ._notices import BatchReady, EpochEnd, Failed, Notice
 from ._sampler import epoch_indices, mix_seed, num_batches, unshuffled_batch
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "samples_per_epoch"]
 
 T = TypeVar("T")
+
+
+def samples_per_epoch(n: int, r: RunConfig) -> int:
+    """Samples a rank sees per epoch of ``n`` objects (the same every epoch)."""
+    return len(
+        epoch_indices(
+            n,
+            seed=r.seed,
+            epoch=0,
+            shuffle="node" if r.shuffle == "node" else False,  # the same count
+            rank=r.rank,
+            world_size=r.world_size,
+            even=r.even,
+            local_world_size=r.local_world_size,
+        )
+    )
 
 
 class _Failure(Exception):
@@ -179,19 +195,7 @@ class Pipeline:
             dataset = self.listing.dataset
             if dataset is None:
                 raise AsyncLoaderError("the listing is not complete yet")
-            r = self.run
-            self._epoch_samples = len(
-                epoch_indices(
-                    len(dataset.samples),
-                    seed=r.seed,
-                    epoch=0,
-                    shuffle="node" if r.shuffle == "node" else False,  # the same count
-                    rank=r.rank,
-                    world_size=r.world_size,
-                    even=r.even,
-                    local_world_size=r.local_world_size,
-                )
-            )
+            self._epoch_samples = samples_per_epoch(len(dataset.samples), self.run)
         return self._epoch_samples
 
     def check_batches(self) -> None:

@@ -1,0 +1,471 @@
+"""Engine processes, the training process's side (``EngineConfig(mode="process")``).
+
+The loader's engine runs in ``n`` processes (:mod:`._engine`): engine ``k`` fetches, caches
+and decodes batches ``k, k + n, …`` of the rank's share into a ring of its own in shared
+memory.  Here, in the training process, only this runs:
+
+* a reader thread that takes the engines' messages off their sockets (one per batch);
+* :meth:`EngineProcesses.next_notice`, which hands the batches out in order: batch ``b``
+  comes from engine ``b % n``;
+* leases on the mapped rings: when a batch's last reference goes, its slot goes back to its
+  engine as four bytes on a pipe (from whichever thread dropped it);
+* counters gathered from the engines when ``stats()`` asks.
+
+Nothing here runs per sample.  Engines stop when asked (``close()``), and by themselves
+when the training process is gone (their socket ends), unlinking their rings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.connection as mpc
+import os
+import pickle
+import queue
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._base._child import launch
+from .._base._errors import ClosedError, PipelineDeadError
+from .._base._stats import Counters
+from .._base._types import ObjectInfo
+from .._cache import ObjectCache
+from .._dataset._labels import Dataset, LabelSpec
+from .._device._ring import BatchRing
+from ._build import LoaderPlan, split_plan
+from ._control import (
+    ASK_COUNTERS,
+    COUNTERS,
+    DATASET,
+    FAILED,
+    LISTED,
+    NOTICE,
+    READY,
+    SLOT,
+    START,
+    EngineOrder,
+)
+from ._notices import BatchReady, EpochEnd, Failed, Notice
+from ._pipeline import samples_per_epoch
+
+if TYPE_CHECKING:
+    from .._device._upload import Uploader
+
+__all__ = ["EngineProcesses", "OrderNotPicklable"]
+
+_ENTRY = "asyncloader._run._engine:engine_main"
+START_TIMEOUT = 120.0  # an engine's start: interpreter, imports, listing [seconds]
+_STOP_GRACE = 20.0  # an engine's own teardown before it is terminated [seconds]
+_DIED = (
+    "engine process {k} exited (code {code}) {when}; its error is on stderr. A hook defined "
+    "in the training script makes engines import the script: guard its entry point with "
+    "`if __name__ == '__main__':`. EngineConfig(mode='inline') runs the engine in this "
+    "process."
+)
+
+
+class OrderNotPicklable(Exception):
+    """An option of the loader (a hook, a labels function) cannot go to another process."""
+
+
+@dataclass
+class _Engine:
+    """One engine process, its socket, its slot pipe and what it sent."""
+
+    k: int
+    proc: subprocess.Popen[bytes]
+    conn: mpc.Connection
+    release_fd: int
+    notices: queue.Queue[tuple[int, Notice]] = field(default_factory=queue.Queue)
+    replies: queue.Queue[Counters] = field(default_factory=queue.Queue)
+    ready: tuple[str, int, Dataset | None] | None = None
+    failed: BaseException | None = None
+    gone: bool = False
+    ring: BatchRing | None = None
+    heard: threading.Event = field(default_factory=threading.Event)  # ready, failed or gone
+
+
+class EngineProcesses:
+    """The loader's engine in ``n`` processes (see the module's docstring).
+
+    Args:
+        p: The loader's plan (split among the engines).
+        n: Engine processes.
+        url, store_options: The store each engine opens.
+        labels, extensions: How the listing becomes samples.
+        objects: The object list, when the trainer has it.
+        folder: The SSD cache folder, or None; ``cache`` its handle.
+        max_age: Age of a saved listing still used [seconds].
+        stream: Batches may start while the store lists (one engine only).
+
+    Raises:
+        OrderNotPicklable: an option cannot be sent to an engine process.
+        AsyncLoaderError, ValueError: the engine could not start (its error, as the inline
+            engine would raise it: a listing that failed, an empty dataset).
+    """
+
+    def __init__(
+        self,
+        p: LoaderPlan,
+        n: int,
+        *,
+        url: str,
+        store_options: dict[str, Any],
+        labels: LabelSpec,
+        extensions: Sequence[str] | None,
+        objects: Sequence[ObjectInfo] | None,
+        folder: str | None,
+        max_age: float,
+        stream: bool,
+        cache: ObjectCache | None,
+    ) -> None:
+        self.plan = p
+        self.workers = p.workers
+        self._n = n
+        self._run = p.run
+        self._closed = False
+        self._lock = threading.Lock()  # sends on the engines' sockets
+        self._generation = 0
+        self._expect = self._first_of(0)  # the next batch of the current generation
+        # Once an engine ended an epoch: (epoch, engines that still owe their end).
+        self._owed: tuple[int, set[int]] | None = None
+        self._dataset: Dataset | None = None
+        self._listed = threading.Event()
+        self._final = Counters()  # the engines' counts when they stopped
+        self._uploader: Uploader | None = None
+        self._budget_folder = None
+        if n > 1 and folder is None:
+            # The engines of one loader share one fetch budget, as the loaders of a node do
+            # through their cache folder.
+            self._budget_folder = tempfile.mkdtemp(prefix="asyncloader-budget-")
+        plans = split_plan(p, n)
+        known = objects is not None
+        orders = []
+        for k in range(n):
+            order = EngineOrder(
+                plan=plans[k],
+                part=(k, n),
+                url=url,
+                store_options=store_options,
+                labels=labels,
+                extensions=extensions,
+                objects=objects,
+                await_dataset=k > 0 and not known,
+                folder=folder,
+                cache=cache,
+                budget_folder=self._budget_folder,
+                max_age=max_age,
+                stream=stream and n == 1,
+                release_fd=-1,
+            )
+            try:
+                orders.append(pickle.dumps(order))
+            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                self._remove_budget_folder()
+                raise OrderNotPicklable(str(exc)) from exc
+            del order
+        self._engines: list[_Engine] = []
+        try:
+            for k in range(n):
+                self._engines.append(self._launch(k, orders[k]))
+            self._reader = threading.Thread(
+                target=self._read, name="asyncloader-engines", daemon=True
+            )
+            self._reader.start()
+            lead = self._wait_ready(self._engines[0])
+            if not known and n > 1:
+                dataset = lead[2]
+                assert dataset is not None
+                for e in self._engines[1:]:
+                    self._send(e, (DATASET, dataset))
+            for e in self._engines[1:]:
+                self._wait_ready(e)
+            for e in self._engines:
+                assert e.ready is not None
+                name, slots, _ = e.ready
+                plan = plans[e.k]
+                e.ring = BatchRing.attached(
+                    name, slots, plan.run.batch_size, plan.spec.sample_shape
+                )
+                fd = e.release_fd
+                e.ring.on_release = lambda slot, fd=fd: _give_back(fd, slot)
+            if lead[2] is not None:
+                self._dataset = lead[2]
+                self._listed.set()
+        except BaseException:
+            self.close()
+            raise
+
+    def _launch(self, k: int, order: bytes) -> _Engine:
+        r, w = os.pipe()
+        try:
+            # The order names the pipe's end as the engine sees it (the same number).
+            order = pickle.dumps(replace(pickle.loads(order), release_fd=r))
+            proc, conn = launch(_ENTRY, "asyncloader-engine", (order,), pass_fds=(r,))
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            os.close(r)
+        return _Engine(k, proc, conn, w)
+
+    # --- messages -----------------------------------------------------------------------
+
+    def _read(self) -> None:
+        """The reader thread: every engine message to where it is waited for."""
+        live = {e.conn: e for e in self._engines}
+        while live:
+            ready: list[mpc.Connection]
+            try:
+                ready = mpc.wait(list(live), timeout=1.0)  # type: ignore[assignment]
+            except OSError:  # a socket closed by close()
+                ready = [conn for conn in live if conn.closed]
+            for conn in ready:
+                e = live[conn]
+                msg: Any
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    e.gone = True
+                    e.heard.set()
+                    live.pop(conn)
+                    continue
+                except Exception as exc:  # an answer that cannot be unpickled here
+                    msg = (FAILED, exc)
+                tag, *body = msg
+                if tag == NOTICE:
+                    e.notices.put((body[0], body[1]))
+                elif tag == COUNTERS:
+                    e.replies.put(body[0])
+                elif tag == READY:
+                    e.ready = (body[0], body[1], body[2])
+                    e.heard.set()
+                elif tag == LISTED:
+                    self._dataset = body[0]
+                    self._listed.set()
+                elif tag == FAILED:
+                    e.failed = body[0]
+                    e.heard.set()
+
+    def _send(self, e: _Engine, msg: Any) -> None:
+        with self._lock:
+            if not e.gone:
+                with contextlib.suppress(OSError, ValueError):
+                    e.conn.send(msg)
+
+    def _wait_ready(self, e: _Engine) -> tuple[str, int, Dataset | None]:
+        if not e.heard.wait(START_TIMEOUT):
+            raise PipelineDeadError(f"engine process {e.k} did not start in {START_TIMEOUT} s")
+        if e.failed is not None:
+            raise e.failed
+        if e.ready is None:
+            code = None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = e.proc.wait(5)
+            raise PipelineDeadError(_DIED.format(k=e.k, code=code, when="while starting"))
+        return e.ready
+
+    # --- the surface the loader uses (see _control.Engine) ------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def processes(self) -> int:
+        return self._n
+
+    @property
+    def pids(self) -> list[int]:
+        return [e.proc.pid for e in self._engines]
+
+    def start(self, epoch: int, first: int, span: tuple[int, int] | None) -> None:
+        if self._closed:
+            raise ClosedError("the loader is closed")
+        self._generation += 1
+        self._expect = self._first_of(first)
+        self._owed = None
+        for e in self._engines:
+            self._send(e, (START, self._generation, epoch, first, span))
+
+    def _first_of(self, first: int) -> int:
+        """The first batch from ``first`` on that is this DataLoader worker's."""
+        r = self._run
+        return first + (r.worker - first) % r.num_workers
+
+    def _owner(self, index: int) -> _Engine:
+        return self._engines[(index // self._run.num_workers) % self._n]
+
+    def next_notice(self, timeout: float) -> Notice:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._owed is not None:
+                # Batch `_expect` does not exist: every engine ends this epoch.  Take their
+                # ends (their next epoch's notices stay queued behind).
+                epoch, owed = self._owed
+                for k in sorted(owed):
+                    notice = self._take(self._engines[k], deadline)
+                    if isinstance(notice, Failed):
+                        return notice
+                    if not isinstance(notice, EpochEnd):
+                        raise PipelineDeadError(
+                            f"engine process {k} sent {notice!r} after the end of epoch {epoch}"
+                        )
+                    owed.discard(k)
+                self._owed = None
+                self._expect = self._first_of(0)
+                return EpochEnd(epoch)
+            e = self._owner(self._expect)
+            notice = self._take(e, deadline)
+            if isinstance(notice, BatchReady):
+                if notice.index != self._expect:
+                    raise PipelineDeadError(
+                        f"engine process {e.k} sent batch {notice.index}, not {self._expect}"
+                    )
+                self._expect += self._run.num_workers
+                return replace(notice, ring=e.k)
+            if isinstance(notice, EpochEnd):
+                self._owed = (notice.epoch, {x.k for x in self._engines if x is not e})
+                continue
+            return notice  # Failed
+
+    def _take(self, e: _Engine, deadline: float) -> Notice:
+        """The engine's next notice of the current generation (older ones are dropped,
+        their slots given back).
+
+        Raises:
+            queue.Empty: none before ``deadline``.
+            PipelineDeadError: an engine process died.
+        """
+        while True:
+            for other in self._engines:
+                if other.gone and other.notices.empty():
+                    self._dead(other)
+            try:
+                generation, notice = e.notices.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                if e.gone:
+                    self._dead(e)
+                raise
+            if generation == self._generation:
+                return notice
+            if isinstance(notice, BatchReady):
+                _give_back(e.release_fd, notice.slot)  # made before the last start
+
+    def _dead(self, e: _Engine) -> None:
+        if self._closed:
+            raise ClosedError("the loader is closed")
+        code = e.proc.poll()
+        if code is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = e.proc.wait(1)
+        raise PipelineDeadError(_DIED.format(k=e.k, code=code, when="while running"))
+
+    def lease(self, ready: BatchReady) -> tuple[Any, np.ndarray[Any, Any]]:
+        ring = self._engines[ready.ring].ring
+        assert ring is not None
+        return ring.lease(ready.slot, ready.n)
+
+    def held_ring(self) -> BatchRing | None:
+        return self._owner(self._expect).ring
+
+    def dataset(self) -> Dataset:
+        while not self._listed.wait(0.1):
+            if self._closed:
+                raise ClosedError("the loader is closed")
+            lead = self._engines[0]
+            if lead.gone:
+                self._dead(lead)
+        assert self._dataset is not None
+        return self._dataset
+
+    def epoch_samples(self) -> int:
+        return samples_per_epoch(len(self.dataset().samples), self._run)
+
+    def engine_counters(self) -> Counters:
+        """The engines' counters, summed (an engine that does not answer within 5 s is
+        left out)."""
+        if self._closed:
+            return self._final
+        for e in self._engines:
+            while not e.replies.empty():  # late answers to an earlier question
+                e.replies.get_nowait()
+            self._send(e, (ASK_COUNTERS,))
+        parts = []
+        deadline = time.monotonic() + 5
+        for e in self._engines:
+            with contextlib.suppress(queue.Empty):
+                parts.append(e.replies.get(timeout=max(deadline - time.monotonic(), 0)))
+        return Counters.merged(parts)
+
+    def ring_held(self) -> int:
+        return sum(e.ring.held for e in self._engines if e.ring is not None)
+
+    def set_uploader(self, uploader: Uploader) -> None:
+        for e in self._engines:
+            assert e.ring is not None
+            uploader.prepare(e.ring.images)
+        self._uploader = uploader
+
+    def close(self) -> None:
+        """Ask every engine to stop, wait for them (then terminate, then kill), close the
+        uploader and the rings' mappings (each freed once no batch references it)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        engines = getattr(self, "_engines", [])
+        for e in engines:
+            if not e.gone:
+                with contextlib.suppress(OSError, ValueError):
+                    e.conn.send(None)
+        deadline = time.monotonic() + _STOP_GRACE
+        for e in engines:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                e.proc.wait(max(deadline - time.monotonic(), 0))
+        for e in engines:
+            for stop in (e.proc.terminate, e.proc.kill):
+                if e.proc.poll() is None:
+                    stop()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        e.proc.wait(2)
+            with contextlib.suppress(OSError):
+                os.close(e.release_fd)
+            e.conn.close()
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.join(2)
+        # What each engine counted to its end (sent as it stopped).
+        final = []
+        for e in engines:
+            last = None
+            while not e.replies.empty():
+                last = e.replies.get_nowait()
+            if last is not None:
+                final.append(last)
+        self._final = Counters.merged(final)
+        if self._uploader is not None:
+            with contextlib.suppress(Exception):
+                self._uploader.close()  # unregisters the rings' pages before unmapping
+        for e in engines:
+            if e.ring is not None:
+                e.ring.close()
+        self._remove_budget_folder()
+
+    def _remove_budget_folder(self) -> None:
+        if self._budget_folder is not None:
+            shutil.rmtree(self._budget_folder, ignore_errors=True)
+
+
+def _give_back(fd: int, slot: int) -> None:
+    """Slot ``slot`` goes back to its engine (from any thread; never raises)."""
+    with contextlib.suppress(OSError):
+        os.write(fd, SLOT.pack(slot))

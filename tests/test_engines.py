@@ -1,0 +1,245 @@
+"""The engine out of the training process (``EngineConfig(mode="process")``, the default):
+the same batches whatever the number of engine processes, slots given back from the
+trainer, counters summed over the engines, nothing left when the trainer is killed, and the
+in-process mode by name or by fallback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import asyncloader as al
+from asyncloader._device._ring import SHM_PREFIX
+from asyncloader.testing import S3TestServer, descendants
+
+from .conftest import N_IMAGES
+from .test_pipeline import _epoch
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def server(jpeg_folder: Path) -> Iterator[S3TestServer]:
+    with S3TestServer(load=jpeg_folder, bucket="b", prefix="train/", latency=0.002) as s:
+        yield s
+
+
+def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
+    kw.setdefault("batch_size", BATCH)
+    kw.setdefault("decode_workers", 2)
+    kw.setdefault("transform", al.RandomResizedCrop(24))
+    return al.ImageLoader(
+        "s3://b/train/",
+        store_options={"endpoint_url": server.endpoint},
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _engine_pids() -> list[int]:
+    """Engine processes below this one (their command line names the entry point)."""
+    out = []
+    for pid in descendants(os.getpid()):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"engine_main" in cmd:
+            out.append(pid)
+    return out
+
+
+def _segments_of(pids: list[int]) -> set[str]:
+    names = os.listdir("/dev/shm")
+    return {n for n in names for pid in pids if n.startswith(f"{SHM_PREFIX}{pid}_")}
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_the_same_batches_whatever_the_number_of_engines(
+    server: S3TestServer, shuffle: bool
+) -> None:
+    runs = {}
+    for engine in (
+        al.EngineConfig(mode="inline"),
+        al.EngineConfig(processes=1),
+        al.EngineConfig(processes=2),
+        al.EngineConfig(processes=3),
+    ):
+        with _loader(server, seed=4, shuffle=shuffle, engine=engine) as loader:
+            assert loader.engine_processes == (engine.processes or 0)
+            first = _epoch(loader)
+            second = _epoch(loader)  # the next epoch, prefetched across the boundary
+            loader.set_epoch(0)
+            again = _epoch(loader)  # a restart: batches made before it are dropped
+        runs[engine.processes] = (first, second)
+        assert again[0] == first[0]
+        assert np.array_equal(again[1], first[1])
+    (labels, pixels), (labels2, pixels2) = runs[None]
+    assert len(labels) == N_IMAGES
+    for n in (1, 2, 3):
+        (l1, p1), (l2, p2) = runs[n]
+        assert l1 == labels
+        assert l2 == labels2
+        assert np.array_equal(p1, pixels)  # bit for bit
+        assert np.array_equal(p2, pixels2)
+
+
+def test_resume_mid_epoch_on_another_engine_count(server: S3TestServer) -> None:
+    with _loader(server, seed=2, engine=al.EngineConfig(processes=3)) as loader:
+        it = iter(loader)
+        seen = [next(it)[1].tolist() for _ in range(5)]
+        state = loader.state_dict()
+        rest_expected = [lab.tolist() for _, lab in it]
+    with _loader(server, seed=2, engine=al.EngineConfig(processes=2)) as again:
+        again.load_state_dict(state)
+        rest = [lab.tolist() for _, lab in again]
+    assert rest == rest_expected
+    assert sorted(x for b in seen + rest for x in b) == sorted(
+        x for b in seen + rest_expected for x in b
+    )
+
+
+def test_slots_come_back_from_the_trainer(server: S3TestServer) -> None:
+    # Two slots per engine: the engines make the whole epoch only if every batch the
+    # trainer lets go (in this thread, in another, held a while) frees its slot there.
+    engine = al.EngineConfig(processes=2, prefetch_batches=4)
+    with _loader(server, engine=engine) as loader:
+        kept: list[object] = []
+        dropper = []
+        n = 0
+        for images, labels in loader:
+            n += len(labels)
+            kept.append((images, labels))
+            if len(kept) > 1:  # the previous batch, dropped by another thread
+                old = kept.pop(0)
+                t = threading.Thread(target=lambda b=[old]: b.clear())
+                del old
+                t.start()
+                dropper.append(t)
+        for t in dropper:
+            t.join()
+        assert n == N_IMAGES
+        assert loader.stats().ring_slots == 4
+        kept.clear()
+        # Holding every slot of the engine whose turn it is is the usual clear error.
+        batches = []
+        with pytest.raises(al.BatchesHeldError):
+            for batch in loader:
+                batches.append(batch)
+
+
+def test_stats_are_summed_over_the_engines(server: S3TestServer) -> None:
+    counts = {}
+    for n in (1, 3):
+        with _loader(server, shuffle=False, engine=al.EngineConfig(processes=n)) as loader:
+            _epoch(loader)
+            stats = loader.stats()
+        counts[n] = stats
+        assert stats.batches == -(-N_IMAGES // BATCH)
+        assert stats.samples == N_IMAGES
+        assert stats.decoded >= N_IMAGES  # and perhaps the next epoch's first batches
+        assert stats.objects_fetched >= N_IMAGES
+        assert stats.requests >= stats.objects_fetched
+        assert stats.objects_listed == N_IMAGES
+        assert stats.request_p50 > 0
+    # Three engines, three rings (two slots each at the least).
+    assert counts[3].ring_slots > counts[1].ring_slots
+
+
+def test_the_inline_mode_runs_no_engine_process(server: S3TestServer) -> None:
+    with _loader(server, engine=al.EngineConfig(mode="inline")) as loader:
+        assert loader.engine_processes == 0
+        next(iter(loader))
+        assert _engine_pids() == []
+    with _loader(server, engine=al.EngineConfig(processes=2)) as loader:
+        next(iter(loader))
+        pids = _engine_pids()
+        assert len(pids) == 2
+    assert [p for p in pids if Path(f"/proc/{p}").exists()] == []
+
+
+def test_a_hook_that_cannot_be_pickled_runs_inline_with_one_warning(
+    server: S3TestServer,
+) -> None:
+    with pytest.warns(RuntimeWarning, match="cannot be sent to an engine process"):
+        loader = _loader(server, labels=lambda key: len(key), shuffle=False)
+    with loader:
+        assert loader.engine_processes == 0
+        _, labels = next(iter(loader))
+        keys = [s.obj.key for s in loader.dataset.samples[:BATCH]]
+    assert labels.tolist() == [len(k) for k in keys]
+
+
+def test_an_error_while_starting_is_raised_by_the_constructor(server: S3TestServer) -> None:
+    with pytest.raises(al.AsyncLoaderError, match="no samples under s3://b/nothing-here/"):
+        al.ImageLoader("s3://b/nothing-here/", store_options={"endpoint_url": server.endpoint})
+    assert _engine_pids() == []
+
+
+KILLED = textwrap.dedent(
+    """
+    import sys, time, asyncloader as al
+    if __name__ == "__main__":
+        loader = al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2,
+                                decode_backend=sys.argv[2], shuffle=False,
+                                engine=al.EngineConfig(processes=2),
+                                store_options={"endpoint_url": sys.argv[1]})
+        for epoch in range(1000):
+            for i, _ in enumerate(loader):
+                if epoch == 0 and i == 1:
+                    print("STREAMING", flush=True)
+                time.sleep(0.05)
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_engines_die_with_a_killed_trainer(
+    server: S3TestServer, tmp_path: Path, backend: str
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(KILLED)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), server.endpoint, backend],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "STREAMING"
+        below = descendants(proc.pid)
+        engines = [p for p in below if b"engine_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(engines) == 2
+        assert len(_segments_of(engines)) == 2  # their rings
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            alive = [p for p in below if _alive(p)]
+            if not alive and not _segments_of(engines):
+                break
+            time.sleep(0.1)
+        assert [p for p in below if _alive(p)] == []  # engines, their decode workers
+        assert _segments_of(engines) == set()
+    finally:
+        proc.kill()
+        proc.communicate()  # reaped, its pipe closed
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (an orphan is reaped by init, but not at once)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
