@@ -8,8 +8,11 @@ Cases (each in its own subprocess, so CPU time and peak RSS are its own):
   only the crop's region where it can (``_decode/_jpegroi``), so it can pass the ceiling.
 * ``dataloader`` — ``torch.utils.data.DataLoader(num_workers=4)`` over a map-style dataset
   that calls boto3 ``get_object`` per item and decodes it the same way.
-* ``asyncloader`` — ``ImageLoader`` (thread backend; ``--process-backend`` adds the process
-  backend) over ``s3://``; the steady state after a first epoch is measured.
+* ``asyncloader`` — ``ImageLoader`` (thread decode in its engine process;
+  ``--process-backend`` adds decode processes, ``--inline`` the engine in the measured
+  process, ``EngineConfig(mode="inline")``, as every loader ran before engine processes)
+  over ``s3://``; the steady state after a first epoch is measured, and the time from the
+  loader's construction to its first batch (``first s``).
 
 Storage is our light S3-compatible server (a subprocess; a fraction of a millisecond of CPU per
 GET) with 0, 20 and 50 ms time to first byte.  Run: ``python benchmarks/bench_loader.py``.
@@ -120,21 +123,26 @@ def case_asyncloader(
 ) -> dict[str, float]:
     import asyncloader as al
 
+    mode = "inline" if backend == "inline" else "process"
+    start = time.perf_counter()
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=batch,
         decode_workers=workers,
-        decode_backend=backend,  # type: ignore[arg-type]
+        decode_backend="thread" if backend == "inline" else backend,  # type: ignore[arg-type]
         transform=al.RandomResizedCrop(224),
         store_options={"endpoint_url": endpoint},
+        engine=al.EngineConfig(mode=mode),
     ) as loader:
+        first = 0.0
         for _ in loader:  # epoch 0: start-up, connections
-            pass
+            first = first or time.perf_counter() - start
         t0, c0 = time.perf_counter(), _cpu()
         n = sum(len(x) for _ in range(epochs) for x, _ in loader)
         wall = time.perf_counter() - t0
         bound = loader.stats().bound
-    return {"images": n, "wall": wall, "cpu": _cpu() - c0, "bound": bound}  # type: ignore[dict-item]
+    out = {"images": n, "wall": wall, "cpu": _cpu() - c0, "bound": bound, "first": first}
+    return out  # type: ignore[return-value]
 
 
 def write_json(path: str, args: dict[str, object], rows: dict[str, list[dict[str, float]]]) -> None:
@@ -192,6 +200,9 @@ def main() -> None:
     p.add_argument(
         "--process-backend", action="store_true", help="also asyncloader with decode processes"
     )
+    p.add_argument(
+        "--inline", action="store_true", help="also asyncloader with its engine in-process"
+    )
     p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
     p.add_argument("--epochs", type=int, default=2, help="passes measured per case")
     p.add_argument("--json", metavar="PATH", help="also write every round and the medians here")
@@ -238,6 +249,10 @@ def main() -> None:
                     rows[f"asyncloader process @{lat * 1e3:.0f} ms"] = run_case(
                         ["asyncloader", srv.endpoint, "process", *common]
                     )
+                if args.inline:
+                    rows[f"asyncloader inline @{lat * 1e3:.0f} ms"] = run_case(
+                        ["asyncloader", srv.endpoint, "inline", *common]
+                    )
         rounds.append(rows)
     kb = np.mean([f.stat().st_size for f in _files(folder)]) / 1e3
     print(
@@ -247,11 +262,11 @@ def main() -> None:
     )
     print(
         f"{'case':34s} {'img/s':>7s} {'x ceil':>7s} {'CPU ms/img':>10s} {'x ceil':>7s} "
-        f"{'peak RSS MB':>11s}  x ceil per round"
+        f"{'peak RSS MB':>11s} {'first s':>7s}  x ceil per round"
     )
     ratios: dict[str, list[float]] = {}
     for name in rounds[0]:
-        ips, xc, cpu, xcpu, rss = [], [], [], [], []
+        ips, xc, cpu, xcpu, rss, first = [], [], [], [], [], []
         for rows in rounds:
             ceiling = max(
                 (r for n, r in rows.items() if n.startswith("ceiling")),
@@ -263,24 +278,26 @@ def main() -> None:
             cpu.append(r["cpu"] / r["images"])
             xcpu.append(cpu[-1] / (ceiling["cpu"] / ceiling["images"]))
             rss.append(r["rss_mb"])
+            first.append(r.get("first", float("nan")))
         ratios[name] = ips
         med = np.median
         print(
             f"{name:34s} {med(ips):7.0f} {med(xc):7.2f} {med(cpu) * 1e3:10.2f} {med(xcpu):7.2f} "
-            f"{max(rss):11.0f}  {' '.join(f'{x:.2f}' for x in xc)}"
+            f"{max(rss):11.0f} {med(first):7.2f}  {' '.join(f'{x:.2f}' for x in xc)}"
         )
     if args.json:
         by_case = {name: [rows[name] for rows in rounds] for name in rounds[0]}
         write_json(args.json, vars(args), by_case)
     for lat in lats:
         a = ratios.get(f"asyncloader @{lat * 1e3:.0f} ms")
-        d = ratios.get(f"DataLoader+boto3 @{lat * 1e3:.0f} ms")
-        if a and d:
-            per = [x / y for x, y in zip(a, d, strict=True)]
-            print(
-                f"asyncloader / DataLoader+boto3 @{lat * 1e3:.0f} ms: {np.median(per):.2f}x "
-                f"(per round: {' '.join(f'{x:.2f}' for x in per)})"
-            )
+        for other in ("DataLoader+boto3", "asyncloader inline"):
+            d = ratios.get(f"{other} @{lat * 1e3:.0f} ms")
+            if a and d:
+                per = [x / y for x, y in zip(a, d, strict=True)]
+                print(
+                    f"asyncloader / {other} @{lat * 1e3:.0f} ms: {np.median(per):.2f}x "
+                    f"(per round: {' '.join(f'{x:.2f}' for x in per)})"
+                )
 
 
 if __name__ == "__main__":

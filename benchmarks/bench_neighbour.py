@@ -19,10 +19,14 @@ Cases:
 * ``burn`` — no loader, and a child process that spins in pure Python on the other CPUs:
   what any busy neighbour costs the step on this machine (shared caches, memory, a
   hypervisor's scheduling), the floor no loader can go under;
-* ``thread`` — ``ImageLoader(decode_backend="thread")``: event loop and decode threads
-  in the training process;
-* ``process`` — ``ImageLoader(decode_backend="process")``: decode in processes, the event
-  loop and the decode-send threads in the training process;
+* ``default`` — ``ImageLoader`` as it comes: the engine in a process of its own (fetch,
+  cache fill, decode), the trainer mapping its ring and giving slots back;
+* ``inline`` — ``ImageLoader(engine=EngineConfig(mode="inline"))``: the engine on an
+  event-loop thread of the training process, decode threads there too (the named
+  in-process mode; what every loader did before engine processes);
+* ``thread``, ``process`` — the inline mode with ``decode_backend="thread"`` or
+  ``"process"`` (decode in processes, the event loop and the decode-send threads in the
+  training process), for the history (not run unless named in ``--cases``);
 * ``dataloader`` — ``asyncloader.torch.ImageDataset`` in a 1-worker ``DataLoader``: the
   whole loader in the worker process.
 
@@ -45,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-CASES = ("alone", "burn", "thread", "process", "dataloader")
+CASES = ("alone", "burn", "default", "inline", "dataloader")
 _SPIN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
 
 
@@ -146,8 +150,12 @@ def run_case(case: str, endpoint: str, images: int, batch: int, n: int) -> dict[
     if case == "dataloader":
         ds = ImageDataset("s3://b/train/", **common)
         source: Any = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1)
+    elif case == "default":
+        source = al.ImageLoader("s3://b/train/", **common)
     else:
-        source = al.ImageLoader("s3://b/train/", decode_backend=case, **common)
+        inline = al.EngineConfig(mode="inline")
+        backend = "auto" if case == "inline" else case
+        source = al.ImageLoader("s3://b/train/", decode_backend=backend, engine=inline, **common)
     try:
         it = iter(source)
         first = next(it)  # start-up is not measured
