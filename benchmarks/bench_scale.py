@@ -4,12 +4,18 @@ with a trivial decode hook (what the coordination costs alone) and with the real
 
 The busiest thread's CPU per image bounds the loader: no number of cores makes it go past
 ``1 / that`` images/s, the serial bound printed.  With a trivial decode, the busiest thread
-is the coordination (the event loop, a decode-send thread); the engine of #39 must move it
-out of the training process and shard it.  Each case runs in a fresh process: a warm-up
-epoch, then ``--epochs`` measured; thread CPU times are read from ``/proc`` (Linux) before
-and after.  Storage is our light S3 server with ``--latency`` to the first byte.
+is the coordination (an engine's event loop, a decode-send thread).  With the engine in
+processes, each engine's loop sees only its share of the images, so the bound rises with
+the engine count (``--engines``); the training process keeps only the batch hand-over.
 
-Run: ``python benchmarks/bench_scale.py [--images 1500] [--latency 0.02]``.
+A case is ``ENGINES:BACKEND:DECODE``: ``inline`` (the engine in the training process) or a
+number of engine processes; the decode backend (``thread`` or ``process``); ``trivial`` (a
+hook that costs nothing: what the coordination costs alone) or ``real`` (JPEG decode and
+RandomResizedCrop(224)).  Each case runs in a fresh process: a warm-up epoch, then
+``--epochs`` measured; thread CPU times are read from ``/proc`` (Linux) before and after.
+Storage is our light S3 server with ``--latency`` to the first byte.
+
+Run: ``python benchmarks/bench_scale.py [--images 1500] [--latency 0.02] [--engines inline,1,2]``.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_loader as bl  # noqa: E402  (its run_case: a case in a fresh process)
 
-CASES = ("thread:trivial", "process:trivial", "thread:real", "process:real")
+DECODES = ("trivial", "real")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -59,10 +65,26 @@ def _threads(pids: list[int]) -> dict[tuple[int, int], tuple[str, float]]:
     return out
 
 
+def _kind(pid: int) -> str:
+    """What a process below the trainer is, by its command line."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "a process"
+    if b"engine_main" in cmd:
+        return "a thread of an engine process"
+    return "a decode process" if b"worker_main" in cmd else "a process"
+
+
 def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) -> dict[str, Any]:
     import asyncloader as al
 
-    backend, decode = case.split(":")
+    engines, backend, decode = case.split(":")
+    engine = (
+        al.EngineConfig(mode="inline")
+        if engines == "inline"
+        else al.EngineConfig(processes=int(engines))
+    )
     options: dict[str, Any] = {}
     if decode == "trivial":
         options = {"decode": trivial, "sample_shape": (3, 8, 8)}
@@ -74,6 +96,7 @@ def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) ->
         decode_workers=workers,
         decode_backend=backend,  # type: ignore[arg-type]
         store_options={"endpoint_url": endpoint},
+        engine=engine,
         **options,
     ) as loader:
         for _ in loader:  # warm-up epoch: start-up, connections
@@ -82,6 +105,7 @@ def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) ->
 
         # Found once, so that each reading is a few files (the loader runs on meanwhile).
         pids = [os.getpid(), *descendants(os.getpid())]
+        kinds = {pid: _kind(pid) for pid in pids}
         before, c0, t0 = _threads(pids), time.process_time(), time.perf_counter()
         n = sum(len(labels) for _ in range(epochs) for _, labels in loader)
         wall, cpu, after = time.perf_counter() - t0, time.process_time() - c0, _threads(pids)
@@ -92,7 +116,7 @@ def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) ->
         (
             (
                 after[k][1] - before.get(k, ("", 0.0))[1],
-                named.get(k[1], after[k][0]) if k[0] == me else "a decode process",
+                named.get(k[1], after[k][0]) if k[0] == me else kinds[k[0]],
                 k[0] == me,
             )
             for k in after
@@ -118,7 +142,9 @@ def main() -> None:
     p.add_argument("--latency", type=float, default=0.02)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--engines", default="inline,1,2", help="inline and/or process counts")
+    p.add_argument("--backend", default="thread", help="decode backend of every case")
+    p.add_argument("--cases", default="", help="ENGINES:BACKEND:DECODE, comma-separated")
     p.add_argument("--data-dir", default=str(HERE.parent / "cache" / "bench-jpegs"))
     p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -133,7 +159,9 @@ def main() -> None:
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     folder = Path(args.data_dir)
     make_jpeg_folder(folder, images=args.images, classes=10, seed=0)
-    names = [c for c in args.cases.split(",") if c]
+    names = [c for c in args.cases.split(",") if c] or [
+        f"{e}:{args.backend}:{d}" for d in DECODES for e in args.engines.split(",")
+    ]
     rows: dict[str, list[dict[str, Any]]] = {c: [] for c in names}
     common = ["--batch-size", str(args.batch_size), "--workers", str(args.workers)]
     common += ["--epochs", str(args.epochs)]
@@ -147,7 +175,7 @@ def main() -> None:
         f"{os.cpu_count()} cores, {args.latency * 1e3:.0f} ms, {args.repeat} rounds; medians\n"
     )
     print(
-        f"{'case':16s} {'img/s':>7s} {'trainer CPU ms/img':>18s} {'busiest thread ms/img':>21s} "
+        f"{'case':20s} {'img/s':>7s} {'trainer CPU ms/img':>18s} {'busiest thread ms/img':>21s} "
         f"{'serial bound img/s':>18s}  busiest thread"
     )
     for case in names:
@@ -156,7 +184,7 @@ def main() -> None:
         last = rs[-1]
         where = "trainer" if last["busiest_in_trainer"] else "child"
         print(
-            f"{case:16s} {med([x['images'] / x['wall'] for x in rs]):7.0f} "
+            f"{case:20s} {med([x['images'] / x['wall'] for x in rs]):7.0f} "
             f"{med([x['trainer_cpu_ms'] for x in rs]):18.3f} {busiest:21.3f} "
             f"{1e3 / busiest if busiest else float('inf'):18.0f}  "
             f"{last['busiest_name']} ({where})"

@@ -57,15 +57,17 @@ def decode_worker_count(given: int | None, num_workers: int = 1) -> int:
     return given or max(1, usable_cpus() // num_workers)
 
 
-WORKERS_PER_ENGINE = 8
-"""Decode workers one engine process feeds.  Its event loop spends 0.15-0.45 ms of CPU per
-image (2 cores, ``bench_scale.py``): one loop keeps up with about 2 000 images/s, some
-eight cores' worth of decode, before it is the bound; more engines lift it."""
+WORKERS_PER_ENGINE = 4
+"""Decode workers one engine process feeds.  Its event loop spends 0.2-0.35 ms of CPU per
+image (``bench_scale.py``, 2 cores), under the one GIL that its decode threads also take
+for their Python parts: on 2 cores two engines of one decode thread made 1.3× the images
+of one engine of two.  Four cores' worth of decode (about 1 000 images/s of 224-pixel
+crops) keeps a loop under a third of its core."""
 
 
 def engine_processes(given: int | None, workers: int) -> int:
     """The one default of the engine process count: one per :data:`WORKERS_PER_ENGINE`
-    decode workers (rounded up), never more than the workers."""
+    decode workers (rounded up)."""
     if given is not None:
         return given
     return max(1, -(-workers // WORKERS_PER_ENGINE))
@@ -347,7 +349,7 @@ class EngineConfig:
             be pickled), and without one inside a DataLoader worker (already a process of
             its own), with ``decode_backend="cuda"`` (the ring is on the GPU) and with a
             ``store=`` object (it lives in this process).
-        processes: Engine processes (None: one per 8 decode workers, rounded up); each
+        processes: Engine processes (None: one per 4 decode workers, rounded up); each
             fetches and decodes every n-th batch with its share of the decode workers,
             the requests in flight and the ring.
         prefetch_batches: Ring slots: batches filling, waiting, or still referenced by the

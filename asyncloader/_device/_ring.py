@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._base._child import attach_shm
+from .._base._child import attach_shm, create_shm, unlink_shm
 from .._base._lease import Lease, leased
 
 __all__ = ["SHM_PREFIX", "BatchRing", "DeviceBatchRing"]
@@ -61,6 +61,7 @@ class BatchRing:
         *,
         shared: bool,
         attach: str | None = None,
+        tracked: bool = True,
     ) -> None:
         if slots < 2 and attach is None:
             raise ValueError("the ring needs at least 2 slots (one filling, one consumed)")
@@ -71,6 +72,7 @@ class BatchRing:
         nbytes = int(np.prod(shape))
         self._shm: SharedMemory | None = None
         self._owner = attach is None
+        self._tracked = tracked
         # Reentrant: a lease can be freed by the garbage collector while this thread holds
         # the lock (a collection can start at any allocation).
         self._lock = threading.RLock()
@@ -87,7 +89,10 @@ class BatchRing:
                 self._shm = attach_shm(attach)
             else:
                 name = f"{SHM_PREFIX}{os.getpid()}_{next(_counter)}"
-                self._shm = SharedMemory(name=name, create=True, size=max(size, 1))
+                if tracked:
+                    self._shm = SharedMemory(name=name, create=True, size=max(size, 1))
+                else:
+                    self._shm = create_shm(name, max(size, 1))
             self.images = np.ndarray(shape, np.uint8, buffer=self._shm.buf)
             self.labels = np.ndarray((slots, batch_size), np.int64, buffer=self._shm.buf, offset=at)
         else:
@@ -166,9 +171,11 @@ class BatchRing:
         _pending.discard(self)
         if shm is None:
             return
-        if self._owner:
+        if self._owner and self._tracked:
             with contextlib.suppress(FileNotFoundError):
                 shm.unlink()
+        elif self._owner:
+            unlink_shm(shm.name)
         self.images = np.empty((0,), np.uint8)
         self.labels = np.empty((0,), np.int64)
         try:

@@ -245,20 +245,23 @@ def make_fetcher(
     return Fetcher(store, counters, config, decode_workers=decode_workers, node=node)
 
 
-def make_ring(p: LoaderPlan, device: torch.device | None, *, shared: bool = False) -> BatchRing:
+def make_ring(p: LoaderPlan, device: torch.device | None, *, engine: bool = False) -> BatchRing:
     """The batch buffers: on the GPU for GPU decode, in shared memory for decode processes
-    (or with ``shared``: an engine process's ring, which the trainer maps), else in this
-    process."""
+    or in an engine process (``engine``: the trainer maps it, and unlinks it too should the
+    engine die: no resource tracker), else in this process."""
     if p.backend == "cuda":
         assert device is not None
         return DeviceBatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, device=device)
-    shared = shared or p.backend == "process"
-    return BatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, shared=shared)
+    shared = engine or p.backend == "process"
+    shape = p.spec.sample_shape
+    return BatchRing(p.slots, p.run.batch_size, shape, shared=shared, tracked=not engine)
 
 
 def split_plan(p: LoaderPlan, n: int) -> list[LoaderPlan]:
     """``p`` for each of ``n`` engine processes: each makes every n-th batch with its share
-    of the decode workers, of the requests in flight and of the ring's slots."""
+    of the decode workers, of the requests in flight and of the ring's slots.  One engine
+    gets the loader's ring; of several, each gets its work in flight plus 2 (one ahead, one
+    held by the trainer: consecutive batches come from different engines), at least 3."""
     plans = []
     for k in range(n):
         workers = max(1, p.workers // n + (k < p.workers % n))

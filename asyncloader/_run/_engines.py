@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._base._child import launch
+from .._base._child import launch, unlink_shm
 from .._base._errors import ClosedError, PipelineDeadError
 from .._base._stats import Counters
 from .._base._types import ObjectInfo
@@ -458,6 +458,8 @@ class EngineProcesses:
         for e in engines:
             if e.ring is not None:
                 e.ring.close()
+            if e.ready is not None:
+                unlink_shm(e.ready[0])  # gone with its engine, unless that engine was killed
         self._remove_budget_folder()
 
     def _remove_budget_folder(self) -> None:

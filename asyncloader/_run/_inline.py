@@ -115,7 +115,7 @@ class InlineEngine:
                     store_options=store_options,
                 )
                 self.rt.listing_task = task
-            self.rt.ring = ring = make_ring(p, device, shared=shared_ring)
+            self.rt.ring = ring = make_ring(p, device, engine=shared_ring)
             c.ring_slots = ring.slots
             self.rt.pool = pool = await make_pool(p, ring)
             budget = budget_folder if budget_folder is not None else folder
