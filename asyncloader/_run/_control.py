@@ -44,7 +44,9 @@ __all__ = [
 
 # Engine -> trainer, on the engine's socket: (tag, ...).
 READY = "ready"  # (READY, ring name, slots, dataset or None): built, producing epoch 0
-LISTED = "listed"  # (LISTED, dataset): a listing that grew while batches were made is done
+# (LISTED, dataset, None) or (LISTED, None, error): a listing that grew while batches were
+# made is complete, or failed.
+LISTED = "listed"
 NOTICE = "notice"  # (NOTICE, generation, Notice)
 COUNTERS = "counters"  # (COUNTERS, Counters)
 FAILED = "failed"  # (FAILED, error): the engine could not start

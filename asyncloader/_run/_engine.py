@@ -143,9 +143,11 @@ def _serve(conn: Any, order: EngineOrder, send: Callable[[Any], None]) -> None:
         assert ring.shm_name is not None
         listing = pipeline.listing
         lead = order.part[0] == 0 and dataset is None
-        send((READY, ring.shm_name, ring.slots, listing.dataset if lead else None))
+        # Read once: a listing that completes after this is announced by the task below.
+        listed = listing.dataset if lead else None
+        send((READY, ring.shm_name, ring.slots, listed))
         loop = engine.rt.loop
-        if lead and not listing.done:
+        if lead and listed is None:
             engine.rt.call_soon(_announce_listing, engine, send)
         engine.rt.call_soon(
             loop.add_reader, order.release_fd, _released, order.release_fd, pipeline
@@ -171,9 +173,12 @@ def _announce_listing(engine: InlineEngine, send: Callable[[Any], None]) -> None
     listing = engine.pipeline.listing
 
     async def wait() -> None:
-        with contextlib.suppress(Exception):  # a failed listing fails the pipeline
+        try:
             dataset = await listing.complete()
-            send((LISTED, dataset))
+        except Exception as exc:  # it fails the pipeline too; the trainer may ask first
+            send((LISTED, None, _portable(exc)))
+        else:
+            send((LISTED, dataset, None))
 
     engine.rt.loop.create_task(wait())
 

@@ -139,6 +139,7 @@ class EngineProcesses:
         self._owed: tuple[int, set[int]] | None = None
         self._dataset: Dataset | None = None
         self._listed = threading.Event()
+        self._listing_error: BaseException | None = None
         self._final = Counters()  # the engines' counts when they stopped
         self._uploader: Uploader | None = None
         self._budget_folder = None
@@ -249,7 +250,7 @@ class EngineProcesses:
                     e.ready = (body[0], body[1], body[2])
                     e.heard.set()
                 elif tag == LISTED:
-                    self._dataset = body[0]
+                    self._dataset, self._listing_error = body
                     self._listed.set()
                 elif tag == FAILED:
                     e.failed = body[0]
@@ -384,6 +385,8 @@ class EngineProcesses:
             lead = self._engines[0]
             if lead.gone:
                 self._dead(lead)
+        if self._listing_error is not None:
+            raise self._listing_error
         assert self._dataset is not None
         return self._dataset
 

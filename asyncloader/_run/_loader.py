@@ -1,13 +1,14 @@
-"""ImageLoader: options → configs, the wiring of the stages, the sync consumer, resume state.
+"""ImageLoader: options → a plan, its engine (processes of its own, :mod:`._engines`, or a
+thread of this process, :mod:`._inline`), the sync consumer, resume state.
 
-Threads: the consumer (the user's), the runtime's event-loop thread (:mod:`._runtime`), and
-the decode pool's workers.  The consumer waits for batches in short slices and checks
-liveness each time, so end of epoch, a dead pipeline, a closed loader, a time-out and a
-consumer that holds every ring slot are different outcomes, each with its own message.
+The consumer (the user's thread) waits for batches in short slices and checks liveness each
+time, so end of epoch, a dead engine, a closed loader, a time-out and a consumer that holds
+every ring slot are different outcomes, each with its own message.  Where the run stands
+(epoch, next batch, span) is kept here, whoever makes the batches.
 
 Lifetime: ``close()`` (or ``with``, or garbage collection, or interpreter exit) closes the
-runtime: the pipeline, the decode workers and the loop thread stop, and the shared memory is
-unlinked last (once no batch handed out references it any more).
+engine: production, the decode workers and the loop stop, and the shared memory goes last
+(once no batch handed out references it any more).
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ class ImageLoader:
                 for images, labels in loader:   # uint8 [B,3,224,224], int64 [B]
                     ...
 
+    Fetch, cache fill and decode run in engine processes (``EngineConfig``): this process
+    maps their rings, hands the batches out in order and gives each slot back when its
+    batch is gone.  ``EngineConfig(mode="inline")`` runs it all on a thread of this
+    process instead.
+
     The tensors of a batch are views of a ring slot (no copy): the slot is reused only once
     the last reference to the batch — the tensors, and any view or array made from them —
     is gone, so a batch kept stays intact.  Every batch kept holds a slot, though: when the
@@ -146,7 +152,8 @@ class ImageLoader:
             (:class:`~asyncloader.ShardConfig`).
         output: Normalisation, layout and pinning of ``device=`` batches
             (:class:`~asyncloader.OutputConfig`).
-        engine: Ring slots, the decompression-bomb limit, the event loop
+        engine: Where the engine runs (engine processes, or ``mode="inline"``), ring
+            slots, the decompression-bomb limit, the event loop
             (:class:`~asyncloader.EngineConfig`).
         **moved: The keywords that moved into those configs (``cache_size``,
             ``cache_scaled_jpegs``, ``listing_max_age``, ``refresh_listing``,
