@@ -11,8 +11,10 @@ the ``Authorization`` header and the canonical request at DEBUG level.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import inspect
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -51,6 +53,9 @@ __all__ = ["S3Store"]
 
 _CRED_REFRESH_SECONDS = 60.0
 T = TypeVar("T")
+
+
+_GIVEN = object()  # the client's place when the endpoint was given (no client is made)
 
 
 class S3Store(HTTPStoreBase, RangedListing):
@@ -112,6 +117,8 @@ class S3Store(HTTPStoreBase, RangedListing):
         self._read_timeout = read_timeout
         self._stack: contextlib.AsyncExitStack | None = None
         self._client: Any = None
+        self._resolved = False  # endpoint, region and credentials known, clients open
+        self._resolving: asyncio.Lock | None = None
         self._session: aiohttp.ClientSession | None = None
         self._use_lean = use_lean
         self._list_concurrency = list_concurrency
@@ -133,42 +140,72 @@ class S3Store(HTTPStoreBase, RangedListing):
 
     async def _ensure(self) -> None:
         self._check_open()
-        if self._client is not None:
+        if self._resolved:
             return
-        from aiobotocore.config import AioConfig
-        from aiobotocore.session import get_session
-        from botocore import UNSIGNED
+        if self._resolving is None:
+            self._resolving = asyncio.Lock()
+        async with self._resolving:  # the first requests come together: resolve once
+            if not self._resolved:
+                await self._resolve()
+                self._resolved = True
+
+    async def _resolve(self) -> None:
         from botocore.exceptions import BotoCoreError
 
-        # aiobotocore only resolves the endpoint, region and credentials, the AWS way; every
+        # botocore only resolves the endpoint, region and credentials, the AWS way; every
         # request goes out on our own client (see the module docstring).
-        session = get_session()
-        if self._profile:
-            session.set_config_variable("profile", self._profile)
+        session: Any
         stack = contextlib.AsyncExitStack()
-        config = AioConfig(
-            signature_version=UNSIGNED if self._anonymous else None,
-            max_pool_connections=1,
-        )
         try:
-            self._client = await stack.enter_async_context(
-                session.create_client(
-                    "s3",
-                    endpoint_url=self._endpoint_url,
-                    region_name=self._region,
-                    config=config,
+            if self._endpoint_url is not None:
+                # A given endpoint needs no client: botocore would take it as it is, and
+                # the region as given or configured.  Making an S3 client loads the
+                # service's whole model, and aiobotocore imports aiohttp: together most of
+                # a second of CPU in every process that opens the store (each engine
+                # process).  botocore's own session finds the credentials (in a thread:
+                # a provider may ask an instance's metadata service).
+                from botocore.session import get_session as get_sync_session
+
+                session = get_sync_session()
+                if self._profile:
+                    session.set_config_variable("profile", self._profile)
+                self._client = _GIVEN
+                region_name = self._region or session.get_config_variable("region")
+                endpoint_url = self._endpoint_url
+                creds = (
+                    None if self._anonymous else await asyncio.to_thread(session.get_credentials)
                 )
-            )
-            creds = None if self._anonymous else await session.get_credentials()
+            else:
+                from aiobotocore.config import AioConfig
+                from aiobotocore.session import get_session
+                from botocore import UNSIGNED
+
+                session = get_session()
+                if self._profile:
+                    session.set_config_variable("profile", self._profile)
+                config = AioConfig(
+                    signature_version=UNSIGNED if self._anonymous else None,
+                    max_pool_connections=1,
+                )
+                self._client = await stack.enter_async_context(
+                    session.create_client(
+                        "s3",
+                        endpoint_url=self._endpoint_url,
+                        region_name=self._region,
+                        config=config,
+                    )
+                )
+                region_name = self._client.meta.region_name
+                endpoint_url = self._client.meta.endpoint_url
+                creds = None if self._anonymous else await session.get_credentials()
         except BotoCoreError as exc:
             await stack.aclose()
             raise StoreError(
                 f"cannot set up access to {self.url}: {type(exc).__name__}: {exc}"
             ) from exc
         self._stack = stack
-        meta = self._client.meta
-        region = self._signing_region = meta.region_name or "us-east-1"
-        endpoint = URL(meta.endpoint_url)
+        region = self._signing_region = region_name or "us-east-1"
+        endpoint = URL(endpoint_url)
         host = endpoint.host or ""
         if self._endpoint_url is None and host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
             # AWS itself: the regional endpoint, FIPS and dual-stack as configured
@@ -240,7 +277,11 @@ class S3Store(HTTPStoreBase, RangedListing):
 
     async def _frozen(self) -> FrozenCredentials:
         c = self._botocore_creds
-        f = await c.get_frozen_credentials()
+        get = c.get_frozen_credentials
+        if inspect.iscoroutinefunction(get):  # aiobotocore's
+            f = await get()
+        else:  # botocore's, which may refresh over the network: off the loop
+            f = await asyncio.to_thread(get)
         return FrozenCredentials(f.access_key, f.secret_key, f.token)
 
     async def _ready(self) -> None:
