@@ -11,8 +11,10 @@
 #     nvidia-nvimgcodec-cu13 nvidia-nvjpeg
 #   (cd .whl && mkdir -p deb && cd deb && apt-get download libjpeg62-turbo libjpeg62-turbo-dev)
 #
-# Run: bash benchmarks/gpu_check.sh [tests|gpu-decode-tests|upload|decode|neighbour ...]
-# (default: tests upload decode; neighbour: bench_neighbour.py on the machine's cores)
+# Run: bash benchmarks/gpu_check.sh [tests|gpu-decode-tests|upload|decode|neighbour|scale ...]
+# (default: tests upload decode; neighbour: bench_neighbour.py on the machine's cores;
+# scale: bench_scale.py with 1-4 engine processes and bench_loader.py against the RAM
+# decode ceiling of all the cores, engine processes and inline interleaved)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -60,6 +62,13 @@ for step in $steps; do
     neighbour)
         timeout 300 python3 benchmarks/bench_neighbour.py --images 3000 --repeat 3 2>&1 |
             tee "$OUT/neighbour.log" | tail -12
+        ;;
+    scale)
+        timeout 200 python3 benchmarks/bench_scale.py --images 4000 --repeat 1 \
+            --engines inline,1,2,4 2>&1 | tee "$OUT/scale.log" | tail -12
+        timeout 240 python3 benchmarks/bench_loader.py --images 4000 --latencies 0,0.02 \
+            --skip-dataloader --inline --repeat 2 --epochs 1 2>&1 |
+            tee "$OUT/loader.log" | tail -12
         ;;
     esac
 done
