@@ -60,9 +60,10 @@ def decode_worker_count(given: int | None, num_workers: int = 1) -> int:
 WORKERS_PER_ENGINE = 4
 """Decode workers one engine process feeds.  Its event loop spends 0.2-0.35 ms of CPU per
 image (``bench_scale.py``, 2 cores), under the one GIL that its decode threads also take
-for their Python parts: on 2 cores two engines of one decode thread made 1.3× the images
-of one engine of two.  Four cores' worth of decode (about 1 000 images/s of 224-pixel
-crops) keeps a loop under a third of its core."""
+for their Python parts: on 2 cores two engines of one decode thread made 1.00-1.31× the
+images of one engine of two (two runs), and with a trivial decode the busiest thread's
+bound rose from 3 600 to 5 400 images/s.  Four cores' worth of decode (about 1 000
+images/s of 224-pixel crops) keeps a loop under a third of its core."""
 
 
 def engine_processes(given: int | None, workers: int) -> int:
