@@ -149,6 +149,10 @@ class EngineProcesses:
             self._budget_folder = tempfile.mkdtemp(prefix="asyncloader-budget-")
         plans = split_plan(p, n)
         known = objects is not None
+        # The slot pipes first: each order names its pipe's end as the engine sees it (the
+        # same number), so every order is pickled once, and a failure to pickle is known
+        # before any process starts.
+        pipes = [os.pipe() for _ in range(n)]
         orders = []
         for k in range(n):
             order = EngineOrder(
@@ -165,18 +169,23 @@ class EngineProcesses:
                 budget_folder=self._budget_folder,
                 max_age=max_age,
                 stream=stream and n == 1,
-                release_fd=-1,
+                release_fd=pipes[k][0],
             )
             try:
                 orders.append(pickle.dumps(order))
             except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                for fds in pipes:
+                    for fd in fds:
+                        os.close(fd)
                 self._remove_budget_folder()
                 raise OrderNotPicklable(str(exc)) from exc
             del order
         self._engines: list[_Engine] = []
         try:
-            for k in range(n):
-                self._engines.append(self._launch(k, orders[k]))
+            while pipes:
+                k = n - len(pipes)
+                r, w = pipes.pop(0)
+                self._engines.append(self._launch(k, orders[k], r, w))
             self._reader = threading.Thread(
                 target=self._read, name="asyncloader-engines", daemon=True
             )
@@ -202,14 +211,16 @@ class EngineProcesses:
                 self._dataset = lead[2]
                 self._listed.set()
         except BaseException:
+            for fds in pipes:  # not launched
+                for fd in fds:
+                    os.close(fd)
             self.close()
             raise
 
-    def _launch(self, k: int, order: bytes) -> _Engine:
-        r, w = os.pipe()
+    def _launch(self, k: int, order: bytes, r: int, w: int) -> _Engine:
+        """Start engine ``k`` with the read end ``r`` of its slot pipe (closed here once the
+        child has it; ``w`` stays, or is closed if the start fails)."""
         try:
-            # The order names the pipe's end as the engine sees it (the same number).
-            order = pickle.dumps(replace(pickle.loads(order), release_fd=r))
             proc, conn = launch(_ENTRY, "asyncloader-engine", (order,), pass_fds=(r,))
         except BaseException:
             os.close(w)
