@@ -21,14 +21,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any
 
 from .._base._child import launch
 from .._base._errors import DecodeError, PipelineDeadError, shown_key
 from .._base._types import DecodeJob, Outcome
+from .._base._wire import ChildFailed, Message, Stop
 from ._arena import ArenaSlice, Extents
 from ._image import DecodeSpec
-from ._worker import READY
+from ._worker import Jobs, Results, WorkerReady
 
 __all__ = ["ProcessDecodePool"]
 
@@ -55,7 +55,7 @@ _DIED_STARTING = (
 )
 
 
-_STOP = "stop"  # ends a worker's sender thread without a message to the worker
+_QUIT = object()  # ends a worker's sender thread without a message to the worker
 
 
 @dataclass
@@ -71,21 +71,21 @@ class _Worker:
     conn: mpc.Connection
     jobs: dict[int, DecodeJob] = field(default_factory=dict)  # sent, not answered
     ready: bool = False
-    outbox: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    outbox: queue.SimpleQueue[Message | object] = field(default_factory=queue.SimpleQueue)
     sender: threading.Thread | None = None
 
     def start_sender(self, on_broken: Callable[[], None]) -> None:
         def run() -> None:
             while True:
                 msg = self.outbox.get()
-                if msg is _STOP:
+                if msg is _QUIT:
                     return
                 try:
                     self.conn.send(msg)
                 except (OSError, ValueError):  # the worker is gone
                     on_broken()
                     return
-                if msg is None:  # the worker was told to stop
+                if isinstance(msg, Stop):  # the worker was told to stop
                     return
 
         self.sender = threading.Thread(target=run, name="asyncloader-decode-send", daemon=True)
@@ -98,7 +98,7 @@ class _Worker:
         return self.proc.returncode
 
     def stop_sender(self, timeout: float = 2.0) -> None:
-        self.outbox.put(_STOP)
+        self.outbox.put(_QUIT)
         if self.sender is not None:
             self.sender.join(timeout)
 
@@ -199,13 +199,19 @@ class ProcessDecodePool:
                 if not w.conn.poll(max(deadline - time.monotonic(), 0)):
                     _stop_workers(pool)
                     raise PipelineDeadError(f"decode worker did not start within {timeout} s")
-                w.conn.recv()
-                w.ready = True
+                msg = w.conn.recv()
             except (EOFError, OSError):
                 code = w.join(5)
                 self._closed = True
                 _stop_workers(pool)
                 raise PipelineDeadError(_DIED_STARTING.format(code=code)) from None
+            if not isinstance(msg, WorkerReady):
+                self._closed = True
+                _stop_workers(pool)
+                if isinstance(msg, ChildFailed):
+                    raise msg.error.rebuild()
+                raise PipelineDeadError(f"decode worker sent {msg!r} instead of being ready")
+            w.ready = True
         return pool
 
     @property
@@ -256,40 +262,66 @@ class ProcessDecodePool:
             room = self._depth - len(w.jobs)
             if room <= 0:
                 return
-            chunk: list[tuple[int, DecodeJob]] = []
-            while self._pending and len(chunk) < room:
+            ids: list[int] = []
+            jobs: list[DecodeJob] = []
+            while self._pending and len(ids) < room:
                 _, job_id, job = heapq.heappop(self._pending)
                 fut = self._futures.get(job_id)
                 if fut is None or fut.done():
                     self._release(job)
                     continue  # cancelled while queued
                 job = self._to_arena(job)
-                chunk.append((job_id, job))
+                ids.append(job_id)
+                jobs.append(job)
                 w.jobs[job_id] = job
-            if chunk:
-                w.outbox.put(chunk)
+            if ids:
+                w.outbox.put(Jobs(tuple(ids), tuple(jobs)))
 
     def _on_readable(self, w: _Worker) -> None:
         try:
             while w.conn.poll():
                 msg = w.conn.recv()
-                if msg == READY:
-                    w.ready = True
-                    continue
-                for job_id, outcome, err in msg:  # (id, Outcome, None) or (id, None, error)
-                    done = w.jobs.pop(job_id, None)
-                    if done is not None:
-                        self._release(done)
-                    fut = self._futures.get(job_id)
-                    if fut is not None and not fut.done():
-                        if err is None:
-                            fut.set_result(outcome)
-                        else:
-                            fut.set_exception(err)
+                if isinstance(msg, Results):
+                    self._results(w, msg)
+                elif isinstance(msg, ChildFailed):
+                    self._fail_worker(w, msg.error.rebuild())
+                    return
+                elif not isinstance(msg, WorkerReady):
+                    raise TypeError(f"decode worker sent {msg!r}")
         except (EOFError, OSError):
             self._on_death(w)
             return
+        except Exception as exc:  # a message that cannot be read: the worker is replaced
+            error = PipelineDeadError(f"a message from a decode worker could not be read: {exc!r}")
+            error.__cause__ = exc
+            self._fail_worker(w, error)
+            return
         self._dispatch()
+
+    def _results(self, w: _Worker, msg: Results) -> None:
+        for job_id, outcome in zip(msg.ids, msg.outcomes, strict=True):
+            done = w.jobs.pop(job_id, None)
+            if done is not None:
+                self._release(done)
+            fut = self._futures.get(job_id)
+            if fut is not None and not fut.done():
+                if isinstance(outcome, Outcome):
+                    fut.set_result(outcome)
+                else:
+                    fut.set_exception(outcome.rebuild())
+
+    def _fail_worker(self, w: _Worker, error: BaseException) -> None:
+        """On the loop: ``w`` cannot go on.  Its jobs fail with ``error`` (not retried: the
+        cause is not the input's death of a worker), and it is stopped and replaced."""
+        for job_id, job in list(w.jobs.items()):
+            self._release(job)
+            fut = self._futures.get(job_id)
+            if fut is not None and not fut.done():
+                fut.set_exception(error)
+        w.jobs.clear()
+        with contextlib.suppress(OSError):
+            w.proc.kill()
+        self._on_death(w)
 
     def _on_death(self, w: _Worker) -> None:
         """On the loop: ``w`` died.  Its jobs go back to the queue (or fail, the second
@@ -419,7 +451,7 @@ def _stop_workers(pool: Sequence[_Worker]) -> None:
     """Ask every worker to stop, then terminate, then kill the ones still running (each
     step waits up to 2 s); blocking, so never on the loop."""
     for w in pool:
-        w.outbox.put(None)  # through the sender thread: one writer per connection
+        w.outbox.put(Stop())  # through the sender thread: one writer per connection
     deadline = time.monotonic() + 2
     for w in pool:
         w.join(deadline - time.monotonic())

@@ -12,22 +12,50 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import multiprocessing.connection as mpc
-import traceback
-from typing import Any
+import os
+from dataclasses import dataclass
 
 import numpy as np
 
 from .._base._child import attach_shm, receive_order, unpickle_order
-from .._base._errors import DecodeError
-from .._base._types import DecodeJob
+from .._base._errors import DecodeError, PipelineDeadError
+from .._base._types import DecodeJob, Outcome
+from .._base._wire import ChildFailed, CrossedError, Message, Stop, send
 from ._arena import ArenaSlice
 from ._image import DecodeSpec, U8Array
 from ._job import run_job
 
-__all__ = ["READY", "worker_main"]
+__all__ = ["Jobs", "Results", "WorkerReady", "worker_main"]
 
-READY = "ready"
-"""The first message a worker sends: attached and ready for jobs."""
+# A decode worker's messages (the shape every child protocol shares: _base/_wire.py):
+#
+#   engine (or inline loader)                 decode worker
+#     │── (spec, ring, arena) (launch) ──────────►│ attaches the ring and the arena
+#     │◄──────── WorkerReady | ChildFailed ───────│
+#     │── Jobs ──────────────────────────────────►│ decodes into the ring
+#     │◄──────── Results (two jobs at most) ──────│
+#     │── Stop ──────────────────────────────────►│ sends what it holds, exits
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReady(Message):
+    """Worker → parent: attached, ready for jobs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Jobs(Message):
+    """Parent → worker: jobs to run, each with the parent's id for it."""
+
+    ids: tuple[int, ...]
+    jobs: tuple[DecodeJob, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Results(Message):
+    """Worker → parent: how each job went, by id (its failure crossed as a value)."""
+
+    ids: tuple[int, ...]
+    outcomes: tuple[Outcome | CrossedError, ...]
 
 
 def worker_main(fd: int) -> None:
@@ -42,21 +70,16 @@ def worker_main(fd: int) -> None:
     if got is None:
         return
     conn, main, (spec_bytes, shm_name, shape, arena_name) = got
-    spec = unpickle_order(spec_bytes, main)
-    _serve(conn, spec, shm_name, shape, arena_name)
-
-
-def _without_frames(exc: BaseException) -> BaseException:
-    """``exc`` and the errors chained to it, without their tracebacks (their text is in a
-    note already).  A traceback holds the frames the error went through, and with them
-    views of the ring and of the arena: segments that then cannot close at exit."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        e.__traceback__ = None
-        e = e.__cause__ or e.__context__
-    return exc
+    where = f"decode worker {os.getpid()}"
+    try:
+        spec = unpickle_order(spec_bytes, main)
+    except BaseException as exc:
+        error = PipelineDeadError(f"{where} could not start: {exc!r}")
+        error.__cause__ = exc
+        with contextlib.suppress(Exception):
+            send(conn, ChildFailed(CrossedError.of(error, where)), where)
+        return
+    _serve(conn, spec, shm_name, shape, arena_name, where)
 
 
 REPLY_BATCH = 2
@@ -70,43 +93,56 @@ def _serve(
     shm_name: str,
     shape: tuple[int, ...],
     arena_name: str | None,
+    where: str,
 ) -> None:
-    shm = attach_shm(shm_name)
-    images: U8Array = np.ndarray(shape, np.uint8, buffer=shm.buf)
-    arena = attach_shm(arena_name) if arena_name else None
-    view = arena.buf if arena is not None else None
     try:
-        conn.send(READY)
-        replies: list[tuple[Any, ...]] = []
+        shm = attach_shm(shm_name)
+        arena = attach_shm(arena_name) if arena_name else None
+    except Exception as exc:  # the parent closed the loader meanwhile, or /dev/shm failed
+        with contextlib.suppress(Exception):
+            send(conn, ChildFailed(CrossedError.of(exc, where)), where)
+        return
+    images: U8Array = np.ndarray(shape, np.uint8, buffer=shm.buf)
+    view = arena.buf if arena is not None else None
+    ids: list[int] = []
+    outcomes: list[Outcome | CrossedError] = []
+
+    def reply() -> None:
+        send(conn, Results(tuple(ids), tuple(outcomes)), where)
+        ids.clear()
+        outcomes.clear()
+
+    try:
+        send(conn, WorkerReady(), where)
         while True:
             msg = conn.recv()
-            if msg is None:
-                if replies:
-                    conn.send(replies)
+            if isinstance(msg, Stop):
+                if ids:
+                    reply()
                 return
+            assert isinstance(msg, Jobs)
             job: DecodeJob
-            for n, (job_id, job) in enumerate(msg, 1):  # a chunk of (job id, job)
+            for n, (job_id, job) in enumerate(zip(msg.ids, msg.jobs, strict=True), 1):
                 if isinstance(job.data, ArenaSlice):
                     assert view is not None
                     at = job.data
                     job = dataclasses.replace(job, data=view[at.offset : at.offset + at.size])
+                ids.append(job_id)
                 try:
-                    outcome = run_job(job, images[job.slot, job.index], spec)
-                    replies.append((job_id, outcome, None))
+                    outcomes.append(run_job(job, images[job.slot, job.index], spec))
                 except Exception as exc:
-                    err = (
-                        exc if isinstance(exc, DecodeError) else DecodeError(repr(exc), key=job.key)
-                    )
-                    err.add_note("in a decode worker:\n" + traceback.format_exc())
-                    replies.append((job_id, None, _without_frames(err)))
-                    del err
+                    err = exc
+                    if not isinstance(exc, DecodeError):
+                        err = DecodeError(repr(exc), key=job.key)
+                        err.__cause__ = exc
+                    outcomes.append(CrossedError.of(err, where))
+                    del err, exc
                 # Replies go back in twos (each message wakes the parent: a write and a
                 # context switch, 5 % of a worker's time when sent one by one), and at once
                 # when this worker would otherwise wait: the parent sends more jobs as
                 # replies come back, so the worker always holds the next job meanwhile.
-                if len(replies) >= REPLY_BATCH or (n == len(msg) and not conn.poll()):
-                    conn.send(replies)
-                    replies = []
+                if len(ids) >= REPLY_BATCH or (n == len(msg.ids) and not conn.poll()):
+                    reply()
             del job
     except (EOFError, OSError):
         return  # the parent is gone

@@ -19,44 +19,112 @@ import numpy as np
 
 from .._base._stats import Counters
 from .._base._types import ObjectInfo
+from .._base._wire import CrossedError, Message
 from .._cache import ObjectCache
 from .._dataset._labels import Dataset, LabelSpec
 from .._device._ring import BatchRing
-from ._notices import BatchReady, Notice
+from ._notices import BatchReady, EpochEnd, Notice
 
 if TYPE_CHECKING:
     from .._device._upload import Uploader
     from ._build import LoaderPlan
 
 __all__ = [
-    "ASK_COUNTERS",
-    "COUNTERS",
-    "DATASET",
-    "FAILED",
-    "LISTED",
-    "NOTICE",
-    "READY",
     "SLOT",
-    "START",
+    "AskCounters",
+    "Counts",
     "Engine",
     "EngineOrder",
+    "EngineReady",
+    "Listed",
+    "Produced",
+    "ProductionFailed",
+    "StartEpoch",
+    "TakeDataset",
 ]
 
-# Engine -> trainer, on the engine's socket: (tag, ...).
-READY = "ready"  # (READY, ring name, slots, dataset or None): built, producing epoch 0
-# (LISTED, dataset, None) or (LISTED, None, error): a listing that grew while batches were
-# made is complete, or failed.
-LISTED = "listed"
-NOTICE = "notice"  # (NOTICE, generation, Notice)
-COUNTERS = "counters"  # (COUNTERS, Counters)
-FAILED = "failed"  # (FAILED, error): the engine could not start
-# Trainer -> engine, on the same socket; None asks it to stop.
-START = "start"  # (START, generation, epoch, first batch, span)
-DATASET = "dataset"  # (DATASET, dataset): the lead engine's listing, for the others
-ASK_COUNTERS = "ask-counters"  # (ASK_COUNTERS,)
-# Trainer -> engine on a pipe of its own: a ring slot given back, written by whichever thread
-# drops the batch's last reference (one write, atomic, no lock: safe in a finaliser).
+# The engine's messages (see _base/_wire.py for the shape every child protocol shares):
+#
+#   trainer                                   engine k
+#     │── EngineOrder (launch) ──────────────────►│ lists (the lead) or waits for
+#     │── TakeDataset (to k > 0, unless known) ──►│   the lead's dataset
+#     │◄──────── EngineReady | ChildFailed ───────│ built, producing epoch 0
+#     │◄──────── Listed (the lead, if it grew) ───│
+#     │── StartEpoch ────────────────────────────►│ restarts production
+#     │◄──────── Produced | ProductionFailed ─────│ one per batch, epoch end, failure
+#     │── AskCounters ───────────────────────────►│
+#     │◄──────── Counts ──────────────────────────│
+#     │── Stop ──────────────────────────────────►│ tears down
+#     │◄──────── Counts (final) ──────────────────│ exits; EOF: gone
+#
+# Slots go back on a pipe of their own, not the socket: SLOT, 4 bytes, written by whichever
+# thread drops a batch's last reference (one write, atomic, no lock: safe in a finaliser).
 SLOT = struct.Struct("=i")
+
+
+@dataclass(frozen=True, slots=True)
+class TakeDataset(Message):
+    """Trainer → engine ``k > 0``: the lead engine's listing, instead of listing again."""
+
+    dataset: Dataset
+
+
+@dataclass(frozen=True, slots=True)
+class StartEpoch(Message):
+    """Trainer → engine: make ``epoch`` from batch ``first`` on (``span``: positions of its
+    order left to deal); what it makes from now on carries ``generation``."""
+
+    generation: int
+    epoch: int
+    first: int
+    span: tuple[int, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class AskCounters(Message):
+    """Trainer → engine: send your counters."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReady(Message):
+    """Engine → trainer: built and producing epoch 0 into ring ``ring`` (a shared-memory
+    name) of ``slots`` slots; ``dataset``: the lead's listing when complete already."""
+
+    ring: str
+    slots: int
+    dataset: Dataset | None
+
+
+@dataclass(frozen=True, slots=True)
+class Listed(Message):
+    """Engine (the lead) → trainer: a listing that grew while batches were made is complete
+    (``dataset``), or failed (``error``)."""
+
+    dataset: Dataset | None
+    error: CrossedError | None
+
+
+@dataclass(frozen=True, slots=True)
+class Produced(Message):
+    """Engine → trainer: a batch ready, or an epoch's end, made for ``generation``."""
+
+    generation: int
+    notice: BatchReady | EpochEnd
+
+
+@dataclass(frozen=True, slots=True)
+class ProductionFailed(Message):
+    """Engine → trainer: production for ``generation`` stopped with ``error``."""
+
+    generation: int
+    error: CrossedError
+
+
+@dataclass(frozen=True, slots=True)
+class Counts(Message):
+    """Engine → trainer: its counters (asked for, or the final ones as it stops)."""
+
+    counters: Counters
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +137,7 @@ class EngineOrder:
         url, store_options: The store it opens (its own connections).
         labels, extensions: How the listing becomes samples.
         objects: The object list when the trainer has it (given, or the job's listing).
-        await_dataset: Wait for the lead engine's dataset (:data:`DATASET`) instead of
+        await_dataset: Wait for the lead engine's dataset (:class:`TakeDataset`) instead of
             listing (every engine but the first, when the list is not known yet).
         folder: The SSD cache folder, or None; ``cache`` its handle.
         budget_folder: Where the node's fetch budget file lives (the cache folder, or a

@@ -19,25 +19,25 @@ import os
 import queue
 import shutil
 import threading
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 from .._base._child import receive_order, unpickle_order
 from .._base._errors import PipelineDeadError
 from .._base._stats import Counters
+from .._base._wire import ChildFailed, CrossedError, Message, Stop, send
 from .._stores import open_store
 from ._control import (
-    ASK_COUNTERS,
-    COUNTERS,
-    DATASET,
-    FAILED,
-    LISTED,
-    NOTICE,
-    READY,
     SLOT,
-    START,
+    AskCounters,
+    Counts,
     EngineOrder,
+    EngineReady,
+    Listed,
+    Produced,
+    ProductionFailed,
+    StartEpoch,
+    TakeDataset,
 )
 from ._inline import InlineEngine
 from ._notices import Failed, Notice
@@ -45,33 +45,37 @@ from ._pipeline import Pipeline
 
 __all__ = ["engine_main"]
 
+Send = Callable[[Message], None]
+
 
 class _Sender(queue.Queue[Notice]):
     """The pipeline's output in an engine process: each notice goes to the trainer at once,
     stamped with the generation (the trainer's latest start) it was made for."""
 
-    def __init__(self, send: Callable[[Any], None]) -> None:
+    def __init__(self, send: Send, where: str) -> None:
         super().__init__()
         self._send = send
+        self._where = where
         self.generation = 0  # set on the loop, where notices are put
 
     def put(self, item: Notice, block: bool = True, timeout: float | None = None) -> None:
         if isinstance(item, Failed):
-            item = Failed(_portable(item.error))
-        self._send((NOTICE, self.generation, item))
+            self._send(ProductionFailed(self.generation, CrossedError.of(item.error, self._where)))
+        else:
+            self._send(Produced(self.generation, item))
 
 
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` as it can cross to the trainer: pickling keeps its notes but not the errors
-    it was raised from nor its traceback, so their text becomes a note."""
-    exc.add_note(
-        f"in engine process {os.getpid()}:\n" + "".join(traceback.format_exception(exc)).rstrip()
-    )
-    e: BaseException | None = exc
-    while e is not None:  # no frames (and the ring views they hold) go along
-        e.__traceback__ = None
-        e = e.__cause__ or e.__context__
-    return exc
+def _main_script_advice(exc: BaseException) -> str:
+    """The ``__main__`` advice, where the order failed in the user's script (a hook defined
+    there that the engine imports); nothing otherwise."""
+    text = f"{exc!r}"
+    if "__main__" in text or "__mp_main__" in text or "bootstrapping phase" in text:
+        return (
+            "\nA hook defined in the training script makes engine processes import the "
+            "script: guard its entry point with `if __name__ == '__main__':`, or run the "
+            "engine in this process with EngineConfig(mode='inline')"
+        )
+    return ""
 
 
 def engine_main(fd: int) -> None:
@@ -81,25 +85,22 @@ def engine_main(fd: int) -> None:
         return
     conn, main, (order_bytes,) = got
     lock = threading.Lock()
+    where = f"engine process {os.getpid()}"
 
-    def send(msg: Any) -> None:
+    def safe_send(msg: Message) -> None:
         with lock:
-            conn.send(msg)
+            send(conn, msg, where)
 
     try:
         order: EngineOrder = unpickle_order(order_bytes, main)
     except BaseException as exc:
-        error = PipelineDeadError(
-            f"engine process could not start: {exc}\nA hook defined in the training script "
-            "makes engine processes import the script: guard its entry point with "
-            "`if __name__ == '__main__':`, or run the engine in this process with "
-            "EngineConfig(mode='inline')"
-        )
+        error = PipelineDeadError(f"{where} could not start: {exc!r}{_main_script_advice(exc)}")
+        error.__cause__ = exc
         with contextlib.suppress(Exception):
-            send((FAILED, error))
+            safe_send(ChildFailed(CrossedError.of(error, where)))
         return
     try:
-        _serve(conn, order, send)
+        _serve(conn, order, safe_send, where)
     except (EOFError, OSError):
         pass  # the trainer is gone
     finally:
@@ -107,14 +108,16 @@ def engine_main(fd: int) -> None:
             shutil.rmtree(order.budget_folder, ignore_errors=True)
 
 
-def _serve(conn: Any, order: EngineOrder, send: Callable[[Any], None]) -> None:
-    output = _Sender(send)
+def _serve(conn: Any, order: EngineOrder, send: Send, where: str) -> None:
+    output = _Sender(send, where)
     engine = InlineEngine(order.plan, Counters(), output)
     try:
         dataset = None
         if order.await_dataset:
-            tag, dataset = conn.recv()
-            assert tag == DATASET
+            msg = conn.recv()
+            if not isinstance(msg, TakeDataset):  # Stop: the trainer gave up meanwhile
+                return
+            dataset = msg.dataset
         try:
             store = open_store(order.url, **order.store_options)
             engine.setup(
@@ -135,7 +138,7 @@ def _serve(conn: Any, order: EngineOrder, send: Callable[[Any], None]) -> None:
                 shared_ring=True,
             )
         except BaseException as exc:
-            send((FAILED, exc))
+            send(ChildFailed(CrossedError.of(exc, where)))
             return
         pipeline = engine.pipeline
         ring = engine.rt.ring
@@ -145,30 +148,28 @@ def _serve(conn: Any, order: EngineOrder, send: Callable[[Any], None]) -> None:
         lead = order.part[0] == 0 and dataset is None
         # Read once: a listing that completes after this is announced by the task below.
         listed = listing.dataset if lead else None
-        send((READY, ring.shm_name, ring.slots, listed))
+        send(EngineReady(ring.shm_name, ring.slots, listed))
         loop = engine.rt.loop
         if lead and listed is None:
-            engine.rt.call_soon(_announce_listing, engine, send)
+            engine.rt.call_soon(_announce_listing, engine, send, where)
         engine.rt.call_soon(
             loop.add_reader, order.release_fd, _released, order.release_fd, pipeline
         )
         while True:
             msg = conn.recv()
-            if msg is None:  # stop: tear down, then the final counts (cache writes too)
+            if isinstance(msg, Stop):  # tear down, then the final counts (cache writes too)
                 engine.close()
-                send((COUNTERS, engine.engine_counters()))
+                send(Counts(engine.engine_counters()))
                 return
-            tag = msg[0]
-            if tag == START:
-                _, generation, epoch, first, span = msg
-                engine.call(_restart(pipeline, output, generation, epoch, first, span))
-            elif tag == ASK_COUNTERS:
-                send((COUNTERS, engine.call(_counters(engine))))
+            if isinstance(msg, StartEpoch):
+                engine.call(_restart(pipeline, output, msg))
+            elif isinstance(msg, AskCounters):
+                send(Counts(engine.call(_counters(engine))))
     finally:
         engine.close()
 
 
-def _announce_listing(engine: InlineEngine, send: Callable[[Any], None]) -> None:
+def _announce_listing(engine: InlineEngine, send: Send, where: str) -> None:
     """On the loop: tell the trainer the dataset once a growing listing is complete."""
     listing = engine.pipeline.listing
 
@@ -176,9 +177,9 @@ def _announce_listing(engine: InlineEngine, send: Callable[[Any], None]) -> None
         try:
             dataset = await listing.complete()
         except Exception as exc:  # it fails the pipeline too; the trainer may ask first
-            send((LISTED, None, _portable(exc)))
+            send(Listed(None, CrossedError.of(exc, where)))
         else:
-            send((LISTED, dataset, None))
+            send(Listed(dataset, None))
 
     engine.rt.loop.create_task(wait())
 
@@ -198,19 +199,13 @@ def _released(fd: int, pipeline: Pipeline) -> None:
         pipeline.release(slot)
 
 
-async def _restart(
-    pipeline: Pipeline,
-    output: _Sender,
-    generation: int,
-    epoch: int,
-    first: int,
-    span: tuple[int, int] | None,
-) -> None:
-    """Production restarts at ``epoch``/``first``: what the old one announces until it has
-    stopped carries the old generation (the trainer drops it and gives its slots back)."""
+async def _restart(pipeline: Pipeline, output: _Sender, order: StartEpoch) -> None:
+    """Production restarts at ``order.epoch``/``order.first``: what the old one announces
+    until it has stopped carries the old generation (the trainer drops it and gives its
+    slots back)."""
     await pipeline.stop()
-    output.generation = generation
-    await pipeline.start(epoch, first, span)
+    output.generation = order.generation
+    await pipeline.start(order.epoch, order.first, order.span)
 
 
 async def _counters(engine: InlineEngine) -> Counters:

@@ -37,21 +37,22 @@ from .._base._child import launch, unlink_shm
 from .._base._errors import ClosedError, PipelineDeadError
 from .._base._stats import Counters
 from .._base._types import ObjectInfo
+from .._base._wire import ChildFailed, Message, Stop
 from .._cache import ObjectCache
 from .._dataset._labels import Dataset, LabelSpec
 from .._device._ring import BatchRing
 from ._build import LoaderPlan, split_plan
 from ._control import (
-    ASK_COUNTERS,
-    COUNTERS,
-    DATASET,
-    FAILED,
-    LISTED,
-    NOTICE,
-    READY,
     SLOT,
-    START,
+    AskCounters,
+    Counts,
     EngineOrder,
+    EngineReady,
+    Listed,
+    Produced,
+    ProductionFailed,
+    StartEpoch,
+    TakeDataset,
 )
 from ._notices import BatchReady, EpochEnd, Failed, Notice
 from ._pipeline import samples_per_epoch
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 __all__ = ["EngineProcesses", "OrderNotPicklable"]
 
 _ENTRY = "asyncloader._run._engine:engine_main"
+_EVERY_GENERATION = -1  # a failure of the engine itself: whatever start it was made for
 START_TIMEOUT = 120.0  # an engine's start: interpreter, imports, listing [seconds]
 _STOP_GRACE = 20.0  # an engine's own teardown before it is terminated [seconds]
 _DIED = (
@@ -86,7 +88,7 @@ class _Engine:
     release_fd: int
     notices: queue.Queue[tuple[int, Notice]] = field(default_factory=queue.Queue)
     replies: queue.Queue[Counters] = field(default_factory=queue.Queue)
-    ready: tuple[str, int, Dataset | None] | None = None
+    ready: EngineReady | None = None
     failed: BaseException | None = None
     gone: bool = False
     ring: BatchRing | None = None
@@ -192,23 +194,21 @@ class EngineProcesses:
             self._reader.start()
             lead = self._wait_ready(self._engines[0])
             if not known and n > 1:
-                dataset = lead[2]
-                assert dataset is not None
+                assert lead.dataset is not None
                 for e in self._engines[1:]:
-                    self._send(e, (DATASET, dataset))
+                    self._send(e, TakeDataset(lead.dataset))
             for e in self._engines[1:]:
                 self._wait_ready(e)
             for e in self._engines:
                 assert e.ready is not None
-                name, slots, _ = e.ready
                 plan = plans[e.k]
                 e.ring = BatchRing.attached(
-                    name, slots, plan.run.batch_size, plan.spec.sample_shape
+                    e.ready.ring, e.ready.slots, plan.run.batch_size, plan.spec.sample_shape
                 )
                 fd = e.release_fd
                 e.ring.on_release = lambda slot, fd=fd: _give_back(fd, slot)
-            if lead[2] is not None:
-                self._dataset = lead[2]
+            if lead.dataset is not None:
+                self._dataset = lead.dataset
                 self._listed.set()
         except BaseException:
             for fds in pipes:  # not launched
@@ -242,7 +242,6 @@ class EngineProcesses:
                 ready = [conn for conn in live if conn.closed]
             for conn in ready:
                 e = live[conn]
-                msg: Any
                 try:
                     msg = conn.recv()
                 except (EOFError, OSError):
@@ -250,30 +249,52 @@ class EngineProcesses:
                     e.heard.set()
                     live.pop(conn)
                     continue
-                except Exception as exc:  # an answer that cannot be unpickled here
-                    msg = (FAILED, exc)
-                tag, *body = msg
-                if tag == NOTICE:
-                    e.notices.put((body[0], body[1]))
-                elif tag == COUNTERS:
-                    e.replies.put(body[0])
-                elif tag == READY:
-                    e.ready = (body[0], body[1], body[2])
-                    e.heard.set()
-                elif tag == LISTED:
-                    self._dataset, self._listing_error = body
-                    self._listed.set()
-                elif tag == FAILED:
-                    e.failed = body[0]
-                    e.heard.set()
+                except Exception as exc:  # a message that cannot be unpickled here
+                    error = PipelineDeadError(
+                        f"a message from engine process {e.k} could not be read: {exc!r}"
+                    )
+                    error.__cause__ = exc
+                    self._fail(e, error)
+                    continue
+                self._dispatch(e, msg)
 
-    def _send(self, e: _Engine, msg: Any) -> None:
+    def _dispatch(self, e: _Engine, msg: Message) -> None:
+        """On the reader thread: one message of engine ``e`` to where it is waited for."""
+        if isinstance(msg, Produced):
+            e.notices.put((msg.generation, msg.notice))
+        elif isinstance(msg, ProductionFailed):
+            e.notices.put((msg.generation, Failed(msg.error.rebuild())))
+        elif isinstance(msg, Counts):
+            e.replies.put(msg.counters)
+        elif isinstance(msg, EngineReady):
+            e.ready = msg
+            e.heard.set()
+        elif isinstance(msg, Listed):
+            self._listing_error = msg.error.rebuild() if msg.error is not None else None
+            self._dataset = msg.dataset
+            self._listed.set()
+        elif isinstance(msg, ChildFailed):
+            self._fail(e, msg.error.rebuild())
+        else:
+            self._fail(e, PipelineDeadError(f"engine process {e.k} sent {msg!r}"))
+
+    def _fail(self, e: _Engine, error: BaseException) -> None:
+        """Engine ``e`` cannot go on: its start raises ``error``, and so does whoever waits
+        for its next batch or for the listing."""
+        e.failed = error
+        e.notices.put((_EVERY_GENERATION, Failed(error)))
+        if e.k == 0 and not self._listed.is_set():
+            self._listing_error = error
+            self._listed.set()
+        e.heard.set()
+
+    def _send(self, e: _Engine, msg: Message) -> None:
         with self._lock:
             if not e.gone:
                 with contextlib.suppress(OSError, ValueError):
                     e.conn.send(msg)
 
-    def _wait_ready(self, e: _Engine) -> tuple[str, int, Dataset | None]:
+    def _wait_ready(self, e: _Engine) -> EngineReady:
         if not e.heard.wait(START_TIMEOUT):
             raise PipelineDeadError(f"engine process {e.k} did not start in {START_TIMEOUT} s")
         if e.failed is not None:
@@ -306,7 +327,7 @@ class EngineProcesses:
         self._expect = self._first_of(first)
         self._owed = None
         for e in self._engines:
-            self._send(e, (START, self._generation, epoch, first, span))
+            self._send(e, StartEpoch(self._generation, epoch, first, span))
 
     def _first_of(self, first: int) -> int:
         """The first batch from ``first`` on that is this DataLoader worker's."""
@@ -367,7 +388,7 @@ class EngineProcesses:
                 if e.gone:
                     self._dead(e)
                 raise
-            if generation == self._generation:
+            if generation in (self._generation, _EVERY_GENERATION):
                 return notice
             if isinstance(notice, BatchReady):
                 _give_back(e.release_fd, notice.slot)  # made before the last start
@@ -412,7 +433,7 @@ class EngineProcesses:
         for e in self._engines:
             while not e.replies.empty():  # late answers to an earlier question
                 e.replies.get_nowait()
-            self._send(e, (ASK_COUNTERS,))
+            self._send(e, AskCounters())
         parts = []
         deadline = time.monotonic() + 5
         for e in self._engines:
@@ -440,7 +461,7 @@ class EngineProcesses:
         for e in engines:
             if not e.gone:
                 with contextlib.suppress(OSError, ValueError):
-                    e.conn.send(None)
+                    e.conn.send(Stop())
         deadline = time.monotonic() + _STOP_GRACE
         for e in engines:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -473,7 +494,7 @@ class EngineProcesses:
             if e.ring is not None:
                 e.ring.close()
             if e.ready is not None:
-                unlink_shm(e.ready[0])  # gone with its engine, unless that engine was killed
+                unlink_shm(e.ready.ring)  # gone with its engine, unless that engine was killed
         self._remove_budget_folder()
 
     def _remove_budget_folder(self) -> None:

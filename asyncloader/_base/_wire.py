@@ -1,0 +1,228 @@
+"""What crosses a process boundary: the messages every child process shares, and the one way
+an error crosses (a leaf: imports :mod:`._errors` only).
+
+Every child of the loader — an engine process (``_run/_engine.py``) or a decode worker
+(``_decode/_worker.py``) — is a fresh interpreter started by :func:`._child.launch` and
+spoken to on one socket in frozen dataclasses, subclasses of :class:`Message`::
+
+    parent                                   child
+      │── order (launch: pickled once) ───────►│ unpickles it, builds its parts
+      │◄──────── ready (its kind's) ───────────│   or ChildFailed(error) and exits
+      │── work (its kind's messages) ─────────►│
+      │◄──────── results (its kind's) ─────────│   or ChildFailed(error): it cannot go on
+      │── Stop() ─────────────────────────────►│ tears down, may send final results,
+      │                                        │ exits; EOF either way means "gone"
+
+Each kind adds its own messages beside its child (the engine's in ``_run/_control.py``, the
+decode worker's in ``_decode/_worker.py``); :class:`Stop` and :class:`ChildFailed` are
+common.  Errors never cross raw: :meth:`CrossedError.of` turns an exception into a value that
+always pickles, and :meth:`CrossedError.rebuild` on the other side gives back the exception
+itself where it pickles both ways (type, message, attributes, notes), else an error of the
+nearest class of ours (or of Python's) with its text; either way with the child's formatted
+traceback as a note and the chain of errors it was raised from rebuilt the same way (cycles
+guarded).  :func:`send` never raises for a message that cannot be pickled: the child reports
+that as a :class:`ChildFailed` instead, so the parent always hears, never hangs.
+"""
+
+from __future__ import annotations
+
+import builtins
+import pickle
+import traceback
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import _errors
+
+__all__ = [
+    "ChildFailed",
+    "CrossedError",
+    "Message",
+    "Stop",
+    "send",
+    "without_frames",
+]
+
+_CHAIN_DEPTH = 16  # errors of a chain that cross; a longer chain is cut (said in the text)
+
+
+class _Sends(Protocol):
+    def send(self, obj: Any) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """Base of every message between a parent and one of its child processes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stop(Message):
+    """Parent → child: tear down and exit."""
+
+
+@dataclass(frozen=True, slots=True)
+class CrossedError:
+    """An exception on its way to another process (always pickles).
+
+    Attributes:
+        pickled: The exception pickled (its notes and attributes with it), or None where it
+            does not pickle (an attribute holding a socket, a lock, a frame).
+        kinds: Qualified names of its classes, most specific first.
+        text: ``"Type: message"``, as the child saw it.
+        trace: The child's formatted traceback, its chain included ("" for the errors of
+            a chain: the first one's holds the whole chain).
+        where: Which process it comes from (``"engine process 4242"``).
+        cause: The error it was raised from (or while handling), crossed the same way.
+        explicit: ``cause`` was ``raise ... from`` (``__cause__``), not ``__context__``.
+    """
+
+    pickled: bytes | None
+    kinds: tuple[str, ...]
+    text: str
+    trace: str
+    where: str
+    cause: CrossedError | None = None
+    explicit: bool = True
+
+    @classmethod
+    def of(cls, exc: BaseException, where: str) -> CrossedError:
+        """``exc`` ready to cross, its tracebacks dropped (their frames hold views of shared
+        memory that could then not be closed; their text travels in ``trace``)."""
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        chain: list[BaseException] = []
+        seen: set[int] = set()
+        e: BaseException | None = exc
+        while e is not None and id(e) not in seen and len(chain) < _CHAIN_DEPTH:
+            seen.add(id(e))
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        without_frames(exc)
+        crossed: CrossedError | None = None
+        for i, e in enumerate(reversed(chain)):
+            first = i == len(chain) - 1
+            crossed = cls(
+                pickled=_pickled(e),
+                kinds=tuple(f"{k.__module__}.{k.__qualname__}" for k in type(e).__mro__),
+                text=_text(e),
+                trace=trace if first else "",
+                where=where,
+                cause=crossed,
+                explicit=e.__cause__ is not None,
+            )
+        assert crossed is not None
+        return crossed
+
+    def rebuild(self) -> BaseException:
+        """The exception again, as near to the child's as this process can make it."""
+        exc = self._one()
+        if self.trace:
+            exc.add_note(f"in {self.where}:\n{self.trace}")
+        crossed, e = self, exc
+        while crossed.cause is not None:
+            rebuilt = crossed.cause._one()
+            if crossed.explicit:
+                e.__cause__ = rebuilt
+            else:
+                e.__context__ = rebuilt
+            crossed, e = crossed.cause, rebuilt
+        return exc
+
+    def _one(self) -> BaseException:
+        if self.pickled is not None:
+            try:
+                exc = pickle.loads(self.pickled)
+            except Exception as why:
+                return self._stand_in(f"it could not be unpickled here: {why!r}")
+            if isinstance(exc, BaseException):
+                return exc
+        return self._stand_in("it could not be pickled there")
+
+    def _stand_in(self, why: str) -> BaseException:
+        """An error of the nearest class this process knows that takes a message alone: one
+        of ours, or one of Python's; else :class:`PipelineDeadError`."""
+        message = f"{self.text} (raised in {self.where}; {why})"
+        for kind in self.kinds:
+            module, _, name = kind.rpartition(".")
+            made = _message_only(module, name, message)
+            if made is not None:
+                return made
+        return _errors.PipelineDeadError(message)
+
+
+@dataclass(frozen=True, slots=True)
+class ChildFailed(Message):
+    """Child → parent: it could not start, or cannot go on (a message it could not send)."""
+
+    error: CrossedError
+
+
+def send(conn: _Sends, msg: Message, where: str) -> None:
+    """Send ``msg``; one that cannot be pickled goes as the :class:`ChildFailed` that says
+    why (the parent hears either way).
+
+    Raises:
+        OSError, EOFError, ValueError: the other side is gone (or the socket closed).
+    """
+    try:
+        conn.send(msg)  # pickles first: nothing is written when that fails
+    except (OSError, EOFError, ValueError):
+        raise
+    except Exception as exc:
+        why = _errors.PipelineDeadError(f"{type(msg).__name__} could not be sent: {exc!r}")
+        why.__cause__ = exc
+        conn.send(ChildFailed(CrossedError.of(why, where)))
+
+
+def without_frames(exc: BaseException) -> BaseException:
+    """``exc`` and the errors chained to it without their tracebacks (cycles guarded).  A
+    traceback holds the frames the error went through, and with them views of rings and
+    arenas: segments that then cannot close at exit."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return exc
+
+
+def _pickled(exc: BaseException) -> bytes | None:
+    try:
+        return pickle.dumps(exc)
+    except Exception:
+        return None
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<its message could not be made>"
+    name = type(exc).__qualname__
+    return f"{name}: {message}" if message else name
+
+
+# Our classes that take a message alone (FailureBudgetExceeded needs its failures).
+_OURS = {
+    name: cls
+    for name, cls in vars(_errors).items()
+    if isinstance(cls, type)
+    and issubclass(cls, _errors.AsyncLoaderError)
+    and not issubclass(cls, BaseExceptionGroup)
+}
+
+
+def _message_only(module: str, name: str, message: str) -> BaseException | None:
+    cls: object = None
+    if module == _errors.__name__:
+        cls = _OURS.get(name)
+    elif module == "builtins":
+        cls = getattr(builtins, name, None)
+    if not isinstance(cls, type) or not issubclass(cls, Exception):
+        return None
+    if issubclass(cls, BaseExceptionGroup):
+        return None
+    try:
+        return cls(message)
+    except Exception:
+        return None
