@@ -176,3 +176,44 @@ def test_warm_into_a_cache_too_small_keeps_the_loaders_subset(
     fetched = {k[len("train/") :] for k in light_server.stats()["gets_by_key"]}
     assert not fetched & warmed
     assert _object_keys(tmp_path / "c") == warmed
+
+
+def test_warm_and_loaders_keep_one_subset_for_any_number_of_ranks(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """Three ranks, unshuffled, one per node, each with a cache too small for its shard:
+    ``warm --shard r/3`` keeps exactly the subset rank ``r``'s loader keeps (one admission
+    rule from the same inputs), so the loader stores nothing and fetches nothing warm kept."""
+    opts = {"endpoint_url": light_server.endpoint}
+    al.warm("s3://b/train/", tmp_path / "all", store_options=opts)
+    limit = al.ObjectCache(tmp_path / "all").stats().volume // 6  # half of a third
+    for rank in range(3):
+        folder = tmp_path / f"rank{rank}"
+        report = al.warm(
+            "s3://b/train/", folder, cache_size=limit, shard=(rank, 3), store_options=opts
+        )
+        assert report.listed == N_IMAGES // 3 and 0 < report.warmed < report.listed
+        warmed = _object_keys(folder)
+        light_server.reset_stats()
+        with al.ImageLoader(
+            "s3://b/train/",
+            batch_size=8,
+            shuffle=False,
+            rank=rank,
+            world_size=3,
+            decode_backend="thread",
+            cache_dir=folder,
+            cache=al.CacheConfig(size=limit),
+            shard=al.ShardConfig(local_world_size=1),
+            store_options=opts,
+        ) as loader:
+            n = sum(len(labels) for _, labels in loader)
+            stats = loader.stats()
+            samples = loader.dataset.samples
+        assert n == N_IMAGES // 3
+        assert stats.cache_stored == 0, rank  # nothing admitted that warm left out
+        assert stats.cache_hits >= len(warmed), rank  # (the next epoch's first batches too)
+        # Fetched: exactly the rank's shard less what warm kept.
+        fetched = {k[len("train/") :] for k in light_server.stats()["gets_by_key"]}
+        shard = {s.obj.key for s in samples[rank::3]}
+        assert fetched == shard - warmed, rank

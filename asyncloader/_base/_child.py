@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "attach_shm",
     "create_shm",
     "launch",
+    "stop_children",
     "receive_order",
     "unlink_shm",
     "unpickle_order",
@@ -62,6 +64,24 @@ def launch(
     with contextlib.suppress(OSError):  # died at once: the caller sees EOF
         conn.send((bare, main, order))
     return proc, conn
+
+
+def stop_children(procs: Sequence[subprocess.Popen[bytes]], grace: float, step: float) -> None:
+    """Wait up to ``grace`` seconds for children that were asked to stop, then terminate the
+    ones still running, then kill them, waiting up to ``step`` seconds after each (one
+    deadline for all of them: the wait does not grow with their number).  Blocking."""
+    for signal_them, wait in ((None, grace), ("terminate", step), ("kill", step)):
+        running = [p for p in procs if p.poll() is None]
+        if not running:
+            return
+        for p in running:
+            if signal_them is not None:
+                with contextlib.suppress(OSError):
+                    getattr(p, signal_them)()
+        deadline = time.monotonic() + wait
+        for p in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(deadline - time.monotonic(), 0))
 
 
 def receive_order(fd: int) -> tuple[mpc.Connection, dict[str, Any], tuple[Any, ...]] | None:

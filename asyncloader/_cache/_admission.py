@@ -16,14 +16,11 @@ ADMIT_ALL = 2**64
 """The admission threshold that admits every object."""
 
 
-def admission(
-    objects: Iterable[tuple[str, int]], size_limit: int, part: float = 1.0
-) -> tuple[int, float]:
+def admission(objects: Iterable[tuple[str, int]], size_limit: int) -> tuple[int, float]:
     """The admission threshold of a cache of ``size_limit`` bytes for a node that reads
-    ``objects`` ((key, size) pairs), or ``part`` of them (a share the node reads of a
-    listing, picked independently of the key's hash), and the share of their bytes it
-    keeps: ``(ADMIT_ALL, 1.0)`` when they fit, else the hash rank below which the objects
-    fill ``ADMIT_HEADROOM`` of the limit.
+    ``objects`` ((key, size) pairs: exactly those it reads, see ``_run/_cache_fill``), and
+    the share of their bytes it keeps: ``(ADMIT_ALL, 1.0)`` when they fit, else the hash
+    rank below which the objects fill ``ADMIT_HEADROOM`` of the limit.
 
     A shuffled scan of data larger than the cache, with every object written and the least
     recently stored evicted, keeps almost nothing that is read again before it goes (3000
@@ -32,10 +29,10 @@ def admission(
     """
     pairs = [(key, max(size, 0)) for key, size in objects]
     total = sum(size for _, size in pairs)
-    if total * part <= size_limit:
+    if total <= size_limit:
         return ADMIT_ALL, 1.0
     ranked = sorted((_rank(key), size) for key, size in pairs)  # ~1.5 s per million keys
-    budget, filled = ADMIT_HEADROOM * size_limit / max(part, 1e-9), 0
+    budget, filled = ADMIT_HEADROOM * size_limit, 0
     for rank, size in ranked:
         if filled + size > budget:
             return rank, filled / total

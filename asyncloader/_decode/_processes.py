@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
 
-from .._base._child import launch
+from .._base import _lifecycle as life
+from .._base._child import launch, stop_children
 from .._base._errors import DecodeError, PipelineDeadError, shown_key
 from .._base._types import DecodeJob, Outcome
 from .._base._wire import ChildFailed, Message, Stop
@@ -97,7 +98,7 @@ class _Worker:
             self.proc.wait(max(timeout, 0))
         return self.proc.returncode
 
-    def stop_sender(self, timeout: float = 2.0) -> None:
+    def stop_sender(self, timeout: float = life.WORKER_STEP) -> None:
         self.outbox.put(_QUIT)
         if self.sender is not None:
             self.sender.join(timeout)
@@ -128,7 +129,7 @@ class ProcessDecodePool:
         shape: tuple[int, ...],
         *,
         depth: int = 4,
-        start_timeout: float = 60.0,
+        start_timeout: float = life.WORKER_START,
         arena_bytes: int = 64 << 20,
     ) -> None:
         self.workers = workers
@@ -201,7 +202,7 @@ class ProcessDecodePool:
                     raise PipelineDeadError(f"decode worker did not start within {timeout} s")
                 msg = w.conn.recv()
             except (EOFError, OSError):
-                code = w.join(5)
+                code = w.join(life.CHILD_EXIT)
                 self._closed = True
                 _stop_workers(pool)
                 raise PipelineDeadError(_DIED_STARTING.format(code=code)) from None
@@ -245,7 +246,7 @@ class ProcessDecodePool:
         )
         return list(results)
 
-    async def drain(self, limit: float = 30.0) -> None:
+    async def drain(self, limit: float = life.WORKER_DRAIN) -> None:
         """Wait until workers have finished every job sent to them (they write into slots).
 
         Results arrive through ``_on_readable`` on this loop; a short poll is simpler than
@@ -341,7 +342,7 @@ class ProcessDecodePool:
         it died before it was ready: a replacement would die again)."""
         w.stop_sender()  # a send to a dead worker fails at once
         w.conn.close()
-        code = w.join(1)
+        code = w.join(life.CHILD_EXIT)
         if not w.ready or self._closed:
             return code, None
         return code, self._spawn()
@@ -396,8 +397,8 @@ class ProcessDecodePool:
                 heapq.heappush(self._pending, (_RETRY, job_id, job))  # before any other
 
     async def aclose(self) -> None:
-        """Stop the workers: ask, then terminate, then kill (each step waits up to 2 s), in a
-        helper thread; on the loop only the bookkeeping."""
+        """Stop the workers: ask, then terminate, then kill (each step waits up to
+        ``WORKER_STEP``), in a helper thread; on the loop only the bookkeeping."""
         self._closed = True
         pool, self._pool = self._pool, []
         if self._loop is not None and not self._loop.is_closed():
@@ -449,18 +450,10 @@ class ProcessDecodePool:
 
 def _stop_workers(pool: Sequence[_Worker]) -> None:
     """Ask every worker to stop, then terminate, then kill the ones still running (each
-    step waits up to 2 s); blocking, so never on the loop."""
+    step waits up to ``WORKER_STEP``); blocking, so never on the loop."""
     for w in pool:
         w.outbox.put(Stop())  # through the sender thread: one writer per connection
-    deadline = time.monotonic() + 2
+    stop_children([w.proc for w in pool], life.WORKER_STEP, life.WORKER_STEP)
     for w in pool:
-        w.join(deadline - time.monotonic())
-    for w in pool:
-        if w.proc.poll() is None:
-            w.proc.terminate()
-            w.join(2)
-        if w.proc.poll() is None:
-            w.proc.kill()
-            w.join(2)
         w.stop_sender()
         w.conn.close()

@@ -15,44 +15,119 @@ then, and at the writer's record of the objects it wrote last.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import numpy as np
 
 from .._base._config import RunConfig
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo
 from .._cache import IndexThread, ObjectCache
-from .._cache._admission import admission
+from .._cache._admission import ADMIT_ALL, admission, admitted
 from .._cache._writer import CacheWriter
+from .._dataset import Listing
+from .._decode import scaled_copies as scaled_jpeg_copies
 from .._decode import scaled_footprint
 from .._fetch import Fetcher
-from ._sampler import node_subset
+from ._sampler import epoch_indices, node_subset
 
-__all__ = ["CacheFill", "InHand", "OnceFetcher", "node_admission"]
+__all__ = [
+    "Admission",
+    "CacheFill",
+    "InHand",
+    "OnceFetcher",
+    "node_admission",
+    "node_objects",
+]
 
 InHand = Blob | asyncio.Future[Blob]
 """An object's bytes waiting to be written, or its fetch in flight."""
 
 
-def node_admission(
-    objects: list[ObjectInfo], run: RunConfig, size_limit: int, *, scaled: bool
-) -> tuple[int, float]:
-    """The cache's admission threshold for the objects this node reads of ``objects``, and
-    the share of them it keeps (see :func:`~asyncloader._cache._admission.admission`).
+def node_objects(objects: Sequence[ObjectInfo], run: RunConfig) -> Sequence[ObjectInfo]:
+    """The objects of ``objects`` that the loaders of this process's node read over the
+    epochs of ``run`` (the node: ``local_world_size`` consecutive ranks; all of them where
+    that is not known).
 
-    Shuffled globally, a node reads everything over the epochs; node-local, its subset;
-    unshuffled, its ranks' fixed shards.  With ``scaled`` copies, each large JPEG counts
-    with them (``warm --scaled-jpegs`` counts them the same way, so both keep one subset).
+    Shuffled globally, every object; node-local, the node's subset (:func:`node_subset`);
+    unshuffled, its ranks' fixed shards, dealt as :func:`epoch_indices` deals them.
     """
-    part = 1.0
-    if run.shuffle == "node" and run.local_world_size:
-        nodes = max(run.world_size // run.local_world_size, 1)
-        node = run.rank // run.local_world_size
-        mine = node_subset(len(objects), seed=run.seed, node=node, nodes=nodes)
-        objects = [objects[int(i)] for i in mine]
-    elif not run.shuffle:  # the fixed shards of this node's ranks
-        part = min((run.local_world_size or run.world_size) / run.world_size, 1.0)
+    world = run.world_size
+    local = min(run.local_world_size or world, world)
+    node = run.rank // local
+    if run.shuffle == "node":
+        if run.local_world_size is None:
+            return objects
+        mine = node_subset(len(objects), seed=run.seed, node=node, nodes=max(world // local, 1))
+    elif run.shuffle:
+        return objects
+    else:
+        shards = [
+            epoch_indices(
+                len(objects), seed=run.seed, epoch=0, shuffle=False, rank=r, world_size=world
+            )
+            for r in range(node * local, min(node * local + local, world))
+        ]
+        mine = np.unique(np.concatenate(shards)) if shards else np.zeros(0, np.int64)
+    return [objects[int(i)] for i in mine]
+
+
+def node_admission(
+    objects: Sequence[ObjectInfo], run: RunConfig, size_limit: int, *, scaled: bool
+) -> tuple[int, float]:
+    """The one admission rule, for the loader and ``warm`` alike: the threshold of a cache
+    of ``size_limit`` bytes for the objects this node reads (:func:`node_objects`), and the
+    share of their bytes it keeps (see :func:`~asyncloader._cache._admission.admission`).
+
+    With ``scaled`` copies each large JPEG counts with them (``warm --scaled-jpegs`` and
+    ``CacheConfig(scaled_jpegs=True)`` alike).
+    """
     footprint = scaled_footprint if scaled else int
-    return admission(((o.key, footprint(o.size)) for o in objects), size_limit, part)
+    mine = node_objects(objects, run)
+    return admission(((o.key, footprint(o.size)) for o in mine), size_limit)
+
+
+class Admission:
+    """Which objects a loader's cache keeps: :func:`node_admission` of its listing, worked
+    out once the listing is complete (everything is admitted while it grows).
+
+    Args:
+        listing: The loader's samples.
+        run: Its order and shard.
+        cache: The cache (its size limit).
+        scaled: Scaled copies count with their objects.
+        counters: Where the share kept is said (``cache_share``).
+    """
+
+    def __init__(
+        self, listing: Listing, run: RunConfig, cache: ObjectCache, scaled: bool, counters: Counters
+    ) -> None:
+        self._listing = listing
+        self._run = run
+        self._cache = cache
+        self._scaled = scaled
+        self._counters = counters
+        self._threshold: int | None = None
+
+    @property
+    def known(self) -> bool:
+        return self._threshold is not None
+
+    def threshold(self) -> int:
+        """The threshold (a hash per key the first time: ~1.5 s a million keys)."""
+        if self._threshold is None:
+            dataset = self._listing.dataset
+            if dataset is None:
+                return ADMIT_ALL
+            objects = [s.obj for s in dataset.samples]
+            self._threshold, self._counters.cache_share = node_admission(
+                objects, self._run, self._cache.size_limit, scaled=self._scaled
+            )
+        return self._threshold
+
+    def __call__(self, key: str) -> bool:
+        return admitted(key, self.threshold())
 
 
 class OnceFetcher:
@@ -188,6 +263,59 @@ class CacheFill:
         )
         self.index = IndexThread(cache, name)
         self.once = OnceFetcher(fetcher, self.writer, admit, counters, wait_for_room=wait_for_room)
+        self.admission: Admission | None = admit if isinstance(admit, Admission) else None
+
+    @classmethod
+    def for_loader(
+        cls,
+        cache: ObjectCache,
+        fetcher: Fetcher,
+        counters: Counters,
+        listing: Listing,
+        run: RunConfig,
+        *,
+        scaled_copies: bool,
+        max_pixels: int,
+        remember: int,
+    ) -> CacheFill:
+        """A loader's way into the cache: what it keeps by :func:`node_admission`, what
+        was written counted (``cache_stored``, ``cache_store_failed``), scaled copies of
+        large JPEGs derived on the writer's side where asked.
+
+        Fetched bytes go to the cache off the decode path, written in batches by one
+        thread; when the disk falls behind (``CacheWriter.full``), objects are not cached
+        this time (counted), rather than slowing the epoch down.  The batches' index
+        queries run off the loop on one thread: they answer in the order the batches
+        started, so their fetches start in that order too (several threads let a later
+        batch's requests go ahead of an earlier one's), on one connection.
+        """
+
+        def written(keys: list[str], error: Exception | None) -> None:
+            # On the writer thread; it alone changes these two counters.
+            if error is None:
+                counters.cache_stored += len(keys)
+            else:
+                counters.cache_store_failed += len(keys)
+
+        return cls(
+            cache,
+            fetcher,
+            counters,
+            admit=Admission(listing, run, cache, scaled_copies, counters),
+            done=written,
+            name="asyncloader-index",
+            derive=partial(scaled_jpeg_copies, max_pixels=max_pixels) if scaled_copies else None,
+            remember=remember,
+        )
+
+    async def prepare(self) -> None:
+        """Before an epoch: the writer has written what it held (a restarted epoch reads
+        those objects from disk), and the admission is known once the listing is (a hash
+        per key: off the loop)."""
+        await self.writer.drain()
+        admission = self.admission
+        if admission is not None and not admission.known:
+            await asyncio.to_thread(admission.threshold)
 
     def close(self) -> None:
         """Write what the writer holds, then stop it and the index thread (blocks: call off

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._base._child import launch, unlink_shm
+from .._base import _lifecycle as life
+from .._base._child import launch, stop_children, unlink_shm
 from .._base._errors import ClosedError, PipelineDeadError
 from .._base._stats import Counters
 from .._base._types import ObjectInfo
@@ -64,8 +65,6 @@ __all__ = ["EngineProcesses", "OrderNotPicklable"]
 
 _ENTRY = "asyncloader._run._engine:engine_main"
 _EVERY_GENERATION = -1  # a failure of the engine itself: whatever start it was made for
-START_TIMEOUT = 120.0  # an engine's start: interpreter, imports, listing [seconds]
-_STOP_GRACE = 20.0  # an engine's own teardown before it is terminated [seconds]
 _DIED = (
     "engine process {k} exited (code {code}) {when}; its error is on stderr. A hook defined "
     "in the training script makes engines import the script: guard its entry point with "
@@ -295,14 +294,14 @@ class EngineProcesses:
                     e.conn.send(msg)
 
     def _wait_ready(self, e: _Engine) -> EngineReady:
-        if not e.heard.wait(START_TIMEOUT):
-            raise PipelineDeadError(f"engine process {e.k} did not start in {START_TIMEOUT} s")
+        if not e.heard.wait(life.ENGINE_START):
+            raise PipelineDeadError(f"engine process {e.k} did not start in {life.ENGINE_START} s")
         if e.failed is not None:
             raise e.failed
         if e.ready is None:
             code = None
             with contextlib.suppress(subprocess.TimeoutExpired):
-                code = e.proc.wait(5)
+                code = e.proc.wait(life.CHILD_EXIT)
             raise PipelineDeadError(_DIED.format(k=e.k, code=code, when="while starting"))
         return e.ready
 
@@ -399,7 +398,7 @@ class EngineProcesses:
         code = e.proc.poll()
         if code is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                code = e.proc.wait(1)
+                code = e.proc.wait(life.CHILD_EXIT)
         raise PipelineDeadError(_DIED.format(k=e.k, code=code, when="while running"))
 
     def lease(self, ready: BatchReady) -> tuple[Any, np.ndarray[Any, Any]]:
@@ -426,8 +425,8 @@ class EngineProcesses:
         return samples_per_epoch(len(self.dataset().samples), self._run)
 
     def engine_counters(self) -> Counters:
-        """The engines' counters, summed (an engine that does not answer within 5 s is
-        left out)."""
+        """The engines' counters, summed (an engine that does not answer within
+        ``COUNTERS_REPLY`` is left out)."""
         if self._closed:
             return self._final
         for e in self._engines:
@@ -435,7 +434,7 @@ class EngineProcesses:
                 e.replies.get_nowait()
             self._send(e, AskCounters())
         parts = []
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + life.COUNTERS_REPLY
         for e in self._engines:
             with contextlib.suppress(queue.Empty):
                 parts.append(e.replies.get(timeout=max(deadline - time.monotonic(), 0)))
@@ -462,22 +461,14 @@ class EngineProcesses:
             if not e.gone:
                 with contextlib.suppress(OSError, ValueError):
                     e.conn.send(Stop())
-        deadline = time.monotonic() + _STOP_GRACE
+        stop_children([e.proc for e in engines], life.ENGINE_GRACE, life.KILL_STEP)
         for e in engines:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                e.proc.wait(max(deadline - time.monotonic(), 0))
-        for e in engines:
-            for stop in (e.proc.terminate, e.proc.kill):
-                if e.proc.poll() is None:
-                    stop()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        e.proc.wait(2)
             with contextlib.suppress(OSError):
                 os.close(e.release_fd)
             e.conn.close()
         reader = getattr(self, "_reader", None)
         if reader is not None:
-            reader.join(2)
+            reader.join(life.READER_JOIN)
         # What each engine counted to its end (sent as it stopped).
         final = []
         for e in engines:

@@ -21,7 +21,6 @@ import contextlib
 import queue
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator
-from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -32,13 +31,11 @@ from .._base._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
 from .._base._stats import Counters
 from .._base._types import CachedAt, CacheEvent, DecodeJob, Outcome, Sample
 from .._cache import ObjectCache
-from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import Listing
 from .._decode import DecodePool
-from .._decode import scaled_copies as make_scaled_copies
 from .._device._ring import BatchRing
 from .._fetch import Fetcher
-from ._cache_fill import CacheFill, InHand, OnceFetcher, node_admission
+from ._cache_fill import CacheFill, InHand, OnceFetcher
 from ._notices import BatchReady, EpochEnd, Failed, Notice
 from ._sampler import epoch_indices, mix_seed, num_batches, unshuffled_batch
 
@@ -118,32 +115,23 @@ class Pipeline:
         self.output = output
         self._decode_window = decode_window
         self.cache = cache
-        self._scaled_copies = scaled_copies
-        # Fetched bytes go to the cache off the decode path, written in batches by one
-        # thread; when the disk falls behind (CacheWriter.full), objects are not cached
-        # this time (counted), rather than slowing the epoch down.  The batches' index
-        # queries run off the loop on one thread: they answer in the order the batches
-        # started, so their fetches start in that order too (several threads let a later
-        # batch's requests go ahead of an earlier one's), on one connection.  Each object
+        # The cache-fill stage decides what is kept and how (see _cache_fill); each object
         # is fetched once while other batches need it.
         self._filling = (
-            CacheFill(
+            CacheFill.for_loader(
                 cache,
                 fetcher,
                 counters,
-                admit=lambda key: admitted(key, self._admission()),
-                done=self._written,
-                name="asyncloader-index",
-                derive=partial(make_scaled_copies, max_pixels=max_pixels)
-                if scaled_copies
-                else None,
+                listing,
+                run,
+                scaled_copies=scaled_copies,
+                max_pixels=max_pixels,
                 # What was written while a batch was in flight: its ring slots' worth, twice.
                 remember=2 * ring.slots * run.batch_size,
             )
             if cache is not None
             else None
         )
-        self._admit: int | None = None  # see _admission
         self._free: asyncio.Queue[int] = asyncio.Queue()
         # Slots published and not yet given back: announced on `output`, or delivered and
         # still referenced by the consumer's batch (the ring tells, through `release`).
@@ -156,31 +144,6 @@ class Pipeline:
         # samples are decoded before a later batch's (cache hits of the next epoch, ready at
         # once, would otherwise hold up the end of this one).
         self._seq = 0
-
-    def _admission(self) -> int:
-        """The cache's admission threshold for this node's objects (see
-        :func:`~asyncloader._cache._admission.admission`); everything is cached while the listing
-        grows."""
-        threshold = self._admit
-        if threshold is None:
-            dataset = self.listing.dataset
-            if dataset is None or self.cache is None:
-                return ADMIT_ALL
-            threshold, self.counters.cache_share = node_admission(
-                [s.obj for s in dataset.samples],
-                self.run,
-                self.cache.size_limit,
-                scaled=self._scaled_copies,
-            )
-            self._admit = threshold
-        return threshold
-
-    def _written(self, keys: list[str], error: Exception | None) -> None:
-        # On the writer thread; it alone changes these two counters.
-        if error is None:
-            self.counters.cache_stored += len(keys)
-        else:
-            self.counters.cache_store_failed += len(keys)
 
     def close_threads(self) -> None:
         """Write what the cache writer holds, then stop it and the index thread (blocks:
@@ -227,9 +190,7 @@ class Pipeline:
         """
         await self.stop()
         if self._filling is not None:
-            await self._filling.writer.drain()
-            if self._admit is None and self.listing.done:  # a hash per key: off the loop
-                await asyncio.to_thread(self._admission)
+            await self._filling.prepare()
         # Nothing is filling any slot now.  Batches announced but never taken are dropped;
         # slots whose batch the consumer still references stay out until it lets go.
         while True:

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._base import _lifecycle as life
 from .._base._errors import PipelineDeadError
 from .._base._own_thread import wait_exited
 from .._base._types import ObjectStore
@@ -86,24 +87,27 @@ class Runtime:
 
     async def _shutdown(self) -> None:
         # Order matters: stop producing (and wait for in-flight decodes), then the pool,
-        # then connections.  Each step is bounded, so shutdown cannot hang.
+        # then connections.  Each step is bounded (_base/_lifecycle), so shutdown cannot
+        # hang, and together they fit RUNTIME_SHUTDOWN.
         if self.pipeline is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.pipeline.stop(), 10)
+                await asyncio.wait_for(self.pipeline.stop(), life.STOP_PRODUCTION)
             with contextlib.suppress(Exception):  # what waits for the disk (64 MB at most)
-                await asyncio.wait_for(asyncio.to_thread(self.pipeline.close_threads), 20)
+                await asyncio.wait_for(
+                    asyncio.to_thread(self.pipeline.close_threads), life.WRITER_DRAIN
+                )
             self.pipeline.fetcher.close()
         if self.pool is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.pool.aclose(), 20)
+                await asyncio.wait_for(self.pool.aclose(), life.POOL_STOP)
         if self.store is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.store.close(), 5)
+                await asyncio.wait_for(self.store.close(), life.STORE_CLOSE)
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
         if tasks:
-            await asyncio.wait(tasks, timeout=5)
+            await asyncio.wait(tasks, timeout=life.TASKS_CANCEL)
 
     def close(self) -> None:
         """Stop everything; idempotent and safe from any thread but the loop's."""
@@ -115,9 +119,9 @@ class Runtime:
             if self.thread.is_alive():
                 fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
                 with contextlib.suppress(Exception):
-                    fut.result(30)
+                    fut.result(life.RUNTIME_SHUTDOWN)
                 self.loop.call_soon_threadsafe(self.loop.stop)
-                self.thread.join(10)
+                self.thread.join(life.LOOP_JOIN)
                 wait_exited(self.thread)  # a fork from now on is safe (see _own_thread)
             if not self.thread.is_alive() and not self.loop.is_closed():
                 self.loop.close()

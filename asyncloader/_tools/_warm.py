@@ -19,19 +19,18 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .._base._config import CACHE_SIZE, LISTING_MAX_AGE, CacheConfig, FetchConfig
+from .._base._config import CACHE_SIZE, LISTING_MAX_AGE, CacheConfig, FetchConfig, RunConfig
 from .._base._env import local_world_size, shard_from_env, usable_cpus
 from .._base._errors import AsyncLoaderError, shown_key
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore, derived_key
 from .._cache import ObjectCache
-from .._cache._admission import ADMIT_ALL, admission, admitted
+from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import list_objects
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
-from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_footprint, scaled_name
+from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
 from .._run._build import make_fetcher, open_cache
-from .._run._cache_fill import CacheFill
-from .._run._sampler import node_subset
+from .._run._cache_fill import CacheFill, node_admission, node_objects
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
 
@@ -123,15 +122,20 @@ async def warm_cache(
     objects = await list_objects(store, cache.directory, listing_max_age)
     wanted = KeyFilter(extensions)
     ordered = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
-    if node_seed is None:
-        mine = ordered[i::n]
-    else:
-        mine = [ordered[j] for j in node_subset(len(ordered), seed=node_seed, node=i, nodes=n)]
-    # A cache too small for this shard keeps a fixed subset, the loader's (see admission).
+    # Node i of n, as its loaders read: rank i of n in listing order, or node i of n's
+    # subset under shuffle="node" with that seed.
+    node = RunConfig(
+        batch_size=1,
+        shuffle="node" if node_seed is not None else False,
+        seed=node_seed or 0,
+        rank=i,
+        world_size=n,
+        local_world_size=1,
+    )
+    mine = list(node_objects(ordered, node))
+    # A cache too small for this shard keeps a fixed subset: the loader's, by its one rule.
     threshold, _ = await asyncio.to_thread(
-        admission,
-        [(o.key, scaled_footprint(o.size) if scaled_jpegs else o.size) for o in mine],
-        cache.size_limit,
+        node_admission, ordered, node, cache.size_limit, scaled=scaled_jpegs
     )
     report = WarmReport(listed=len(mine))
     if threshold < ADMIT_ALL:
