@@ -55,19 +55,18 @@ from asyncloader import (
     ImageLoader,
     ObjectInfo,
     ShardConfig,
-    listing,
     merge_worker_states,
     shard_from_env,
 )
+from asyncloader._base._env import local_world_size
 from asyncloader._device._device_spec import DeviceSpec
 from asyncloader._device._upload import Uploader
-from asyncloader._run._build import MOVED, fold_moved
+from asyncloader._run._build import MOVED, fold_moved, open_cache
 from asyncloader._run._dist import (
     Agreement,
     adopt_store_address,
     job_store,
-    listing_key,
-    share_listing,
+    list_once,
     store_address,
 )
 from asyncloader._run._resume import epoch_start, every_key, has_position
@@ -82,18 +81,17 @@ def dist_shard() -> tuple[int, int]:
     return shard_from_env()
 
 
-def _list_once(url: str, options: dict[str, Any], store: Any | None) -> Sequence[ObjectInfo]:
-    """The URL's object list: listed by this process if it is the first of the job to
-    need it (or there is no job), else read from the job's store, where the first put it."""
-    names = ("labels", "store_options", "cache_dir", "cache")
-
-    def produce() -> Sequence[ObjectInfo]:
-        return listing(url, **{name: options[name] for name in names if name in options})
-
-    if store is None:
-        return produce()
-    key = listing_key(url, options.get("labels", "folder"), options.get("store_options"))
-    return share_listing(store, key, url, produce)
+def _list_once(url: str, options: dict[str, Any]) -> Sequence[ObjectInfo]:
+    """The URL's object list, once per job, as the loaders of these options list it."""
+    cache = open_cache(options.get("cache_dir"), options["cache"])
+    return list_once(
+        url,
+        options.get("labels", "folder"),
+        options.get("store_options"),
+        folder=cache.directory if cache is not None else None,
+        max_age=options["cache"].max_age,
+        job=job_store(),
+    )
 
 
 def _shared_copy(t: torch.Tensor) -> torch.Tensor:
@@ -137,7 +135,7 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         if agreement is not None:
             agreement.announce()
         if "objects" not in options and "store" not in options:
-            options["objects"] = _list_once(url, options, job_store())
+            options["objects"] = _list_once(url, options)
         if agreement is not None and "objects" in options:
             agreement.check(options["objects"])  # every rank holds the same list
         self.epoch = 0
@@ -178,8 +176,8 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         options = dict(self.options)
         shard: ShardConfig = options.pop("shard")
         local = shard.local_world_size
-        if local is None and "LOCAL_WORLD_SIZE" in os.environ and options.get("shuffle") == "node":
-            local = int(os.environ["LOCAL_WORLD_SIZE"])
+        if local is None and options.get("shuffle") == "node":
+            local = local_world_size()
         shard = dataclasses.replace(
             shard, worker=worker, num_workers=workers, local_world_size=local
         )

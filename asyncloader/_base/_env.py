@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["local_rank", "local_world_size", "shard_from_env", "usable_cpus"]
+__all__ = [
+    "agent_store",
+    "local_rank",
+    "local_world_size",
+    "shard_from_env",
+    "usable_cpus",
+]
 
 
 def usable_cpus() -> int:
@@ -33,6 +39,22 @@ def shard_from_env() -> tuple[int, int]:
         return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
         return 0, 1
+
+
+def agent_store() -> tuple[str, int, str] | None:
+    """``(host, port, key prefix)`` of torchrun's agent store where the environment names
+    one (``TORCHELASTIC_USE_AGENT_STORE``, ``MASTER_ADDR``, ``MASTER_PORT``), its prefix
+    naming the run and its restart (``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``),
+    so that a restarted job starts afresh; else None."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    host, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        return None
+    run = env.get("TORCHELASTIC_RUN_ID", "none")
+    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return host, int(port), f"asyncloader/{run}/{restart}"
 
 
 def local_world_size() -> int | None:

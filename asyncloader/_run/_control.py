@@ -36,6 +36,8 @@ __all__ = [
     "Engine",
     "EngineOrder",
     "EngineReady",
+    "EngineShare",
+    "EngineSpec",
     "Listed",
     "Produced",
     "ProductionFailed",
@@ -128,38 +130,72 @@ class Counts(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class EngineOrder:
-    """What an engine process is told to do (pickled once, at its start).
+class EngineSpec:
+    """What an engine reads and how, wherever it runs: :meth:`InlineEngine.setup
+    <._inline.InlineEngine.setup>` builds every part from it (in this process, or in each
+    engine process with its :class:`EngineShare`).
 
     Attributes:
-        plan: Its share of the loader's plan (decode workers, requests, ring slots).
-        part: ``(k, n)``: it makes batches ``k, k + n, …`` of the rank's share.
-        url, store_options: The store it opens (its own connections).
+        plan: The loader's plan (an engine process's share of it: :func:`split_plan`).
+        url, store_options: The store (each engine process opens its own connections).
         labels, extensions: How the listing becomes samples.
-        objects: The object list when the trainer has it (given, or the job's listing).
-        await_dataset: Wait for the lead engine's dataset (:class:`TakeDataset`) instead of
-            listing (every engine but the first, when the list is not known yet).
-        folder: The SSD cache folder, or None; ``cache`` its handle.
-        budget_folder: Where the node's fetch budget file lives (the cache folder, or a
-            folder of the loader's own so that its engines share one budget).
-        max_age: Age of a saved listing still used [seconds].
-        stream: Batches may start while the store still lists (unshuffled, one engine).
-        release_fd: The pipe the trainer gives slots back on.
+        objects: The object list when known already (given, or the job's listing).
+        cache: The SSD cache, or None.
+        stream: Batches may start while the store lists (unshuffled, one engine, no ranks'
+            agreement to check first).
     """
 
     plan: LoaderPlan
-    part: tuple[int, int]
     url: str
     store_options: dict[str, Any]
     labels: LabelSpec
     extensions: Sequence[str] | None
     objects: Sequence[ObjectInfo] | None
-    await_dataset: bool
-    folder: str | None
     cache: ObjectCache | None
-    budget_folder: str | None
-    max_age: float
     stream: bool
+
+    @property
+    def folder(self) -> str | None:
+        """The cache's folder (saved listings, the node's fetch budget), or None."""
+        return self.cache.directory if self.cache is not None else None
+
+    @property
+    def max_age(self) -> float:
+        """Age of a saved listing still used [seconds]."""
+        return self.plan.cache.max_age
+
+
+@dataclass(frozen=True, slots=True)
+class EngineShare:
+    """One engine's share of its loader's work.
+
+    Attributes:
+        part: ``(k, n)``: it makes batches ``k, k + n, …`` of this worker's (see
+            :func:`~._sampler.batch_owner`).
+        budget_folder: Where the fetch budget is shared (None: the cache folder's, if any).
+        shared_ring: Its ring in shared memory that another process maps.
+    """
+
+    part: tuple[int, int] = (0, 1)
+    budget_folder: str | None = None
+    shared_ring: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOrder:
+    """What an engine process is told to do (pickled once, at its start).
+
+    Attributes:
+        spec: What it reads and how (its share of the plan).
+        share: Its share of the batches, and where its budget and ring live.
+        await_dataset: Wait for the lead engine's dataset (:class:`TakeDataset`) instead of
+            listing (every engine but the first, when the list is not known yet).
+        release_fd: The pipe the trainer gives slots back on.
+    """
+
+    spec: EngineSpec
+    share: EngineShare
+    await_dataset: bool
     release_fd: int
 
 

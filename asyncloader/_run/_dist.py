@@ -11,6 +11,8 @@ Nothing here is a collective: only ``set``, ``get``, ``add``, ``compare_set``, `
 and ``wait``, which never need another rank to take part.  So a dataset that one rank alone
 builds (validation on rank 0 while the others wait at a barrier) lists and runs at once.
 
+* :func:`list_once`: a URL's object list, once per job (for ``ImageLoader`` and
+  ``ImageDataset`` alike), through :func:`share_listing`.
 * :func:`share_listing`: the first process to need a URL's listing claims it (``add``),
   lists and publishes the compact arrays, compressed, in chunks under the store's payload
   limit; the others wait for them (with a clear error after a time-out) and read them.
@@ -38,10 +40,15 @@ from typing import Any
 
 import numpy as np
 
+from .._base._env import agent_store
 from .._base._errors import AsyncLoaderError, ListingMismatchError
 from .._base._manifest import is_columnar, is_manifest
+from .._base._own_thread import run_on_own_thread
 from .._base._types import ObjectInfo
+from .._dataset import list_for
 from .._dataset._objects import ObjectList
+from .._stores import open_store
+from .._stores import store_options as store_options_for
 
 __all__ = [
     "LISTING_WAIT",
@@ -49,6 +56,7 @@ __all__ = [
     "StoreAddress",
     "adopt_store_address",
     "job_store",
+    "list_once",
     "listing_key",
     "listing_source",
     "share_listing",
@@ -82,13 +90,9 @@ def store_address() -> StoreAddress | None:
     """The job's store: torchrun's agent store, else the default process group's
     TCPStore (in the process that initialised it), else None (a single process, or a
     process group on another kind of store)."""
-    env = os.environ
-    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-        host, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT", "")
-        if host and port.isdigit():
-            run = env.get("TORCHELASTIC_RUN_ID", "none")
-            restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-            return StoreAddress(host, int(port), f"asyncloader/{run}/{restart}")
+    agent = agent_store()
+    if agent is not None:
+        return StoreAddress(*agent)
     if _adopted is not None:
         return _adopted
     if "torch" not in sys.modules:  # no process group without torch imported
@@ -170,6 +174,43 @@ def listing_key(url: str, labels: object, store_options: dict[str, Any] | None) 
     doc = [url, listing_source(labels), store_options or {}]
     text = json.dumps(doc, sort_keys=True, default=plain)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def list_once(
+    url: str,
+    labels: object,
+    given_options: dict[str, Any] | None,
+    *,
+    folder: str | None,
+    max_age: float,
+    job: Any | None,
+) -> Sequence[ObjectInfo]:
+    """The object list of ``url`` with ``labels``, listed once per job: by this process
+    if it is the first of ``job`` (the job's store, or None: no job) to need it, else read
+    from the job's store where the first published it.  Listed as a loader lists (a
+    manifest's objects, the saved listing in ``folder`` younger than ``max_age``, else the
+    store's), with a store of its own on a thread of its own (a loop may run here).
+
+    Raises:
+        StoreError: the store could not be listed.
+    """
+    options = store_options_for(url, labels, given_options)
+
+    async def listed() -> Sequence[ObjectInfo]:
+        store = open_store(url, **options)
+        try:
+            return await list_for(
+                store, labels, folder=folder, max_age=max_age, store_options=options
+            )
+        finally:
+            await store.close()
+
+    def produce() -> Sequence[ObjectInfo]:
+        return run_on_own_thread(listed())
+
+    if job is None:
+        return produce()
+    return share_listing(job, listing_key(url, labels, given_options), url, produce)
 
 
 def _encode(objects: ObjectList) -> bytes:

@@ -104,13 +104,15 @@ def engine_main(fd: int) -> None:
     except (EOFError, OSError):
         pass  # the trainer is gone
     finally:
-        if order.budget_folder is not None and order.folder is None and order.part[0] == 0:
-            shutil.rmtree(order.budget_folder, ignore_errors=True)
+        share = order.share
+        if share.budget_folder is not None and order.spec.folder is None and share.part[0] == 0:
+            shutil.rmtree(share.budget_folder, ignore_errors=True)
 
 
 def _serve(conn: Any, order: EngineOrder, send: Send, where: str) -> None:
     output = _Sender(send, where)
-    engine = InlineEngine(order.plan, Counters(), output)
+    spec = order.spec
+    engine = InlineEngine(spec.plan, Counters(), output)
     try:
         dataset = None
         if order.await_dataset:
@@ -119,24 +121,8 @@ def _serve(conn: Any, order: EngineOrder, send: Send, where: str) -> None:
                 return
             dataset = msg.dataset
         try:
-            store = open_store(order.url, **order.store_options)
-            engine.setup(
-                store,
-                labels=order.labels,
-                extensions=order.extensions,
-                objects=order.objects,
-                dataset=dataset,
-                folder=order.folder,
-                max_age=order.max_age,
-                store_options=order.store_options,
-                stream=order.stream,
-                listed=None,
-                device=None,
-                cache=order.cache,
-                part=order.part,
-                budget_folder=order.budget_folder,
-                shared_ring=True,
-            )
+            store = open_store(spec.url, **spec.store_options)
+            engine.setup(store, spec, order.share, dataset=dataset)
         except BaseException as exc:
             send(ChildFailed(CrossedError.of(exc, where)))
             return
@@ -145,7 +131,7 @@ def _serve(conn: Any, order: EngineOrder, send: Send, where: str) -> None:
         assert ring is not None
         assert ring.shm_name is not None
         listing = pipeline.listing
-        lead = order.part[0] == 0 and dataset is None
+        lead = order.share.part[0] == 0 and dataset is None
         # Read once: a listing that completes after this is announced by the task below.
         listed = listing.dataset if lead else None
         send(EngineReady(ring.shm_name, ring.slots, listed))

@@ -27,7 +27,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,18 +36,18 @@ from .._base import _lifecycle as life
 from .._base._child import launch, stop_children, unlink_shm
 from .._base._errors import ClosedError, PipelineDeadError
 from .._base._stats import Counters
-from .._base._types import ObjectInfo
 from .._base._wire import ChildFailed, Message, Stop
-from .._cache import ObjectCache
-from .._dataset._labels import Dataset, LabelSpec
+from .._dataset._labels import Dataset
 from .._device._ring import BatchRing
-from ._build import LoaderPlan, split_plan
+from ._build import split_plan
 from ._control import (
     SLOT,
     AskCounters,
     Counts,
     EngineOrder,
     EngineReady,
+    EngineShare,
+    EngineSpec,
     Listed,
     Produced,
     ProductionFailed,
@@ -57,6 +56,7 @@ from ._control import (
 )
 from ._notices import BatchReady, EpochEnd, Failed, Notice
 from ._pipeline import samples_per_epoch
+from ._sampler import batch_owner
 
 if TYPE_CHECKING:
     from .._device._upload import Uploader
@@ -98,14 +98,9 @@ class EngineProcesses:
     """The loader's engine in ``n`` processes (see the module's docstring).
 
     Args:
-        p: The loader's plan (split among the engines).
+        spec: What the engines read and how (its plan split among them; streaming while
+            the store lists with one engine only).
         n: Engine processes.
-        url, store_options: The store each engine opens.
-        labels, extensions: How the listing becomes samples.
-        objects: The object list, when the trainer has it.
-        folder: The SSD cache folder, or None; ``cache`` its handle.
-        max_age: Age of a saved listing still used [seconds].
-        stream: Batches may start while the store lists (one engine only).
 
     Raises:
         OrderNotPicklable: an option cannot be sent to an engine process.
@@ -113,21 +108,8 @@ class EngineProcesses:
             engine would raise it: a listing that failed, an empty dataset).
     """
 
-    def __init__(
-        self,
-        p: LoaderPlan,
-        n: int,
-        *,
-        url: str,
-        store_options: dict[str, Any],
-        labels: LabelSpec,
-        extensions: Sequence[str] | None,
-        objects: Sequence[ObjectInfo] | None,
-        folder: str | None,
-        max_age: float,
-        stream: bool,
-        cache: ObjectCache | None,
-    ) -> None:
+    def __init__(self, spec: EngineSpec, n: int) -> None:
+        p = spec.plan
         self.plan = p
         self.workers = p.workers
         self._n = n
@@ -144,12 +126,12 @@ class EngineProcesses:
         self._final = Counters()  # the engines' counts when they stopped
         self._uploader: Uploader | None = None
         self._budget_folder = None
-        if n > 1 and folder is None:
+        if n > 1 and spec.folder is None:
             # The engines of one loader share one fetch budget, as the loaders of a node do
             # through their cache folder.
             self._budget_folder = tempfile.mkdtemp(prefix="asyncloader-budget-")
         plans = split_plan(p, n)
-        known = objects is not None
+        known = spec.objects is not None
         # The slot pipes first: each order names its pipe's end as the engine sees it (the
         # same number), so every order is pickled once, and a failure to pickle is known
         # before any process starts.
@@ -157,19 +139,9 @@ class EngineProcesses:
         orders = []
         for k in range(n):
             order = EngineOrder(
-                plan=plans[k],
-                part=(k, n),
-                url=url,
-                store_options=store_options,
-                labels=labels,
-                extensions=extensions,
-                objects=objects,
+                spec=replace(spec, plan=plans[k], stream=spec.stream and n == 1),
+                share=EngineShare(part=(k, n), budget_folder=self._budget_folder, shared_ring=True),
                 await_dataset=k > 0 and not known,
-                folder=folder,
-                cache=cache,
-                budget_folder=self._budget_folder,
-                max_age=max_age,
-                stream=stream and n == 1,
                 release_fd=pipes[k][0],
             )
             try:
@@ -334,7 +306,7 @@ class EngineProcesses:
         return first + (r.worker - first) % r.num_workers
 
     def _owner(self, index: int) -> _Engine:
-        return self._engines[(index // self._run.num_workers) % self._n]
+        return self._engines[batch_owner(index, self._run.num_workers, self._n)[1]]
 
     def next_notice(self, timeout: float) -> Notice:
         deadline = time.monotonic() + timeout

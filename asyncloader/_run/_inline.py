@@ -20,11 +20,11 @@ import numpy as np
 from .._base._errors import ClosedError, PipelineDeadError
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
-from .._cache import ObjectCache
 from .._dataset import Listing, open_listing
-from .._dataset._labels import Dataset, LabelSpec
+from .._dataset._labels import Dataset
 from .._device._ring import BatchRing
 from ._build import LoaderPlan, loop_factory, make_fetcher, make_pipeline, make_pool, make_ring
+from ._control import EngineShare, EngineSpec
 from ._notices import BatchReady, Notice
 from ._pipeline import Pipeline
 from ._runtime import Runtime
@@ -65,32 +65,23 @@ class InlineEngine:
     def setup(
         self,
         store: ObjectStore,
+        spec: EngineSpec,
+        share: EngineShare | None = None,
         *,
-        labels: LabelSpec,
-        extensions: Sequence[str] | None,
-        objects: Sequence[ObjectInfo] | None,
-        dataset: Dataset | None,
-        folder: str | None,
-        max_age: float,
-        store_options: dict[str, Any],
-        stream: bool,
-        listed: Callable[[Sequence[ObjectInfo]], None] | None,
-        device: torch.device | None,
-        cache: ObjectCache | None,
-        part: tuple[int, int] = (0, 1),
-        budget_folder: str | None = None,
-        shared_ring: bool = False,
+        dataset: Dataset | None = None,
+        listed: Callable[[Sequence[ObjectInfo]], None] | None = None,
+        device: torch.device | None = None,
     ) -> None:
-        """List (or take ``dataset``), build the parts and start producing epoch 0.
-
-        ``part``: (k, n): make only the batches ``k, k + n, …`` of this rank's share (an
-        engine process's part).  ``stream``: an unshuffled run may start while it lists.
-        ``budget_folder``: where the fetch budget is shared (default: the cache folder).
-        ``shared_ring``: the ring in shared memory (an engine process's).
+        """List (or take ``dataset``, the lead engine's), build every part of ``spec`` over
+        ``store`` for ``share`` of the batches, and start producing epoch 0.
+        ``listed``: told the object list once complete; ``device``: the GPU of a GPU
+        decode's ring.
         """
         self.rt.store = store
         c = self.counters
         p = self.plan
+        share = share or EngineShare()
+        part = share.part
 
         def done(objects: Sequence[ObjectInfo]) -> None:
             c.objects_listed = len(objects)
@@ -105,23 +96,23 @@ class InlineEngine:
             else:
                 listing, task = await open_listing(
                     store,
-                    labels,
-                    extensions,
-                    folder=folder,
-                    max_age=max_age,
-                    stream=stream,
+                    spec.labels,
+                    spec.extensions,
+                    folder=spec.folder,
+                    max_age=spec.max_age,
+                    stream=spec.stream,
                     listed=done,
-                    objects=objects,
-                    store_options=store_options,
+                    objects=spec.objects,
+                    store_options=spec.store_options,
                 )
                 self.rt.listing_task = task
-            self.rt.ring = ring = make_ring(p, device, engine=shared_ring)
+            self.rt.ring = ring = make_ring(p, device, engine=share.shared_ring)
             c.ring_slots = ring.slots
             self.rt.pool = pool = await make_pool(p, ring)
-            budget = budget_folder if budget_folder is not None else folder
+            budget = share.budget_folder if share.budget_folder is not None else spec.folder
             fetcher = make_fetcher(store, c, p.fetch, budget, decode_workers=p.workers)
             self.rt.pipeline = pipeline = make_pipeline(
-                p, listing, fetcher, pool, ring, c, self.output, cache, part=part
+                p, listing, fetcher, pool, ring, c, self.output, spec.cache, part=part
             )
             # Captures the runtime, never the loader: the loader must stay collectable.
             rt = self.rt

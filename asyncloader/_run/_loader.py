@@ -17,9 +17,8 @@ import gc
 import os
 import queue
 import time
-import warnings
 import weakref
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import numpy as np
@@ -39,19 +38,16 @@ from .._base._errors import (
     ClosedError,
     PipelineDeadError,
 )
-from .._base._own_thread import run_on_own_thread
 from .._base._stats import Counters, Stats
 from .._base._types import DecodeFn, ObjectInfo, ObjectStore
-from .._dataset import list_for
 from .._dataset._labels import IMAGE_EXTENSIONS, Dataset, LabelSpec
 from .._decode._transforms import Transform
 from .._stores import open_store
 from .._stores import store_options as store_options_for
+from ._assembly import start_engine
 from ._build import DecodeBackend, engine_placement, fold_moved, open_cache, plan
-from ._control import Engine
-from ._dist import Agreement, listing_key, share_listing
-from ._engines import EngineProcesses, OrderNotPicklable
-from ._inline import InlineEngine
+from ._control import Engine, EngineSpec
+from ._dist import Agreement, list_once
 from ._notices import BatchReady, EpochEnd, Failed, Notice
 from ._resume import loader_state, plan_resume
 from ._sampler import num_batches
@@ -236,10 +232,6 @@ class ImageLoader:
             object_cache=self.cache,
             device=device,
         )
-        self._given_store_options = store_options
-        self._folder = self.cache.directory if self.cache is not None else None
-        self._listing_max_age = cache_config.max_age
-        self._objects = objects
         self._fetch_config = p.fetch
         self._run_config = run
         self._workers = p.workers
@@ -270,28 +262,51 @@ class ImageLoader:
         self._finalizer = weakref.finalize(self, _close_engine, self._engine)
         try:
             options = store_options_for(url, labels, store_options)
-            self._store_options = options
             the_store = store if store is not None else open_store(url, **options)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
             # A sharded run under torch.distributed: one listing per job, through the job's
             # store, and every rank checks that it holds the same list (see _dist).
-            self._agreement = Agreement.open(url or self.url, labels, rank, world_size)
-            if self._agreement is not None:
-                self._agreement.announce()
-            if processes:
-                try:
-                    self._start_processes(processes, url, labels, extensions)
-                except OrderNotPicklable as exc:
-                    why = f"an option cannot be sent to an engine process ({exc})"
-            if isinstance(self._engine, _NoEngine):
-                if why is not None:
-                    warnings.warn(
-                        f"asyncloader runs its engine in this process: {why}. "
-                        "EngineConfig(mode='inline') says so without this warning",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-                self._start_inline(the_store, url, labels, extensions, store is not None)
+            self._agreement = agreement = Agreement.open(url or self.url, labels, rank, world_size)
+            if agreement is not None:
+                agreement.announce()
+            if agreement is not None and objects is None and store is None:
+                objects = list_once(
+                    url,
+                    labels,
+                    store_options,
+                    folder=self.cache.directory if self.cache is not None else None,
+                    max_age=cache_config.max_age,
+                    job=agreement.store,
+                )
+            if agreement is not None:
+                self._listed = objects  # checked against the other ranks' lists
+            engine_spec = EngineSpec(
+                plan=p,
+                url=self.url,
+                store_options=options,
+                labels=labels,
+                extensions=extensions,
+                objects=objects,
+                cache=self.cache,
+                # A sharded run checks the whole list before its first batch: no streaming.
+                stream=run.shuffle is False and agreement is None,
+            )
+            del objects
+
+            def listed(objects: Sequence[ObjectInfo]) -> None:
+                if agreement is not None:
+                    self._listed = objects
+
+            start_engine(
+                engine_spec,
+                the_store,
+                processes,
+                why,
+                counters=self._counters,
+                adopt=self._set_engine,
+                listed=listed,
+                device=self._uploader.spec.device if self._uploader is not None else None,
+            )
             if self._uploader is not None:
                 self._engine.set_uploader(self._uploader)
         except BaseException:
@@ -304,102 +319,6 @@ class ImageLoader:
         self._finalizer = weakref.finalize(self, _close_engine, engine)
         self._position = (0, 0)
         self._produced = (0, 0, None)
-
-    def _start_inline(
-        self,
-        store: ObjectStore,
-        url: str,
-        labels: LabelSpec,
-        extensions: Sequence[str] | None,
-        store_given: bool,
-    ) -> None:
-        """The engine on an event-loop thread of this process."""
-        engine = InlineEngine(self._plan, self._counters)
-        self._set_engine(engine)
-        agreement = self._agreement
-        if agreement is not None and self._objects is None and not store_given:
-
-            def produce() -> Sequence[ObjectInfo]:
-                return engine.call(self._list(store, labels))
-
-            self._objects = self._share_listing(url, labels, produce)
-
-        def listed(objects: Sequence[ObjectInfo]) -> None:
-            if agreement is not None:
-                self._listed = objects  # checked against the other ranks' lists
-
-        objects, self._objects = self._objects, None  # the dataset holds what it needs
-        engine.setup(
-            store,
-            labels=labels,
-            extensions=extensions,
-            objects=objects,
-            dataset=None,
-            folder=self._folder,
-            max_age=self._listing_max_age,
-            store_options=self._store_options,
-            # A sharded run checks the whole list before its first batch: no streaming.
-            stream=self._run_config.shuffle is False and agreement is None,
-            listed=listed,
-            device=self._uploader.spec.device if self._uploader is not None else None,
-            cache=self.cache,
-        )
-
-    def _start_processes(
-        self, n: int, url: str, labels: LabelSpec, extensions: Sequence[str] | None
-    ) -> None:
-        """The engine in ``n`` processes of its own."""
-        if self._agreement is not None and self._objects is None:
-
-            def produce() -> Sequence[ObjectInfo]:
-                async def listed() -> Sequence[ObjectInfo]:
-                    store = open_store(url, **self._store_options)
-                    try:
-                        return await self._list(store, labels)
-                    finally:
-                        await store.close()
-
-                return run_on_own_thread(listed())
-
-            self._objects = self._share_listing(url, labels, produce)
-        if self._agreement is not None:
-            self._listed = self._objects
-        objects, self._objects = self._objects, None
-        self._set_engine(
-            EngineProcesses(
-                self._plan,
-                n,
-                url=self.url,
-                store_options=self._store_options,
-                labels=labels,
-                extensions=extensions,
-                objects=objects,
-                folder=self._folder,
-                max_age=self._listing_max_age,
-                stream=self._run_config.shuffle is False and self._agreement is None,
-                cache=self.cache,
-            )
-        )
-
-    def _list(
-        self, store: ObjectStore, labels: LabelSpec
-    ) -> Coroutine[Any, Any, Sequence[ObjectInfo]]:
-        return list_for(
-            store,
-            labels,
-            folder=self._folder,
-            max_age=self._listing_max_age,
-            store_options=self._store_options,
-        )
-
-    def _share_listing(
-        self, url: str, labels: LabelSpec, produce: Callable[[], Sequence[ObjectInfo]]
-    ) -> Sequence[ObjectInfo]:
-        """The job's listing of the URL: listed here (``produce``) if this process is the
-        first of the job to need it, else read from the job's store."""
-        assert self._agreement is not None
-        key = listing_key(url, labels, self._given_store_options)
-        return share_listing(self._agreement.store, key, self.url, produce)
 
     # --- public surface -----------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from .._device._ring import BatchRing
 from .._fetch import Fetcher
 from ._cache_fill import CacheFill, InHand, OnceFetcher
 from ._notices import BatchReady, EpochEnd, Failed, Notice
-from ._sampler import epoch_indices, mix_seed, num_batches, unshuffled_batch
+from ._sampler import batch_owner, epoch_indices, mix_seed, num_batches, unshuffled_batch
 
 __all__ = ["Pipeline", "samples_per_epoch"]
 
@@ -296,9 +296,8 @@ class Pipeline:
     def _mine(self, b: int) -> bool:
         """Whether batch ``b`` of the rank is made here: this DataLoader worker's, and of
         those this engine process's part."""
-        r = self.run
         k, n = self.part
-        return b % r.num_workers == r.worker and (b // r.num_workers) % n == k
+        return batch_owner(b, self.run.num_workers, n) == (self.run.worker, k)
 
     async def _run(self, epoch: int, first_batch: int, span: tuple[int, int] | None) -> None:
         # One stream of batches across epochs: the next epoch's first batches start while

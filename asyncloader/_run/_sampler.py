@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "batch_owner",
     "consumed_prefix",
     "covered",
     "epoch_indices",
@@ -63,6 +64,13 @@ def node_subset(n: int, *, seed: int, node: int, nodes: int) -> npt.NDArray[np.i
     if nodes < 1 or not 0 <= node < nodes:
         raise ValueError(f"node {node} is not one of {nodes}")
     return np.sort(_permutation(n, mix_seed(seed, _NODE_SALT))[node::nodes])
+
+
+def batch_owner(batch: int, num_workers: int, engines: int) -> tuple[int, int]:
+    """Who makes batch ``batch`` of a rank's epoch: its DataLoader worker (of
+    ``num_workers``: batches ``w, w + num_workers, …``), and which of that worker's
+    ``engines`` engine processes (every ``engines``-th of the worker's batches)."""
+    return batch % num_workers, (batch // num_workers) % engines
 
 
 def epoch_indices(
