@@ -41,6 +41,7 @@ def slow_server(jpeg_folder: Path) -> S3TestServer:
         yield server  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_bench_json_and_plot(slow_server: S3TestServer, tmp_path: Path) -> None:
     png = tmp_path / "bench.png"
     out = _bench(slow_server, tmp_path, "--json", "--max-inflight", "32", "--plot", str(png))

@@ -597,6 +597,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_loaders_of_a_node_starting_together_list_once(
     light_server: S3TestServer, tmp_path: Path, stream: bool

@@ -35,6 +35,7 @@ def _demo(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_demo_runs(tmp_path: Path) -> None:
     out = _demo(tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

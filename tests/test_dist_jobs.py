@@ -11,6 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from asyncloader.testing import S3TestServer
 
 from .conftest import N_IMAGES
@@ -54,6 +56,7 @@ NODES_JOB = JOB_COMMON + textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_nodes_read_every_sample_once_per_epoch_from_one_listing(
     light_server: S3TestServer, jpeg_folder: Path, tmp_path: Path
 ) -> None:
@@ -231,6 +234,7 @@ DCP_JOB = JOB_COMMON + textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_checkpoint_saved_on_2_ranks_resumes_on_3_and_on_1(
     light_server: S3TestServer, jpeg_folder: Path, tmp_path: Path
 ) -> None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from asyncloader.testing import TEST_ENV, free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -21,6 +23,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_train_cnn(tmp_path: Path) -> None:
     out = _run(
         [
@@ -39,6 +42,7 @@ def test_train_cnn(tmp_path: Path) -> None:
     assert "step 6 epoch 1 loss" in out.stdout
 
 
+@pytest.mark.slow
 def test_warm_then_train(tmp_path: Path) -> None:
     out = _run(
         [sys.executable, str(EXAMPLES / "warm_then_train.py"), "--steps", "2", "--images", "128"],
@@ -49,6 +53,7 @@ def test_warm_then_train(tmp_path: Path) -> None:
     assert "GETs while training: 0" in out.stdout
 
 
+@pytest.mark.slow
 def test_train_ddp_under_torchrun(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun")
     cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
@@ -73,6 +78,7 @@ def test_train_ddp_under_torchrun(tmp_path: Path) -> None:
     assert "manifest published: s3://" in out.stdout and "/train.npz" in out.stdout
 
 
+@pytest.mark.slow
 def test_train_dcp_resumes_on_another_number_of_ranks(tmp_path: Path) -> None:
     """README's checkpoint recipe: 2 ranks save with torch.distributed.checkpoint, a job
     of 1 rank loads the last checkpoint and goes on from its step."""

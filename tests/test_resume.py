@@ -147,6 +147,7 @@ def _first_batches(loader: al.ImageLoader, k: int) -> tuple[list[int], dict[str,
         (2, 3, 2, True, "drop"),  # 64 left: 63 dealt, one left out, as an even world does
     ],
 )
+@pytest.mark.slow
 def test_elastic_resume_on_another_world_size(
     light_server: S3TestServer, old: int, new: int, k: int, shuffle: bool, even: str
 ) -> None:
@@ -286,6 +287,7 @@ def test_stateful_dataloader_resumes_mid_epoch(
     assert sorted(seen + rest) == list(range(N_IMAGES))
 
 
+@pytest.mark.slow
 def test_the_training_process_state_under_dataloader_workers_is_refused(
     light_server: S3TestServer,
 ) -> None:

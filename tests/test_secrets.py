@@ -77,6 +77,7 @@ def _manifest(tmp_path: Path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_no_secret_leaks(
     moto: MotoServer,
     azurite: Azurite,

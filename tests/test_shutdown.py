@@ -154,6 +154,7 @@ def _cmdline(pid: str) -> bytes:
         return b""  # gone
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: str) -> None:
     light_server.set_faults({}, latency=0.05)  # keep the epoch going long enough
@@ -182,6 +183,7 @@ def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: s
     assert [w for w in workers if _cmdline(str(w))] == []
 
 
+@pytest.mark.slow
 def test_killed_decode_worker_is_replaced(light_server: S3TestServer, tmp_path: Path) -> None:
     light_server.set_faults({}, latency=0.02)
     proc = _start(tmp_path, light_server, "process", epochs=20)

@@ -34,6 +34,7 @@ def _dataset(server: S3TestServer) -> ImageDataset:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers_cover_the_epoch_in_order(
     light_server: S3TestServer, context: str

@@ -14,6 +14,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from asyncloader.testing import MotoServer, S3TestServer, descendants, free_port
 
 from .conftest import N_IMAGES
@@ -178,6 +180,7 @@ TRAIN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks(moto: MotoServer, moto_dataset: str, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
@@ -231,6 +234,7 @@ ELASTIC_JOB = JOB_COMMON + textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_job_stopped_on_two_ranks_of_two_workers_resumes_on_other_layouts(
     light_server: S3TestServer, jpeg_folder: Path, tmp_path: Path
 ) -> None:
