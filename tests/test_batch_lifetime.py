@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import asyncloader as al
-from asyncloader._run._loader import HELD_GRACE
+from asyncloader._base._lifecycle import HELD_GRACE
 from asyncloader.testing import S3TestServer
 
 from .conftest import N_IMAGES

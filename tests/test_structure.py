@@ -47,6 +47,45 @@ DECODE_SIBLINGS = {
 }
 
 
+# Inside ``_run``, three rooms in one order: the run's order and place (pure), the flow on
+# one event loop, the engine (its surface, in this process, in processes of its own), then
+# the loader over them; a module imports its own room or those before it, as named here.
+RUN_ROOMS: list[dict[str, set[str]]] = [
+    {  # the order, the run's place, the job: pure or the job's store, no loop
+        "_sampler": set(),
+        "_resume": {"_sampler"},
+        "_position": {"_resume"},
+        "_notices": set(),
+        "_dist": set(),
+    },
+    {  # the flow on one loop: cache fill, pipeline, its runtime, the composition root
+        "_cache_fill": {"_sampler"},
+        "_pipeline": {"_cache_fill", "_notices", "_sampler"},
+        "_runtime": {"_pipeline"},
+        "_build": {"_notices", "_pipeline"},
+    },
+    {  # the engine: its surface and messages, inline, a process, the trainer's side
+        "_control": {"_build", "_notices"},
+        "_inline": {"_build", "_control", "_notices", "_pipeline", "_runtime"},
+        "_engine": {"_control", "_inline", "_notices", "_pipeline"},
+        "_engines": {"_build", "_control", "_notices", "_sampler"},
+        "_assembly": {"_control", "_engines", "_inline"},
+    },
+    {  # the loader: the consumer's waits and ImageLoader
+        "_consumer": {"_control", "_dist", "_notices", "_position"},
+        "_loader": {
+            "_assembly",
+            "_build",
+            "_consumer",
+            "_control",
+            "_dist",
+            "_position",
+            "_sampler",
+        },
+    },
+]
+
+
 def _internal_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     out = set()
@@ -115,6 +154,29 @@ def test_the_code_map_names_every_wing_and_module() -> None:
         assert f"`{name}`" in code_map, name
 
 
+def test_run_keeps_its_order() -> None:
+    """Every module of ``_run`` has its place, imports only what its place allows, and no
+    room imports a later one."""
+    place = {name: i for i, room in enumerate(RUN_ROOMS) for name in room}
+    modules = {p.stem for p in (PKG / "_run").glob("*.py")} - {"__init__"}
+    assert modules == set(place), modules ^ set(place)
+    for room in RUN_ROOMS:
+        for name, allowed in room.items():
+            siblings = _sibling_imports(PKG / "_run" / f"{name}.py")
+            assert siblings <= allowed, f"_run/{name}.py imports {siblings - allowed}"
+            later = {m for m in allowed if place[m] > place[name]}
+            assert not later, f"_run/{name}.py may import later rooms: {later}"
+
+
+def _sibling_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {
+        n.module
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module
+    }
+
+
 def test_decode_package_layers() -> None:
     for name, allowed in DECODE_SIBLINGS.items():
         tree = ast.parse((PKG / "_decode" / f"{name}.py").read_text())
@@ -155,6 +217,8 @@ FACE_EXCEPTIONS = {
     ("torch.py", "asyncloader._run._resume"),
     # The keywords that moved into configs, folded where the dataset is made.
     ("torch.py", "asyncloader._run._build"),
+    # The node's ranks (LOCAL_WORLD_SIZE), read where every environment variable is.
+    ("torch.py", "asyncloader._base._env"),
 }
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "ENGINE_GRACE",
     "ENGINE_START",
     "ENGINE_TEARDOWN",
+    "HELD_GRACE",
     "KILL_STEP",
     "LOOP_JOIN",
     "POOL_STOP",
@@ -30,6 +31,7 @@ __all__ = [
     "STOP_PRODUCTION",
     "STORE_CLOSE",
     "TASKS_CANCEL",
+    "WAIT_SLICE",
     "WORKER_DRAIN",
     "WORKER_START",
     "WORKER_STEP",
@@ -55,6 +57,13 @@ CHILD_EXIT = 5.0
 COUNTERS_REPLY = 5.0
 """``stats()``'s wait for the engines' counters (a millisecond when they are well); an
 engine that does not answer by then is left out of the sum."""
+
+WAIT_SLICE = 0.1
+"""How often a consumer waiting for its next batch checks that its engine lives."""
+
+HELD_GRACE = 3.0
+"""How long a consumer that holds every ring slot waits for one to come back (another
+thread of the user's may still drop a batch) before it is told so."""
 
 WORKER_DRAIN = 30.0
 """A restart's wait for the decode jobs that workers hold (they write into ring slots that

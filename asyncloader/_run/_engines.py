@@ -55,8 +55,7 @@ from ._control import (
     TakeDataset,
 )
 from ._notices import BatchReady, EpochEnd, Failed, Notice
-from ._pipeline import samples_per_epoch
-from ._sampler import batch_owner
+from ._sampler import batch_owner, samples_per_epoch
 
 if TYPE_CHECKING:
     from .._device._upload import Uploader

@@ -13,15 +13,10 @@ engine: production, the decode workers and the loop stop, and the shared memory 
 
 from __future__ import annotations
 
-import gc
 import os
-import queue
-import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
-
-import numpy as np
 
 from .._base._config import (
     CacheConfig,
@@ -33,10 +28,7 @@ from .._base._config import (
     ShardConfig,
 )
 from .._base._errors import (
-    AsyncLoaderError,
-    BatchesHeldError,
     ClosedError,
-    PipelineDeadError,
 )
 from .._base._stats import Counters, Stats
 from .._base._types import DecodeFn, ObjectInfo, ObjectStore
@@ -46,10 +38,10 @@ from .._stores import open_store
 from .._stores import store_options as store_options_for
 from ._assembly import start_engine
 from ._build import DecodeBackend, engine_placement, fold_moved, open_cache, plan
+from ._consumer import Consumer
 from ._control import Engine, EngineSpec
 from ._dist import Agreement, list_once
-from ._notices import BatchReady, EpochEnd, Failed, Notice
-from ._resume import loader_state, plan_resume
+from ._position import Position
 from ._sampler import num_batches
 
 if TYPE_CHECKING:
@@ -60,10 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["ImageLoader"]
 
 T = TypeVar("T")
-_SLICE = 0.1  # how often a waiting consumer checks liveness [seconds]
-# How long a consumer that holds every ring slot waits for one to come back (another thread
-# of the user's may still drop a batch) before it is told so [seconds].
-HELD_GRACE = 3.0
 
 
 class ImageLoader:
@@ -238,19 +226,12 @@ class ImageLoader:
         self._backend: DecodeBackend = p.backend
         self._timeout = timeout
         self._counters = Counters()  # the consumer's, and the inline engine's
-        self._epoch_requested: int | None = None
-        self._last_epoch = -1
-        self._position: tuple[int, int] | None = None  # (epoch, batch) the queue holds next
-        self._resume: tuple[int, int] | None = None  # from load_state_dict
-        # (epoch, start, end): that epoch deals only positions [start, end) of its order
-        # (the rest of an epoch resumed with another world size).
-        self._span: tuple[int, int, int] | None = None
+        self._position = Position()
         self.url = store.url if store is not None else url
-        # Where the output queue stands: (epoch, next batch, span of that epoch).
-        self._produced: tuple[int, int, tuple[int, int] | None] | None = None
+        self._consumer: Consumer | None = None
         self._uploader: Uploader | None = None
         self._agreement: Agreement | None = None
-        self._listed: Sequence[ObjectInfo] | None = None
+        self._unchecked: Sequence[ObjectInfo] | None = None  # the list the ranks agree on
         if device is not None:
             from .._device._device_spec import DeviceSpec
             from .._device._upload import Uploader
@@ -279,7 +260,7 @@ class ImageLoader:
                     job=agreement.store,
                 )
             if agreement is not None:
-                self._listed = objects  # checked against the other ranks' lists
+                self._unchecked = objects  # checked against the other ranks' lists
             engine_spec = EngineSpec(
                 plan=p,
                 url=self.url,
@@ -294,8 +275,8 @@ class ImageLoader:
             del objects
 
             def listed(objects: Sequence[ObjectInfo]) -> None:
-                if agreement is not None:
-                    self._listed = objects
+                if agreement is not None and self._consumer is not None:
+                    self._consumer.unchecked = objects
 
             start_engine(
                 engine_spec,
@@ -317,8 +298,17 @@ class ImageLoader:
         self._engine = engine
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_engine, engine)
-        self._position = (0, 0)
-        self._produced = (0, 0, None)
+        self._position.reset()
+        self._consumer = Consumer(
+            engine,
+            self._counters,
+            url=self.url,
+            timeout=self._timeout,
+            max_inflight=self._fetch_config.inflight,
+            agreement=self._agreement,
+            unchecked=self._unchecked,
+        )
+        self._unchecked = None
 
     # --- public surface -----------------------------------------------------------------
 
@@ -370,40 +360,27 @@ class ImageLoader:
         Without it, each iteration runs the epoch after the last one (starting at 0), and
         that next epoch is already being prefetched.
         """
-        if epoch < 0:
-            raise ValueError("epoch must be >= 0")
-        self._epoch_requested = epoch
+        self._position.set_epoch(epoch)
 
     @property
     def epoch(self) -> int:
         """The epoch the next iteration will run."""
-        return self._epoch_requested if self._epoch_requested is not None else self._last_epoch + 1
+        return self._position.epoch
 
     def stats(self) -> Stats:
         """A snapshot of every counter, and which stage bounds the run."""
-        engine = self._engine
-        counters = engine.engine_counters().with_consumer(self._counters)
-        return counters.snapshot(
-            decode_workers=engine.workers,
-            max_inflight=self._fetch_config.inflight,
-            ring_held=engine.ring_held(),
-        )
+        if self._consumer is None:
+            raise ClosedError("the loader is closed")
+        return self._consumer.stats()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._check_open()
-        epoch = self.epoch
-        self._epoch_requested = None
-        first = 0
-        if self._resume is not None and self._resume[0] == epoch:
-            first = self._resume[1]
-        self._resume = None
-        if self._span is not None and self._span[0] != epoch:
-            self._span = None
-        span = self._span[1:] if self._span is not None else None
-        batches = self._iterate(epoch, first, span)
+        assert self._consumer is not None
+        epoch, first, span = self._position.begin()
+        batches = self._consumer.batches(epoch, first, span)
         if self._uploader is not None:
             batches = self._uploader.run(batches)
-        return self._deliver(epoch, batches)
+        return self._consumer.deliver(epoch, batches, self._position)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the run stands: resuming from it continues with the next unseen batch.
@@ -413,20 +390,7 @@ class ImageLoader:
         consumed (``consumed`` of ``end``; they move in step, so one rank's state tells),
         which lets a run on another world size finish the epoch (version 2).
         """
-        if self._resume is not None:
-            epoch, next_batch = self._resume
-        elif self._epoch_requested is not None:
-            epoch, next_batch = self._epoch_requested, 0
-        else:
-            epoch, next_batch = self._position or (self.epoch, 0)
-        span = self._span[1:] if self._span and self._span[0] == epoch else None
-        return loader_state(
-            self._run_config,
-            epoch=epoch,
-            next_batch=next_batch,
-            num_objects=len(self.dataset.samples),
-            span=span,
-        )
+        return self._position.state(self._run_config, len(self.dataset.samples))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iteration starts at its next batch.
@@ -442,116 +406,7 @@ class ImageLoader:
                 node-local shuffle, or of one of several DataLoader workers (merge the
                 rank's worker states first: :func:`merge_worker_states`).
         """
-        plan = plan_resume(state, self.state_dict())
-        self._span = (plan.epoch, plan.span[0], plan.span[1]) if plan.span else None
-        self._resume = (plan.epoch, plan.next_batch)
-        self._epoch_requested = None
-        self._last_epoch = self._resume[0] - 1
-
-    def _deliver(
-        self, epoch: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor, Any]]
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The consumer's side: count what the user receives, and where the run stands."""
-        c = self._counters
-        try:
-            agreement = self._agreement
-            if agreement is not None and self._listed is not None:
-                agreement.check(self._listed)  # before the first batch of the run
-                self._listed = None
-            while True:
-                if agreement is not None:
-                    agreement.poll()  # a rank that refused later stops this one too
-                try:
-                    images, labels, (index, n) = next(batches)
-                except StopIteration:
-                    break
-                self._position = (epoch, index + 1)
-                c.consumer_batches += 1
-                c.consumer_samples += n
-                if c.consumer_first_batch_seconds is None:
-                    c.consumer_first_batch_seconds = time.perf_counter() - c.started
-                # No reference stays in this frame while it waits at `yield`: a batch the
-                # consumer drops must give its slot back then, not at the next request.
-                batch = [(images, labels)]
-                del images, labels
-                yield batch.pop()
-        except GeneratorExit:
-            raise  # the consumer stopped early: the position stands
-        except BaseException:
-            self._position = None
-            raise
-        finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
-        self._position = (epoch + 1, 0)
-        self._last_epoch = epoch
-
-    def _iterate(
-        self, epoch: int, first: int, span: tuple[int, int] | None
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, tuple[int, int]]]:
-        """The producer's side: batches of the ring as tensor views, each holding its slot
-        until the last reference to it is gone (see :meth:`BatchRing.lease`)."""
-        import torch
-
-        engine = self._engine
-        if self._produced != (epoch, first, span):
-            engine.start(epoch, first, span)
-            self._produced = (epoch, first, span)
-        c = self._counters
-        while True:
-            notice = self._next_notice()
-            if isinstance(notice, EpochEnd):
-                self._produced = (epoch + 1, 0, None)
-                return
-            if isinstance(notice, Failed):
-                self._produced = None
-                exc = notice.error
-                if isinstance(exc, AsyncLoaderError):
-                    raise exc
-                raise PipelineDeadError(f"the pipeline failed: {exc!r}") from exc
-            ready: BatchReady = notice
-            del notice
-            if ready.skipped:
-                c.skipped.update(ready.skipped)
-            self._produced = (epoch, ready.index + 1, span)
-            # Yielded straight from the call: no local of this frame keeps the batch.
-            yield _as_tensors(*engine.lease(ready), (ready.index, ready.n), torch.from_numpy)
-
-    def _next_notice(self) -> Notice:
-        c = self._counters
-        t0 = time.perf_counter()
-        all_held_since: float | None = None
-        try:
-            while True:
-                try:
-                    return self._engine.next_notice(_SLICE)
-                except queue.Empty:
-                    self._check_open()
-                    now = time.perf_counter()
-                    if self._timeout is not None and now - t0 > self._timeout:
-                        raise AsyncLoaderError(
-                            f"no batch from {self.url} within {self._timeout} s\n"
-                            + self.stats().summary()
-                        ) from None
-                    ring = self._engine.held_ring()
-                    if ring is None or ring.held < ring.slots:
-                        all_held_since = None
-                    elif all_held_since is None:
-                        # Batches caught in reference cycles are only freed by a collection.
-                        all_held_since = now
-                        gc.collect()
-                    elif now - all_held_since > HELD_GRACE:
-                        raise BatchesHeldError(
-                            f"all {ring.slots} ring slots hold batches that are still "
-                            "referenced, so the next batch cannot be made. A batch is a view "
-                            "of its slot (no copy) until the last reference to it is gone: "
-                            "keep copies of batches you keep (images.clone()), drop the ones "
-                            "you are done with, or raise EngineConfig(prefetch_batches=) "
-                            f"(now {ring.slots})"
-                        ) from None
-        finally:
-            c.consumer_wait_seconds += time.perf_counter() - t0
+        self._position.load(state, self.state_dict())
 
     def _check_open(self) -> None:
         if self._engine.closed:
@@ -592,11 +447,3 @@ class _NoEngine:
 
 def _close_engine(engine: Any) -> None:
     engine.close()
-
-
-def _as_tensors(
-    images: Any, labels: Any, meta: tuple[int, int], from_numpy: Callable[[Any], torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
-    if not isinstance(images, np.ndarray):  # a ring on the device: a tensor already
-        return images, from_numpy(labels), meta
-    return from_numpy(images), from_numpy(labels), meta

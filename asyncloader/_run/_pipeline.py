@@ -37,27 +37,18 @@ from .._device._ring import BatchRing
 from .._fetch import Fetcher
 from ._cache_fill import CacheFill, InHand, OnceFetcher
 from ._notices import BatchReady, EpochEnd, Failed, Notice
-from ._sampler import batch_owner, epoch_indices, mix_seed, num_batches, unshuffled_batch
+from ._sampler import (
+    batch_owner,
+    epoch_indices,
+    mix_seed,
+    num_batches,
+    samples_per_epoch,
+    unshuffled_batch,
+)
 
-__all__ = ["Pipeline", "samples_per_epoch"]
+__all__ = ["Pipeline"]
 
 T = TypeVar("T")
-
-
-def samples_per_epoch(n: int, r: RunConfig) -> int:
-    """Samples a rank sees per epoch of ``n`` objects (the same every epoch)."""
-    return len(
-        epoch_indices(
-            n,
-            seed=r.seed,
-            epoch=0,
-            shuffle="node" if r.shuffle == "node" else False,  # the same count
-            rank=r.rank,
-            world_size=r.world_size,
-            even=r.even,
-            local_world_size=r.local_world_size,
-        )
-    )
 
 
 class _Failure(Exception):

@@ -11,6 +11,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from .._base._config import RunConfig
+
 __all__ = [
     "batch_owner",
     "consumed_prefix",
@@ -19,6 +21,7 @@ __all__ = [
     "mix_seed",
     "node_subset",
     "num_batches",
+    "samples_per_epoch",
     "unshuffled_batch",
 ]
 
@@ -173,3 +176,19 @@ def unshuffled_batch(
     """
     first = batch * batch_size
     return np.arange(first, first + batch_size, dtype=np.int64) * world_size + rank
+
+
+def samples_per_epoch(n: int, r: RunConfig) -> int:
+    """Samples a rank sees per epoch of ``n`` objects (the same every epoch)."""
+    return len(
+        epoch_indices(
+            n,
+            seed=r.seed,
+            epoch=0,
+            shuffle="node" if r.shuffle == "node" else False,  # the same count
+            rank=r.rank,
+            world_size=r.world_size,
+            even=r.even,
+            local_world_size=r.local_world_size,
+        )
+    )

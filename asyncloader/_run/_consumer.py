@@ -1,0 +1,196 @@
+"""The sync consumer of an engine: the user's thread waits for the next batch in short
+slices and checks liveness each time, so the end of an epoch, a dead engine, a closed loader,
+a time-out and a consumer that holds every ring slot are different outcomes, each with its
+own message; batches come out as tensor views of their ring slot.
+"""
+
+from __future__ import annotations
+
+import gc
+import queue
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._base._errors import AsyncLoaderError, BatchesHeldError, ClosedError, PipelineDeadError
+from .._base._lifecycle import HELD_GRACE, WAIT_SLICE
+from .._base._stats import Counters, Stats
+from .._base._types import ObjectInfo
+from ._control import Engine
+from ._dist import Agreement
+from ._notices import BatchReady, EpochEnd, Failed, Notice
+from ._position import Position
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Consumer"]
+
+
+class Consumer:
+    """The consumer's side of ``engine``: batches in order, and the counters of both.
+
+    Args:
+        engine: Makes the batches.
+        counters: The consumer's counters (the inline engine's too).
+        url: Names the store in messages.
+        timeout: No batch for this long is an error (None: wait) [seconds].
+        max_inflight: The requests in flight allowed (for the stats).
+        agreement: The ranks' agreement on the object list, in a sharded job.
+        unchecked: The list to check with it before the first batch (or set later, once
+            listed: ``unchecked``).
+
+    Attributes:
+        produced: Where the engine's output stands: ``(epoch, next batch, span)``, or None
+            when not known (it is restarted where the consumer asks next).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        counters: Counters,
+        *,
+        url: str,
+        timeout: float | None,
+        max_inflight: int,
+        agreement: Agreement | None = None,
+        unchecked: Sequence[ObjectInfo] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._agreement = agreement
+        self.unchecked = unchecked
+        self._counters = counters
+        self._url = url
+        self._timeout = timeout
+        self._max_inflight = max_inflight
+        self.produced: tuple[int, int, tuple[int, int] | None] | None = (0, 0, None)
+
+    def deliver(
+        self,
+        epoch: int,
+        batches: Iterator[tuple[torch.Tensor, torch.Tensor, Any]],
+        position: Position,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """What the user receives of ``batches`` (of ``epoch``): counted, and followed by
+        ``position``; before the run's first batch, the ranks' agreement on the list."""
+        c = self._counters
+        try:
+            agreement = self._agreement
+            if agreement is not None and self.unchecked is not None:
+                agreement.check(self.unchecked)  # before the first batch of the run
+                self.unchecked = None
+            while True:
+                if agreement is not None:
+                    agreement.poll()  # a rank that refused later stops this one too
+                try:
+                    images, labels, (index, n) = next(batches)
+                except StopIteration:
+                    break
+                position.delivered(epoch, index)
+                c.consumer_batches += 1
+                c.consumer_samples += n
+                if c.consumer_first_batch_seconds is None:
+                    c.consumer_first_batch_seconds = time.perf_counter() - c.started
+                # No reference stays in this frame while it waits at `yield`: a batch the
+                # consumer drops must give its slot back then, not at the next request.
+                batch = [(images, labels)]
+                del images, labels
+                yield batch.pop()
+        except GeneratorExit:
+            raise  # the consumer stopped early: the position stands
+        except BaseException:
+            position.lost()
+            raise
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+        position.finished(epoch)
+
+    def stats(self) -> Stats:
+        """A snapshot of every counter, and which stage bounds the run."""
+        engine = self._engine
+        counters = engine.engine_counters().with_consumer(self._counters)
+        return counters.snapshot(
+            decode_workers=engine.workers,
+            max_inflight=self._max_inflight,
+            ring_held=engine.ring_held(),
+        )
+
+    def batches(
+        self, epoch: int, first: int, span: tuple[int, int] | None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, tuple[int, int]]]:
+        """The producer's side: batches of the ring as tensor views, each holding its slot
+        until the last reference to it is gone (see :meth:`BatchRing.lease`)."""
+        import torch
+
+        engine = self._engine
+        if self.produced != (epoch, first, span):
+            engine.start(epoch, first, span)
+            self.produced = (epoch, first, span)
+        c = self._counters
+        while True:
+            notice = self._next_notice()
+            if isinstance(notice, EpochEnd):
+                self.produced = (epoch + 1, 0, None)
+                return
+            if isinstance(notice, Failed):
+                self.produced = None
+                exc = notice.error
+                if isinstance(exc, AsyncLoaderError):
+                    raise exc
+                raise PipelineDeadError(f"the pipeline failed: {exc!r}") from exc
+            ready: BatchReady = notice
+            del notice
+            if ready.skipped:
+                c.skipped.update(ready.skipped)
+            self.produced = (epoch, ready.index + 1, span)
+            # Yielded straight from the call: no local of this frame keeps the batch.
+            yield _as_tensors(*engine.lease(ready), (ready.index, ready.n), torch.from_numpy)
+
+    def _next_notice(self) -> Notice:
+        c = self._counters
+        engine = self._engine
+        t0 = time.perf_counter()
+        all_held_since: float | None = None
+        try:
+            while True:
+                try:
+                    return engine.next_notice(WAIT_SLICE)
+                except queue.Empty:
+                    if engine.closed:
+                        raise ClosedError("the loader is closed") from None
+                    now = time.perf_counter()
+                    if self._timeout is not None and now - t0 > self._timeout:
+                        raise AsyncLoaderError(
+                            f"no batch from {self._url} within {self._timeout} s\n"
+                            + self.stats().summary()
+                        ) from None
+                    ring = engine.held_ring()
+                    if ring is None or ring.held < ring.slots:
+                        all_held_since = None
+                    elif all_held_since is None:
+                        # Batches caught in reference cycles are only freed by a collection.
+                        all_held_since = now
+                        gc.collect()
+                    elif now - all_held_since > HELD_GRACE:
+                        raise BatchesHeldError(
+                            f"all {ring.slots} ring slots hold batches that are still "
+                            "referenced, so the next batch cannot be made. A batch is a view "
+                            "of its slot (no copy) until the last reference to it is gone: "
+                            "keep copies of batches you keep (images.clone()), drop the ones "
+                            "you are done with, or raise EngineConfig(prefetch_batches=) "
+                            f"(now {ring.slots})"
+                        ) from None
+        finally:
+            c.consumer_wait_seconds += time.perf_counter() - t0
+
+
+def _as_tensors(
+    images: Any, labels: Any, meta: tuple[int, int], from_numpy: Callable[[Any], torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    if not isinstance(images, np.ndarray):  # a ring on the device: a tensor already
+        return images, from_numpy(labels), meta
+    return from_numpy(images), from_numpy(labels), meta
