@@ -58,11 +58,12 @@ RUN_ROOMS: list[dict[str, set[str]]] = [
         "_notices": set(),
         "_dist": set(),
     },
-    {  # the flow on one loop: cache fill, pipeline, its runtime, the composition root
+    {  # the flow on one loop: batch order, cache fill, pipeline, runtime, composition root
+        "_batches": {"_sampler"},
         "_cache_fill": {"_sampler"},
-        "_pipeline": {"_cache_fill", "_notices", "_sampler"},
+        "_pipeline": {"_batches", "_cache_fill", "_notices", "_sampler"},
         "_runtime": {"_pipeline"},
-        "_build": {"_notices", "_pipeline"},
+        "_build": {"_cache_fill", "_notices", "_pipeline"},
     },
     {  # the engine: its surface and messages, inline, a process, the trainer's side
         "_control": {"_build", "_notices"},

@@ -42,6 +42,7 @@ from .._decode import DecodePool, DecodeSpec, choose_backend
 from .._decode._transforms import RandomResizedCrop, Transform
 from .._device._ring import BatchRing, DeviceBatchRing
 from .._fetch import Fetcher
+from ._cache_fill import CacheFill
 from ._notices import Notice
 from ._pipeline import Pipeline
 
@@ -332,7 +333,22 @@ def make_pipeline(
     part: tuple[int, int] = (0, 1),
 ) -> Pipeline:
     """The pipeline of one loader over its parts (``cache``: the one the plan was made
-    with; ``part``: an engine process's share of the batches)."""
+    with; ``part``: an engine process's share of the batches), with its cache-fill stage."""
+    filling = (
+        CacheFill.for_loader(
+            cache,
+            fetcher,
+            counters,
+            listing,
+            p.run,
+            scaled_copies=p.cache.scaled_jpegs,
+            max_pixels=p.spec.max_pixels,
+            # What was written while a batch was in flight: its ring slots' worth, twice.
+            remember=2 * ring.slots * p.run.batch_size,
+        )
+        if cache is not None
+        else None
+    )
     return Pipeline(
         listing,
         fetcher,
@@ -342,9 +358,7 @@ def make_pipeline(
         counters,
         output,
         decode_window=p.window,
-        cache=cache,
-        scaled_copies=p.cache.scaled_jpegs,
-        max_pixels=p.spec.max_pixels,
+        filling=filling,
         part=part,
     )
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .._base._config import RunConfig
 from .._base._stats import Counters
-from .._base._types import Blob, ObjectInfo
+from .._base._types import Blob, CachedAt, ObjectInfo, Sample
 from .._cache import IndexThread, ObjectCache
 from .._cache._admission import ADMIT_ALL, admission, admitted
 from .._cache._writer import CacheWriter
@@ -307,6 +307,17 @@ class CacheFill:
             derive=partial(scaled_jpeg_copies, max_pixels=max_pixels) if scaled_copies else None,
             remember=remember,
         )
+
+    async def look_up(
+        self, url: str, batch: Sequence[Sample]
+    ) -> tuple[list[str], dict[str, InHand], dict[str, CachedAt | None]]:
+        """A batch's one index query, off the loop and in batch order: the cache keys of
+        its samples, what of them is being fetched or waits to be written (looked at
+        *before* the query: see the module's docstring), and where the cache has the rest
+        (the decode workers read those places without another query)."""
+        keys = [ObjectCache.entry_key(url, s.obj.key, s.obj.etag) for s in batch]
+        early = self.once.all_in_hand(keys)
+        return keys, early, await self.index.run(self.cache.locate, keys)
 
     async def prepare(self) -> None:
         """Before an epoch: the writer has written what it held (a restarted epoch reads

@@ -118,7 +118,7 @@ class InlineEngine:
             rt = self.rt
             ring.on_release = lambda slot: rt.call_soon(pipeline.release, slot)
             if listing.done and part == (0, 1):
-                pipeline.check_batches()
+                pipeline.order.check()
             # Start on epoch 0 right away: the first batches are ready when iteration begins.
             await pipeline.start(0)
 
@@ -174,7 +174,7 @@ class InlineEngine:
 
     def epoch_samples(self) -> int:
         self.dataset()
-        return self.pipeline.epoch_samples(0)
+        return self.pipeline.order.epoch_samples()
 
     def engine_counters(self) -> Counters:
         pool = self.rt.pool

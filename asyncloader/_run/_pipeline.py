@@ -20,30 +20,25 @@ import asyncio
 import contextlib
 import queue
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from .._base._config import MAX_PIXELS, RunConfig
+from .._base._config import RunConfig
 from .._base._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
 from .._base._stats import Counters
 from .._base._types import CachedAt, CacheEvent, DecodeJob, Outcome, Sample
-from .._cache import ObjectCache
 from .._dataset import Listing
 from .._decode import DecodePool
 from .._device._ring import BatchRing
 from .._fetch import Fetcher
+from ._batches import BatchOrder
 from ._cache_fill import CacheFill, InHand, OnceFetcher
 from ._notices import BatchReady, EpochEnd, Failed, Notice
 from ._sampler import (
-    batch_owner,
-    epoch_indices,
     mix_seed,
-    num_batches,
-    samples_per_epoch,
-    unshuffled_batch,
 )
 
 __all__ = ["Pipeline"]
@@ -72,10 +67,9 @@ class Pipeline:
         output: Where finished batches are announced to the consumer thread.
         decode_window: Most samples between the start of their fetch and the end of their
             decode (bounds the bytes held in memory).
-        cache: The SSD cache: hits are read by decode workers, fetched bytes written back.
-        scaled_copies: Also keep scaled copies of large JPEGs in the cache, made by the
-            cache's writer thread (:func:`~asyncloader._decode._image.scaled_copies`).
-        max_pixels: No copies of images with more pixels (the decode refuses them).
+        filling: The way into the SSD cache (:class:`~._cache_fill.CacheFill`), which
+            decides what is kept and how: hits are read by decode workers, fetched bytes
+            written back, each object fetched once while other batches need it.
         part: ``(k, n)``: make only every ``n``-th of this worker's batches, from its
             ``k``-th on (the share of one of ``n`` engine processes); ``(0, 1)``: all.
     """
@@ -91,13 +85,11 @@ class Pipeline:
         output: queue.Queue[Notice],
         *,
         decode_window: int,
-        cache: ObjectCache | None = None,
-        scaled_copies: bool = False,
-        max_pixels: int = MAX_PIXELS,
+        filling: CacheFill | None = None,
         part: tuple[int, int] = (0, 1),
     ) -> None:
         self.listing = listing
-        self.part = part
+        self.order = BatchOrder(listing, run, part)
         self.fetcher = fetcher
         self.pool = pool
         self.ring = ring
@@ -105,24 +97,7 @@ class Pipeline:
         self.counters = counters
         self.output = output
         self._decode_window = decode_window
-        self.cache = cache
-        # The cache-fill stage decides what is kept and how (see _cache_fill); each object
-        # is fetched once while other batches need it.
-        self._filling = (
-            CacheFill.for_loader(
-                cache,
-                fetcher,
-                counters,
-                listing,
-                run,
-                scaled_copies=scaled_copies,
-                max_pixels=max_pixels,
-                # What was written while a batch was in flight: its ring slots' worth, twice.
-                remember=2 * ring.slots * run.batch_size,
-            )
-            if cache is not None
-            else None
-        )
+        self._filling = filling
         self._free: asyncio.Queue[int] = asyncio.Queue()
         # Slots published and not yet given back: announced on `output`, or delivered and
         # still referenced by the consumer's batch (the ring tells, through `release`).
@@ -130,7 +105,6 @@ class Pipeline:
         self._task: asyncio.Task[None] | None = None
         self._window = asyncio.Semaphore(decode_window)
         self._failures: dict[int, list[Exception]] = {}
-        self._epoch_samples: int | None = None
         # Each batch's place in the stream: its decode jobs' priority, so that a batch's
         # samples are decoded before a later batch's (cache hits of the next epoch, ready at
         # once, would otherwise hold up the end of this one).
@@ -141,31 +115,6 @@ class Pipeline:
         call off the loop)."""
         if self._filling is not None:
             self._filling.close()
-
-    def epoch_samples(self, epoch: int) -> int:
-        """Samples this rank sees in ``epoch`` (the same for every epoch); the listing must
-        be complete."""
-        if self._epoch_samples is None:
-            dataset = self.listing.dataset
-            if dataset is None:
-                raise AsyncLoaderError("the listing is not complete yet")
-            self._epoch_samples = samples_per_epoch(len(dataset.samples), self.run)
-        return self._epoch_samples
-
-    def check_batches(self) -> None:
-        """Every worker sharing this rank must get a batch (the listing is complete).
-
-        Raises:
-            ValueError: fewer batches per epoch than workers.
-        """
-        r = self.run
-        n = self.epoch_samples(0)
-        if num_batches(n, r.batch_size, r.drop_last) < r.num_workers:
-            raise ValueError(
-                f"{num_batches(n, r.batch_size, r.drop_last)} batches per epoch for this rank "
-                f"({n} samples, batch_size={r.batch_size}, drop_last={r.drop_last}): fewer "
-                f"than the {r.num_workers} worker(s) sharing it"
-            )
 
     # --- control (called on the loop) ---------------------------------------------------
 
@@ -228,67 +177,9 @@ class Pipeline:
             c.decode_queue -= 1
 
     def _account(self, outcome: Outcome, size: int = 0) -> None:
-        self.counters.count_decode(outcome, size=size, caching=self.cache is not None)
+        self.counters.count_decode(outcome, size=size, caching=self._filling is not None)
 
     # --- production ---------------------------------------------------------------------
-
-    async def _batches(
-        self, epoch: int, first_batch: int, span: tuple[int, int] | None = None
-    ) -> AsyncGenerator[tuple[int, int, npt.NDArray[np.int64], bool], None]:
-        """(epoch, index, sample indices, last of its epoch) from ``epoch`` on, endlessly.
-
-        Only the batches made here (:meth:`_mine`); in the first epoch
-        only from ``first_batch`` on (a resume).  Every epoch ends with an END marker, so
-        the "last" flag goes with this worker's last batch.  While the listing still grows
-        (an unshuffled run), each batch starts as soon as its samples are listed.  ``span``
-        (the first epoch only): the positions of its order left to deal.
-        """
-        r = self.run
-        listing = self.listing
-        if span is not None:  # the rest of a resumed epoch: dealt from the whole list
-            await listing.complete()
-        while True:
-            if not listing.done:
-                b = first_batch
-                while True:
-                    await listing.wait((b + 1) * r.batch_size * r.world_size)
-                    if listing.done:
-                        break
-                    if self._mine(b):
-                        sel = unshuffled_batch(
-                            b, r.batch_size, rank=r.rank, world_size=r.world_size
-                        )
-                        yield epoch, b, sel, False
-                    b += 1
-                first_batch = b
-                self.check_batches()
-            indices = epoch_indices(
-                len(listing.samples),
-                seed=r.seed,
-                epoch=epoch,
-                shuffle=r.shuffle,
-                rank=r.rank,
-                world_size=r.world_size,
-                even=r.even,
-                local_world_size=r.local_world_size,
-                **({"start": span[0], "end": span[1]} if span else {}),
-            )
-            span = None
-            nb = num_batches(len(indices), r.batch_size, r.drop_last)
-            mine = [b for b in range(first_batch, nb) if self._mine(b)]
-            for b in mine:
-                sel = indices[b * r.batch_size : (b + 1) * r.batch_size]
-                yield epoch, b, sel, b == mine[-1]
-            if not mine:
-                yield epoch, -1, indices[:0], True  # nothing (more) for this worker: END only
-            first_batch = 0
-            epoch += 1
-
-    def _mine(self, b: int) -> bool:
-        """Whether batch ``b`` of the rank is made here: this DataLoader worker's, and of
-        those this engine process's part."""
-        k, n = self.part
-        return batch_owner(b, self.run.num_workers, n) == (self.run.worker, k)
 
     async def _run(self, epoch: int, first_batch: int, span: tuple[int, int] | None) -> None:
         # One stream of batches across epochs: the next epoch's first batches start while
@@ -297,7 +188,7 @@ class Pipeline:
             deque()
         )
         self._failures = {}
-        batches = self._batches(epoch, first_batch, span)
+        batches = self.order.batches(epoch, first_batch, span)
         nxt: asyncio.Task[tuple[int, int, npt.NDArray[np.int64], bool]] | None = None
         try:
             while True:
@@ -354,7 +245,7 @@ class Pipeline:
         self.output.put(BatchReady(epoch, index, slot, n, skipped))
         failures = self._failures.get(epoch, [])
         # A budget that is a fraction of the epoch waits for a growing listing to complete.
-        samples = self.epoch_samples(epoch) if self.listing.done else None
+        samples = self.order.epoch_samples() if self.listing.done else None
         if len(failures) > self.run.failure_budget(samples):
             raise FailureBudgetExceeded(
                 f"{len(failures)} samples failed in epoch {epoch}, "
@@ -377,14 +268,7 @@ class Pipeline:
         keys = [""] * len(sel)
         fill = self._filling
         if fill is not None:
-            url = self.fetcher.store.url
-            keys = [ObjectCache.entry_key(url, b.obj.key, b.obj.etag) for b in batch]
-            # One index query per batch, off the loop: which samples are cached, and in which
-            # file; the decode workers read the files without another query.
-            # What is being fetched or waits to be written, looked at *before* the query
-            # (see _cache_fill).
-            early = fill.once.all_in_hand(keys)
-            cached = await fill.index.run(fill.cache.locate, keys)
+            keys, early, cached = await fill.look_up(self.fetcher.store.url, batch)
         else:
             early = {}
         hits = [j for j in range(len(sel)) if keys[j] in cached]
