@@ -243,3 +243,30 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_killed_engine_is_named_truly(server: S3TestServer) -> None:
+    with _loader(server, shuffle=False, engine=al.EngineConfig(processes=2)) as loader:
+        it = iter(loader)
+        next(it)
+        victim = _engine_pids()[1]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(al.PipelineDeadError) as info:
+            for _ in it:
+                pass
+            for _ in range(20):  # epochs: the dead engine's batches made before run out
+                for _ in loader:
+                    pass
+    message = str(info.value)
+    assert f"pid {victim}" in message
+    assert "killed by SIGKILL, often by the out-of-memory killer" in message
+    assert "__main__" not in message  # the script's guard has nothing to do with it
+
+
+def test_how_an_engine_ended_in_words() -> None:
+    from asyncloader._run._link import how_it_ended
+
+    assert how_it_ended(1) == "exited with code 1"
+    assert how_it_ended(-signal.SIGBUS).startswith("was killed by SIGBUS: a write into shared")
+    assert how_it_ended(-signal.SIGTERM) == "was killed by SIGTERM: asked to stop from outside"
+    assert how_it_ended(-200) == "was killed by signal 200"

@@ -69,7 +69,8 @@ RUN_ROOMS: list[dict[str, set[str]]] = [
         "_control": {"_build", "_notices"},
         "_inline": {"_build", "_control", "_notices", "_pipeline", "_runtime"},
         "_engine": {"_control", "_inline", "_notices", "_pipeline"},
-        "_engines": {"_build", "_control", "_notices", "_sampler"},
+        "_link": {"_control", "_notices"},
+        "_engines": {"_build", "_control", "_link", "_notices", "_sampler"},
         "_assembly": {"_control", "_engines", "_inline"},
     },
     {  # the loader: the consumer's waits and ImageLoader

@@ -23,37 +23,32 @@ import os
 import pickle
 import queue
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._base import _lifecycle as life
-from .._base._child import launch, stop_children, unlink_shm
+from .._base._child import stop_children, unlink_shm
 from .._base._errors import ClosedError, PipelineDeadError
 from .._base._stats import Counters
-from .._base._wire import ChildFailed, Message, Stop
+from .._base._wire import Message, Stop
 from .._dataset._labels import Dataset
 from .._device._ring import BatchRing
 from ._build import split_plan
 from ._control import (
     SLOT,
     AskCounters,
-    Counts,
     EngineOrder,
-    EngineReady,
     EngineShare,
     EngineSpec,
-    Listed,
-    Produced,
-    ProductionFailed,
     StartEpoch,
     TakeDataset,
 )
+from ._link import EVERY_GENERATION, EngineLink
 from ._notices import BatchReady, EpochEnd, Failed, Notice
 from ._sampler import batch_owner, samples_per_epoch
 
@@ -62,35 +57,9 @@ if TYPE_CHECKING:
 
 __all__ = ["EngineProcesses", "OrderNotPicklable"]
 
-_ENTRY = "asyncloader._run._engine:engine_main"
-_EVERY_GENERATION = -1  # a failure of the engine itself: whatever start it was made for
-_DIED = (
-    "engine process {k} exited (code {code}) {when}; its error is on stderr. A hook defined "
-    "in the training script makes engines import the script: guard its entry point with "
-    "`if __name__ == '__main__':`. EngineConfig(mode='inline') runs the engine in this "
-    "process."
-)
-
 
 class OrderNotPicklable(Exception):
     """An option of the loader (a hook, a labels function) cannot go to another process."""
-
-
-@dataclass
-class _Engine:
-    """One engine process, its socket, its slot pipe and what it sent."""
-
-    k: int
-    proc: subprocess.Popen[bytes]
-    conn: mpc.Connection
-    release_fd: int
-    notices: queue.Queue[tuple[int, Notice]] = field(default_factory=queue.Queue)
-    replies: queue.Queue[Counters] = field(default_factory=queue.Queue)
-    ready: EngineReady | None = None
-    failed: BaseException | None = None
-    gone: bool = False
-    ring: BatchRing | None = None
-    heard: threading.Event = field(default_factory=threading.Event)  # ready, failed or gone
 
 
 class EngineProcesses:
@@ -152,23 +121,23 @@ class EngineProcesses:
                 self._remove_budget_folder()
                 raise OrderNotPicklable(str(exc)) from exc
             del order
-        self._engines: list[_Engine] = []
+        self._engines: list[EngineLink] = []
         try:
             while pipes:
                 k = n - len(pipes)
                 r, w = pipes.pop(0)
-                self._engines.append(self._launch(k, orders[k], r, w))
+                self._engines.append(EngineLink.launch(k, orders[k], r, w))
             self._reader = threading.Thread(
                 target=self._read, name="asyncloader-engines", daemon=True
             )
             self._reader.start()
-            lead = self._wait_ready(self._engines[0])
+            lead = self._engines[0].wait_ready()
             if not known and n > 1:
                 assert lead.dataset is not None
                 for e in self._engines[1:]:
                     self._send(e, TakeDataset(lead.dataset))
             for e in self._engines[1:]:
-                self._wait_ready(e)
+                e.wait_ready()
             for e in self._engines:
                 assert e.ready is not None
                 plan = plans[e.k]
@@ -186,18 +155,6 @@ class EngineProcesses:
                     os.close(fd)
             self.close()
             raise
-
-    def _launch(self, k: int, order: bytes, r: int, w: int) -> _Engine:
-        """Start engine ``k`` with the read end ``r`` of its slot pipe (closed here once the
-        child has it; ``w`` stays, or is closed if the start fails)."""
-        try:
-            proc, conn = launch(_ENTRY, "asyncloader-engine", (order,), pass_fds=(r,))
-        except BaseException:
-            os.close(w)
-            raise
-        finally:
-            os.close(r)
-        return _Engine(k, proc, conn, w)
 
     # --- messages -----------------------------------------------------------------------
 
@@ -226,55 +183,26 @@ class EngineProcesses:
                     error.__cause__ = exc
                     self._fail(e, error)
                     continue
-                self._dispatch(e, msg)
+                listed = e.dispatch(msg)
+                if listed is not None:
+                    self._listing_error = listed.error.rebuild() if listed.error else None
+                    self._dataset = listed.dataset
+                    self._listed.set()
+                elif e.failed is not None and e.k == 0:
+                    self._fail(e, e.failed)
 
-    def _dispatch(self, e: _Engine, msg: Message) -> None:
-        """On the reader thread: one message of engine ``e`` to where it is waited for."""
-        if isinstance(msg, Produced):
-            e.notices.put((msg.generation, msg.notice))
-        elif isinstance(msg, ProductionFailed):
-            e.notices.put((msg.generation, Failed(msg.error.rebuild())))
-        elif isinstance(msg, Counts):
-            e.replies.put(msg.counters)
-        elif isinstance(msg, EngineReady):
-            e.ready = msg
-            e.heard.set()
-        elif isinstance(msg, Listed):
-            self._listing_error = msg.error.rebuild() if msg.error is not None else None
-            self._dataset = msg.dataset
-            self._listed.set()
-        elif isinstance(msg, ChildFailed):
-            self._fail(e, msg.error.rebuild())
-        else:
-            self._fail(e, PipelineDeadError(f"engine process {e.k} sent {msg!r}"))
-
-    def _fail(self, e: _Engine, error: BaseException) -> None:
-        """Engine ``e`` cannot go on: its start raises ``error``, and so does whoever waits
-        for its next batch or for the listing."""
-        e.failed = error
-        e.notices.put((_EVERY_GENERATION, Failed(error)))
+    def _fail(self, e: EngineLink, error: BaseException) -> None:
+        """Engine ``e`` cannot go on (see :meth:`EngineLink.fail`); the lead's failure is
+        the listing's too."""
+        if e.failed is not error:
+            e.fail(error)
         if e.k == 0 and not self._listed.is_set():
             self._listing_error = error
             self._listed.set()
-        e.heard.set()
 
-    def _send(self, e: _Engine, msg: Message) -> None:
+    def _send(self, e: EngineLink, msg: Message) -> None:
         with self._lock:
-            if not e.gone:
-                with contextlib.suppress(OSError, ValueError):
-                    e.conn.send(msg)
-
-    def _wait_ready(self, e: _Engine) -> EngineReady:
-        if not e.heard.wait(life.ENGINE_START):
-            raise PipelineDeadError(f"engine process {e.k} did not start in {life.ENGINE_START} s")
-        if e.failed is not None:
-            raise e.failed
-        if e.ready is None:
-            code = None
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                code = e.proc.wait(life.CHILD_EXIT)
-            raise PipelineDeadError(_DIED.format(k=e.k, code=code, when="while starting"))
-        return e.ready
+            e.send(msg)
 
     # --- the surface the loader uses (see _control.Engine) ------------------------------
 
@@ -304,7 +232,7 @@ class EngineProcesses:
         r = self._run
         return first + (r.worker - first) % r.num_workers
 
-    def _owner(self, index: int) -> _Engine:
+    def _owner(self, index: int) -> EngineLink:
         return self._engines[batch_owner(index, self._run.num_workers, self._n)[1]]
 
     def next_notice(self, timeout: float) -> Notice:
@@ -340,7 +268,7 @@ class EngineProcesses:
                 continue
             return notice  # Failed
 
-    def _take(self, e: _Engine, deadline: float) -> Notice:
+    def _take(self, e: EngineLink, deadline: float) -> Notice:
         """The engine's next notice of the current generation (older ones are dropped,
         their slots given back).
 
@@ -358,19 +286,15 @@ class EngineProcesses:
                 if e.gone:
                     self._dead(e)
                 raise
-            if generation in (self._generation, _EVERY_GENERATION):
+            if generation in (self._generation, EVERY_GENERATION):
                 return notice
             if isinstance(notice, BatchReady):
                 _give_back(e.release_fd, notice.slot)  # made before the last start
 
-    def _dead(self, e: _Engine) -> None:
+    def _dead(self, e: EngineLink) -> None:
         if self._closed:
             raise ClosedError("the loader is closed")
-        code = e.proc.poll()
-        if code is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                code = e.proc.wait(life.CHILD_EXIT)
-        raise PipelineDeadError(_DIED.format(k=e.k, code=code, when="while running"))
+        raise e.died("while running")
 
     def lease(self, ready: BatchReady) -> tuple[Any, np.ndarray[Any, Any]]:
         ring = self._engines[ready.ring].ring
