@@ -77,7 +77,7 @@ def test_processes_decode_the_same_pixels_through_the_arena(
             jobs = [DecodeJob(bytearray(d), 1, i, i, f"k{i}") for i, d in enumerate(datas)]
             outcomes = await pool.decode_many(jobs)
             assert all(not isinstance(o, BaseException) for o in outcomes)
-            assert pool._extents is None or pool._extents.used == 0  # all given back
+            assert pool._arena is None or pool._arena.used == 0  # all given back
             return pool.arena_jobs
         finally:
             await pool.aclose()

@@ -13,10 +13,13 @@ The worker side imports it too (it needs nothing but the standard library).
 from __future__ import annotations
 
 import bisect
+import contextlib
+import dataclasses
+from multiprocessing.shared_memory import SharedMemory
 
-from .._base._types import ArenaSlice
+from .._base._types import ArenaSlice, DecodeJob
 
-__all__ = ["ALIGN", "ArenaSlice", "Extents"]
+__all__ = ["ALIGN", "Arena", "ArenaSlice", "Extents"]
 
 ALIGN = 64
 """Extents start on cache-line boundaries."""
@@ -75,3 +78,55 @@ class Extents:
     def free_extents(self) -> list[tuple[int, int]]:
         """(start, size) of each free extent, in order."""
         return list(zip(self._starts, self._sizes, strict=True))
+
+
+class Arena:
+    """The parent's side: a shared segment of ``size`` bytes and its extents.
+
+    Attributes:
+        name: The segment's name, for the workers to attach.
+        jobs: Jobs whose bytes went through it.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._shm: SharedMemory | None = SharedMemory(create=True, size=size)
+        self.name = self._shm.name
+        self._view: memoryview | None = self._shm.buf
+        self._extents = Extents(size)
+        self.jobs = 0
+
+    @property
+    def used(self) -> int:
+        """Bytes in extents not given back."""
+        return self._extents.used
+
+    def put(self, job: DecodeJob) -> DecodeJob:
+        """The job with its bytes copied into a free extent (as is when none is free, the
+        arena is closed, or its data is not bytes)."""
+        data = job.data
+        if self._view is None or not isinstance(data, bytes | bytearray | memoryview):
+            return job
+        size = len(data)
+        offset = self._extents.alloc(size)
+        if offset is None:
+            return job
+        self._view[offset : offset + size] = data
+        self.jobs += 1
+        return dataclasses.replace(job, data=ArenaSlice(offset, size))
+
+    def release(self, job: DecodeJob) -> None:
+        """The job is answered (or given up): its extent is free again."""
+        data = job.data
+        if isinstance(data, ArenaSlice):
+            self._extents.free(data.offset, data.size)
+
+    def close(self) -> None:
+        """Unmap and unlink the segment (no worker reads it any more); idempotent."""
+        shm, self._shm = self._shm, None
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        if shm is not None:
+            shm.close()
+            with contextlib.suppress(FileNotFoundError):
+                shm.unlink()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import heapq
 import multiprocessing.connection as mpc
 import pickle
@@ -20,14 +19,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.shared_memory import SharedMemory
 
 from .._base import _lifecycle as life
 from .._base._child import launch, stop_children
 from .._base._errors import DecodeError, PipelineDeadError, shown_key
 from .._base._types import DecodeJob, Outcome
 from .._base._wire import ChildFailed, Message, Stop
-from ._arena import ArenaSlice, Extents
+from ._arena import Arena
 from ._image import DecodeSpec
 from ._worker import Jobs, Results, WorkerReady
 
@@ -149,10 +147,22 @@ class ProcessDecodePool:
         self._closed = False
         self._broken: PipelineDeadError | None = None
         self._arena_bytes = arena_bytes
-        self._arena: SharedMemory | None = None
-        self._arena_view: memoryview | None = None
-        self._extents: Extents | None = None
-        self.arena_jobs = 0  # jobs whose bytes went through the arena
+        self._arena: Arena | None = None
+
+    @property
+    def arena_jobs(self) -> int:
+        """Jobs whose bytes went through the arena."""
+        return self._arena.jobs if self._arena is not None else 0
+
+    def _release(self, job: DecodeJob) -> None:
+        """The job is answered (or given up): its extent is free again."""
+        if self._arena is not None:
+            self._arena.release(job)
+
+    def _close_arena(self) -> None:
+        arena, self._arena = self._arena, None
+        if arena is not None:
+            arena.close()
 
     def _spawn(self) -> _Worker:
         """Launch one worker with its sender thread (blocking: runs off the loop)."""
@@ -181,9 +191,7 @@ class ProcessDecodePool:
         """
         self._loop = asyncio.get_running_loop()
         if self._arena_bytes > 0 and self._arena is None:
-            self._arena = SharedMemory(create=True, size=self._arena_bytes)
-            self._arena_view = self._arena.buf
-            self._extents = Extents(self._arena_bytes)
+            self._arena = Arena(self._arena_bytes)
         try:
             self._pool = await asyncio.to_thread(self._start_all, self._start_timeout)
         except BaseException:
@@ -271,7 +279,7 @@ class ProcessDecodePool:
                 if fut is None or fut.done():
                     self._release(job)
                     continue  # cancelled while queued
-                job = self._to_arena(job)
+                job = self._arena.put(job) if self._arena is not None else job
                 ids.append(job_id)
                 jobs.append(job)
                 w.jobs[job_id] = job
@@ -414,38 +422,6 @@ class ProcessDecodePool:
             # Interpreter exit: no new threads may start any more; block here instead.
             _stop_workers(pool)
         self._close_arena()  # no worker reads it any more
-
-    def _to_arena(self, job: DecodeJob) -> DecodeJob:
-        """The job with its bytes copied into a free extent of the arena (as is when it
-        has none free, or its data is not bytes)."""
-        data = job.data
-        if self._extents is None or not isinstance(data, bytes | bytearray | memoryview):
-            return job
-        size = len(data)
-        offset = self._extents.alloc(size)
-        if offset is None:
-            return job
-        assert self._arena_view is not None
-        self._arena_view[offset : offset + size] = data
-        self.arena_jobs += 1
-        return dataclasses.replace(job, data=ArenaSlice(offset, size))
-
-    def _release(self, job: DecodeJob) -> None:
-        """The job is answered (or given up): its extent is free again."""
-        data = job.data
-        if isinstance(data, ArenaSlice) and self._extents is not None:
-            self._extents.free(data.offset, data.size)
-
-    def _close_arena(self) -> None:
-        arena, self._arena = self._arena, None
-        self._extents = None
-        if self._arena_view is not None:
-            self._arena_view.release()
-            self._arena_view = None
-        if arena is not None:
-            arena.close()
-            with contextlib.suppress(FileNotFoundError):
-                arena.unlink()
 
 
 def _stop_workers(pool: Sequence[_Worker]) -> None:
