@@ -35,24 +35,6 @@ def _proc_cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def _children_cpu_seconds(exclude: int | None = None) -> float:
-    """CPU time of this process's live children (decode processes, ...), but ``exclude``
-    (the emulator) [seconds]; 0 where /proc is missing."""
-    me, total = os.getpid(), 0.0
-    try:
-        entries = [d for d in Path("/proc").iterdir() if d.name.isdigit()]
-    except OSError:
-        return 0.0
-    for d in entries:
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == me and int(d.name) != exclude:
-            total += _proc_cpu_seconds(int(d.name))
-    return total
-
-
 def _what_limited(stats: Stats, emulator_bound: bool, emulator: str) -> str:
     """Which stage bounded the run, in words a newcomer understands."""
     if stats.batches < 20:
@@ -73,7 +55,9 @@ def _demo(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     import asyncloader as al
-    from asyncloader.testing import demo_bucket  # the demo data and its emulator bucket
+
+    # The demo data and its emulator bucket; the CPU of the loader's processes.
+    from asyncloader.testing import demo_bucket, tree_cpu_seconds
 
     data_dir = Path(args.data_dir)
     emulator = "Azurite" if args.store == "azure" else "moto_server"
@@ -90,8 +74,8 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"ready in {time.perf_counter() - t0:.1f} s ({len(files)} files, {kb:.0f} KB each)")
         print(f"streaming {bucket.url} from {bucket.name} at {bucket.endpoint}")
         moto_cpu0 = _proc_cpu_seconds(bucket.pid)
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        kids0 = _children_cpu_seconds(exclude=bucket.pid)
+        server = (bucket.pid,) if bucket.pid is not None else ()
+        cpu0, wall0 = tree_cpu_seconds(exclude=server), time.perf_counter()
         with al.ImageLoader(
             bucket.url,
             batch_size=args.batch_size,
@@ -112,11 +96,10 @@ def _demo(args: argparse.Namespace) -> int:
                         samples += len(images)
                         bar.update(len(images))
             stats = loader.stats()
-            # Every process of the loader: this one and its decode processes (alive until
-            # the loader closes), not the emulator.
-            kids = _children_cpu_seconds(exclude=bucket.pid) - kids0
+            # Every process of the loader, alive until it closes: this one, its engine
+            # processes and their decode processes; not the emulator.
+            cpu = tree_cpu_seconds(exclude=server) - cpu0
         wall = time.perf_counter() - wall0
-        cpu = time.process_time() - cpu0 + kids
         moto_cpu = _proc_cpu_seconds(bucket.pid) - moto_cpu0
     print()
     print(stats.summary())

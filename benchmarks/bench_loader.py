@@ -36,17 +36,11 @@ ROOT = HERE.parent
 
 
 def _cpu() -> float:
-    """CPU seconds of this process and its children: ended ones (getrusage) and live ones
-    (/proc: decode processes and DataLoader workers are alive while they are measured)."""
-    s = resource.getrusage(resource.RUSAGE_SELF)
-    c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + _live_children_cpu()
+    """CPU seconds of this process and every process below it, live or ended (engine
+    processes and their decode processes, DataLoader workers): see tree_cpu_seconds."""
+    from asyncloader.testing import tree_cpu_seconds
 
-
-def _live_children_cpu() -> float:
-    from asyncloader._cli import _children_cpu_seconds
-
-    return _children_cpu_seconds()
+    return tree_cpu_seconds()
 
 
 def _peak_rss_mb() -> float:

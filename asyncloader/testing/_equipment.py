@@ -1,31 +1,15 @@
 """The shape every piece of test equipment has: started and stopped, or used as a context
-manager that stops it on exit; and the processes below one, to check that none is left."""
+manager that stops it on exit; and the processes below one, to check that none is left, and
+the CPU they spent together."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 from types import TracebackType
 from typing import Self
 
-__all__ = ["Equipment", "descendants"]
+from .._base._proctree import descendants, tree_cpu_seconds
 
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, children first (Linux: read from ``/proc``)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+__all__ = ["Equipment", "descendants", "tree_cpu_seconds"]
 
 
 class Equipment:

@@ -1,0 +1,60 @@
+"""A process and the processes below it (Linux ``/proc``): who they are, and the CPU time
+they spent together — the one measure every CPU figure of the project uses (the demo's
+summary, the benchmarks), so that work moved into engine processes and their decode
+processes is counted wherever it runs (a leaf)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+from collections.abc import Collection
+
+__all__ = ["descendants", "tree_cpu_seconds"]
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (field 3 on)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    out.setdefault(int(_stat(int(entry))[1]), []).append(int(entry))
+    return out
+
+
+def descendants(pid: int, exclude: Collection[int] = ()) -> list[int]:
+    """Every live process below ``pid``, children first, without the processes of
+    ``exclude`` and those below them; empty where ``/proc`` is missing."""
+    children = _children()
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in exclude:
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+def tree_cpu_seconds(exclude: Collection[int] = ()) -> float:
+    """CPU time (user + system) of this process and every process below it [seconds]:
+    the live ones' own, and what each of them (and this one) collected from the children
+    it waited for, which holds theirs in turn; nothing is counted twice.  ``exclude``:
+    processes left out with those below them (a server the measurement runs against).
+    Differences of two calls measure what happened between them, as long as no excluded
+    process ends between them."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = me.ru_utime + me.ru_stime + waited.ru_utime + waited.ru_stime
+    ticks = os.sysconf("SC_CLK_TCK")
+    for pid in descendants(os.getpid(), exclude):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = _stat(pid)  # utime, stime, cutime, cstime: fields 14-17
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / ticks
+    return total
