@@ -10,10 +10,14 @@ the engine count (``--engines``); the training process keeps only the batch hand
 
 A case is ``ENGINES:BACKEND:DECODE``: ``inline`` (the engine in the training process) or a
 number of engine processes; the decode backend (``thread`` or ``process``); ``trivial`` (a
-hook that costs nothing: what the coordination costs alone) or ``real`` (JPEG decode and
-RandomResizedCrop(224)).  Each case runs in a fresh process: a warm-up epoch, then
-``--epochs`` measured; thread CPU times are read from ``/proc`` (Linux) before and after.
-Storage is our light S3 server with ``--latency`` to the first byte.
+hook that costs nothing: what the coordination costs alone), ``real`` (JPEG decode and
+RandomResizedCrop(224)) or ``gil`` (a ``decode=`` hook that holds the GIL most of its time:
+Pillow's decode and resize to 64 px, then a pure-Python pass over its pixels, as hooks
+written in Python do; the case decode processes exist for).  Besides the trainer's CPU per
+image, "all CPU" is the CPU per image of every process of the loader (``tree_cpu_seconds``).
+Each case runs in a fresh process: a warm-up epoch, then ``--epochs`` measured; thread
+CPU times are read from ``/proc`` (Linux) before and after.  Storage is our light S3 server
+with ``--latency`` to the first byte.
 
 Run: ``python benchmarks/bench_scale.py [--images 1500] [--latency 0.02] [--engines inline,1,2]``.
 """
@@ -36,13 +40,29 @@ sys.path.insert(0, str(HERE))
 
 import bench_loader as bl  # noqa: E402  (its run_case: a case in a fresh process)
 
-DECODES = ("trivial", "real")
+DECODES = ("trivial", "real", "gil")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def trivial(data: bytes) -> np.ndarray[Any, Any]:
     """A decode hook that costs almost nothing: a byte of the object, broadcast."""
     return np.full((3, 8, 8), data[len(data) // 2], np.uint8)
+
+
+def gil_bound(data: bytes) -> np.ndarray[Any, Any]:
+    """A decode hook that holds the GIL most of its time (see the module's docstring)."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        im.draft("RGB", (128, 128))
+        small = im.convert("RGB").resize((64, 64))
+    pixels = small.tobytes()
+    out = bytearray(len(pixels))
+    for i in range(0, len(pixels), 3):  # a channel swap in Python: GIL held throughout
+        out[i], out[i + 1], out[i + 2] = pixels[i + 2], pixels[i + 1], pixels[i]
+    return np.frombuffer(bytes(out), np.uint8).reshape(64, 64, 3).transpose(2, 0, 1)
 
 
 def _threads(pids: list[int]) -> dict[tuple[int, int], tuple[str, float]]:
@@ -88,6 +108,8 @@ def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) ->
     options: dict[str, Any] = {}
     if decode == "trivial":
         options = {"decode": trivial, "sample_shape": (3, 8, 8)}
+    elif decode == "gil":
+        options = {"decode": gil_bound, "sample_shape": (3, 64, 64)}
     else:
         options = {"transform": al.RandomResizedCrop(224)}
     with al.ImageLoader(
@@ -101,14 +123,16 @@ def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) ->
     ) as loader:
         for _ in loader:  # warm-up epoch: start-up, connections
             pass
-        from asyncloader.testing import descendants
+        from asyncloader.testing import descendants, tree_cpu_seconds
 
         # Found once, so that each reading is a few files (the loader runs on meanwhile).
         pids = [os.getpid(), *descendants(os.getpid())]
         kinds = {pid: _kind(pid) for pid in pids}
         before, c0, t0 = _threads(pids), time.process_time(), time.perf_counter()
+        tree0 = tree_cpu_seconds()
         n = sum(len(labels) for _ in range(epochs) for _, labels in loader)
         wall, cpu, after = time.perf_counter() - t0, time.process_time() - c0, _threads(pids)
+        tree = tree_cpu_seconds() - tree0
         # The trainer's threads by their Python names (the OS knows them all as "python").
         named = {t.native_id: t.name for t in threading.enumerate()}
     me = os.getpid()
@@ -128,6 +152,7 @@ def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) ->
         "images": n,
         "wall": wall,
         "trainer_cpu_ms": cpu / n * 1e3,
+        "tree_cpu_ms": tree / n * 1e3,
         "busiest_ms": busiest[0] / n * 1e3,
         "busiest_name": busiest[1],
         "busiest_in_trainer": busiest[2],
@@ -146,6 +171,7 @@ def main() -> None:
     p.add_argument("--backend", default="thread", help="decode backend of every case")
     p.add_argument("--cases", default="", help="ENGINES:BACKEND:DECODE, comma-separated")
     p.add_argument("--data-dir", default=str(HERE.parent / "cache" / "bench-jpegs"))
+    p.add_argument("--json", metavar="PATH", help="also write every round here")
     p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.case:
@@ -170,13 +196,15 @@ def main() -> None:
             for case in names if r % 2 == 0 else names[::-1]:
                 rows[case].append(bl.run_case([case, srv.endpoint, *common], script=__file__))
     med = np.median
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rounds": rows}, indent=1))
     print(
         f"\n{args.images} JPEGs, {args.workers} decode workers, batch {args.batch_size}, "
         f"{os.cpu_count()} cores, {args.latency * 1e3:.0f} ms, {args.repeat} rounds; medians\n"
     )
     print(
-        f"{'case':20s} {'img/s':>7s} {'trainer CPU ms/img':>18s} {'busiest thread ms/img':>21s} "
-        f"{'serial bound img/s':>18s}  busiest thread"
+        f"{'case':20s} {'img/s':>7s} {'trainer CPU ms/img':>18s} {'all CPU ms/img':>14s} "
+        f"{'busiest thread ms/img':>21s} {'serial bound img/s':>18s}  busiest thread"
     )
     for case in names:
         rs = rows[case]
@@ -185,7 +213,8 @@ def main() -> None:
         where = "trainer" if last["busiest_in_trainer"] else "child"
         print(
             f"{case:20s} {med([x['images'] / x['wall'] for x in rs]):7.0f} "
-            f"{med([x['trainer_cpu_ms'] for x in rs]):18.3f} {busiest:21.3f} "
+            f"{med([x['trainer_cpu_ms'] for x in rs]):18.3f} "
+            f"{med([x['tree_cpu_ms'] for x in rs]):14.3f} {busiest:21.3f} "
             f"{1e3 / busiest if busiest else float('inf'):18.0f}  "
             f"{last['busiest_name']} ({where})"
         )

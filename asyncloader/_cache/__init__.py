@@ -26,21 +26,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._base._config import CACHE_SIZE
-from .._base._errors import CacheFormatError
 from .._base._folders import make_folder
 from .._base._types import CachedAt
 from ._index_thread import IndexThread
 from ._pack import MAX_PACK, Pack, PackGone
+from ._schema import PACK_SCHEMA, PACKED, check_layout, forget_pack
+from ._schema import where as row_place
+from ._stats import CacheStats, parse_size
 
 try:  # zlib's CRC-32 by carry-less multiplication: 8 µs per 110 KB here, zlib's 26-39
     from . import _crc  # type: ignore[attr-defined]
@@ -54,96 +54,6 @@ __all__ = [
     "ObjectCache",
     "parse_size",
 ]
-
-
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-
-
-def parse_size(size: int | str) -> int:
-    """``"500GB"`` → 500·10⁹ bytes; ``"2GiB"`` → 2·2³⁰; an int is bytes already.
-
-    Raises:
-        ValueError: not a size.
-    """
-    if isinstance(size, int):
-        return size
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", size)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"not a size: {size!r} (examples: 500GB, 64GiB, 1000000)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
-
-@dataclass(frozen=True, slots=True)
-class CacheStats:
-    """What is in a cache directory: entries, bytes [bytes] and the size limit [bytes]."""
-
-    directory: str
-    entries: int
-    volume: int
-    size_limit: int
-
-
-_PACKED = 5  # Cache.mode of an entry kept in a pack file (diskcache's own modes are 0-4)
-_PACK_SCHEMA = (
-    # One row per pack file: its committed length and when it was made (eviction order).
-    "CREATE TABLE IF NOT EXISTS AsyncloaderPack"
-    " (name TEXT PRIMARY KEY, size INTEGER NOT NULL, created INTEGER NOT NULL)",
-    # An entry's value is "pack:offset:length": a pack's entries are one range of values.
-    f"CREATE INDEX IF NOT EXISTS AsyncloaderPackEntry ON Cache(value) WHERE mode = {_PACKED}",
-)
-# The columns of diskcache's table that the pack entries are rows of (diskcache 5.x): the
-# entries write and read them directly, so another layout must stop the cache, not be
-# written into.
-_CACHE_COLUMNS = (
-    "rowid",
-    "key",
-    "raw",
-    "store_time",
-    "expire_time",
-    "access_time",
-    "access_count",
-    "tag",
-    "size",
-    "mode",
-    "filename",
-    "value",
-)
-
-
-def _check_layout(db: Any, directory: str) -> None:
-    """Raise :class:`CacheFormatError` unless diskcache's table has the columns the pack
-    entries are written into, with the meaning this module gives them."""
-    import diskcache
-
-    columns = tuple(row[1] for row in db._sql("PRAGMA table_info(Cache)").fetchall())
-    if columns != _CACHE_COLUMNS:
-        db.close()
-        raise CacheFormatError(
-            f"the cache index in {directory} has columns {columns}, not the {_CACHE_COLUMNS} "
-            f"this version of asyncloader writes (diskcache {diskcache.__version__}): "
-            "install a diskcache of the 5.x series, or use another cache folder"
-        )
-
-
-def _forget_pack(sql: Callable[..., Any], name: str) -> None:
-    """Inside a write transaction: drop pack ``name``'s row and every entry in it (their
-    values are ``name:offset:length``, one range of the partial index)."""
-    sql(
-        f"DELETE FROM Cache WHERE mode = {_PACKED} AND value > ? AND value < ?",
-        (f"{name}:", f"{name};"),  # ';' follows ':'
-    )
-    sql("DELETE FROM AsyncloaderPack WHERE name = ?", (name,))
 
 
 class ObjectCache:
@@ -227,8 +137,8 @@ class ObjectCache:
                 statistics=False,
                 timeout=60,
             )
-            _check_layout(db, self.directory)
-            for statement in _PACK_SCHEMA:
+            check_layout(db, self.directory)
+            for statement in PACK_SCHEMA:
                 db._sql(statement)
             self._local.db = db
             self._local.pack = None
@@ -251,7 +161,7 @@ class ObjectCache:
         ).fetchone()
         if row is None:
             return None
-        where = _where(*row)
+        where = row_place(*row)
         if where is not None and where.offset >= 0:
             return self.read(key, size, where)
         found = db.get(key, default=None, tag=True, retry=True)
@@ -301,14 +211,14 @@ class ObjectCache:
             marks = ",".join("?" * len(chunk))
             # diskcache's own table: text keys are stored as they are (raw = 1); `tag` is
             # the CRC32 we set, `filename` the value file (NULL for values kept inline).
-            # Entries in packs have mode _PACKED and "pack:offset:length" as their value.
+            # Entries in packs have mode PACKED and "pack:offset:length" as their value.
             rows = db._sql(
                 "SELECT key, filename, tag, mode, value FROM Cache"
                 f" WHERE raw = 1 AND key IN ({marks})",
                 chunk,
             ).fetchall()
             for key, *rest in rows:
-                found[key] = _where(*rest)
+                found[key] = row_place(*rest)
         return found
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
@@ -381,7 +291,7 @@ class ObjectCache:
                 db._con.executemany(
                     "INSERT INTO Cache (key, raw, store_time, expire_time, access_time,"
                     " access_count, tag, size, mode, filename, value)"
-                    f" VALUES (?, 1, ?, NULL, ?, 0, ?, 0, {_PACKED}, NULL, ?)",
+                    f" VALUES (?, 1, ?, NULL, ?, 0, ?, 0, {PACKED}, NULL, ?)",
                     [
                         (key, now, now, crc, f"{pack.name}:{offset}:{len(view)}")
                         for (key, view), crc, offset in zip(items, crcs, offsets, strict=True)
@@ -418,7 +328,7 @@ class ObjectCache:
             "SELECT name, size FROM AsyncloaderPack WHERE name != ? ORDER BY created, name",
             (keep,),
         ).fetchall():
-            _forget_pack(sql, name)
+            forget_pack(sql, name)
             gone.append(name)
             excess -= size
             if excess <= 0:
@@ -449,7 +359,7 @@ class ObjectCache:
             names = {n for (n,) in db._sql("SELECT name FROM AsyncloaderPack").fetchall()}
             for name in names:
                 if not os.path.exists(os.path.join(self._packs, name)):
-                    _forget_pack(db._sql, name)
+                    forget_pack(db._sql, name)
         cutoff = time.time() - 60  # a writer's new pack has its row within milliseconds
         for path in Path(self._packs).glob("*.pack") if os.path.isdir(self._packs) else ():
             if path.name not in names and path.stat().st_mtime < cutoff:
@@ -502,17 +412,6 @@ class ObjectCache:
         with contextlib.suppress(Exception):
             if getattr(self._local, "pid", None) == os.getpid():
                 self.close()
-
-
-def _where(filename: str | None, tag: Any, mode: int, value: Any) -> CachedAt | None:
-    """Where an index row's bytes are: a value file, a place in a pack, or None (inside
-    the index: read it with ``get``)."""
-    if not isinstance(tag, int):
-        return None
-    if mode == _PACKED:
-        name, offset, length = str(value).split(":")
-        return CachedAt(name, tag, int(offset), int(length))
-    return CachedAt(filename, tag) if filename else None
 
 
 def _remove(path: str) -> None:
