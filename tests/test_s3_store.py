@@ -175,7 +175,7 @@ def test_an_answer_that_names_no_region_is_a_clear_error() -> None:
     ],
 )
 def test_only_aws_hosts_move_with_the_region(host: str, old: str, new: str, moved: str) -> None:
-    from asyncloader._stores._s3 import _aws_host_in
+    from asyncloader._stores._s3_hosts import aws_host_in as _aws_host_in
 
     assert _aws_host_in(host, old, new) == moved
 

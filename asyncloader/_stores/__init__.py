@@ -19,7 +19,8 @@ from .._base._types import ObjectStore
 from ._azure import AzureStore, azure_store_from_url
 from ._gcs import GCSStore, gcs_store_from_url
 from ._local import LocalStore
-from ._s3 import S3Store, parse_s3_url
+from ._s3 import S3Store
+from ._s3_hosts import parse_s3_url
 from ._web import HttpStore
 
 __all__ = [

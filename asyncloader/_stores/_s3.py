@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from yarl import URL
 
@@ -44,6 +44,7 @@ from ._lean_http import LeanHTTPClient
 from ._listing import Page, RangedListing
 from ._retry import retrying
 from ._s3_auth import UNSIGNED_PAYLOAD, FrozenCredentials, SigV4Signer, uri_encode_path
+from ._s3_hosts import aws_host_in, bucket_address
 from ._s3_pages import parsed_page, plain_page
 
 if TYPE_CHECKING:
@@ -206,27 +207,14 @@ class S3Store(HTTPStoreBase, RangedListing):
         self._stack = stack
         region = self._signing_region = region_name or "us-east-1"
         endpoint = URL(endpoint_url)
-        host = endpoint.host or ""
-        if self._endpoint_url is None and host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
-            # AWS itself: the regional endpoint, FIPS and dual-stack as configured
-            # (AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT, or the profile's).
-            aws = _aws_host(
-                region,
-                fips=bool(session.get_config_variable("use_fips_endpoint")),
-                dualstack=bool(session.get_config_variable("use_dualstack_endpoint")),
-            )
-            if "." not in self.bucket:  # virtual-hosted style, as AWS prefers
-                self._host = f"{self.bucket}.{aws}"
-                self._base_path = ""
-            else:  # a dotted name would not match the wildcard certificate
-                self._host = aws
-                self._base_path = "/" + uri_encode_path(self.bucket)
-            self._base = f"https://{self._host}"
-        else:
-            # Path style for custom endpoints.
-            self._host = endpoint.raw_authority
-            self._base = f"{endpoint.scheme}://{self._host}"
-            self._base_path = "/" + uri_encode_path(self.bucket)
+        self._host, self._base, self._base_path = bucket_address(
+            self.bucket,
+            endpoint,
+            region,
+            aws=self._endpoint_url is None,
+            fips=bool(session.get_config_variable("use_fips_endpoint")),
+            dualstack=bool(session.get_config_variable("use_dualstack_endpoint")),
+        )
         if not self._anonymous:
             self._botocore_creds = creds
             if self._botocore_creds is None:
@@ -268,7 +256,7 @@ class S3Store(HTTPStoreBase, RangedListing):
             return
         if self._signer is not None:
             self._signer = self._signer.in_region(region)
-        host = _aws_host_in(self._host, old, region)
+        host = aws_host_in(self._host, old, region)
         if host != self._host:
             self._host = host
             self._base = f"https://{host}"
@@ -435,31 +423,3 @@ class S3Store(HTTPStoreBase, RangedListing):
                 await old_lean.close()
         if stack is not None:
             await stack.aclose()
-
-
-def _aws_host(region: str, *, fips: bool, dualstack: bool) -> str:
-    """S3's endpoint in ``region`` (``s3.eu-west-1.amazonaws.com``; ``s3-fips.`` and
-    ``.dualstack.`` as asked; ``.amazonaws.com.cn`` in the China regions)."""
-    suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
-    return f"s3{'-fips' if fips else ''}{'.dualstack' if dualstack else ''}.{region}.{suffix}"
-
-
-def _aws_host_in(host: str, old: str, region: str) -> str:
-    """``host``, an endpoint of AWS's in region ``old``, as the same endpoint in ``region``
-    (``b.s3.us-east-1.amazonaws.com`` → ``b.s3.eu-west-1.amazonaws.com``; the global
-    ``s3.amazonaws.com`` too); any other host as it is: an S3-compatible service keeps its
-    address, and only the signing region moves."""
-    if not host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
-        return host
-    labels = host.split(".")
-    if old in labels:
-        labels[labels.index(old)] = region
-    elif "s3" in labels:
-        labels.insert(labels.index("s3") + 1, region)
-    return ".".join(labels)
-
-
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/some/prefix/`` → ``("bucket", "some/prefix/")``."""
-    parts = urlsplit(url)
-    return parts.netloc, parts.path.lstrip("/")
