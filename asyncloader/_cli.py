@@ -18,37 +18,12 @@ from typing import TYPE_CHECKING
 from asyncloader import AsyncLoaderError
 
 if TYPE_CHECKING:
-    from asyncloader import Stats
+    pass
 
 __all__ = ["main"]
 
 # The documentation's pages: the docs site is built from this folder of the source.
 DOCS = "docs/"
-
-
-def _proc_cpu_seconds(pid: int) -> float:
-    """CPU time of another process (user + system) [seconds]; 0 where /proc is missing."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _what_limited(stats: Stats, emulator_bound: bool, emulator: str) -> str:
-    """Which stage bounded the run, in words a newcomer understands."""
-    if stats.batches < 20:
-        return "too short a run to tell (start-up weighs as much as streaming)"
-    if emulator_bound:
-        return (
-            f"the storage emulator: {emulator} spends milliseconds of CPU on every request "
-            "and shares this machine's cores with the decoders (a real cloud store does not)"
-        )
-    return {
-        "decode": "decoding and resizing JPEGs: the decode workers were busy nearly all the time",
-        "fetch": "waiting for the store: the decode workers were often idle, waiting for bytes",
-        "consumer": "the training loop (here, the progress bar): the loader kept ahead of it",
-    }.get(stats.bound, "not known yet (too few batches)")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -57,7 +32,7 @@ def _demo(args: argparse.Namespace) -> int:
     import asyncloader as al
 
     # The demo data and its emulator bucket; the CPU of the loader's processes.
-    from asyncloader.testing import demo_bucket, tree_cpu_seconds
+    from asyncloader.testing import demo_bucket, process_cpu_seconds, tree_cpu_seconds
 
     data_dir = Path(args.data_dir)
     emulator = "Azurite" if args.store == "azure" else "moto_server"
@@ -73,7 +48,7 @@ def _demo(args: argparse.Namespace) -> int:
         kb = sum(p.stat().st_size for p in files) / len(files) / 1e3
         print(f"ready in {time.perf_counter() - t0:.1f} s ({len(files)} files, {kb:.0f} KB each)")
         print(f"streaming {bucket.url} from {bucket.name} at {bucket.endpoint}")
-        moto_cpu0 = _proc_cpu_seconds(bucket.pid)
+        moto_cpu0 = process_cpu_seconds(bucket.pid)
         server = (bucket.pid,) if bucket.pid is not None else ()
         cpu0, wall0 = tree_cpu_seconds(exclude=server), time.perf_counter()
         with al.ImageLoader(
@@ -100,7 +75,7 @@ def _demo(args: argparse.Namespace) -> int:
             # processes and their decode processes; not the emulator.
             cpu = tree_cpu_seconds(exclude=server) - cpu0
         wall = time.perf_counter() - wall0
-        moto_cpu = _proc_cpu_seconds(bucket.pid) - moto_cpu0
+        moto_cpu = process_cpu_seconds(bucket.pid) - moto_cpu0
     print()
     print(stats.summary())
     print(
@@ -110,7 +85,14 @@ def _demo(args: argparse.Namespace) -> int:
         f"({args.epochs} epochs, {len(files)} images, {os.cpu_count()} cores)"
     )
     per_get = moto_cpu / max(stats.requests, 1) * 1e3
-    print(f"what limited this run: {_what_limited(stats, moto_cpu > 0.5 * wall, bucket.name)}")
+    emulator_bound = moto_cpu > 0.5 * wall and stats.batches >= 20
+    limited = (
+        f"the storage emulator: {bucket.name} spends milliseconds of CPU on every request "
+        "and shares this machine's cores with the decoders (a real cloud store does not)"
+        if emulator_bound
+        else stats.bound_in_words()
+    )
+    print(f"what limited this run: {limited}")
     if moto_cpu > 0.5 * wall:
         print(
             f"note: the emulator is the bound here: {bucket.name} used {moto_cpu:.1f} CPU-s "

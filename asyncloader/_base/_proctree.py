@@ -10,7 +10,7 @@ import os
 import resource
 from collections.abc import Collection
 
-__all__ = ["descendants", "tree_cpu_seconds"]
+__all__ = ["descendants", "machine_busy_seconds", "process_cpu_seconds", "tree_cpu_seconds"]
 
 
 def _stat(pid: int) -> list[str]:
@@ -58,3 +58,27 @@ def tree_cpu_seconds(exclude: Collection[int] = ()) -> float:
             fields = _stat(pid)  # utime, stime, cutime, cstime: fields 14-17
             total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / ticks
     return total
+
+
+def process_cpu_seconds(pid: int | None) -> float:
+    """CPU time of process ``pid`` and the children it waited for [seconds]; 0 where it or
+    ``/proc`` is missing."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = _stat(pid)
+        return sum(int(fields[i]) for i in (11, 12, 13, 14)) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every process of the machine has spent so far (Linux ``/proc/stat``; 0
+    elsewhere): beside a process's own, it tells what else runs meanwhile."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    except (OSError, ValueError):
+        return 0.0
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")

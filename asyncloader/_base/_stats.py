@@ -346,6 +346,17 @@ class Stats:
     def samples_per_second(self) -> float:
         return self.samples / self.wall_seconds
 
+    def bound_in_words(self) -> str:
+        """Which stage bounded the run, in words a newcomer understands."""
+        if self.batches < 20:
+            return "too short a run to tell (start-up weighs as much as streaming)"
+        return {
+            "decode": "decoding and resizing images: the decode workers were busy nearly "
+            "all the time",
+            "fetch": "waiting for the store: the decode workers were often idle, waiting for bytes",
+            "consumer": "the training loop: the loader kept ahead of it",
+        }.get(self.bound, "not known yet (too few batches)")
+
     def summary(self) -> str:
         """A few human lines: throughput, the bounding stage, retries and skips."""
         mb = self.bytes_fetched / 1e6

@@ -38,6 +38,7 @@ import numpy as np
 from .._base._config import CacheConfig, decode_worker_count
 from .._base._env import usable_cpus
 from .._base._errors import StoreError, Throttled
+from .._base._proctree import machine_busy_seconds
 from .._base._types import Blob, ObjectInfo, ObjectStore
 from .._cache import ObjectCache
 from .._dataset import saved_listing
@@ -58,19 +59,6 @@ batch bookkeeping, threads taking turns at the GIL), measured on the development
 2 cores, ~110 KB JPEGs (``benchmarks/bench_predict.py``)."""
 _HEADROOM = 1.3  # the store should deliver this much more than decode absorbs
 _MAX_SAMPLE_BYTES = 96 << 20
-
-
-def _machine_busy_seconds() -> float:
-    """CPU seconds every process of the machine has spent so far (Linux ``/proc/stat``;
-    0 elsewhere): with this process's own, it tells what else runs beside the fetch (a
-    storage emulator on this machine; nothing, for a remote store)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()[1:]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    except (OSError, ValueError):
-        return 0.0
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -119,9 +107,9 @@ async def _get(store: ObjectStore, info: ObjectInfo, throttled: list[int], **kw:
 
 async def _background(seconds: float) -> float:
     """The CPUs the rest of the machine keeps busy while this process waits [cores]."""
-    busy0, cpu0, t0 = _machine_busy_seconds(), time.process_time(), time.perf_counter()
+    busy0, cpu0, t0 = machine_busy_seconds(), time.process_time(), time.perf_counter()
     await asyncio.sleep(seconds)
-    other = _machine_busy_seconds() - busy0 - (time.process_time() - cpu0)
+    other = machine_busy_seconds() - busy0 - (time.process_time() - cpu0)
     return max(0.0, other / (time.perf_counter() - t0))
 
 
@@ -142,7 +130,7 @@ async def _run_level(
     t_start = time.perf_counter()
     deadline = t_start + seconds
     cpu0 = time.process_time()
-    busy0 = _machine_busy_seconds()
+    busy0 = machine_busy_seconds()
 
     async def worker(i: int) -> None:
         j = i
@@ -158,7 +146,7 @@ async def _run_level(
     await asyncio.gather(*(worker(i) for i in range(inflight)))
     wall = time.perf_counter() - t_start
     cpu = time.process_time() - cpu0
-    other = _machine_busy_seconds() - busy0 - cpu - background * wall
+    other = machine_busy_seconds() - busy0 - cpu - background * wall
     other = max(0.0, other) if busy0 else 0.0
     return done[0], done[1], latencies, cpu, other, throttled[0], wall
 

@@ -23,6 +23,7 @@ from ._demo import DemoBucket as DemoBucket
 from ._demo import demo_bucket as demo_bucket
 from ._demo import make_jpeg_folder as make_jpeg_folder
 from ._equipment import descendants as descendants
+from ._equipment import process_cpu_seconds as process_cpu_seconds
 from ._equipment import tree_cpu_seconds as tree_cpu_seconds
 from ._faultproxy import FaultProxy as FaultProxy
 from ._gcs import GCSEmulator as GCSEmulator
@@ -58,6 +59,7 @@ __all__ = [
     "check_object_store",
     "demo_bucket",
     "descendants",
+    "process_cpu_seconds",
     "tree_cpu_seconds",
     "find_azurite",
     "find_fake_gcs_server",

@@ -7,9 +7,9 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Self
 
-from .._base._proctree import descendants, tree_cpu_seconds
+from .._base._proctree import descendants, process_cpu_seconds, tree_cpu_seconds
 
-__all__ = ["Equipment", "descendants", "tree_cpu_seconds"]
+__all__ = ["Equipment", "descendants", "process_cpu_seconds", "tree_cpu_seconds"]
 
 
 class Equipment:

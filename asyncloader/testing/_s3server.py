@@ -55,7 +55,7 @@ import sys
 from collections.abc import Mapping
 from email.utils import formatdate
 from pathlib import Path
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 from xml.sax.saxutils import escape
 
 from ._s3state import FAULT_KINDS, ServerState, Stored, Synthetic, load_folder, synthetic_bucket
@@ -442,10 +442,6 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args))
-
-
-def object_url(endpoint: str, bucket: str, key: str) -> str:
-    return f"{endpoint}/{bucket}/{quote(key)}"
 
 
 if __name__ == "__main__":
