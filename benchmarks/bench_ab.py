@@ -6,7 +6,9 @@ server with ``--latency`` seconds to first byte; medians of images/s and CPU ms 
 and B's ratio to A.  Make tree A with ``git worktree add /tmp/a COMMIT`` (copy the built
 ``*.so`` extensions into it, or build them there).
 
-Run: ``python benchmarks/bench_ab.py /tmp/a . [--rounds 4] [--latency 0.02]``.
+Rounds alternate which tree goes first.
+
+Run: ``python benchmarks/bench_ab.py /tmp/a . [--rounds 4] [--latency 0.02] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     p.add_argument("--backend", default="thread", choices=("thread", "process"))
     p.add_argument("--data-dir", default=str(HERE.parent / "cache" / "bench-jpegs"))
+    p.add_argument("--json", metavar="PATH", help="also write every round and the medians")
     args = p.parse_args()
 
     from asyncloader.testing import TEST_ENV, S3TestServer
@@ -42,8 +45,10 @@ def main() -> None:
     trees = {"A": Path(args.a).resolve(), "B": Path(args.b).resolve()}
     runs: dict[str, list[tuple[float, float]]] = {"A": [], "B": []}
     with S3TestServer(load=folder, bucket="b", prefix="train/", latency=args.latency) as srv:
-        for _ in range(args.rounds):
-            for name, root in trees.items():
+        for r in range(args.rounds):
+            # A then B, then B then A: neither always runs on the other's warm caches.
+            for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
+                root = trees[name]
                 env = dict(os.environ, PYTHONPATH=str(root))
                 case = [srv.endpoint, args.backend, "--workers", str(args.workers)]
                 out = subprocess.run(
@@ -76,6 +81,17 @@ def main() -> None:
         f"B / A: images/s {med['B'][0] / med['A'][0]:.2f}, "
         f"CPU per image {med['B'][1] / med['A'][1]:.2f}"
     )
+    if args.json:
+        doc = {
+            "trees": {n: str(t) for n, t in trees.items()},
+            "latency": args.latency,
+            "backend": args.backend,
+            "rounds": {
+                n: [{"images_per_s": a, "cpu_ms": c} for a, c in rs] for n, rs in runs.items()
+            },
+            "medians": {n: {"images_per_s": m[0], "cpu_ms": m[1]} for n, m in med.items()},
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":
