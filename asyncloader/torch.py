@@ -109,7 +109,7 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     Args:
         url: As for :class:`~asyncloader.ImageLoader`.
         **options: Any :class:`~asyncloader.ImageLoader` option but the shard ones.
-            ``decode_workers`` defaults to the usable CPUs divided among DataLoader
+            ``decode_workers`` defaults to the node's CPU budget per rank divided among DataLoader
             workers.
 
     Raises:

@@ -77,9 +77,16 @@ def main() -> None:
     )
     for n in runs:
         print(f"{n} ({trees[n]}): {med[n][0]:.0f} img/s, {med[n][1]:.3f} CPU ms/img (medians)")
+    # Paired: each round's B over that round's A (the two ran back to back), then the
+    # median: a slow spell of this shared machine hits both sides of a pair alike.
+    paired = [
+        statistics.median(b[i] / a[i] for a, b in zip(runs["A"], runs["B"], strict=True))
+        for i in (0, 1)
+    ]
     print(
         f"B / A: images/s {med['B'][0] / med['A'][0]:.2f}, "
-        f"CPU per image {med['B'][1] / med['A'][1]:.2f}"
+        f"CPU per image {med['B'][1] / med['A'][1]:.2f} (ratio of medians); "
+        f"{paired[0]:.2f} and {paired[1]:.2f} (median of the rounds' ratios)"
     )
     if args.json:
         doc = {
@@ -90,6 +97,7 @@ def main() -> None:
                 n: [{"images_per_s": a, "cpu_ms": c} for a, c in rs] for n, rs in runs.items()
             },
             "medians": {n: {"images_per_s": m[0], "cpu_ms": m[1]} for n, m in med.items()},
+            "paired_ratio": {"images_per_s": paired[0], "cpu_ms": paired[1]},
         }
         Path(args.json).write_text(json.dumps(doc, indent=1))
 

@@ -264,7 +264,7 @@ def test_a_killed_engine_is_named_truly(server: S3TestServer) -> None:
 
 
 def test_how_an_engine_ended_in_words() -> None:
-    from asyncloader._run._link import how_it_ended
+    from asyncloader._base._child import how_it_ended
 
     assert how_it_ended(1) == "exited with code 1"
     assert how_it_ended(-signal.SIGBUS).startswith("was killed by SIGBUS: a write into shared")

@@ -59,6 +59,9 @@ def _loader(server: S3TestServer, backend: str) -> al.ImageLoader:
 @pytest.mark.parametrize("backend", ["thread", "process"])
 @pytest.mark.parametrize("how", ["close", "break", "exception", "gc"])
 def test_nothing_left_behind(light_server: S3TestServer, backend: str, how: str) -> None:
+    import gc
+
+    gc.collect()  # what earlier tests left in reference cycles goes now, not during this one
     shm_before, children_before = _shm(), _children()
     t0 = time.monotonic()
     if how == "close":
@@ -83,8 +86,6 @@ def test_nothing_left_behind(light_server: S3TestServer, backend: str, how: str)
         loader = _loader(light_server, backend)
         next(iter(loader))
         del loader
-        import gc
-
         gc.collect()
     assert time.monotonic() - t0 < 20
     assert _loop_threads() == []
@@ -104,14 +105,14 @@ SCRIPT = textwrap.dedent(
                                 decode_backend=sys.argv[2], shuffle=False,
                                 engine=al.EngineConfig(prefetch_batches=2),
                                 store_options={"endpoint_url": sys.argv[1]})
-        # Epochs until a decode worker was replaced (at most argv[3]): whatever the machine's
-        # speed, the run is still going when the test interrupts it or kills a worker.
+        # Epochs until argv[4] decode workers were replaced (at most argv[3]): whatever the
+        # machine's speed, the run is still going when the test interrupts it or kills one.
         for epoch in range(int(sys.argv[3])):
             for i, _ in enumerate(loader):
                 if epoch == 0 and i == 1:
                     print("STREAMING", flush=True)
                 time.sleep(0.05)  # a slow training step: an epoch lasts over a second
-            if loader.stats().worker_restarts:
+            if loader.stats().worker_restarts >= int(sys.argv[4]):
                 break
         print("EPOCH DONE", loader.stats().worker_restarts, flush=True)
     if __name__ == "__main__":
@@ -121,12 +122,12 @@ SCRIPT = textwrap.dedent(
 
 
 def _start(
-    tmp_path: Path, server: S3TestServer, backend: str, epochs: int
+    tmp_path: Path, server: S3TestServer, backend: str, epochs: int, restarts: int = 1
 ) -> subprocess.Popen[str]:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     proc = subprocess.Popen(
-        [sys.executable, str(script), server.endpoint, backend, str(epochs)],
+        [sys.executable, str(script), server.endpoint, backend, str(epochs), str(restarts)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -186,17 +187,27 @@ def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: s
 @pytest.mark.slow
 def test_killed_decode_worker_is_replaced(light_server: S3TestServer, tmp_path: Path) -> None:
     light_server.set_faults({}, latency=0.02)
-    proc = _start(tmp_path, light_server, "process", epochs=20)
+    proc = _start(tmp_path, light_server, "process", epochs=20, restarts=2)
     workers = _decode_workers(proc.pid)
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
+    # Its replacement dies too, once it works: replaced again (it was ready by then).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        fresh = [w for w in _decode_workers(proc.pid) if w not in workers]
+        if fresh:
+            break
+        time.sleep(0.05)
+    assert fresh, "no replacement started"
+    time.sleep(1.0)  # it starts, says it is ready, and takes jobs
+    os.kill(fresh[0], signal.SIGKILL)
     try:
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
         proc.communicate()
     assert proc.returncode == 0, err
-    assert "EPOCH DONE 1" in out
+    assert "EPOCH DONE 2" in out
 
 
 HOOK_SCRIPT = textwrap.dedent(

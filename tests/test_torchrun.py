@@ -267,3 +267,53 @@ def test_a_job_stopped_on_two_ranks_of_two_workers_resumes_on_other_layouts(
         rest = [d for r in ranks for d in r["seen"]]
         assert len(rest) == len(set(rest)) == 48, (nproc, workers)
         assert set(rest) | set(consumed) == objects, (nproc, workers)
+
+
+NODE = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch.distributed as dist
+    import asyncloader as al
+
+    def main():
+        dist.init_process_group("gloo")
+        endpoint, out = sys.argv[1:3]
+        loader = al.ImageLoader("s3://b/train/", batch_size=8, transform=al.RandomResizedCrop(32),
+                                rank=dist.get_rank(), world_size=dist.get_world_size(),
+                                store_options={"endpoint_url": endpoint})
+        with loader:
+            n = sum(len(labels) for _, labels in loader)
+            stats = loader.stats()
+            mine = {"samples": n, "workers": stats.decode_workers, "budget": stats.cpu_budget,
+                    "engines": loader.engine_processes, "repr": repr(loader)}
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        if dist.get_rank() == 0:
+            json.dump(gathered, open(out, "w"))
+        dist.barrier()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def test_default_loaders_of_a_node_share_its_cpus(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """Two ranks, each a default loader: their decode workers add up to no more than the
+    CPUs this machine lets a process use, and each says where its count came from."""
+    script = tmp_path / "node.py"
+    script.write_text(NODE)
+    out = tmp_path / "ranks.json"
+    _torchrun(script, 2, light_server.endpoint, str(out))
+    ranks = json.loads(out.read_text())
+    cpus = len(os.sched_getaffinity(0))
+    assert sum(r["workers"] for r in ranks) <= max(cpus, 2)
+    assert sum(r["samples"] for r in ranks) == N_IMAGES
+    for r in ranks:
+        assert r["workers"] == max(1, cpus // 2 - (1 if cpus // 2 >= 3 else 0))
+        assert r["budget"] == f"{cpus} CPUs shared by 2 ranks on this node (LOCAL_WORLD_SIZE)"
+        assert f"decode_workers={r['workers']} (of {r['budget']})" in r["repr"]
+        assert r["engines"] == 1

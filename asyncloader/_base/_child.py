@@ -13,9 +13,11 @@ needs it, e.g. a ``decode=`` hook defined there.
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing.connection as mpc
 import multiprocessing.process as mp_process
 import multiprocessing.spawn as mp_spawn
+import os
 import pickle
 import signal
 import socket
@@ -26,15 +28,56 @@ from collections.abc import Sequence
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
+from ._errors import AsyncLoaderError
+
 __all__ = [
+    "SINGLE_THREADED",
     "attach_shm",
     "create_shm",
+    "how_it_ended",
     "launch",
-    "stop_children",
     "receive_order",
+    "reserve_shm",
+    "shm_free_bytes",
+    "stop_children",
     "unlink_shm",
     "unpickle_order",
 ]
+
+
+SINGLE_THREADED = {
+    name: "1"
+    for name in (
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+    )
+}
+"""A child's numeric libraries run one thread each: a child is one of the loader's workers,
+sized to the node's CPU budget, and a pool of threads per library in each (OpenMP's default
+is one per core) would oversubscribe the cores the budget shares out."""
+
+
+def how_it_ended(code: int | None) -> str:
+    """An engine process's end in words: its exit code, or the signal that killed it by name
+    with what usually sends it."""
+    if code is None:
+        return "has not exited"
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"was killed by signal {-code}"
+    why = {
+        "SIGKILL": ", often by the out-of-memory killer",
+        "SIGBUS": ": a write into shared memory failed (/dev/shm full?)",
+        "SIGSEGV": ": a crash in native code",
+        "SIGTERM": ": asked to stop from outside",
+    }.get(name, "")
+    return f"was killed by {name}{why}"
 
 
 def launch(
@@ -55,6 +98,7 @@ def launch(
             pass_fds=(fd, *pass_fds),
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # the parent decides when children stop, Ctrl-C or not
+            env={**os.environ, **SINGLE_THREADED},
         )
     finally:
         child_sock.close()
@@ -130,6 +174,41 @@ def create_shm(name: str, size: int) -> SharedMemory:
     """A new segment that its maker unlinks itself, without a resource tracker (which is a
     process of its own: an engine process that needs none starts faster without it)."""
     return _untracked(name, size)
+
+
+def reserve_shm(shm: SharedMemory, size: int, what: str) -> None:
+    """Back every page of ``shm``'s first ``size`` bytes now (``posix_fallocate``).  A
+    segment is sparse when made: its pages are taken from ``/dev/shm`` when first written,
+    and where ``/dev/shm`` is full by then (Docker's default is 64 MB) the write kills the
+    writer with SIGBUS, mid-epoch.  Reserved at once, a segment that does not fit fails
+    here, before the first batch, with what to do.
+
+    Raises:
+        AsyncLoaderError: ``/dev/shm`` has no room for it (``what`` names it); its maker
+            closes and unlinks it.
+    """
+    try:
+        os.posix_fallocate(shm._fd, 0, size)  # type: ignore[attr-defined]
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
+            return  # a file system that cannot reserve: pages come as they are written
+        free = shm_free_bytes()
+        raise AsyncLoaderError(
+            f"{what} needs {size / 1e6:.0f} MB of shared memory and /dev/shm has "
+            f"{free / 1e6:.0f} MB free. Give it more: docker run --shm-size=2g (or "
+            "--ipc=host); on Kubernetes, an emptyDir volume with medium: Memory mounted at "
+            "/dev/shm. Or make the rings smaller: a smaller batch_size, or "
+            "EngineConfig(prefetch_batches=) (ring slots)"
+        ) from exc
+
+
+def shm_free_bytes() -> int:
+    """Bytes free in ``/dev/shm`` (0 where it cannot be read)."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 def unlink_shm(name: str) -> None:

@@ -239,6 +239,7 @@ class Counters:
             consumer_wait_seconds=self.consumer_wait_seconds,
             first_batch_seconds=self.consumer_first_batch_seconds,
             bound=bound,
+            decode_workers=decode_workers,
         )
 
 
@@ -296,6 +297,9 @@ class Stats:
         bound: Which stage limits throughput: ``"consumer"`` (the loader keeps ahead: the
             training loop is the bound), ``"decode"`` (decode workers busy ≥ 80 %) or
             ``"fetch"`` (the consumer waits while decode workers idle: storage-bound).
+        decode_workers: The loader's decode workers.
+        cpu_budget: The CPUs they were counted from, and who shares them ("" where the
+            count was given).
     """
 
     wall_seconds: float
@@ -341,6 +345,8 @@ class Stats:
     consumer_wait_seconds: float
     first_batch_seconds: float | None
     bound: Bound
+    decode_workers: int = 0
+    cpu_budget: str = ""
 
     @property
     def samples_per_second(self) -> float:
@@ -364,7 +370,9 @@ class Stats:
             f"{self.samples} samples in {self.batches} batches, {self.wall_seconds:.1f} s "
             f"({self.samples_per_second:.0f} samples/s, {mb / self.wall_seconds:.1f} MB/s "
             "fetched)",
-            f"bound by: {self.bound}  (consumer waited {self.consumer_wait_seconds:.1f} s, "
+            f"bound by: {self.bound}  (decode workers {self.decode_workers}"
+            + (f" of {self.cpu_budget}" if self.cpu_budget else "")
+            + f", consumer waited {self.consumer_wait_seconds:.1f} s, "
             f"decode busy {self.decode_utilization:.0%}, peak in flight "
             f"{self.inflight_peak}/{self.max_inflight} (limit now {self.inflight_limit}, "
             f"{self.backoffs} back-offs), mean fetch "

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 from multiprocessing.shared_memory import SharedMemory
 
+from .._base._child import reserve_shm
 from .._base._types import ArenaSlice, DecodeJob
 
 __all__ = ["ALIGN", "Arena", "ArenaSlice", "Extents"]
@@ -81,7 +82,9 @@ class Extents:
 
 
 class Arena:
-    """The parent's side: a shared segment of ``size`` bytes and its extents.
+    """The parent's side: a shared segment of ``size`` bytes and its extents, its pages
+    reserved when made (see :func:`~asyncloader._base._child.reserve_shm`: an
+    ``AsyncLoaderError`` where ``/dev/shm`` has no room).
 
     Attributes:
         name: The segment's name, for the workers to attach.
@@ -90,6 +93,12 @@ class Arena:
 
     def __init__(self, size: int) -> None:
         self._shm: SharedMemory | None = SharedMemory(create=True, size=size)
+        try:
+            reserve_shm(self._shm, size, f"the decode workers' arena of {size >> 20} MiB")
+        except BaseException:
+            self._shm.close()
+            self._shm.unlink()
+            raise
         self.name = self._shm.name
         self._view: memoryview | None = self._shm.buf
         self._extents = Extents(size)

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._base import _lifecycle as life
-from .._base._child import launch, stop_children
-from .._base._errors import DecodeError, PipelineDeadError, shown_key
+from .._base._child import how_it_ended, launch, stop_children
+from .._base._errors import AsyncLoaderError, DecodeError, PipelineDeadError, shown_key
 from .._base._types import DecodeJob, Outcome
 from .._base._wire import ChildFailed, Message, Stop
 from ._arena import Arena
@@ -47,10 +47,8 @@ def _launch(
 
 _ENTRY = "asyncloader._decode._worker:worker_main"
 _DIED_STARTING = (
-    "decode worker could not start (exit code {code}); its error is on stderr. A decode= "
-    "hook defined in the training script makes workers import the script: guard its entry "
-    "point with `if __name__ == '__main__':`. decode_backend='thread' decodes without "
-    "processes."
+    "a decode worker {how} before it was ready; what it printed is on stderr. "
+    "decode_backend='thread' decodes without processes."
 )
 
 
@@ -191,7 +189,10 @@ class ProcessDecodePool:
         """
         self._loop = asyncio.get_running_loop()
         if self._arena_bytes > 0 and self._arena is None:
-            self._arena = Arena(self._arena_bytes)
+            try:
+                self._arena = Arena(self._arena_bytes)
+            except AsyncLoaderError:  # no room in /dev/shm: the bytes go through the socket
+                self._arena = None
         try:
             self._pool = await asyncio.to_thread(self._start_all, self._start_timeout)
         except BaseException:
@@ -213,7 +214,7 @@ class ProcessDecodePool:
                 code = w.join(life.CHILD_EXIT)
                 self._closed = True
                 _stop_workers(pool)
-                raise PipelineDeadError(_DIED_STARTING.format(code=code)) from None
+                raise PipelineDeadError(_DIED_STARTING.format(how=how_it_ended(code))) from None
             if not isinstance(msg, WorkerReady):
                 self._closed = True
                 _stop_workers(pool)
@@ -295,7 +296,9 @@ class ProcessDecodePool:
                 elif isinstance(msg, ChildFailed):
                     self._fail_worker(w, msg.error.rebuild())
                     return
-                elif not isinstance(msg, WorkerReady):
+                elif isinstance(msg, WorkerReady):
+                    w.ready = True  # a replacement, started while the pool ran
+                else:
                     raise TypeError(f"decode worker sent {msg!r}")
         except (EOFError, OSError):
             self._on_death(w)
@@ -375,7 +378,11 @@ class ProcessDecodePool:
         if self._closed:
             return
         # Died before it was ready, or could not be replaced: stop, don't loop.
-        self._broken = PipelineDeadError(_DIED_STARTING.format(code=code))
+        self._broken = PipelineDeadError(
+            _DIED_STARTING.format(how=how_it_ended(code))
+            if exc is None
+            else f"a decode worker {how_it_ended(code)} and could not be replaced: {exc!r}"
+        )
         if exc is not None:
             self._broken.__cause__ = exc
         self._closed = True

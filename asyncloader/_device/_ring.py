@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._base._child import attach_shm, create_shm, unlink_shm
+from .._base._child import attach_shm, create_shm, reserve_shm, unlink_shm
 from .._base._lease import Lease, leased
 
 __all__ = ["SHM_PREFIX", "BatchRing", "DeviceBatchRing"]
@@ -93,6 +93,16 @@ class BatchRing:
                     self._shm = SharedMemory(name=name, create=True, size=max(size, 1))
                 else:
                     self._shm = create_shm(name, max(size, 1))
+                what = f"a ring of {slots} batches of {batch_size} samples of {sample_shape}"
+                try:
+                    reserve_shm(self._shm, max(size, 1), what)
+                except BaseException:
+                    self._shm.close()
+                    if tracked:
+                        self._shm.unlink()
+                    else:
+                        unlink_shm(name)
+                    raise
             self.images = np.ndarray(shape, np.uint8, buffer=self._shm.buf)
             self.labels = np.ndarray((slots, batch_size), np.int64, buffer=self._shm.buf, offset=at)
         else:

@@ -33,6 +33,7 @@ from .._base._config import (
     engine_processes,
     ring_slots,
 )
+from .._base._env import CpuBudget, cpu_budget
 from .._base._stats import Counters
 from .._base._types import DecodeFn, ObjectStore
 from .._cache import ObjectCache
@@ -132,6 +133,7 @@ class LoaderPlan:
         engine: Ring, limits and event loop.
         slots: Ring slots.
         window: Most samples between the start of their fetch and the end of their decode.
+        budget: The CPUs the decode worker default was made from, and the node's ranks.
     """
 
     spec: DecodeSpec
@@ -143,6 +145,7 @@ class LoaderPlan:
     engine: EngineConfig
     slots: int
     window: int
+    budget: CpuBudget
 
 
 def plan(
@@ -165,7 +168,8 @@ def plan(
     Raises:
         ValueError: options that contradict each other, or a backend this machine lacks.
     """
-    n = decode_worker_count(workers, run.num_workers)
+    n = decode_worker_count(workers, run.num_workers, run.local_world_size)
+    budget = cpu_budget(run.local_world_size)
     if decode is None:
         transform = transform or RandomResizedCrop(224)
         h, w = transform.output_size
@@ -219,6 +223,7 @@ def plan(
         engine=engine,
         slots=ring_slots(engine.prefetch_batches, fetch.inflight, run.batch_size),
         window=decode_window(fetch.inflight, n),
+        budget=budget,
     )
 
 

@@ -6,6 +6,7 @@ own message; batches come out as tensor views of their ring slot.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import queue
 import time
@@ -38,6 +39,7 @@ class Consumer:
         url: Names the store in messages.
         timeout: No batch for this long is an error (None: wait) [seconds].
         max_inflight: The requests in flight allowed (for the stats).
+        cpu_budget: Where the decode worker count came from, in words (for the stats).
         agreement: The ranks' agreement on the object list, in a sharded job.
         unchecked: The list to check with it before the first batch (or set later, once
             listed: ``unchecked``).
@@ -55,6 +57,7 @@ class Consumer:
         url: str,
         timeout: float | None,
         max_inflight: int,
+        cpu_budget: str = "",
         agreement: Agreement | None = None,
         unchecked: Sequence[ObjectInfo] | None = None,
     ) -> None:
@@ -65,6 +68,7 @@ class Consumer:
         self._url = url
         self._timeout = timeout
         self._max_inflight = max_inflight
+        self._cpu_budget = cpu_budget
         self.produced: tuple[int, int, tuple[int, int] | None] | None = (0, 0, None)
 
     def deliver(
@@ -113,11 +117,12 @@ class Consumer:
         """A snapshot of every counter, and which stage bounds the run."""
         engine = self._engine
         counters = engine.engine_counters().with_consumer(self._counters)
-        return counters.snapshot(
+        stats = counters.snapshot(
             decode_workers=engine.workers,
             max_inflight=self._max_inflight,
             ring_held=engine.ring_held(),
         )
+        return dataclasses.replace(stats, cpu_budget=self._cpu_budget)
 
     def batches(
         self, epoch: int, first: int, span: tuple[int, int] | None

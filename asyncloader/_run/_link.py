@@ -8,13 +8,12 @@ import contextlib
 import multiprocessing.connection as mpc
 import os
 import queue
-import signal
 import subprocess
 import threading
 from dataclasses import dataclass, field
 
 from .._base import _lifecycle as life
-from .._base._child import launch
+from .._base._child import how_it_ended, launch
 from .._base._errors import PipelineDeadError
 from .._base._stats import Counters
 from .._base._wire import ChildFailed, Message
@@ -22,31 +21,11 @@ from .._device._ring import BatchRing
 from ._control import Counts, EngineReady, Listed, Produced, ProductionFailed
 from ._notices import Failed, Notice
 
-__all__ = ["EVERY_GENERATION", "EngineLink", "how_it_ended"]
+__all__ = ["EVERY_GENERATION", "EngineLink"]
 
 _ENTRY = "asyncloader._run._engine:engine_main"
 EVERY_GENERATION = -1
 """The generation of a failure of the engine itself: whatever start it was made for."""
-
-
-def how_it_ended(code: int | None) -> str:
-    """An engine process's end in words: its exit code, or the signal that killed it by name
-    with what usually sends it."""
-    if code is None:
-        return "has not exited"
-    if code >= 0:
-        return f"exited with code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        return f"was killed by signal {-code}"
-    why = {
-        "SIGKILL": ", often by the out-of-memory killer",
-        "SIGBUS": ": a write into shared memory failed (/dev/shm full?)",
-        "SIGSEGV": ": a crash in native code",
-        "SIGTERM": ": asked to stop from outside",
-    }.get(name, "")
-    return f"was killed by {name}{why}"
 
 
 @dataclass

@@ -95,8 +95,12 @@ class ImageLoader:
         decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
         sample_shape: (C, H, W) of a sample; needed with ``decode=``.  Images get theirs
             from ``transform`` (3 × its output size); a different one is an error.
-        decode_workers: Decode threads/processes (default: the usable CPUs divided among
-            the DataLoader workers).
+        decode_workers: Decode threads/processes (default: this process's CPUs — its
+            affinity mask or its container's CPU quota, whichever is smaller — divided among
+            the ranks of its node (``LOCAL_WORLD_SIZE``, SLURM's tasks per node, or
+            ``ShardConfig(local_world_size=)``), less a core for the training step where a
+            rank has 3 or more, then among its DataLoader workers; ``repr`` and ``stats()``
+            say where the count came from).
         decode_backend: ``"thread"``, ``"process"`` or ``"auto"`` (default): threads,
             except with a ``cache_dir`` where JPEGs would be decoded by Pillow (the
             ``_jpegroi``/``_resize`` extensions not built) or by a ``decode=`` hook:
@@ -223,6 +227,8 @@ class ImageLoader:
         self._fetch_config = p.fetch
         self._run_config = run
         self._workers = p.workers
+        # Where the decode worker count came from ("" where it was given).
+        self._cpu_budget = "" if decode_workers else p.budget.describe()
         self._backend: DecodeBackend = p.backend
         self._timeout = timeout
         self._counters = Counters()  # the consumer's, and the inline engine's
@@ -305,6 +311,7 @@ class ImageLoader:
             url=self.url,
             timeout=self._timeout,
             max_inflight=self._fetch_config.inflight,
+            cpu_budget=self._cpu_budget,
             agreement=self._agreement,
             unchecked=self._unchecked,
         )
@@ -430,7 +437,9 @@ class ImageLoader:
         state = "closed" if self._engine.closed else "open"
         return (
             f"ImageLoader({self.url!r}, batch_size={self._run_config.batch_size}, "
-            f"decode_workers={self._workers}, backend={self._backend!r}, "
+            f"decode_workers={self._workers}"
+            + (f" (of {self._cpu_budget})" if self._cpu_budget else "")
+            + f", backend={self._backend!r}, "
             f"engine_processes={self.engine_processes}, {state})"
         )
 

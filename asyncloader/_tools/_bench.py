@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .._base._config import CacheConfig, decode_worker_count
-from .._base._env import usable_cpus
+from .._base._env import cpu_budget
 from .._base._errors import StoreError, Throttled
 from .._base._proctree import machine_busy_seconds
 from .._base._types import Blob, ObjectInfo, ObjectStore
@@ -336,7 +336,8 @@ def bench(
         StoreError: the store could not be listed or read, or holds no images.
     """
     t_start = time.perf_counter()
-    cpus = usable_cpus()
+    budget = cpu_budget()
+    cpus = budget.cpus
     workers = decode_worker_count(decode_workers)  # the loader's default
     directory = str(cache_dir) if cache_dir is not None else None
     m = asyncio.run(
@@ -421,6 +422,7 @@ def bench(
     return BenchReport(
         url=url,
         cpus=cpus,
+        cpu_budget=budget.describe(),
         objects_listed=len(objects),
         listing_complete=bool(m["complete"]),
         listed_bytes=listed_bytes,

@@ -35,6 +35,7 @@ class BenchReport:
 
     url: str
     cpus: int
+    cpu_budget: str
     objects_listed: int
     listing_complete: bool
     listed_bytes: int
@@ -66,7 +67,7 @@ class BenchReport:
         lines = [
             f"{self.url}: {self.objects_listed}{'' if self.listing_complete else '+'} objects "
             f"listed ({self.listed_bytes / 1e9:.2f} GB), {self.sample_objects} sampled "
-            f"(mean {self.mean_object_bytes / 1e3:.0f} KB); {self.cpus} CPUs here",
+            f"(mean {self.mean_object_bytes / 1e3:.0f} KB); {self.cpu_budget} here",
             f"first-byte latency: p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, "
             f"p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms",
             "",
