@@ -270,3 +270,33 @@ def test_how_an_engine_ended_in_words() -> None:
     assert how_it_ended(-signal.SIGBUS).startswith("was killed by SIGBUS: a write into shared")
     assert how_it_ended(-signal.SIGTERM) == "was killed by SIGTERM: asked to stop from outside"
     assert how_it_ended(-200) == "was killed by signal 200"
+
+
+QUIET = textwrap.dedent(
+    """
+    import sys, asyncloader as al
+    if __name__ == "__main__":
+        for url in ("s3://b/nothing-here/", "s3://no-such-bucket/train/"):
+            try:
+                al.ImageLoader(url, decode_workers=8, store_options={"endpoint_url": sys.argv[1]})
+            except al.AsyncLoaderError as exc:
+                print("ERROR", type(exc).__name__, flush=True)
+    """
+)
+
+
+def test_a_start_up_failure_of_several_engines_is_one_error_and_nothing_else(
+    server: S3TestServer, tmp_path: Path
+) -> None:
+    # Two engines: the lead's listing fails, the other engine waits for its dataset and is
+    # stopped; it leaves without a word (it printed a TypeError traceback before).
+    script = tmp_path / "start.py"
+    script.write_text(QUIET)
+    out = subprocess.run(
+        [sys.executable, str(script), server.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.split("\n")[:2] == ["ERROR AsyncLoaderError", "ERROR ObjectNotFound"], out
+    assert "Traceback" not in out.stderr, out.stderr
