@@ -234,3 +234,13 @@ def test_public_faces_use_only_the_public_api() -> None:
                     assert not any(p.startswith("_") for p in module.split(".")), (face, module)
                     if node.level:
                         raise AssertionError(f"{face}: relative import of {module}")
+
+
+def test_modules_stay_small() -> None:
+    """One job a module, under 450 lines: a longer one is two jobs (STYLE.md, habit 11)."""
+    long = {
+        str(p.relative_to(PKG)): n
+        for p in PKG.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 450
+    }
+    assert long == {}

@@ -39,10 +39,12 @@ __all__ = [
     "EngineShare",
     "EngineSpec",
     "Listed",
+    "NoEngine",
     "Produced",
     "ProductionFailed",
     "StartEpoch",
     "TakeDataset",
+    "close_engine",
 ]
 
 # The engine's messages (see _base/_wire.py for the shape every child protocol shares):
@@ -246,3 +248,18 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Stop everything; idempotent."""
+
+
+class NoEngine:
+    """The engine before one is made (a loader whose construction failed has this one)."""
+
+    workers = 0
+    closed = True
+
+    def close(self) -> None:
+        pass
+
+
+def close_engine(engine: Any) -> None:
+    """Close ``engine`` (a finaliser's target: it must not hold the loader)."""
+    engine.close()

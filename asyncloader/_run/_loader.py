@@ -39,7 +39,7 @@ from .._stores import store_options as store_options_for
 from ._assembly import start_engine
 from ._build import DecodeBackend, engine_placement, fold_moved, open_cache, plan
 from ._consumer import Consumer
-from ._control import Engine, EngineSpec
+from ._control import Engine, EngineSpec, NoEngine, close_engine
 from ._dist import Agreement, list_once
 from ._position import Position
 from ._sampler import num_batches
@@ -95,12 +95,9 @@ class ImageLoader:
         decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
         sample_shape: (C, H, W) of a sample; needed with ``decode=``.  Images get theirs
             from ``transform`` (3 × its output size); a different one is an error.
-        decode_workers: Decode threads/processes (default: this process's CPUs — its
-            affinity mask or its container's CPU quota, whichever is smaller — divided among
-            the ranks of its node (``LOCAL_WORLD_SIZE``, SLURM's tasks per node, or
-            ``ShardConfig(local_world_size=)``), less a core for the training step where a
-            rank has 3 or more, then among its DataLoader workers; ``repr`` and ``stats()``
-            say where the count came from).
+        decode_workers: Decode threads/processes (default: the CPUs this process may use —
+            affinity or container quota — per rank of its node, less one for the training
+            step from 3 a rank, per DataLoader worker; ``repr`` and ``stats()`` say whence).
         decode_backend: ``"thread"``, ``"process"`` or ``"auto"`` (default): threads,
             except with a ``cache_dir`` where JPEGs would be decoded by Pillow (the
             ``_jpegroi``/``_resize`` extensions not built) or by a ``decode=`` hook:
@@ -245,8 +242,8 @@ class ImageLoader:
             spec = DeviceSpec.make(device, dtype, out.mean, out.std, out.channels_last)
             self._uploader = Uploader(spec, depth=2, pin=out.pin)
         processes, why = engine_placement(p, store_given=store is not None)
-        self._engine: Engine = cast(Engine, _NoEngine())
-        self._finalizer = weakref.finalize(self, _close_engine, self._engine)
+        self._engine: Engine = cast(Engine, NoEngine())
+        self._finalizer = weakref.finalize(self, close_engine, self._engine)
         try:
             options = store_options_for(url, labels, store_options)
             the_store = store if store is not None else open_store(url, **options)
@@ -303,7 +300,7 @@ class ImageLoader:
     def _set_engine(self, engine: Engine) -> None:
         self._engine = engine
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _close_engine, engine)
+        self._finalizer = weakref.finalize(self, close_engine, engine)
         self._position.reset()
         self._consumer = Consumer(
             engine,
@@ -425,7 +422,7 @@ class ImageLoader:
         Idempotent.  Batches already handed out stay readable; the shared memory behind
         them is freed with the last of them.
         """
-        _close_engine(self._engine)
+        close_engine(self._engine)
 
     def __enter__(self) -> ImageLoader:
         return self
@@ -442,17 +439,3 @@ class ImageLoader:
             + f", backend={self._backend!r}, "
             f"engine_processes={self.engine_processes}, {state})"
         )
-
-
-class _NoEngine:
-    """The engine before one is made (a loader whose construction failed has this one)."""
-
-    workers = 0
-    closed = True
-
-    def close(self) -> None:
-        pass
-
-
-def _close_engine(engine: Any) -> None:
-    engine.close()
