@@ -11,10 +11,11 @@
 #     nvidia-nvimgcodec-cu13 nvidia-nvjpeg
 #   (cd .whl && mkdir -p deb && cd deb && apt-get download libjpeg62-turbo libjpeg62-turbo-dev)
 #
-# Run: bash benchmarks/gpu_check.sh [tests|gpu-decode-tests|upload|decode|neighbour|scale ...]
+# Run: bash benchmarks/gpu_check.sh [tests|gpu-decode-tests|upload|decode|neighbour|scale|node ...]
 # (default: tests upload decode; neighbour: bench_neighbour.py on the machine's cores;
 # scale: bench_scale.py with 1-4 engine processes and bench_loader.py against the RAM
-# decode ceiling of all the cores, engine processes and inline interleaved)
+# decode ceiling of all the cores, engine processes and inline interleaved; node:
+# bench_node.py with 8 ranks against the node's stock ceiling)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -69,6 +70,12 @@ for step in $steps; do
         timeout 240 python3 benchmarks/bench_loader.py --images 4000 --latencies 0,0.02 \
             --skip-dataloader --inline --repeat 2 --epochs 1 2>&1 |
             tee "$OUT/loader.log" | tail -12
+        ;;
+    node)
+        # 8 ranks on the machine's cores, each a default loader (the node's CPU budget
+        # shared), against 8 stock DataLoaders decoding from RAM; total threads at most.
+        timeout 300 python3 benchmarks/bench_node.py --nproc 8 --images 4000 --repeat 2 \
+            --json "$OUT/node.json" 2>&1 | tee "$OUT/node.log" | tail -10
         ;;
     esac
 done
