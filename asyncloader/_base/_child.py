@@ -187,8 +187,11 @@ def reserve_shm(shm: SharedMemory, size: int, what: str) -> None:
         AsyncLoaderError: ``/dev/shm`` has no room for it (``what`` names it); its maker
             closes and unlinks it.
     """
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:  # macOS: pages come as they are written
+        return
     try:
-        os.posix_fallocate(shm._fd, 0, size)  # type: ignore[attr-defined]
+        fallocate(shm._fd, 0, size)  # type: ignore[attr-defined]
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
             return  # a file system that cannot reserve: pages come as they are written
