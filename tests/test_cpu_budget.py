@@ -135,7 +135,7 @@ def test_children_run_numeric_libraries_single_threaded() -> None:
     from asyncloader._base._child import launch
 
     # A child started the loader's way sees one thread for each numeric library.
-    proc, conn = launch("tests._child_env:report", "asyncloader-test", ())
+    proc, conn = launch("tests._child_env:report", "asyncloader-test", None)
     try:
         assert conn.poll(60)
         seen = conn.recv()

@@ -25,13 +25,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 from ._errors import AsyncLoaderError
+from ._wire import Message
 
 __all__ = [
     "SINGLE_THREADED",
+    "Launch",
     "attach_shm",
     "create_shm",
     "how_it_ended",
@@ -80,8 +83,19 @@ def how_it_ended(code: int | None) -> str:
     return f"was killed by {name}{why}"
 
 
+@dataclass(frozen=True, slots=True)
+class Launch(Message):
+    """Parent → child, the first message: multiprocessing's preparation data (working
+    directory, argv; ``sys.path`` travels on the command line), how to import the parent's
+    ``__main__`` where the order needs it (:func:`unpickle_order`), and the order."""
+
+    prep: dict[str, Any]
+    main: dict[str, Any]
+    order: Any
+
+
 def launch(
-    entry: str, name: str, order: tuple[Any, ...], *, pass_fds: Sequence[int] = ()
+    entry: str, name: str, order: Any, *, pass_fds: Sequence[int] = ()
 ) -> tuple[subprocess.Popen[bytes], mpc.Connection]:
     """Start ``entry`` (``"module:function"``, called with the child's socket fd) in a fresh
     interpreter, and send it ``order`` (read with :func:`receive_order`).  ``pass_fds``:
@@ -103,10 +117,12 @@ def launch(
     finally:
         child_sock.close()
     conn = mpc.Connection(parent_sock.detach())
-    main = {k: prep[k] for k in ("init_main_from_name", "init_main_from_path") if k in prep}
-    bare = {k: prep[k] for k in ("sys_argv", "dir", "orig_dir") if k in prep}  # path: above
+    main: dict[str, Any] = {
+        k: prep[k] for k in ("init_main_from_name", "init_main_from_path") if k in prep
+    }
+    bare: dict[str, Any] = {k: prep[k] for k in ("sys_argv", "dir", "orig_dir") if k in prep}
     with contextlib.suppress(OSError):  # died at once: the caller sees EOF
-        conn.send((bare, main, order))
+        conn.send(Launch(bare, main, order))
     return proc, conn
 
 
@@ -128,7 +144,7 @@ def stop_children(procs: Sequence[subprocess.Popen[bytes]], grace: float, step: 
                 p.wait(max(deadline - time.monotonic(), 0))
 
 
-def receive_order(fd: int) -> tuple[mpc.Connection, dict[str, Any], tuple[Any, ...]] | None:
+def receive_order(fd: int) -> tuple[mpc.Connection, dict[str, Any], Any] | None:
     """The child's side of :func:`launch`: its connection, the parent's ``__main__``
     preparation data (for :func:`unpickle_order`) and its order; None when the parent went
     away first.  Ctrl-C is ignored from here on: it reaches the whole process group, and the
@@ -136,11 +152,11 @@ def receive_order(fd: int) -> tuple[mpc.Connection, dict[str, Any], tuple[Any, .
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = mpc.Connection(fd)
     try:
-        bare, main, order = conn.recv()
+        first: Launch = conn.recv()
     except (EOFError, OSError):
         return None
-    mp_spawn.prepare(bare)
-    return conn, main, order
+    mp_spawn.prepare(first.prep)
+    return conn, first.main, first.order
 
 
 def unpickle_order(data: bytes, main: dict[str, Any]) -> Any:

@@ -6,7 +6,7 @@ Every child of the loader — an engine process (``_run/_engine.py``) or a decod
 spoken to on one socket in frozen dataclasses, subclasses of :class:`Message`::
 
     parent                                   child
-      │── order (launch: pickled once) ───────►│ unpickles it, builds its parts
+      │── Launch(prep, main, order) ──────────►│ unpickles the order, builds its parts
       │◄──────── ready (its kind's) ───────────│   or ChildFailed(error) and exits
       │── work (its kind's messages) ─────────►│
       │◄──────── results (its kind's) ─────────│   or ChildFailed(error): it cannot go on

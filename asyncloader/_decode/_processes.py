@@ -27,7 +27,7 @@ from .._base._types import DecodeJob, Outcome
 from .._base._wire import ChildFailed, Message, Stop
 from ._arena import Arena
 from ._image import DecodeSpec
-from ._worker import Jobs, Results, WorkerReady
+from ._worker import Jobs, Results, WorkerOrder, WorkerReady
 
 __all__ = ["ProcessDecodePool"]
 
@@ -41,7 +41,8 @@ def _launch(
     arena_name: str | None,
 ) -> _Worker:
     """Start one decode process; its first message tells it what to do."""
-    proc, conn = launch(_ENTRY, "asyncloader-decode", (spec_bytes, shm_name, shape, arena_name))
+    order = WorkerOrder(spec_bytes, shm_name, shape, arena_name)
+    proc, conn = launch(_ENTRY, "asyncloader-decode", order)
     return _Worker(proc, conn)
 
 

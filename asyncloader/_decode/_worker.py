@@ -25,16 +25,28 @@ from ._arena import ArenaSlice
 from ._image import DecodeSpec, U8Array
 from ._job import run_job
 
-__all__ = ["Jobs", "Results", "WorkerReady", "worker_main"]
+__all__ = ["Jobs", "Results", "WorkerOrder", "WorkerReady", "worker_main"]
 
 # A decode worker's messages (the shape every child protocol shares: _base/_wire.py):
 #
 #   engine (or inline loader)                 decode worker
-#     │── (spec, ring, arena) (launch) ──────────►│ attaches the ring and the arena
+#     │── WorkerOrder (launch) ──────────────────►│ attaches the ring and the arena
 #     │◄──────── WorkerReady | ChildFailed ───────│
 #     │── Jobs ──────────────────────────────────►│ decodes into the ring
 #     │◄──────── Results (two jobs at most) ──────│
 #     │── Stop ──────────────────────────────────►│ sends what it holds, exits
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOrder:
+    """What a decode worker is told at its start: the pickled :class:`DecodeSpec` (it may
+    refer to the user's ``__main__``), the ring's shared-memory name and image shape, and
+    the arena's name (None: bytes come through the socket)."""
+
+    spec: bytes
+    ring: str
+    shape: tuple[int, ...]
+    arena: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,17 +81,17 @@ def worker_main(fd: int) -> None:
     got = receive_order(fd)
     if got is None:
         return
-    conn, main, (spec_bytes, shm_name, shape, arena_name) = got
+    conn, main, order = got
     where = f"decode worker {os.getpid()}"
     try:
-        spec = unpickle_order(spec_bytes, main)
+        spec = unpickle_order(order.spec, main)
     except BaseException as exc:
         error = PipelineDeadError(f"{where} could not start: {exc!r}")
         error.__cause__ = exc
         with contextlib.suppress(Exception):
             send(conn, ChildFailed(CrossedError.of(error, where)), where)
         return
-    _serve(conn, spec, shm_name, shape, arena_name, where)
+    _serve(conn, spec, order.ring, order.shape, order.arena, where)
 
 
 REPLY_BATCH = 2

@@ -83,7 +83,7 @@ def engine_main(fd: int) -> None:
     got = receive_order(fd)
     if got is None:
         return
-    conn, main, (order_bytes,) = got
+    conn, main, order_bytes = got
     lock = threading.Lock()
     where = f"engine process {os.getpid()}"
 

@@ -61,7 +61,7 @@ class EngineLink:
         pipe (closed here once the child has it; ``w`` stays, or is closed if the start
         fails)."""
         try:
-            proc, conn = launch(_ENTRY, "asyncloader-engine", (order,), pass_fds=(r,))
+            proc, conn = launch(_ENTRY, "asyncloader-engine", order, pass_fds=(r,))
         except BaseException:
             os.close(w)
             raise
