@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ._env import cpu_budget
+from ._env import CpuBudget, cpu_budget
 
 __all__ = [
     "CACHE_SIZE",
@@ -51,14 +51,19 @@ READ_TIMEOUT = 60.0
 LIST_CONCURRENCY = 32
 
 
-def decode_worker_count(given: int | None, num_workers: int = 1, ranks: int | None = None) -> int:
+def decode_worker_count(
+    given: int | None,
+    num_workers: int = 1,
+    ranks: int | None = None,
+    budget: CpuBudget | None = None,
+) -> int:
     """The one default of the decode worker count: this process's CPU budget (its affinity
     mask or its container's quota, whichever is smaller) shared among the ranks of its node
     (``ranks``, else the environment's ``LOCAL_WORLD_SIZE`` or SLURM's), less a core for
     each training process where a rank has 3 or more, then among the ``num_workers``
     DataLoader workers that each run a loader, at least 1 (see
-    :meth:`~._env.CpuBudget.decode_workers`)."""
-    return given or cpu_budget(ranks).decode_workers(num_workers)
+    :meth:`~._env.CpuBudget.decode_workers`).  ``budget``: one read already."""
+    return given or (budget or cpu_budget(ranks)).decode_workers(num_workers)
 
 
 WORKERS_PER_ENGINE = 4

@@ -52,12 +52,7 @@ def tree_cpu_seconds(exclude: Collection[int] = ()) -> float:
     me = resource.getrusage(resource.RUSAGE_SELF)
     waited = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = me.ru_utime + me.ru_stime + waited.ru_utime + waited.ru_stime
-    ticks = os.sysconf("SC_CLK_TCK")
-    for pid in descendants(os.getpid(), exclude):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = _stat(pid)  # utime, stime, cutime, cstime: fields 14-17
-            total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / ticks
-    return total
+    return total + sum(process_cpu_seconds(pid) for pid in descendants(os.getpid(), exclude))
 
 
 def process_cpu_seconds(pid: int | None) -> float:
@@ -66,7 +61,7 @@ def process_cpu_seconds(pid: int | None) -> float:
     if pid is None:
         return 0.0
     try:
-        fields = _stat(pid)
+        fields = _stat(pid)  # utime, stime, cutime, cstime: fields 14-17
         return sum(int(fields[i]) for i in (11, 12, 13, 14)) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0

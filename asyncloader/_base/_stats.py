@@ -180,7 +180,9 @@ class Counters:
         out.started = consumer.started
         return out
 
-    def snapshot(self, *, decode_workers: int, max_inflight: int, ring_held: int = 0) -> Stats:
+    def snapshot(
+        self, *, decode_workers: int, max_inflight: int, ring_held: int = 0, cpu_budget: str = ""
+    ) -> Stats:
         """The frozen view; ``ring_held`` comes from the ring (any thread may change it)."""
         wall = max(time.perf_counter() - self.started, 1e-9)
         decode_util = self.decode_seconds / (wall * max(decode_workers, 1))
@@ -240,6 +242,7 @@ class Counters:
             first_batch_seconds=self.consumer_first_batch_seconds,
             bound=bound,
             decode_workers=decode_workers,
+            cpu_budget=cpu_budget,
         )
 
 

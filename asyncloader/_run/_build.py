@@ -168,8 +168,8 @@ def plan(
     Raises:
         ValueError: options that contradict each other, or a backend this machine lacks.
     """
-    n = decode_worker_count(workers, run.num_workers, run.local_world_size)
-    budget = cpu_budget(run.local_world_size)
+    budget = cpu_budget(run.local_world_size)  # the cgroup files read once
+    n = decode_worker_count(workers, run.num_workers, budget=budget)
     if decode is None:
         transform = transform or RandomResizedCrop(224)
         h, w = transform.output_size

@@ -263,7 +263,7 @@ class CacheFill:
         )
         self.index = IndexThread(cache, name)
         self.once = OnceFetcher(fetcher, self.writer, admit, counters, wait_for_room=wait_for_room)
-        self.admission: Admission | None = admit if isinstance(admit, Admission) else None
+        self.admission: Admission | None = None  # the loader's (for_loader)
 
     @classmethod
     def for_loader(
@@ -297,16 +297,19 @@ class CacheFill:
             else:
                 counters.cache_store_failed += len(keys)
 
-        return cls(
+        admission = Admission(listing, run, cache, scaled_copies, counters)
+        fill = cls(
             cache,
             fetcher,
             counters,
-            admit=Admission(listing, run, cache, scaled_copies, counters),
+            admit=admission,
             done=written,
             name="asyncloader-index",
             derive=partial(scaled_jpeg_copies, max_pixels=max_pixels) if scaled_copies else None,
             remember=remember,
         )
+        fill.admission = admission
+        return fill
 
     async def look_up(
         self, url: str, batch: Sequence[Sample]

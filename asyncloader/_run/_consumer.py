@@ -6,7 +6,6 @@ own message; batches come out as tensor views of their ring slot.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import queue
 import time
@@ -117,12 +116,12 @@ class Consumer:
         """A snapshot of every counter, and which stage bounds the run."""
         engine = self._engine
         counters = engine.engine_counters().with_consumer(self._counters)
-        stats = counters.snapshot(
+        return counters.snapshot(
             decode_workers=engine.workers,
             max_inflight=self._max_inflight,
             ring_held=engine.ring_held(),
+            cpu_budget=self._cpu_budget,
         )
-        return dataclasses.replace(stats, cpu_budget=self._cpu_budget)
 
     def batches(
         self, epoch: int, first: int, span: tuple[int, int] | None

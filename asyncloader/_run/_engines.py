@@ -45,6 +45,7 @@ from ._control import (
     EngineOrder,
     EngineShare,
     EngineSpec,
+    Listed,
     StartEpoch,
     TakeDataset,
 )
@@ -183,19 +184,18 @@ class EngineProcesses:
                     error.__cause__ = exc
                     self._fail(e, error)
                     continue
-                listed = e.dispatch(msg)
-                if listed is not None:
-                    self._listing_error = listed.error.rebuild() if listed.error else None
-                    self._dataset = listed.dataset
+                out = e.dispatch(msg)
+                if isinstance(out, Listed):
+                    self._listing_error = out.error.rebuild() if out.error else None
+                    self._dataset = out.dataset
                     self._listed.set()
-                elif e.failed is not None and e.k == 0:
-                    self._fail(e, e.failed)
+                elif out is not None:
+                    self._fail(e, out)
 
     def _fail(self, e: EngineLink, error: BaseException) -> None:
         """Engine ``e`` cannot go on (see :meth:`EngineLink.fail`); the lead's failure is
         the listing's too."""
-        if e.failed is not error:
-            e.fail(error)
+        e.fail(error)
         if e.k == 0 and not self._listed.is_set():
             self._listing_error = error
             self._listed.set()

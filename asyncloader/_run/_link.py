@@ -69,9 +69,9 @@ class EngineLink:
             os.close(r)
         return cls(k, proc, conn, w)
 
-    def dispatch(self, msg: Message) -> Listed | None:
-        """On the reader thread: ``msg`` to where it is waited for; a :class:`Listed` is
-        the caller's (the loader's dataset)."""
+    def dispatch(self, msg: Message) -> Listed | BaseException | None:
+        """On the reader thread: ``msg`` to where it is waited for.  A :class:`Listed` (the
+        loader's dataset) and a failure (the engine cannot go on) are the caller's."""
         if isinstance(msg, Produced):
             self.notices.put((msg.generation, msg.notice))
         elif isinstance(msg, ProductionFailed):
@@ -84,9 +84,9 @@ class EngineLink:
         elif isinstance(msg, Listed):
             return msg
         elif isinstance(msg, ChildFailed):
-            self.fail(msg.error.rebuild())
+            return msg.error.rebuild()
         else:
-            self.fail(PipelineDeadError(f"engine process {self.k} sent {msg!r}"))
+            return PipelineDeadError(f"engine process {self.k} sent {msg!r}")
         return None
 
     def fail(self, error: BaseException) -> None:

@@ -338,7 +338,7 @@ def bench(
     t_start = time.perf_counter()
     budget = cpu_budget()
     cpus = budget.cpus
-    workers = decode_worker_count(decode_workers)  # the loader's default
+    workers = decode_worker_count(decode_workers, budget=budget)  # the loader's default
     directory = str(cache_dir) if cache_dir is not None else None
     m = asyncio.run(
         _measure(url, dict(store_options or {}), directory, seconds, sample, max_inflight, seed)
