@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import asyncloader as al
-from asyncloader._device._ring import SHM_PREFIX
+from asyncloader._base._child import SHM_PREFIX
 from asyncloader.testing import S3TestServer, descendants
 
 from .conftest import N_IMAGES
@@ -220,7 +220,8 @@ def test_engines_die_with_a_killed_trainer(
         below = descendants(proc.pid)
         engines = [p for p in below if b"engine_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(engines) == 2
-        assert len(_segments_of(engines)) == 2  # their rings
+        # Their rings, and the decode workers' arenas of the process backend.
+        assert len(_segments_of(engines)) == (4 if backend == "process" else 2)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         deadline = time.monotonic() + 30
@@ -243,24 +244,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def test_a_killed_engine_is_named_truly(server: S3TestServer) -> None:
-    with _loader(server, shuffle=False, engine=al.EngineConfig(processes=2)) as loader:
-        it = iter(loader)
-        next(it)
-        victim = _engine_pids()[1]
-        os.kill(victim, signal.SIGKILL)
-        with pytest.raises(al.PipelineDeadError) as info:
-            for _ in it:
-                pass
-            for _ in range(20):  # epochs: the dead engine's batches made before run out
-                for _ in loader:
-                    pass
-    message = str(info.value)
-    assert f"pid {victim}" in message
-    assert "killed by SIGKILL, often by the out-of-memory killer" in message
-    assert "__main__" not in message  # the script's guard has nothing to do with it
 
 
 def test_how_an_engine_ended_in_words() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import asyncloader as al
-from asyncloader._device._ring import SHM_PREFIX
+from asyncloader._base._child import SHM_PREFIX
 from asyncloader.testing import S3TestServer, descendants
 
 
@@ -144,7 +144,8 @@ def _decode_workers(pid: int) -> list[int]:
 
 
 def _tree_shm(pid: int) -> set[str]:
-    """The ring segments of ``pid`` and of every process below it (its engines)."""
+    """The segments of ``pid`` and of every process below it (its engines' rings and
+    arenas)."""
     return set().union(*(_shm(p) for p in [pid, *descendants(pid)]))
 
 
@@ -160,13 +161,14 @@ def _cmdline(pid: str) -> bytes:
 def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: str) -> None:
     light_server.set_faults({}, latency=0.05)  # keep the epoch going long enough
     proc = _start(tmp_path, light_server, backend, epochs=100)  # interrupted long before
-    below = descendants(proc.pid)
-    segments = _tree_shm(proc.pid)
-    assert len(segments) == 1  # the ring of the script's engine process
-    workers = _decode_workers(proc.pid)
-    assert len(workers) == (2 if backend == "process" else 0)
-    proc.send_signal(signal.SIGINT)
     try:
+        below = descendants(proc.pid)
+        segments = _tree_shm(proc.pid)
+        # The ring of the script's engine process, and its decode workers' arena.
+        assert len(segments) == (2 if backend == "process" else 1)
+        workers = _decode_workers(proc.pid)
+        assert len(workers) == (2 if backend == "process" else 0)
+        proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
     finally:
         proc.kill()
@@ -188,20 +190,20 @@ def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: s
 def test_killed_decode_worker_is_replaced(light_server: S3TestServer, tmp_path: Path) -> None:
     light_server.set_faults({}, latency=0.02)
     proc = _start(tmp_path, light_server, "process", epochs=20, restarts=2)
-    workers = _decode_workers(proc.pid)
-    assert len(workers) == 2
-    os.kill(workers[0], signal.SIGKILL)
-    # Its replacement dies too, once it works: replaced again (it was ready by then).
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        fresh = [w for w in _decode_workers(proc.pid) if w not in workers]
-        if fresh:
-            break
-        time.sleep(0.05)
-    assert fresh, "no replacement started"
-    time.sleep(1.0)  # it starts, says it is ready, and takes jobs
-    os.kill(fresh[0], signal.SIGKILL)
     try:
+        workers = _decode_workers(proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        # Its replacement dies too, once it works: replaced again (it was ready by then).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            fresh = [w for w in _decode_workers(proc.pid) if w not in workers]
+            if fresh:
+                break
+            time.sleep(0.05)
+        assert fresh, "no replacement started"
+        time.sleep(1.0)  # it starts, says it is ready, and takes jobs
+        os.kill(fresh[0], signal.SIGKILL)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()

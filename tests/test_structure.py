@@ -70,7 +70,8 @@ RUN_ROOMS: list[dict[str, set[str]]] = [
         "_inline": {"_build", "_control", "_notices", "_pipeline", "_runtime"},
         "_engine": {"_control", "_inline", "_notices", "_pipeline"},
         "_link": {"_control", "_notices"},
-        "_engines": {"_build", "_control", "_link", "_notices", "_sampler"},
+        "_reader": {"_control", "_link"},
+        "_engines": {"_build", "_control", "_link", "_notices", "_reader", "_sampler"},
         "_assembly": {"_control", "_engines", "_inline"},
     },
     {  # the loader: the consumer's waits and ImageLoader

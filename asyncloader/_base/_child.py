@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import multiprocessing.connection as mpc
 import multiprocessing.process as mp_process
 import multiprocessing.spawn as mp_spawn
@@ -33,19 +34,27 @@ from ._errors import AsyncLoaderError
 from ._wire import Message
 
 __all__ = [
+    "SHM_PREFIX",
     "SINGLE_THREADED",
     "Launch",
     "attach_shm",
-    "create_shm",
     "how_it_ended",
     "launch",
+    "new_shm",
     "receive_order",
     "reserve_shm",
     "shm_free_bytes",
     "stop_children",
     "unlink_shm",
+    "unlink_shm_of",
     "unpickle_order",
 ]
+
+SHM_PREFIX = "asyncloader_"
+"""Every segment this package makes is ``asyncloader_<pid>_<n>``, ``pid`` its maker's: a
+leak is easy to spot in /dev/shm, and what a killed process made can be found and removed
+(:func:`unlink_shm_of`)."""
+_shm_counter = itertools.count()
 
 
 SINGLE_THREADED = {
@@ -186,10 +195,30 @@ def attach_shm(name: str) -> SharedMemory:
     return _untracked(name, 0)
 
 
-def create_shm(name: str, size: int) -> SharedMemory:
-    """A new segment that its maker unlinks itself, without a resource tracker (which is a
-    process of its own: an engine process that needs none starts faster without it)."""
-    return _untracked(name, size)
+def new_shm(size: int, what: str, *, tracked: bool) -> SharedMemory:
+    """A new segment of ``size`` bytes named ``asyncloader_<pid>_<n>``, its pages reserved
+    (:func:`reserve_shm`; ``what`` names it in the error).  ``tracked``: registered with
+    this process's resource tracker, which unlinks it should this process be killed;
+    untracked (an engine process, which needs no tracker process of its own and starts
+    faster without one), its maker unlinks it with :func:`unlink_shm`, or, where the maker
+    was killed, its parent with :func:`unlink_shm_of`.
+
+    Raises:
+        AsyncLoaderError: ``/dev/shm`` has no room for it.
+    """
+    name = f"{SHM_PREFIX}{os.getpid()}_{next(_shm_counter)}"
+    size = max(size, 1)
+    shm = SharedMemory(name=name, create=True, size=size) if tracked else _untracked(name, size)
+    try:
+        reserve_shm(shm, size, what)
+    except BaseException:
+        shm.close()
+        if tracked:
+            shm.unlink()
+        else:
+            unlink_shm(name)
+        raise
+    return shm
 
 
 def reserve_shm(shm: SharedMemory, size: int, what: str) -> None:
@@ -238,6 +267,19 @@ def unlink_shm(name: str) -> None:
 
     with contextlib.suppress(FileNotFoundError):
         _posixshmem.shm_unlink("/" + name.lstrip("/"))
+
+
+def unlink_shm_of(pid: int) -> list[str]:
+    """Remove every segment process ``pid`` made (:func:`new_shm`) and left behind: it was
+    killed before its teardown.  The names removed ([] where /dev/shm cannot be listed)."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return []
+    mine = [n for n in names if n.startswith(f"{SHM_PREFIX}{pid}_")]
+    for name in mine:
+        unlink_shm(name)
+    return mine
 
 
 def _untracked(name: str, size: int) -> SharedMemory:

@@ -370,6 +370,11 @@ class EngineConfig:
             setting of the process) to it where images are decoded.
         event_loop: ``"asyncio"`` or ``"uvloop"`` (``pip install 'asyncloader[uvloop]'``):
             over HTTPS it costs ~20 % less client CPU per GET (``bench_get_cpu.py``).
+        max_restarts: Engine processes replaced per epoch.  An engine process that dies
+            (killed by the out-of-memory killer, say) is replaced where it stopped: the
+            epoch goes on, every sample once, in the seed's order.  One more death in the
+            same epoch raises ``PipelineDeadError``, naming how the engine ended (0: the
+            first death raises).
     """
 
     mode: Literal["process", "inline"] = "process"
@@ -377,6 +382,7 @@ class EngineConfig:
     prefetch_batches: int | None = None
     max_pixels: int = MAX_PIXELS
     event_loop: Literal["asyncio", "uvloop"] = "asyncio"
+    max_restarts: int = 3
 
     def __post_init__(self) -> None:
         if self.mode not in ("process", "inline"):
@@ -389,3 +395,5 @@ class EngineConfig:
             raise ValueError("max_pixels must be at least 1")
         if self.event_loop not in ("asyncio", "uvloop"):
             raise ValueError(f"event_loop must be 'asyncio' or 'uvloop', not {self.event_loop!r}")
+        if self.max_restarts < 0:
+            raise ValueError("max_restarts must be at least 0")

@@ -25,6 +25,7 @@ __all__ = [
     "HELD_GRACE",
     "KILL_STEP",
     "LOOP_JOIN",
+    "MEMORY_LOOK",
     "POOL_STOP",
     "READER_JOIN",
     "RUNTIME_SHUTDOWN",
@@ -60,6 +61,10 @@ engine that does not answer by then is left out of the sum."""
 
 WAIT_SLICE = 0.1
 """How often a consumer waiting for its next batch checks that its engine lives."""
+
+MEMORY_LOOK = 1.0
+"""How often the trainer notes each engine process's memory (one small read of ``/proc``
+each): the last figure is what an engine's death by SIGKILL names."""
 
 HELD_GRACE = 3.0
 """How long a consumer that holds every ring slot waits for one to come back (another

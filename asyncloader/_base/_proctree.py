@@ -10,7 +10,13 @@ import os
 import resource
 from collections.abc import Collection
 
-__all__ = ["descendants", "machine_busy_seconds", "process_cpu_seconds", "tree_cpu_seconds"]
+__all__ = [
+    "descendants",
+    "machine_busy_seconds",
+    "process_cpu_seconds",
+    "process_rss_bytes",
+    "tree_cpu_seconds",
+]
 
 
 def _stat(pid: int) -> list[str]:
@@ -65,6 +71,15 @@ def process_cpu_seconds(pid: int | None) -> float:
         return sum(int(fields[i]) for i in (11, 12, 13, 14)) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def process_rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` now [bytes]; 0 where it or ``/proc`` is missing."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def machine_busy_seconds() -> float:

@@ -74,6 +74,8 @@ _FIRST = frozenset(
         "consumer_first_batch_seconds",
     }
 )
+# What a counter holds now rather than what it counted: a replaced engine's is gone with it.
+_GAUGES = ("inflight", "inflight_limit", "decode_queue", "ring_out", "ring_slots")
 
 
 @dataclass(slots=True)
@@ -99,6 +101,7 @@ class Counters:
     decode_seconds: float = 0.0  # summed busy time of decode workers [seconds]
     decode_queue: int = 0  # jobs handed to the pool and not yet finished
     worker_restarts: int = 0
+    engine_restarts: int = 0  # engine processes that died and were replaced (the trainer's)
     batches_produced: int = 0
     ring_out: int = 0  # slots published: waiting for the consumer, or held by its batches
     ring_slots: int = 0
@@ -166,6 +169,15 @@ class Counters:
                 setattr(out, name, sum(values))
         return out
 
+    def of_the_dead(self) -> Counters:
+        """A copy of what an engine process that died had counted, without what it held
+        then (requests in flight, slots, the queue): merged with the living engines'
+        counters, it keeps the run's totals."""
+        out = copy.deepcopy(self)
+        for name in _GAUGES:
+            setattr(out, name, 0)
+        return out
+
     def with_consumer(self, consumer: Counters) -> Counters:
         """These counters with the ``consumer_*`` fields and skips of ``consumer`` (the
         loader's, when the engine counts elsewhere); ``self`` when they are the same."""
@@ -220,6 +232,7 @@ class Counters:
             decode_utilization=decode_util,
             decode_queue=self.decode_queue,
             worker_restarts=self.worker_restarts,
+            engine_restarts=self.engine_restarts,
             skipped=dict(self.skipped),
             batches_produced=self.batches_produced,
             ring_full=max(self.ring_out - ring_held, 0),
@@ -272,6 +285,9 @@ class Stats:
         decode_utilization: Busy fraction of the decode workers since start (0..1).
         decode_queue: Decode jobs handed to the pool and not finished.
         worker_restarts: Decode workers that died and were replaced.
+        engine_restarts: Engine processes that died and were replaced (see
+            ``EngineConfig.max_restarts``); a replaced engine's counts are kept as it last
+            reported them (to an earlier ``stats()``).
         skipped: Samples left out of delivered batches under ``on_error="skip"``, by error
             type.
         ring_full: Batch slots filled and waiting for the consumer (of ``ring_slots``).
@@ -350,6 +366,7 @@ class Stats:
     bound: Bound
     decode_workers: int = 0
     cpu_budget: str = ""
+    engine_restarts: int = 0
 
     @property
     def samples_per_second(self) -> float:
@@ -398,6 +415,7 @@ class Stats:
             f"{self.hedges_sent} sent, {self.hedges_won} won), "
             f"retries {sum(self.retries.values())} "
             f"{dict(self.retries) or ''}, skipped {sum(self.skipped.values())} "
-            f"{dict(self.skipped) or ''}, worker restarts {self.worker_restarts}",
+            f"{dict(self.skipped) or ''}, worker restarts {self.worker_restarts}"
+            + (f", engine restarts {self.engine_restarts}" if self.engine_restarts else ""),
         ]
         return "\n".join(line.rstrip() for line in lines)

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 from multiprocessing.shared_memory import SharedMemory
 
-from .._base._child import reserve_shm
+from .._base._child import new_shm, unlink_shm
 from .._base._types import ArenaSlice, DecodeJob
 
 __all__ = ["ALIGN", "Arena", "ArenaSlice", "Extents"]
@@ -91,14 +91,10 @@ class Arena:
         jobs: Jobs whose bytes went through it.
     """
 
-    def __init__(self, size: int) -> None:
-        self._shm: SharedMemory | None = SharedMemory(create=True, size=size)
-        try:
-            reserve_shm(self._shm, size, f"the decode workers' arena of {size >> 20} MiB")
-        except BaseException:
-            self._shm.close()
-            self._shm.unlink()
-            raise
+    def __init__(self, size: int, *, tracked: bool = True) -> None:
+        what = f"the decode workers' arena of {size >> 20} MiB"
+        self._shm: SharedMemory | None = new_shm(size, what, tracked=tracked)
+        self._tracked = tracked
         self.name = self._shm.name
         self._view: memoryview | None = self._shm.buf
         self._extents = Extents(size)
@@ -137,5 +133,8 @@ class Arena:
             self._view = None
         if shm is not None:
             shm.close()
+            if not self._tracked:
+                unlink_shm(shm.name)
+                return
             with contextlib.suppress(FileNotFoundError):
                 shm.unlink()

@@ -112,7 +112,9 @@ class ProcessDecodePool:
         depth: Jobs outstanding per worker (keeps a worker busy while results travel).
         start_timeout: How long workers may take to start [seconds].
         arena_bytes: Size of the shared-memory arena fetched bytes travel through (0: the
-            socket only); pages are backed only once used [bytes].
+            socket only); its pages reserved when made [bytes].
+        tracked: The arena is registered with this process's resource tracker (as the
+            ring is; see :func:`~asyncloader._base._child.new_shm`).
 
     Workers are fresh interpreters (``python -c``, as safe with threads around as ``spawn``)
     that import this module, not the user's script: see :func:`._worker.worker_main`.
@@ -128,6 +130,7 @@ class ProcessDecodePool:
         depth: int = 4,
         start_timeout: float = life.WORKER_START,
         arena_bytes: int = 64 << 20,
+        tracked: bool = True,
     ) -> None:
         self.workers = workers
         self.restarts = 0
@@ -146,6 +149,7 @@ class ProcessDecodePool:
         self._closed = False
         self._broken: PipelineDeadError | None = None
         self._arena_bytes = arena_bytes
+        self._tracked = tracked
         self._arena: Arena | None = None
 
     @property
@@ -191,7 +195,7 @@ class ProcessDecodePool:
         self._loop = asyncio.get_running_loop()
         if self._arena_bytes > 0 and self._arena is None:
             try:
-                self._arena = Arena(self._arena_bytes)
+                self._arena = Arena(self._arena_bytes, tracked=self._tracked)
             except AsyncLoaderError:  # no room in /dev/shm: the bytes go through the socket
                 self._arena = None
         try:

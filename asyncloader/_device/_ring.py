@@ -18,8 +18,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import itertools
-import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -29,13 +27,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._base._child import attach_shm, create_shm, reserve_shm, unlink_shm
+from .._base._child import SHM_PREFIX, attach_shm, new_shm, unlink_shm
 from .._base._lease import Lease, leased
 
 __all__ = ["SHM_PREFIX", "BatchRing", "DeviceBatchRing"]
 
-SHM_PREFIX = "asyncloader_"
-_counter = itertools.count()
 # Closed rings whose batches are still referenced: unlinked at exit if they outlive it.
 _pending: weakref.WeakSet[BatchRing] = weakref.WeakSet()
 _unclosable: list[SharedMemory] = []
@@ -88,21 +84,8 @@ class BatchRing:
             if attach is not None:
                 self._shm = attach_shm(attach)
             else:
-                name = f"{SHM_PREFIX}{os.getpid()}_{next(_counter)}"
-                if tracked:
-                    self._shm = SharedMemory(name=name, create=True, size=max(size, 1))
-                else:
-                    self._shm = create_shm(name, max(size, 1))
                 what = f"a ring of {slots} batches of {batch_size} samples of {sample_shape}"
-                try:
-                    reserve_shm(self._shm, max(size, 1), what)
-                except BaseException:
-                    self._shm.close()
-                    if tracked:
-                        self._shm.unlink()
-                    else:
-                        unlink_shm(name)
-                    raise
+                self._shm = new_shm(size, what, tracked=tracked)
             self.images = np.ndarray(shape, np.uint8, buffer=self._shm.buf)
             self.labels = np.ndarray((slots, batch_size), np.int64, buffer=self._shm.buf, offset=at)
         else:
@@ -116,6 +99,12 @@ class BatchRing:
         """The ring another process made and fills (an engine process): mapped here to hand
         out its batches; that process unlinks it."""
         return cls(slots, batch_size, sample_shape, shared=True, attach=name)
+
+    @property
+    def tracked(self) -> bool:
+        """Its segment is registered with this process's resource tracker (see
+        :func:`~asyncloader._base._child.new_shm`)."""
+        return self._tracked
 
     @property
     def shm_name(self) -> str | None:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
-from ._control import Engine, EngineSpec
-from ._engines import EngineProcesses, OrderNotPicklable
+from ._control import Engine, EngineSpec, OrderNotPicklable
+from ._engines import EngineProcesses
 from ._inline import InlineEngine
 
 if TYPE_CHECKING:

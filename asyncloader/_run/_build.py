@@ -313,7 +313,9 @@ async def make_pool(p: LoaderPlan, ring: BatchRing) -> DecodePool:
         from .._decode import ProcessDecodePool
 
         assert ring.shm_name is not None
-        pool = ProcessDecodePool(p.workers, p.spec, ring.shm_name, ring.images.shape)
+        pool = ProcessDecodePool(
+            p.workers, p.spec, ring.shm_name, ring.images.shape, tracked=ring.tracked
+        )
         await pool.start()
         return pool
     if p.backend == "cuda":

@@ -10,9 +10,10 @@ each way (a notice out, a slot given back), never one per sample.
 
 from __future__ import annotations
 
+import pickle
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -40,6 +41,7 @@ __all__ = [
     "EngineSpec",
     "Listed",
     "NoEngine",
+    "OrderNotPicklable",
     "Produced",
     "ProductionFailed",
     "StartEpoch",
@@ -52,7 +54,8 @@ __all__ = [
 #   trainer                                   engine k
 #     │── EngineOrder (launch) ──────────────────►│ lists (the lead) or waits for
 #     │── TakeDataset (to k > 0, unless known) ──►│   the lead's dataset
-#     │◄──────── EngineReady | ChildFailed ───────│ built, producing epoch 0
+#     │◄──────── EngineReady | ChildFailed ───────│ built, producing epoch 0 (or
+#     │                                           │   where its order's start says)
 #     │◄──────── Listed (the lead, if it grew) ───│
 #     │── StartEpoch ────────────────────────────►│ restarts production
 #     │◄──────── Produced | ProductionFailed ─────│ one per batch, epoch end, failure
@@ -193,12 +196,49 @@ class EngineOrder:
         await_dataset: Wait for the lead engine's dataset (:class:`TakeDataset`) instead of
             listing (every engine but the first, when the list is not known yet).
         release_fd: The pipe the trainer gives slots back on.
+        start: Where production starts, and the generation it is made for (a replacement
+            starts where its dead predecessor stopped); None: epoch 0 from its first batch.
     """
 
     spec: EngineSpec
     share: EngineShare
     await_dataset: bool
     release_fd: int
+    start: StartEpoch | None = None
+
+    @classmethod
+    def parts(
+        cls, spec: EngineSpec, plans: Sequence[LoaderPlan], budget_folder: str | None
+    ) -> list[EngineOrder]:
+        """The orders of ``len(plans)`` engine processes sharing ``spec``: engine ``k`` its
+        plan and its batches; all but the first wait for the lead's dataset unless the
+        objects are known; streaming with one engine only.  Each names its slot pipe when
+        it is pickled (:meth:`pickled`)."""
+        n = len(plans)
+        return [
+            cls(
+                spec=replace(spec, plan=plans[k], stream=spec.stream and n == 1),
+                share=EngineShare(part=(k, n), budget_folder=budget_folder, shared_ring=True),
+                await_dataset=k > 0 and spec.objects is None,
+                release_fd=-1,
+            )
+            for k in range(n)
+        ]
+
+    def pickled(self, release_fd: int) -> bytes:
+        """This order for the engine that reads its slots from ``release_fd``, pickled.
+
+        Raises:
+            OrderNotPicklable: an option cannot be sent to an engine process.
+        """
+        try:
+            return pickle.dumps(replace(self, release_fd=release_fd))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise OrderNotPicklable(str(exc)) from exc
+
+
+class OrderNotPicklable(Exception):
+    """An option of the loader (a hook, a labels function) cannot go to another process."""
 
 
 class Engine(Protocol):

@@ -120,9 +120,13 @@ def _serve(conn: Any, order: EngineOrder, send: Send, where: str) -> None:
             if not isinstance(msg, TakeDataset):  # Stop: the trainer gave up meanwhile
                 return
             dataset = msg.dataset
+        start = order.start
+        if start is not None:
+            output.generation = start.generation
         try:
             store = open_store(spec.url, **spec.store_options)
-            engine.setup(store, spec, order.share, dataset=dataset)
+            where_from = (0, 0, None) if start is None else (start.epoch, start.first, start.span)
+            engine.setup(store, spec, order.share, dataset=dataset, start=where_from)
         except BaseException as exc:
             send(ChildFailed(CrossedError.of(exc, where)))
             return

@@ -9,7 +9,13 @@ memory.  Here, in the training process, only this runs:
   comes from engine ``b % n``;
 * leases on the mapped rings: when a batch's last reference goes, its slot goes back to its
   engine as four bytes on a pipe (from whichever thread dropped it);
-* counters gathered from the engines when ``stats()`` asks.
+* counters gathered from the engines when ``stats()`` asks;
+* the replacement of an engine that died (killed by the out-of-memory killer, say): once
+  the trainer has taken every notice it sent, a new engine process starts where its stream
+  stopped (the epoch and batch after the last notice taken, for the same start), so the
+  epoch goes on and every sample arrives once, in the seed's order.  What the dead one
+  left in ``/dev/shm`` is removed; its ring stays mapped here until its batches are let go.
+  At most ``EngineConfig.max_restarts`` per epoch.
 
 Nothing here runs per sample.  Engines stop when asked (``close()``), and by themselves
 when the training process is gone (their socket ends), unlinking their rings.
@@ -18,9 +24,9 @@ when the training process is gone (their socket ends), unlinking their rings.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing.connection as mpc
+import itertools
+import logging
 import os
-import pickle
 import queue
 import shutil
 import tempfile
@@ -43,24 +49,23 @@ from ._control import (
     SLOT,
     AskCounters,
     EngineOrder,
-    EngineShare,
     EngineSpec,
     Listed,
+    OrderNotPicklable,
     StartEpoch,
     TakeDataset,
 )
 from ._link import EVERY_GENERATION, EngineLink
 from ._notices import BatchReady, EpochEnd, Failed, Notice
+from ._reader import Reader
 from ._sampler import batch_owner, samples_per_epoch
 
 if TYPE_CHECKING:
     from .._device._upload import Uploader
 
-__all__ = ["EngineProcesses", "OrderNotPicklable"]
+__all__ = ["EngineProcesses"]
 
-
-class OrderNotPicklable(Exception):
-    """An option of the loader (a hook, a labels function) cannot go to another process."""
+log = logging.getLogger("asyncloader")
 
 
 class EngineProcesses:
@@ -86,6 +91,8 @@ class EngineProcesses:
         self._closed = False
         self._lock = threading.Lock()  # sends on the engines' sockets
         self._generation = 0
+        self._start: tuple[int, int, tuple[int, int] | None] = (0, 0, None)  # of the generation
+        self._epoch = 0  # the epoch the trainer takes batches of
         self._expect = self._first_of(0)  # the next batch of the current generation
         # Once an engine ended an epoch: (epoch, engines that still owe their end).
         self._owed: tuple[int, set[int]] | None = None
@@ -95,43 +102,39 @@ class EngineProcesses:
         self._final = Counters()  # the engines' counts when they stopped
         self._uploader: Uploader | None = None
         self._budget_folder = None
+        self._max_restarts = p.engine.max_restarts
+        self._restarts = 0
+        self._deaths: dict[int, int] = {}  # epoch → engines replaced in it
+        self._retired: list[EngineLink] = []  # replaced: their rings mapped until close
+        self._lost: list[Counters] = []  # what the replaced engines had counted
+        self._rings: dict[int, BatchRing] = {}  # by the serial of the engine that fills it
+        self._serials = itertools.count()
+        self._engines: list[EngineLink] = []
         if n > 1 and spec.folder is None:
             # The engines of one loader share one fetch budget, as the loaders of a node do
             # through their cache folder.
             self._budget_folder = tempfile.mkdtemp(prefix="asyncloader-budget-")
-        plans = split_plan(p, n)
+        self._plans = split_plan(p, n)
+        self._orders = EngineOrder.parts(spec, self._plans, self._budget_folder)
         known = spec.objects is not None
         # The slot pipes first: each order names its pipe's end as the engine sees it (the
         # same number), so every order is pickled once, and a failure to pickle is known
         # before any process starts.
         pipes = [os.pipe() for _ in range(n)]
-        orders = []
-        for k in range(n):
-            order = EngineOrder(
-                spec=replace(spec, plan=plans[k], stream=spec.stream and n == 1),
-                share=EngineShare(part=(k, n), budget_folder=self._budget_folder, shared_ring=True),
-                await_dataset=k > 0 and not known,
-                release_fd=pipes[k][0],
-            )
-            try:
-                orders.append(pickle.dumps(order))
-            except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                for fds in pipes:
-                    for fd in fds:
-                        os.close(fd)
-                self._remove_budget_folder()
-                raise OrderNotPicklable(str(exc)) from exc
-            del order
-        self._engines: list[EngineLink] = []
+        try:
+            pickled = [self._orders[k].pickled(pipes[k][0]) for k in range(n)]
+        except OrderNotPicklable:
+            for fds in pipes:
+                for fd in fds:
+                    os.close(fd)
+            self._remove_budget_folder()
+            raise
+        self._reader = Reader(self._heard_listed, self._fail)
         try:
             while pipes:
                 k = n - len(pipes)
                 r, w = pipes.pop(0)
-                self._engines.append(EngineLink.launch(k, orders[k], r, w))
-            self._reader = threading.Thread(
-                target=self._read, name="asyncloader-engines", daemon=True
-            )
-            self._reader.start()
+                self._join(EngineLink.launch(k, next(self._serials), pickled[k], r, w))
             lead = self._engines[0].wait_ready()
             if not known and n > 1:
                 assert lead.dataset is not None
@@ -140,13 +143,7 @@ class EngineProcesses:
             for e in self._engines[1:]:
                 e.wait_ready()
             for e in self._engines:
-                assert e.ready is not None
-                plan = plans[e.k]
-                e.ring = BatchRing.attached(
-                    e.ready.ring, e.ready.slots, plan.run.batch_size, plan.spec.sample_shape
-                )
-                fd = e.release_fd
-                e.ring.on_release = lambda slot, fd=fd: _give_back(fd, slot)
+                self._attach(e)
             if lead.dataset is not None:
                 self._dataset = lead.dataset
                 self._listed.set()
@@ -157,40 +154,34 @@ class EngineProcesses:
             self.close()
             raise
 
+    def _join(self, e: EngineLink) -> None:
+        """``e`` is engine ``e.k`` from now on (launched; its messages read from now)."""
+        if e.k < len(self._engines):
+            self._engines[e.k] = e
+        else:
+            self._engines.append(e)
+        self._reader.add(e)
+
+    def _attach(self, e: EngineLink) -> None:
+        """Map ready engine ``e``'s ring; its slots go back on its pipe."""
+        assert e.ready is not None
+        plan = self._plans[e.k]
+        e.ring = ring = BatchRing.attached(
+            e.ready.ring, e.ready.slots, plan.run.batch_size, plan.spec.sample_shape
+        )
+        fd = e.release_fd
+        ring.on_release = lambda slot, fd=fd: _give_back(fd, slot)
+        self._rings[e.serial] = ring
+        if self._uploader is not None:
+            self._uploader.prepare(ring.images)
+
     # --- messages -----------------------------------------------------------------------
 
-    def _read(self) -> None:
-        """The reader thread: every engine message to where it is waited for."""
-        live = {e.conn: e for e in self._engines}
-        while live:
-            ready: list[mpc.Connection]
-            try:
-                ready = mpc.wait(list(live), timeout=1.0)  # type: ignore[assignment]
-            except OSError:  # a socket closed by close()
-                ready = [conn for conn in live if conn.closed]
-            for conn in ready:
-                e = live[conn]
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    e.gone = True
-                    e.heard.set()
-                    live.pop(conn)
-                    continue
-                except Exception as exc:  # a message that cannot be unpickled here
-                    error = PipelineDeadError(
-                        f"a message from engine process {e.k} could not be read: {exc!r}"
-                    )
-                    error.__cause__ = exc
-                    self._fail(e, error)
-                    continue
-                out = e.dispatch(msg)
-                if isinstance(out, Listed):
-                    self._listing_error = out.error.rebuild() if out.error else None
-                    self._dataset = out.dataset
-                    self._listed.set()
-                elif out is not None:
-                    self._fail(e, out)
+    def _heard_listed(self, out: Listed) -> None:
+        """On the reader thread: the lead's listing that grew is complete, or failed."""
+        self._listing_error = out.error.rebuild() if out.error else None
+        self._dataset = out.dataset
+        self._listed.set()
 
     def _fail(self, e: EngineLink, error: BaseException) -> None:
         """Engine ``e`` cannot go on (see :meth:`EngineLink.fail`); the lead's failure is
@@ -222,9 +213,13 @@ class EngineProcesses:
         if self._closed:
             raise ClosedError("the loader is closed")
         self._generation += 1
+        self._start = (epoch, first, span)
+        self._epoch = epoch
         self._expect = self._first_of(first)
         self._owed = None
         for e in self._engines:
+            # A dead engine misses this start: its replacement starts here instead.
+            e.position = (epoch, first)
             self._send(e, StartEpoch(self._generation, epoch, first, span))
 
     def _first_of(self, first: int) -> int:
@@ -232,8 +227,8 @@ class EngineProcesses:
         r = self._run
         return first + (r.worker - first) % r.num_workers
 
-    def _owner(self, index: int) -> EngineLink:
-        return self._engines[batch_owner(index, self._run.num_workers, self._n)[1]]
+    def _owner(self, index: int) -> int:
+        return batch_owner(index, self._run.num_workers, self._n)[1]
 
     def next_notice(self, timeout: float) -> Notice:
         deadline = time.monotonic() + timeout
@@ -243,7 +238,7 @@ class EngineProcesses:
                 # ends (their next epoch's notices stay queued behind).
                 epoch, owed = self._owed
                 for k in sorted(owed):
-                    notice = self._take(self._engines[k], deadline)
+                    notice = self._take(k, deadline)
                     if isinstance(notice, Failed):
                         return notice
                     if not isinstance(notice, EpochEnd):
@@ -253,56 +248,106 @@ class EngineProcesses:
                     owed.discard(k)
                 self._owed = None
                 self._expect = self._first_of(0)
+                self._epoch = epoch + 1
                 return EpochEnd(epoch)
-            e = self._owner(self._expect)
-            notice = self._take(e, deadline)
+            k = self._owner(self._expect)
+            notice = self._take(k, deadline)
             if isinstance(notice, BatchReady):
                 if notice.index != self._expect:
                     raise PipelineDeadError(
-                        f"engine process {e.k} sent batch {notice.index}, not {self._expect}"
+                        f"engine process {k} sent batch {notice.index}, not {self._expect}"
                     )
                 self._expect += self._run.num_workers
-                return replace(notice, ring=e.k)
+                return notice
             if isinstance(notice, EpochEnd):
-                self._owed = (notice.epoch, {x.k for x in self._engines if x is not e})
+                self._owed = (notice.epoch, {x for x in range(self._n) if x != k})
                 continue
             return notice  # Failed
 
-    def _take(self, e: EngineLink, deadline: float) -> Notice:
-        """The engine's next notice of the current generation (older ones are dropped,
-        their slots given back).
+    def _take(self, k: int, deadline: float) -> Notice:
+        """Engine ``k``'s next notice of the current generation (older ones are dropped,
+        their slots given back); a batch's ``ring`` says whose ring it is in.  An engine
+        that died is replaced once the trainer has taken all it sent.
 
         Raises:
             queue.Empty: none before ``deadline``.
-            PipelineDeadError: an engine process died.
+            PipelineDeadError: an engine process died, and may not be replaced.
         """
         while True:
-            for other in self._engines:
+            for other in list(self._engines):
                 if other.gone and other.notices.empty():
-                    self._dead(other)
-            try:
-                generation, notice = e.notices.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                if e.gone:
-                    self._dead(e)
-                raise
+                    self._replace(other)
+            e = self._engines[k]
+            generation, notice = e.notices.get(timeout=max(deadline - time.monotonic(), 0))
             if generation in (self._generation, EVERY_GENERATION):
+                e.took(notice)
+                if isinstance(notice, BatchReady):
+                    return replace(notice, ring=e.serial)
                 return notice
             if isinstance(notice, BatchReady):
                 _give_back(e.release_fd, notice.slot)  # made before the last start
 
-    def _dead(self, e: EngineLink) -> None:
+    def _replace(self, old: EngineLink) -> None:
+        """A new engine process for ``old``, which died, starting where its stream stopped
+        (see the module's docstring).
+
+        Raises:
+            PipelineDeadError: it failed before it died (that failure was delivered), it is
+                one death too many this epoch, or its replacement could not start.
+        """
         if self._closed:
             raise ClosedError("the loader is closed")
-        raise e.died("while running")
+        if old.failed is not None:
+            raise old.died("while running")
+        deaths = self._deaths.get(self._epoch, 0)
+        if deaths >= self._max_restarts:
+            more = (
+                f"engine processes replaced in epoch {self._epoch} so far: {deaths}, the "
+                f"most EngineConfig(max_restarts={self._max_restarts}) allows; "
+                if self._max_restarts
+                else ""
+            )
+            raise old.died("while running", more)
+        self._deaths[self._epoch] = deaths + 1
+        ending = old.remove_remains(keep_ring=self._uploader is not None)
+        self._retired.append(old)
+        if old.last_counts is not None:
+            self._lost.append(old.last_counts.of_the_dead())
+        epoch, first = old.position
+        start = StartEpoch(
+            self._generation, epoch, first, self._start[2] if epoch == self._start[0] else None
+        )
+        give = self._orders[old.k].spec.objects is None and self._dataset is not None
+        order = replace(self._orders[old.k], await_dataset=give, start=start)
+        r, w = os.pipe()
+        new = EngineLink.launch(old.k, next(self._serials), order.pickled(r), r, w)
+        new.position = old.position
+        self._join(new)
+        if give:
+            assert self._dataset is not None
+            self._send(new, TakeDataset(self._dataset))
+        ready = new.wait_ready()
+        self._attach(new)
+        if ready.dataset is not None and not self._listed.is_set():
+            self._dataset = ready.dataset
+            self._listed.set()
+        self._restarts += 1
+        log.warning(
+            "asyncloader: %s while running; a new engine process (pid %d) goes on from "
+            "batch %d of epoch %d (%d of at most %d replaced this epoch)",
+            ending,
+            new.proc.pid,
+            first,
+            epoch,
+            deaths + 1,
+            self._max_restarts,
+        )
 
     def lease(self, ready: BatchReady) -> tuple[Any, np.ndarray[Any, Any]]:
-        ring = self._engines[ready.ring].ring
-        assert ring is not None
-        return ring.lease(ready.slot, ready.n)
+        return self._rings[ready.ring].lease(ready.slot, ready.n)
 
     def held_ring(self) -> BatchRing | None:
-        return self._owner(self._expect).ring
+        return self._engines[self._owner(self._expect)].ring
 
     def dataset(self) -> Dataset:
         while not self._listed.wait(0.1):
@@ -310,7 +355,9 @@ class EngineProcesses:
                 raise ClosedError("the loader is closed")
             lead = self._engines[0]
             if lead.gone:
-                self._dead(lead)
+                if not lead.notices.empty():  # batches not taken yet: it cannot go on
+                    raise lead.died("while listing")
+                self._replace(lead)
         if self._listing_error is not None:
             raise self._listing_error
         assert self._dataset is not None
@@ -321,22 +368,28 @@ class EngineProcesses:
 
     def engine_counters(self) -> Counters:
         """The engines' counters, summed (an engine that does not answer within
-        ``COUNTERS_REPLY`` is left out)."""
+        ``COUNTERS_REPLY`` is left out), with what replaced engines had counted."""
         if self._closed:
             return self._final
-        for e in self._engines:
+        engines = list(self._engines)
+        for e in engines:
             while not e.replies.empty():  # late answers to an earlier question
                 e.replies.get_nowait()
             self._send(e, AskCounters())
         parts = []
         deadline = time.monotonic() + life.COUNTERS_REPLY
-        for e in self._engines:
+        for e in engines:
             with contextlib.suppress(queue.Empty):
                 parts.append(e.replies.get(timeout=max(deadline - time.monotonic(), 0)))
-        return Counters.merged(parts)
+        return self._with_the_replaced(parts)
+
+    def _with_the_replaced(self, parts: list[Counters]) -> Counters:
+        out = Counters.merged(parts + self._lost)
+        out.engine_restarts = self._restarts
+        return out
 
     def ring_held(self) -> int:
-        return sum(e.ring.held for e in self._engines if e.ring is not None)
+        return sum(ring.held for ring in self._rings.values())
 
     def set_uploader(self, uploader: Uploader) -> None:
         for e in self._engines:
@@ -351,8 +404,8 @@ class EngineProcesses:
             if self._closed:
                 return
             self._closed = True
-        engines = getattr(self, "_engines", [])
-        for e in engines:
+        engines = self._engines + self._retired
+        for e in self._engines:
             if not e.gone:
                 with contextlib.suppress(OSError, ValueError):
                     e.conn.send(Stop())
@@ -363,16 +416,16 @@ class EngineProcesses:
             e.conn.close()
         reader = getattr(self, "_reader", None)
         if reader is not None:
-            reader.join(life.READER_JOIN)
+            reader.stop()
         # What each engine counted to its end (sent as it stopped).
         final = []
-        for e in engines:
+        for e in self._engines:
             last = None
             while not e.replies.empty():
                 last = e.replies.get_nowait()
             if last is not None:
                 final.append(last)
-        self._final = Counters.merged(final)
+        self._final = self._with_the_replaced(final)
         if self._uploader is not None:
             with contextlib.suppress(Exception):
                 self._uploader.close()  # unregisters the rings' pages before unmapping

@@ -71,9 +71,11 @@ class InlineEngine:
         dataset: Dataset | None = None,
         listed: Callable[[Sequence[ObjectInfo]], None] | None = None,
         device: torch.device | None = None,
+        start: tuple[int, int, tuple[int, int] | None] = (0, 0, None),
     ) -> None:
         """List (or take ``dataset``, the lead engine's), build every part of ``spec`` over
-        ``store`` for ``share`` of the batches, and start producing epoch 0.
+        ``store`` for ``share`` of the batches, and start producing: epoch 0 from its first
+        batch, or ``start`` (epoch, first batch, span: see :meth:`Pipeline.start`).
         ``listed``: told the object list once complete; ``device``: the GPU of a GPU
         decode's ring.
         """
@@ -119,8 +121,8 @@ class InlineEngine:
             ring.on_release = lambda slot: rt.call_soon(pipeline.release, slot)
             if listing.done and part == (0, 1):
                 pipeline.order.check()
-            # Start on epoch 0 right away: the first batches are ready when iteration begins.
-            await pipeline.start(0)
+            # Start right away: the first batches are ready when iteration begins.
+            await pipeline.start(*start)
 
         t0 = time.perf_counter()
         self.rt.call(build())

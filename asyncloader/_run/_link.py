@@ -13,13 +13,14 @@ import threading
 from dataclasses import dataclass, field
 
 from .._base import _lifecycle as life
-from .._base._child import how_it_ended, launch
+from .._base._child import how_it_ended, launch, unlink_shm, unlink_shm_of
 from .._base._errors import PipelineDeadError
+from .._base._proctree import process_rss_bytes
 from .._base._stats import Counters
 from .._base._wire import ChildFailed, Message
 from .._device._ring import BatchRing
 from ._control import Counts, EngineReady, Listed, Produced, ProductionFailed
-from ._notices import Failed, Notice
+from ._notices import BatchReady, EpochEnd, Failed, Notice
 
 __all__ = ["EVERY_GENERATION", "EngineLink"]
 
@@ -34,29 +35,38 @@ class EngineLink:
     end), and what it sent.
 
     Attributes:
+        serial: Which engine process of its loader, replacements counted (its ring's key).
         notices: ``(generation, notice)`` in the order the engine made them.
         replies: Its counters, as asked for.
+        last_counts: The last counters it sent.
         ready: Its ready message, once heard.
         failed: Why it cannot go on, once known.
         gone: Its socket ended.
         ring: Its ring, mapped here once it is ready.
         heard: Set once it is ready, failed or gone.
+        position: ``(epoch, batch)``: where its stream goes on after the last notice the
+            trainer took of it (a replacement starts there).
+        memory: Its resident memory when last looked at [bytes].
     """
 
     k: int
+    serial: int
     proc: subprocess.Popen[bytes]
     conn: mpc.Connection
     release_fd: int
     notices: queue.Queue[tuple[int, Notice]] = field(default_factory=queue.Queue)
     replies: queue.Queue[Counters] = field(default_factory=queue.Queue)
+    last_counts: Counters | None = None
     ready: EngineReady | None = None
     failed: BaseException | None = None
     gone: bool = False
     ring: BatchRing | None = None
     heard: threading.Event = field(default_factory=threading.Event)
+    position: tuple[int, int] = (0, 0)
+    memory: int = 0
 
     @classmethod
-    def launch(cls, k: int, order: bytes, r: int, w: int) -> EngineLink:
+    def launch(cls, k: int, serial: int, order: bytes, r: int, w: int) -> EngineLink:
         """Start engine ``k`` on its pickled ``order`` with the read end ``r`` of its slot
         pipe (closed here once the child has it; ``w`` stays, or is closed if the start
         fails)."""
@@ -67,7 +77,7 @@ class EngineLink:
             raise
         finally:
             os.close(r)
-        return cls(k, proc, conn, w)
+        return cls(k, serial, proc, conn, w)
 
     def dispatch(self, msg: Message) -> Listed | BaseException | None:
         """On the reader thread: ``msg`` to where it is waited for.  A :class:`Listed` (the
@@ -77,6 +87,7 @@ class EngineLink:
         elif isinstance(msg, ProductionFailed):
             self.notices.put((msg.generation, Failed(msg.error.rebuild())))
         elif isinstance(msg, Counts):
+            self.last_counts = msg.counters
             self.replies.put(msg.counters)
         elif isinstance(msg, EngineReady):
             self.ready = msg
@@ -95,6 +106,20 @@ class EngineLink:
         self.failed = error
         self.notices.put((EVERY_GENERATION, Failed(error)))
         self.heard.set()
+
+    def took(self, notice: Notice) -> None:
+        """The trainer took ``notice`` of it: its stream goes on after it."""
+        if isinstance(notice, BatchReady):
+            self.position = (notice.epoch, notice.index + 1)
+        elif isinstance(notice, EpochEnd):
+            self.position = (notice.epoch + 1, 0)
+
+    def look_at_memory(self) -> None:
+        """Note its resident memory now (the reader thread's, about once a second): the
+        last figure is what its death names."""
+        rss = process_rss_bytes(self.proc.pid)
+        if rss:
+            self.memory = rss
 
     def send(self, msg: Message) -> None:
         """Send ``msg`` unless it is gone (callers hold the trainer's send lock)."""
@@ -119,14 +144,31 @@ class EngineLink:
             raise self.died("while starting")
         return self.ready
 
-    def died(self, when: str) -> PipelineDeadError:
-        """The error that says it ended ``when``, and how."""
+    def remove_remains(self, *, keep_ring: bool) -> str:
+        """It died: remove what it left in ``/dev/shm`` (its ring, its decode workers'
+        arena: every segment it made), before its exit code is read (until then its pid is
+        no other process's); its ring is unmapped here once no batch of it is referenced
+        (``keep_ring``: not before the trainer closes, an uploader page-locked it).  How
+        it ended, in words (:meth:`ending`)."""
+        if self.ready is not None:
+            unlink_shm(self.ready.ring)
+        unlink_shm_of(self.proc.pid)
+        if self.ring is not None and not keep_ring:
+            self.ring.close()
+        return self.ending()
+
+    def ending(self) -> str:
+        """How it ended, in words, with its last known memory (waits briefly for its exit)."""
         code = self.proc.poll()
         if code is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = self.proc.wait(life.CHILD_EXIT)
+        memory = f" (using {self.memory / 1e6:,.0f} MB when last seen)" if self.memory else ""
+        return f"engine process {self.k} (pid {self.proc.pid}) {how_it_ended(code)}{memory}"
+
+    def died(self, when: str, more: str = "") -> PipelineDeadError:
+        """The error that says it ended ``when``, and how; ``more``: a sentence after."""
         return PipelineDeadError(
-            f"engine process {self.k} (pid {self.proc.pid}) {how_it_ended(code)} {when}; "
-            "what it printed is on stderr. EngineConfig(mode='inline') runs the engine in "
-            "this process."
+            f"{self.ending()} {when}; {more}what it printed is on stderr. "
+            "EngineConfig(mode='inline') runs the engine in this process."
         )

@@ -1,0 +1,134 @@
+"""A dead engine process is replaced where it stopped (``EngineConfig.max_restarts``): the
+epoch goes on with every sample once, in the seed's order, bit for bit; the batches it made
+stay readable; what it left (its segments, its decode workers) is gone; one death too many
+in an epoch raises, naming how the engine ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncloader as al
+from asyncloader.testing import S3TestServer, descendants
+
+from .test_engines import _alive, _engine_pids, _loader, _segments_of
+from .test_pipeline import _epoch
+
+ENGINE = al.EngineConfig(processes=2, prefetch_batches=4)  # two slots each: little run-ahead
+
+
+@pytest.fixture(scope="module")
+def server(jpeg_folder: Path) -> Iterator[S3TestServer]:
+    with S3TestServer(load=jpeg_folder, bucket="b", prefix="train/", latency=0.002) as s:
+        yield s
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    """Those of ``pids`` still running after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [p for p in pids if _alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("backend", "kill_after"),
+    [("thread", 2), ("process", 2), ("thread", 12)],
+    ids=["thread-mid-epoch", "process-mid-epoch", "thread-at-the-epoch-end"],
+)
+def test_a_killed_engine_is_replaced_and_the_epoch_is_exact(
+    server: S3TestServer, backend: str, kill_after: int
+) -> None:
+    inline = al.EngineConfig(mode="inline")
+    with _loader(server, seed=5, decode_backend=backend, engine=inline) as reference:
+        expected = [_epoch(reference), _epoch(reference)]
+    with _loader(server, seed=5, decode_backend=backend, engine=ENGINE) as loader:
+        it = iter(loader)
+        kept: list[tuple[Any, list[int]]] = []
+        for i in range(kill_after):
+            images, lab = next(it)
+            # Batch 1 is engine 1's: held across its death, read from its old ring after.
+            kept.append((images if i == 1 else images.numpy().copy(), lab.tolist()))
+        engines = _engine_pids()
+        victim = engines[1]
+        below = descendants(victim)  # its decode workers, with the process backend
+        os.kill(victim, signal.SIGKILL)
+        kept += [(images.numpy().copy(), lab.tolist()) for images, lab in it]
+        labels = [x for _, lab in kept for x in lab]
+        pixels = np.concatenate([np.asarray(im) for im, _ in kept])
+        assert labels == expected[0][0]
+        assert np.array_equal(pixels, expected[0][1])  # every sample once, in order, bit for bit
+        second = _epoch(loader)
+        assert second[0] == expected[1][0]
+        assert np.array_equal(second[1], expected[1][1])
+        stats = loader.stats()
+        assert stats.engine_restarts == 1
+        assert stats.samples == 2 * len(expected[0][0])
+        assert "engine restarts 1" in stats.summary()
+        # Nothing of the dead engine is left: not it, its decode workers, its segments.
+        assert _gone_within([victim, *below], 30) == []
+        assert _segments_of([victim]) == set()
+        now = _engine_pids()
+        assert len(now) == 2 and victim not in now
+        del kept
+    assert _segments_of(engines + now) == set()
+    assert [p for p in now if _alive(p)] == []
+
+
+@pytest.mark.slow
+def test_a_death_beyond_the_bound_raises_and_is_named_truly(server: S3TestServer) -> None:
+    engine = al.EngineConfig(processes=2, prefetch_batches=4, max_restarts=1)
+    with _loader(server, shuffle=False, engine=engine) as loader:
+        it = iter(loader)
+        next(it)
+        first = _engine_pids()[1]
+        os.kill(first, signal.SIGKILL)
+        while loader.stats().engine_restarts == 0:
+            next(it)
+        (second,) = set(_engine_pids()) - set(_engine_pids()[:1]) - {first}
+        time.sleep(1.5)  # its memory is looked at once a second
+        os.kill(second, signal.SIGKILL)
+        with pytest.raises(al.PipelineDeadError) as info:
+            for _ in it:
+                pass
+    message = str(info.value)
+    assert f"pid {second}" in message
+    assert "killed by SIGKILL, often by the out-of-memory killer" in message
+    assert "MB when last seen" in message
+    assert "engine processes replaced in epoch 0 so far: 1" in message
+    assert "max_restarts=1" in message
+    assert "__main__" not in message  # the script's guard has nothing to do with it
+
+
+def test_with_no_restarts_the_first_death_raises(server: S3TestServer) -> None:
+    engine = al.EngineConfig(processes=2, max_restarts=0)
+    with _loader(server, shuffle=False, engine=engine) as loader:
+        it = iter(loader)
+        next(it)
+        victim = _engine_pids()[1]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(al.PipelineDeadError) as info:
+            for _ in it:
+                pass
+            for _ in range(20):  # epochs: the dead engine's batches made before run out
+                for _ in loader:
+                    pass
+        assert loader.stats().engine_restarts == 0
+    message = str(info.value)
+    assert f"pid {victim}" in message
+    assert "killed by SIGKILL, often by the out-of-memory killer" in message
+    assert "replaced" not in message
+
+
+def test_max_restarts_is_checked() -> None:
+    with pytest.raises(ValueError, match="max_restarts must be at least 0"):
+        al.EngineConfig(max_restarts=-1)
