@@ -66,12 +66,10 @@ def test_processes_decode_the_same_pixels_through_the_arena(
     for i, data in enumerate(datas):
         decode_into(data, expected[i], spec, i, f"k{i}")
     ring = BatchRing(2, len(datas), (3, 32, 32), shared=True)
-    assert ring.shm_name is not None
+    assert ring.ref is not None
 
     async def run() -> int:
-        pool = ProcessDecodePool(
-            2, spec, ring.shm_name or "", ring.images.shape, arena_bytes=arena_bytes
-        )
+        pool = ProcessDecodePool(2, spec, ring.ref, ring.images.shape, arena_bytes=arena_bytes)
         await pool.start()
         try:
             jobs = [DecodeJob(bytearray(d), 1, i, i, f"k{i}") for i, d in enumerate(datas)]

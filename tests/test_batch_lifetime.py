@@ -16,6 +16,7 @@ import asyncloader as al
 from asyncloader._base._lifecycle import HELD_GRACE
 from asyncloader.testing import S3TestServer
 
+from ._shm import memfds, segments
 from .conftest import N_IMAGES
 
 BATCH = 4
@@ -36,19 +37,15 @@ def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
     return al.ImageLoader("s3://b/train/", store_options={"endpoint_url": server.endpoint}, **kw)  # type: ignore[arg-type]
 
 
-def _ring_segments() -> set[str]:
-    """The rings this process maps (its own, or an engine process's, which that process
-    unlinks from /dev/shm when it stops: the mapping stays until the last batch goes)."""
-    with open("/proc/self/maps") as maps:
-        return {
-            line.split("/dev/shm/", 1)[1].split()[0]
-            for line in maps
-            if "/dev/shm/asyncloader_" in line
-        }
+def _ring_segments() -> set[int]:
+    """The rings this process maps (memfds the trainer makes for its engine processes): a
+    mapping stays until the last batch of it goes, and the memory with it."""
+    return memfds(os.getpid())
 
 
 def _shm_names() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("asyncloader_")}
+    """POSIX segments this process made (none where rings are memfds)."""
+    return segments([os.getpid()])
 
 
 CASES = [
@@ -132,7 +129,7 @@ def test_batch_kept_after_close_stays_readable_and_memory_goes_with_it(
     assert (as_numpy == copy.numpy()).all()
     del as_numpy
     assert _ring_segments() - before == set()
-    assert not segment & _shm_names()  # unlinked too
+    assert _shm_names() == set()
 
 
 def test_closing_with_no_batch_held_unlinks_at_once(slow_server: S3TestServer) -> None:
@@ -142,7 +139,7 @@ def test_closing_with_no_batch_held_unlinks_at_once(slow_server: S3TestServer) -
         segment = _ring_segments() - before
         assert len(segment) == 1
     assert _ring_segments() - before == set()
-    assert not segment & _shm_names()
+    assert _shm_names() == set()
 
 
 def test_holding_every_slot_is_a_clear_error(slow_server: S3TestServer) -> None:

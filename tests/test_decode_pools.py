@@ -66,12 +66,12 @@ def test_threads_run_queued_jobs_by_priority_then_arrival() -> None:
 
 def test_processes_dispatch_queued_jobs_by_priority_then_arrival() -> None:
     ring = BatchRing(2, len(QUEUED) + 1, SHAPE, shared=True)
-    assert ring.shm_name is not None
+    assert ring.ref is not None
 
     async def run() -> None:
         spec = DecodeSpec(SHAPE, decode_fn=_count_calls)
         # One job at a time in the worker: the others wait in the parent's queue.
-        pool = ProcessDecodePool(1, spec, ring.shm_name or "", ring.images.shape, depth=1)
+        pool = ProcessDecodePool(1, spec, ring.ref, ring.images.shape, depth=1)
         await pool.start()
         try:
             jobs = [DecodeJob(b"first", 0, 0, 0, "first")]

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import asyncloader as al
-from asyncloader._base._child import SHM_PREFIX
 from asyncloader.testing import S3TestServer, descendants
 
+from ._shm import memfds, segments
 from .conftest import N_IMAGES
 from .test_pipeline import _epoch
 
@@ -56,11 +56,6 @@ def _engine_pids() -> list[int]:
         if b"engine_main" in cmd:
             out.append(pid)
     return out
-
-
-def _segments_of(pids: list[int]) -> set[str]:
-    names = os.listdir("/dev/shm")
-    return {n for n in names for pid in pids if n.startswith(f"{SHM_PREFIX}{pid}_")}
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
@@ -220,18 +215,20 @@ def test_engines_die_with_a_killed_trainer(
         below = descendants(proc.pid)
         engines = [p for p in below if b"engine_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(engines) == 2
-        # Their rings, and the decode workers' arenas of the process backend.
-        assert len(_segments_of(engines)) == (4 if backend == "process" else 2)
+        # Each maps its ring (the trainer's), and the decode workers' arena of the process
+        # backend: memfds, which go with the last process that holds them; none in /dev/shm.
+        for pid in engines:
+            assert len(memfds(pid)) == (2 if backend == "process" else 1)
+        assert segments([proc.pid, *below]) == set()
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            alive = [p for p in below if _alive(p)]
-            if not alive and not _segments_of(engines):
+            if not [p for p in below if _alive(p)]:
                 break
             time.sleep(0.1)
         assert [p for p in below if _alive(p)] == []  # engines, their decode workers
-        assert _segments_of(engines) == set()
+        assert segments([proc.pid, *below]) == set()
     finally:
         proc.kill()
         proc.communicate()  # reaped, its pipe closed
@@ -283,3 +280,20 @@ def test_a_start_up_failure_of_several_engines_is_one_error_and_nothing_else(
     )
     assert out.stdout.split("\n")[:2] == ["ERROR AsyncLoaderError", "ERROR ObjectNotFound"], out
     assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_rings_live_in_dev_shm_where_there_is_no_memfd(
+    server: S3TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncloader._base._shm as shm
+
+    with _loader(server, seed=1, engine=al.EngineConfig(processes=2)) as loader:
+        expected = _epoch(loader)
+        assert segments([os.getpid()]) == set()  # memfds
+    monkeypatch.setattr(shm, "USE_MEMFD", False)  # as on macOS
+    with _loader(server, seed=1, engine=al.EngineConfig(processes=2)) as loader:
+        assert len(segments([os.getpid()])) == 2  # the trainer made both engines' rings
+        got = _epoch(loader)
+    assert got[0] == expected[0]
+    assert np.array_equal(got[1], expected[1])
+    assert segments([os.getpid()]) == set()

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 import asyncloader as al
-from asyncloader._base._child import SHM_PREFIX
 from asyncloader.testing import S3TestServer, descendants
 
+from ._shm import memfds, segments
 
-def _shm(pid: int | None = None) -> set[str]:
-    """The ring segments of process ``pid`` (default: this one; another test run on the
-    machine has its own)."""
-    mine = f"{SHM_PREFIX}{pid or os.getpid()}_"
-    return {n for n in os.listdir("/dev/shm") if n.startswith(mine)}
+
+def _shm() -> tuple[set[int], set[str]]:
+    """The shared memory this process holds: memfds, and POSIX segments it made (another
+    test run on the machine has its own)."""
+    return memfds(os.getpid()), segments([os.getpid()])
 
 
 def _children() -> set[tuple[str, str]]:
@@ -143,10 +143,10 @@ def _decode_workers(pid: int) -> list[int]:
     return [p for p in descendants(pid) if b"worker_main" in _cmdline(str(p))]
 
 
-def _tree_shm(pid: int) -> set[str]:
-    """The segments of ``pid`` and of every process below it (its engines' rings and
+def _tree_memfds(pid: int) -> set[int]:
+    """The memfds of ``pid`` and of every process below it (its engines' rings and
     arenas)."""
-    return set().union(*(_shm(p) for p in [pid, *descendants(pid)]))
+    return set().union(*(memfds(p) for p in [pid, *descendants(pid)]))
 
 
 def _cmdline(pid: str) -> bytes:
@@ -163,9 +163,8 @@ def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: s
     proc = _start(tmp_path, light_server, backend, epochs=100)  # interrupted long before
     try:
         below = descendants(proc.pid)
-        segments = _tree_shm(proc.pid)
         # The ring of the script's engine process, and its decode workers' arena.
-        assert len(segments) == (2 if backend == "process" else 1)
+        assert len(_tree_memfds(proc.pid)) == (2 if backend == "process" else 1)
         workers = _decode_workers(proc.pid)
         assert len(workers) == (2 if backend == "process" else 0)
         proc.send_signal(signal.SIGINT)
@@ -176,7 +175,7 @@ def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: s
     assert "KeyboardInterrupt" in err
     assert proc.returncode != 0
     assert "SCRIPT RAN" not in out
-    assert not segments & set(os.listdir("/dev/shm"))
+    assert segments([proc.pid, *below]) == set()
     deadline = time.monotonic() + 10  # a resource tracker ends just after its process
     while [p for p in below if _cmdline(str(p))] and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -13,8 +13,6 @@ needs it, e.g. a ``decode=`` hook defined there.
 from __future__ import annotations
 
 import contextlib
-import errno
-import itertools
 import multiprocessing.connection as mpc
 import multiprocessing.process as mp_process
 import multiprocessing.spawn as mp_spawn
@@ -27,34 +25,19 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
-from ._errors import AsyncLoaderError
 from ._wire import Message
 
 __all__ = [
-    "SHM_PREFIX",
     "SINGLE_THREADED",
     "Launch",
-    "attach_shm",
     "how_it_ended",
     "launch",
-    "new_shm",
     "receive_order",
-    "reserve_shm",
-    "shm_free_bytes",
     "stop_children",
-    "unlink_shm",
-    "unlink_shm_of",
     "unpickle_order",
 ]
-
-SHM_PREFIX = "asyncloader_"
-"""Every segment this package makes is ``asyncloader_<pid>_<n>``, ``pid`` its maker's: a
-leak is easy to spot in /dev/shm, and what a killed process made can be found and removed
-(:func:`unlink_shm_of`)."""
-_shm_counter = itertools.count()
 
 
 SINGLE_THREADED = {
@@ -184,115 +167,3 @@ def unpickle_order(data: bytes, main: dict[str, Any]) -> Any:
     finally:
         del mp_process.current_process()._inheriting  # type: ignore[attr-defined]
     return pickle.loads(data)
-
-
-def attach_shm(name: str) -> SharedMemory:
-    """Another process's segment, not registered with a resource tracker of this process.
-
-    Its owner unlinks it.  Python < 3.13 registers every attach, and a tracker of this
-    process's own would unlink the segment when this process exits.
-    """
-    return _untracked(name, 0)
-
-
-def new_shm(size: int, what: str, *, tracked: bool) -> SharedMemory:
-    """A new segment of ``size`` bytes named ``asyncloader_<pid>_<n>``, its pages reserved
-    (:func:`reserve_shm`; ``what`` names it in the error).  ``tracked``: registered with
-    this process's resource tracker, which unlinks it should this process be killed;
-    untracked (an engine process, which needs no tracker process of its own and starts
-    faster without one), its maker unlinks it with :func:`unlink_shm`, or, where the maker
-    was killed, its parent with :func:`unlink_shm_of`.
-
-    Raises:
-        AsyncLoaderError: ``/dev/shm`` has no room for it.
-    """
-    name = f"{SHM_PREFIX}{os.getpid()}_{next(_shm_counter)}"
-    size = max(size, 1)
-    shm = SharedMemory(name=name, create=True, size=size) if tracked else _untracked(name, size)
-    try:
-        reserve_shm(shm, size, what)
-    except BaseException:
-        shm.close()
-        if tracked:
-            shm.unlink()
-        else:
-            unlink_shm(name)
-        raise
-    return shm
-
-
-def reserve_shm(shm: SharedMemory, size: int, what: str) -> None:
-    """Back every page of ``shm``'s first ``size`` bytes now (``posix_fallocate``).  A
-    segment is sparse when made: its pages are taken from ``/dev/shm`` when first written,
-    and where ``/dev/shm`` is full by then (Docker's default is 64 MB) the write kills the
-    writer with SIGBUS, mid-epoch.  Reserved at once, a segment that does not fit fails
-    here, before the first batch, with what to do.
-
-    Raises:
-        AsyncLoaderError: ``/dev/shm`` has no room for it (``what`` names it); its maker
-            closes and unlinks it.
-    """
-    fallocate = getattr(os, "posix_fallocate", None)
-    if fallocate is None:  # macOS: pages come as they are written
-        return
-    try:
-        fallocate(shm._fd, 0, size)  # type: ignore[attr-defined]
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
-            return  # a file system that cannot reserve: pages come as they are written
-        free = shm_free_bytes()
-        raise AsyncLoaderError(
-            f"{what} needs {size / 1e6:.0f} MB of shared memory and /dev/shm has "
-            f"{free / 1e6:.0f} MB free. Give it more: docker run --shm-size=2g (or "
-            "--ipc=host); on Kubernetes, an emptyDir volume with medium: Memory mounted at "
-            "/dev/shm. Or make the rings smaller: a smaller batch_size, or "
-            "EngineConfig(prefetch_batches=) (ring slots)"
-        ) from exc
-
-
-def shm_free_bytes() -> int:
-    """Bytes free in ``/dev/shm`` (0 where it cannot be read)."""
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
-
-
-def unlink_shm(name: str) -> None:
-    """Remove the segment ``name`` (made by :func:`create_shm`) from /dev/shm, if it is
-    still there; mappings of it stay valid until they are closed.  No resource tracker is
-    asked (``SharedMemory.unlink`` would start one to unregister it)."""
-    import _posixshmem  # type: ignore[import-not-found]
-
-    with contextlib.suppress(FileNotFoundError):
-        _posixshmem.shm_unlink("/" + name.lstrip("/"))
-
-
-def unlink_shm_of(pid: int) -> list[str]:
-    """Remove every segment process ``pid`` made (:func:`new_shm`) and left behind: it was
-    killed before its teardown.  The names removed ([] where /dev/shm cannot be listed)."""
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return []
-    mine = [n for n in names if n.startswith(f"{SHM_PREFIX}{pid}_")]
-    for name in mine:
-        unlink_shm(name)
-    return mine
-
-
-def _untracked(name: str, size: int) -> SharedMemory:
-    create = size > 0
-    if sys.version_info >= (3, 13):
-        return SharedMemory(  # type: ignore[call-arg,unused-ignore]
-            name=name, create=create, size=size, track=False
-        )
-    from multiprocessing import resource_tracker
-
-    register = resource_tracker.register
-    resource_tracker.register = lambda *args: None  # type: ignore[assignment]
-    try:
-        return SharedMemory(name=name, create=create, size=size)
-    finally:
-        resource_tracker.register = register

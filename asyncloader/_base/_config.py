@@ -355,7 +355,7 @@ class EngineConfig:
             maps the batches, gives their slots back and, with ``device=``, uploads them.
             ``"inline"``: all of it on an event-loop thread of the training process (for
             notebooks and debugging).  The loader runs inline by itself, with one warning,
-            where engine processes cannot run (no POSIX shared memory, a hook that cannot
+            where engine processes cannot run (no shared memory, a hook that cannot
             be pickled), and without one inside a DataLoader worker (already a process of
             its own), with ``decode_backend="cuda"`` (the ring is on the GPU) and with a
             ``store=`` object (it lives in this process).

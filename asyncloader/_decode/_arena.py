@@ -13,11 +13,9 @@ The worker side imports it too (it needs nothing but the standard library).
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
-from multiprocessing.shared_memory import SharedMemory
 
-from .._base._child import new_shm, unlink_shm
+from .._base._shm import Segment
 from .._base._types import ArenaSlice, DecodeJob
 
 __all__ = ["ALIGN", "Arena", "ArenaSlice", "Extents"]
@@ -83,20 +81,19 @@ class Extents:
 
 class Arena:
     """The parent's side: a shared segment of ``size`` bytes and its extents, its pages
-    reserved when made (see :func:`~asyncloader._base._child.reserve_shm`: an
+    reserved when made (see :mod:`asyncloader._base._shm`: an
     ``AsyncLoaderError`` where ``/dev/shm`` has no room).
 
     Attributes:
-        name: The segment's name, for the workers to attach.
+        ref: The segment, for the workers to map.
         jobs: Jobs whose bytes went through it.
     """
 
     def __init__(self, size: int, *, tracked: bool = True) -> None:
         what = f"the decode workers' arena of {size >> 20} MiB"
-        self._shm: SharedMemory | None = new_shm(size, what, tracked=tracked)
-        self._tracked = tracked
-        self.name = self._shm.name
-        self._view: memoryview | None = self._shm.buf
+        self._segment: Segment | None = Segment.new(size, what, tracked=tracked)
+        self.ref = self._segment.ref
+        self._view: memoryview | None = self._segment.buf
         self._extents = Extents(size)
         self.jobs = 0
 
@@ -126,15 +123,9 @@ class Arena:
             self._extents.free(data.offset, data.size)
 
     def close(self) -> None:
-        """Unmap and unlink the segment (no worker reads it any more); idempotent."""
-        shm, self._shm = self._shm, None
-        if self._view is not None:
-            self._view.release()
-            self._view = None
-        if shm is not None:
-            shm.close()
-            if not self._tracked:
-                unlink_shm(shm.name)
-                return
-            with contextlib.suppress(FileNotFoundError):
-                shm.unlink()
+        """Unmap the segment (no worker reads it any more), unlinked where it has a name;
+        idempotent."""
+        segment, self._segment = self._segment, None
+        self._view = None
+        if segment is not None:
+            segment.close()

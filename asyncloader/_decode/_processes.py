@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from .._base import _lifecycle as life
 from .._base._child import how_it_ended, launch, stop_children
 from .._base._errors import AsyncLoaderError, DecodeError, PipelineDeadError, shown_key
+from .._base._shm import SegmentRef
 from .._base._types import DecodeJob, Outcome
 from .._base._wire import ChildFailed, Message, Stop
 from ._arena import Arena
@@ -36,13 +37,15 @@ _RETRY = -1  # the priority of a dead worker's jobs: lower than any batch's
 
 def _launch(
     spec_bytes: bytes,
-    shm_name: str,
+    ring: SegmentRef,
     shape: tuple[int, ...],
-    arena_name: str | None,
+    arena: SegmentRef | None,
 ) -> _Worker:
-    """Start one decode process; its first message tells it what to do."""
-    order = WorkerOrder(spec_bytes, shm_name, shape, arena_name)
-    proc, conn = launch(_ENTRY, "asyncloader-decode", order)
+    """Start one decode process; its first message tells it what to do (the segments'
+    descriptors it inherits)."""
+    order = WorkerOrder(spec_bytes, ring, shape, arena)
+    fds = ring.fds + (arena.fds if arena is not None else ())
+    proc, conn = launch(_ENTRY, "asyncloader-decode", order, pass_fds=fds)
     return _Worker(proc, conn)
 
 
@@ -107,14 +110,14 @@ class ProcessDecodePool:
     Args:
         workers: Number of processes.
         spec: Decode settings (sent once per worker).
-        shm_name: Name of the ring's shared-memory segment.
+        ring: The ring's segment.
         shape: Shape of the ring's image array (slots, batch, C, H, W).
         depth: Jobs outstanding per worker (keeps a worker busy while results travel).
         start_timeout: How long workers may take to start [seconds].
         arena_bytes: Size of the shared-memory arena fetched bytes travel through (0: the
             socket only); its pages reserved when made [bytes].
-        tracked: The arena is registered with this process's resource tracker (as the
-            ring is; see :func:`~asyncloader._base._child.new_shm`).
+        tracked: A POSIX arena is registered with this process's resource tracker (as the
+            ring is; see :meth:`Segment.new <asyncloader._base._shm.Segment.new>`).
 
     Workers are fresh interpreters (``python -c``, as safe with threads around as ``spawn``)
     that import this module, not the user's script: see :func:`._worker.worker_main`.
@@ -124,7 +127,7 @@ class ProcessDecodePool:
         self,
         workers: int,
         spec: DecodeSpec,
-        shm_name: str,
+        ring: SegmentRef,
         shape: tuple[int, ...],
         *,
         depth: int = 4,
@@ -134,7 +137,7 @@ class ProcessDecodePool:
     ) -> None:
         self.workers = workers
         self.restarts = 0
-        self._shm_name = shm_name
+        self._ring = ring
         self._shape = shape
         self._depth = depth
         self._start_timeout = start_timeout
@@ -169,8 +172,8 @@ class ProcessDecodePool:
 
     def _spawn(self) -> _Worker:
         """Launch one worker with its sender thread (blocking: runs off the loop)."""
-        name = self._arena.name if self._arena is not None else None
-        w = _launch(self._spec_bytes, self._shm_name, self._shape, name)
+        arena = self._arena.ref if self._arena is not None else None
+        w = _launch(self._spec_bytes, self._ring, self._shape, arena)
         w.start_sender(lambda: self._broken_pipe(w))
         return w
 

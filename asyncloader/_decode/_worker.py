@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._base._child import attach_shm, receive_order, unpickle_order
+from .._base._child import receive_order, unpickle_order
 from .._base._errors import DecodeError, PipelineDeadError
+from .._base._shm import Segment, SegmentRef
 from .._base._types import DecodeJob, Outcome
 from .._base._wire import ChildFailed, CrossedError, Message, Stop, send
 from ._arena import ArenaSlice
@@ -40,13 +41,13 @@ __all__ = ["Jobs", "Results", "WorkerOrder", "WorkerReady", "worker_main"]
 @dataclass(frozen=True, slots=True)
 class WorkerOrder:
     """What a decode worker is told at its start: the pickled :class:`DecodeSpec` (it may
-    refer to the user's ``__main__``), the ring's shared-memory name and image shape, and
-    the arena's name (None: bytes come through the socket)."""
+    refer to the user's ``__main__``), the ring's segment and image shape, and the arena's
+    segment (None: bytes come through the socket)."""
 
     spec: bytes
-    ring: str
+    ring: SegmentRef
     shape: tuple[int, ...]
-    arena: str | None
+    arena: SegmentRef | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +103,14 @@ in each worker, more than this)."""
 def _serve(
     conn: mpc.Connection,
     spec: DecodeSpec,
-    shm_name: str,
+    ring: SegmentRef,
     shape: tuple[int, ...],
-    arena_name: str | None,
+    arena_ref: SegmentRef | None,
     where: str,
 ) -> None:
     try:
-        shm = attach_shm(shm_name)
-        arena = attach_shm(arena_name) if arena_name else None
+        shm = Segment.attach(ring)
+        arena = Segment.attach(arena_ref) if arena_ref else None
     except Exception as exc:  # the parent closed the loader meanwhile, or /dev/shm failed
         with contextlib.suppress(Exception):
             send(conn, ChildFailed(CrossedError.of(exc, where)), where)

@@ -1,40 +1,38 @@
 """The batch ring: a fixed number of batch buffers, the loader's bounded prefetch queue.
 
-Memory is ``slots × batch_size × C × H × W`` bytes for the images, allocated once.  With a
-process decode pool the buffers live in one POSIX shared-memory segment (named
-``asyncloader_<pid>_<n>`` so a leak is easy to spot in /dev/shm) that workers attach to;
-with threads they are ordinary memory.  Which slot is free or full is the pipeline's
+Memory is ``slots × batch_size × C × H × W`` bytes for the images, allocated once.  Filled
+by other processes (engine processes, decode processes) the buffers live in one segment of
+shared memory (:mod:`asyncloader._base._shm`: a memfd on Linux) that those processes map;
+else they are ordinary memory.  Which slot is free or full is the pipeline's
 business, not the ring's; the ring hands out batches and knows which are still referenced.
 
 Batch lifetime: :meth:`BatchRing.lease` gives the consumer views of a slot that hold it
 (see :mod:`asyncloader._base._lease`).  The slot goes back to the pipeline (``on_release``) when
 the last tensor or view of that batch is freed, whenever and in whichever thread that
 happens.  Closing the ring while batches are still held keeps the shared memory until the
-last of them goes (they stay readable); it is unlinked then, or at interpreter exit.
+last of them goes (they stay readable); it is unmapped then, or at interpreter exit.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import threading
 import weakref
 from collections.abc import Callable
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .._base._child import SHM_PREFIX, attach_shm, new_shm, unlink_shm
 from .._base._lease import Lease, leased
+from .._base._shm import Segment, SegmentRef
 
-__all__ = ["SHM_PREFIX", "BatchRing", "DeviceBatchRing"]
+__all__ = ["BatchRing", "DeviceBatchRing"]
 
-# Closed rings whose batches are still referenced: unlinked at exit if they outlive it.
+# Closed rings whose batches are still referenced: unmapped at exit if they outlive it.
 _pending: weakref.WeakSet[BatchRing] = weakref.WeakSet()
-_unclosable: list[SharedMemory] = []
+_unclosable: list[Segment] = []
 
 
 class BatchRing:
@@ -43,7 +41,7 @@ class BatchRing:
     Attributes:
         images: uint8 array (slots, batch_size, *sample_shape).
         labels: int64 array (slots, batch_size).
-        shm_name: The shared-memory segment's name, or None for private memory.
+        ref: How another process maps its segment, or None for private memory.
         on_release: Called with a slot when the last reference to the batch leased from it
             is gone; from any thread, so it must be thread-safe (the loader hands the slot
             to the event loop).  Not called after :meth:`close`.
@@ -56,7 +54,7 @@ class BatchRing:
         sample_shape: tuple[int, ...],
         *,
         shared: bool,
-        attach: str | None = None,
+        attach: SegmentRef | None = None,
         tracked: bool = True,
     ) -> None:
         if slots < 2 and attach is None:
@@ -66,8 +64,7 @@ class BatchRing:
         self.on_release: Callable[[int], None] | None = None
         shape = (slots, batch_size, *sample_shape)
         nbytes = int(np.prod(shape))
-        self._shm: SharedMemory | None = None
-        self._owner = attach is None
+        self._segment: Segment | None = None
         self._tracked = tracked
         # Reentrant: a lease can be freed by the garbage collector while this thread holds
         # the lock (a collection can start at any allocation).
@@ -82,33 +79,25 @@ class BatchRing:
             at = -(-nbytes // 8) * 8
             size = at + 8 * slots * batch_size
             if attach is not None:
-                self._shm = attach_shm(attach)
+                self._segment = seg = Segment.attach(attach)
             else:
                 what = f"a ring of {slots} batches of {batch_size} samples of {sample_shape}"
-                self._shm = new_shm(size, what, tracked=tracked)
-            self.images = np.ndarray(shape, np.uint8, buffer=self._shm.buf)
-            self.labels = np.ndarray((slots, batch_size), np.int64, buffer=self._shm.buf, offset=at)
+                self._segment = seg = Segment.new(size, what, tracked=tracked)
+            self.images = np.ndarray(shape, np.uint8, buffer=seg.buf)
+            self.labels = np.ndarray((slots, batch_size), np.int64, buffer=seg.buf, offset=at)
         else:
             self.images = np.empty(shape, np.uint8)
             self.labels = np.zeros((slots, batch_size), np.int64)
 
-    @classmethod
-    def attached(
-        cls, name: str, slots: int, batch_size: int, sample_shape: tuple[int, ...]
-    ) -> BatchRing:
-        """The ring another process made and fills (an engine process): mapped here to hand
-        out its batches; that process unlinks it."""
-        return cls(slots, batch_size, sample_shape, shared=True, attach=name)
-
     @property
     def tracked(self) -> bool:
-        """Its segment is registered with this process's resource tracker (see
-        :func:`~asyncloader._base._child.new_shm`)."""
+        """A POSIX segment of its own is registered with this process's resource tracker
+        (see :meth:`Segment.new <asyncloader._base._shm.Segment.new>`)."""
         return self._tracked
 
     @property
-    def shm_name(self) -> str | None:
-        return self._shm.name if self._shm else None
+    def ref(self) -> SegmentRef | None:
+        return self._segment.ref if self._segment is not None else None
 
     @property
     def nbytes(self) -> int:
@@ -151,8 +140,8 @@ class BatchRing:
     def close(self) -> None:
         """Stop handing slots back; free the shared memory once no batch references it.
 
-        Idempotent.  Until then the segment stays in /dev/shm and every batch still held
-        stays readable; whatever is left at interpreter exit is unlinked then.
+        Idempotent.  Until then the segment stays mapped and every batch still held stays
+        readable; whatever is left at interpreter exit is unmapped then.
         """
         with self._lock:
             if self._closed:
@@ -166,23 +155,18 @@ class BatchRing:
             _pending.add(self)
 
     def _unlink(self) -> None:
-        shm, self._shm = self._shm, None
+        segment, self._segment = self._segment, None
         _pending.discard(self)
-        if shm is None:
+        if segment is None:
             return
-        if self._owner and self._tracked:
-            with contextlib.suppress(FileNotFoundError):
-                shm.unlink()
-        elif self._owner:
-            unlink_shm(shm.name)
         self.images = np.empty((0,), np.uint8)
         self.labels = np.empty((0,), np.int64)
         try:
-            shm.close()
+            segment.close()
         except BufferError:
             # Something else still views the mapping (closing it under a live view would
-            # crash the reader): keep the object, whose __del__ would raise, until exit.
-            _unclosable.append(shm)
+            # crash the reader): keep it mapped until exit.
+            _unclosable.append(segment)
 
 
 class DeviceBatchRing(BatchRing):

@@ -34,6 +34,7 @@ from .._base._config import (
     ring_slots,
 )
 from .._base._env import CpuBudget, cpu_budget
+from .._base._shm import USE_MEMFD, SegmentRef
 from .._base._stats import Counters
 from .._base._types import DecodeFn, ObjectStore
 from .._cache import ObjectCache
@@ -251,16 +252,24 @@ def make_fetcher(
     return Fetcher(store, counters, config, decode_workers=decode_workers, node=node)
 
 
-def make_ring(p: LoaderPlan, device: torch.device | None, *, engine: bool = False) -> BatchRing:
-    """The batch buffers: on the GPU for GPU decode, in shared memory for decode processes
-    or in an engine process (``engine``: the trainer maps it, and unlinks it too should the
-    engine die: no resource tracker), else in this process."""
+def make_ring(
+    p: LoaderPlan, device: torch.device | None, *, attach: SegmentRef | None = None
+) -> BatchRing:
+    """The batch buffers: on the GPU for GPU decode, in shared memory for decode processes,
+    else in this process; ``attach``: the ring the trainer made for this engine process."""
+    shape, b = p.spec.sample_shape, p.run.batch_size
+    if attach is not None:  # its arena, if any, is untracked too: the trainer cleans up
+        return BatchRing(p.slots, b, shape, shared=True, attach=attach, tracked=False)
     if p.backend == "cuda":
         assert device is not None
-        return DeviceBatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, device=device)
-    shared = engine or p.backend == "process"
-    shape = p.spec.sample_shape
-    return BatchRing(p.slots, p.run.batch_size, shape, shared=shared, tracked=not engine)
+        return DeviceBatchRing(p.slots, b, shape, device=device)
+    return BatchRing(p.slots, b, shape, shared=p.backend == "process")
+
+
+def engine_ring(p: LoaderPlan) -> BatchRing:
+    """The ring of an engine process of plan ``p`` (its share of the loader's), made by the
+    trainer, which hands out its batches; the engine and its decode workers map it."""
+    return BatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, shared=True)
 
 
 def split_plan(p: LoaderPlan, n: int) -> list[LoaderPlan]:
@@ -298,13 +307,15 @@ def engine_placement(
         in_worker = multiprocessing.current_process().daemon
     if in_worker:
         return 0, None  # a DataLoader worker: a process of its own already
-    if os.name != "posix" or (sys.platform.startswith("linux") and not _dev_shm_writable()):
-        return 0, "engine processes need POSIX shared memory (/dev/shm), which is not here"
+    if os.name != "posix" or (not USE_MEMFD and not _dev_shm_writable()):
+        return 0, "engine processes need shared memory (a memfd, or /dev/shm), not here"
     return engine_processes(p.engine.processes, p.workers), None
 
 
 def _dev_shm_writable() -> bool:
-    return os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
+    return not sys.platform.startswith("linux") or (
+        os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
+    )
 
 
 async def make_pool(p: LoaderPlan, ring: BatchRing) -> DecodePool:
@@ -312,9 +323,9 @@ async def make_pool(p: LoaderPlan, ring: BatchRing) -> DecodePool:
     if p.backend == "process":
         from .._decode import ProcessDecodePool
 
-        assert ring.shm_name is not None
+        assert ring.ref is not None
         pool = ProcessDecodePool(
-            p.workers, p.spec, ring.shm_name, ring.images.shape, tracked=ring.tracked
+            p.workers, p.spec, ring.ref, ring.images.shape, tracked=ring.tracked
         )
         await pool.start()
         return pool

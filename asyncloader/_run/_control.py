@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .._base._shm import SegmentRef
 from .._base._stats import Counters
 from .._base._types import ObjectInfo
 from .._base._wire import CrossedError, Message
@@ -94,11 +95,9 @@ class AskCounters(Message):
 
 @dataclass(frozen=True, slots=True)
 class EngineReady(Message):
-    """Engine → trainer: built and producing epoch 0 into ring ``ring`` (a shared-memory
-    name) of ``slots`` slots; ``dataset``: the lead's listing when complete already."""
+    """Engine → trainer: built and producing into the ring the trainer made for it;
+    ``dataset``: the lead's listing when complete already."""
 
-    ring: str
-    slots: int
     dataset: Dataset | None
 
 
@@ -178,12 +177,13 @@ class EngineShare:
         part: ``(k, n)``: it makes batches ``k, k + n, …`` of this worker's (see
             :func:`~._sampler.batch_owner`).
         budget_folder: Where the fetch budget is shared (None: the cache folder's, if any).
-        shared_ring: Its ring in shared memory that another process maps.
+        ring: The ring it fills, made by the trainer, which hands out its batches (an
+            engine process's; None: it makes its own).
     """
 
     part: tuple[int, int] = (0, 1)
     budget_folder: str | None = None
-    shared_ring: bool = False
+    ring: SegmentRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,27 +212,29 @@ class EngineOrder:
     ) -> list[EngineOrder]:
         """The orders of ``len(plans)`` engine processes sharing ``spec``: engine ``k`` its
         plan and its batches; all but the first wait for the lead's dataset unless the
-        objects are known; streaming with one engine only.  Each names its slot pipe when
-        it is pickled (:meth:`pickled`)."""
+        objects are known; streaming with one engine only.  Each names its slot pipe and
+        ring when it is pickled (:meth:`pickled`)."""
         n = len(plans)
         return [
             cls(
                 spec=replace(spec, plan=plans[k], stream=spec.stream and n == 1),
-                share=EngineShare(part=(k, n), budget_folder=budget_folder, shared_ring=True),
+                share=EngineShare(part=(k, n), budget_folder=budget_folder),
                 await_dataset=k > 0 and spec.objects is None,
                 release_fd=-1,
             )
             for k in range(n)
         ]
 
-    def pickled(self, release_fd: int) -> bytes:
-        """This order for the engine that reads its slots from ``release_fd``, pickled.
+    def pickled(self, release_fd: int, ring: SegmentRef) -> bytes:
+        """This order for the engine that reads its slots from ``release_fd`` and fills
+        ``ring``, pickled.
 
         Raises:
             OrderNotPicklable: an option cannot be sent to an engine process.
         """
+        order = replace(self, release_fd=release_fd, share=replace(self.share, ring=ring))
         try:
-            return pickle.dumps(replace(self, release_fd=release_fd))
+            return pickle.dumps(order)
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             raise OrderNotPicklable(str(exc)) from exc
 

@@ -131,14 +131,11 @@ def _serve(conn: Any, order: EngineOrder, send: Send, where: str) -> None:
             send(ChildFailed(CrossedError.of(exc, where)))
             return
         pipeline = engine.pipeline
-        ring = engine.rt.ring
-        assert ring is not None
-        assert ring.shm_name is not None
         listing = pipeline.listing
         lead = order.share.part[0] == 0 and dataset is None
         # Read once: a listing that completes after this is announced by the task below.
         listed = listing.dataset if lead else None
-        send(EngineReady(ring.shm_name, ring.slots, listed))
+        send(EngineReady(listed))
         loop = engine.rt.loop
         if lead and listed is None:
             engine.rt.call_soon(_announce_listing, engine, send, where)

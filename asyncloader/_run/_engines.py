@@ -13,8 +13,9 @@ memory.  Here, in the training process, only this runs:
 * the replacement of an engine that died (killed by the out-of-memory killer, say): once
   the trainer has taken every notice it sent, a new engine process starts where its stream
   stopped (the epoch and batch after the last notice taken, for the same start), so the
-  epoch goes on and every sample arrives once, in the seed's order.  What the dead one
-  left in ``/dev/shm`` is removed; its ring stays mapped here until its batches are let go.
+  epoch goes on and every sample arrives once, in the seed's order.  Its ring (made here,
+  as every engine's is) is freed once its batches are let go; what it made itself goes
+  with it (memfds), or is removed from ``/dev/shm``.
   At most ``EngineConfig.max_restarts`` per epoch.
 
 Nothing here runs per sample.  Engines stop when asked (``close()``), and by themselves
@@ -38,20 +39,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._base import _lifecycle as life
-from .._base._child import stop_children, unlink_shm
+from .._base._child import stop_children
 from .._base._errors import ClosedError, PipelineDeadError
+from .._base._shm import SegmentRef
 from .._base._stats import Counters
 from .._base._wire import Message, Stop
 from .._dataset._labels import Dataset
 from .._device._ring import BatchRing
-from ._build import split_plan
+from ._build import engine_ring, split_plan
 from ._control import (
-    SLOT,
     AskCounters,
     EngineOrder,
     EngineSpec,
     Listed,
-    OrderNotPicklable,
     StartEpoch,
     TakeDataset,
 )
@@ -117,16 +117,19 @@ class EngineProcesses:
         self._plans = split_plan(p, n)
         self._orders = EngineOrder.parts(spec, self._plans, self._budget_folder)
         known = spec.objects is not None
-        # The slot pipes first: each order names its pipe's end as the engine sees it (the
-        # same number), so every order is pickled once, and a failure to pickle is known
+        # The rings and slot pipes first: each order names its pipe's end and its ring's
+        # descriptor as the engine sees them (the same numbers), so every order is pickled
+        # once; a ring that does not fit, or an order that cannot be pickled, is known
         # before any process starts.
-        pipes = [os.pipe() for _ in range(n)]
+        rings: list[BatchRing] = []
+        pipes: list[tuple[int, int]] = []
         try:
-            pickled = [self._orders[k].pickled(pipes[k][0]) for k in range(n)]
-        except OrderNotPicklable:
-            for fds in pipes:
-                for fd in fds:
-                    os.close(fd)
+            for plan in self._plans:
+                rings.append(engine_ring(plan))
+            pipes = [os.pipe() for _ in range(n)]
+            pickled = [self._orders[k].pickled(pipes[k][0], _ref(rings[k])) for k in range(n)]
+        except BaseException:
+            _close_unlaunched(pipes, rings)
             self._remove_budget_folder()
             raise
         self._reader = Reader(self._heard_listed, self._fail)
@@ -134,7 +137,8 @@ class EngineProcesses:
             while pipes:
                 k = n - len(pipes)
                 r, w = pipes.pop(0)
-                self._join(EngineLink.launch(k, next(self._serials), pickled[k], r, w))
+                ring = rings.pop(0)
+                self._join(EngineLink.launch(k, next(self._serials), pickled[k], r, w, ring))
             lead = self._engines[0].wait_ready()
             if not known and n > 1:
                 assert lead.dataset is not None
@@ -142,38 +146,25 @@ class EngineProcesses:
                     self._send(e, TakeDataset(lead.dataset))
             for e in self._engines[1:]:
                 e.wait_ready()
-            for e in self._engines:
-                self._attach(e)
             if lead.dataset is not None:
                 self._dataset = lead.dataset
                 self._listed.set()
         except BaseException:
-            for fds in pipes:  # not launched
-                for fd in fds:
-                    os.close(fd)
+            _close_unlaunched(pipes, rings)
             self.close()
             raise
 
     def _join(self, e: EngineLink) -> None:
-        """``e`` is engine ``e.k`` from now on (launched; its messages read from now)."""
+        """``e`` is engine ``e.k`` from now on (launched; its messages read from now, its
+        ring's batches handed out)."""
         if e.k < len(self._engines):
             self._engines[e.k] = e
         else:
             self._engines.append(e)
-        self._reader.add(e)
-
-    def _attach(self, e: EngineLink) -> None:
-        """Map ready engine ``e``'s ring; its slots go back on its pipe."""
-        assert e.ready is not None
-        plan = self._plans[e.k]
-        e.ring = ring = BatchRing.attached(
-            e.ready.ring, e.ready.slots, plan.run.batch_size, plan.spec.sample_shape
-        )
-        fd = e.release_fd
-        ring.on_release = lambda slot, fd=fd: _give_back(fd, slot)
-        self._rings[e.serial] = ring
+        self._rings[e.serial] = e.ring
         if self._uploader is not None:
-            self._uploader.prepare(ring.images)
+            self._uploader.prepare(e.ring.images)
+        self._reader.add(e)
 
     # --- messages -----------------------------------------------------------------------
 
@@ -285,7 +276,7 @@ class EngineProcesses:
                     return replace(notice, ring=e.serial)
                 return notice
             if isinstance(notice, BatchReady):
-                _give_back(e.release_fd, notice.slot)  # made before the last start
+                e.give_back(notice.slot)  # made before the last start
 
     def _replace(self, old: EngineLink) -> None:
         """A new engine process for ``old``, which died, starting where its stream stopped
@@ -319,15 +310,20 @@ class EngineProcesses:
         )
         give = self._orders[old.k].spec.objects is None and self._dataset is not None
         order = replace(self._orders[old.k], await_dataset=give, start=start)
+        ring = engine_ring(self._plans[old.k])
         r, w = os.pipe()
-        new = EngineLink.launch(old.k, next(self._serials), order.pickled(r), r, w)
+        try:
+            pickled = order.pickled(r, _ref(ring))
+        except BaseException:
+            _close_unlaunched([(r, w)], [ring])
+            raise
+        new = EngineLink.launch(old.k, next(self._serials), pickled, r, w, ring)
         new.position = old.position
         self._join(new)
         if give:
             assert self._dataset is not None
             self._send(new, TakeDataset(self._dataset))
         ready = new.wait_ready()
-        self._attach(new)
         if ready.dataset is not None and not self._listed.is_set():
             self._dataset = ready.dataset
             self._listed.set()
@@ -430,10 +426,7 @@ class EngineProcesses:
             with contextlib.suppress(Exception):
                 self._uploader.close()  # unregisters the rings' pages before unmapping
         for e in engines:
-            if e.ring is not None:
-                e.ring.close()
-            if e.ready is not None:
-                unlink_shm(e.ready.ring)  # gone with its engine, unless that engine was killed
+            e.ring.close()  # freed once no batch of it is referenced
         self._remove_budget_folder()
 
     def _remove_budget_folder(self) -> None:
@@ -441,7 +434,15 @@ class EngineProcesses:
             shutil.rmtree(self._budget_folder, ignore_errors=True)
 
 
-def _give_back(fd: int, slot: int) -> None:
-    """Slot ``slot`` goes back to its engine (from any thread; never raises)."""
-    with contextlib.suppress(OSError):
-        os.write(fd, SLOT.pack(slot))
+def _ref(ring: BatchRing) -> SegmentRef:
+    assert ring.ref is not None
+    return ring.ref
+
+
+def _close_unlaunched(pipes: list[tuple[int, int]], rings: list[BatchRing]) -> None:
+    """Close the pipes and rings made for engines that were never launched."""
+    for fds in pipes:
+        for fd in fds:
+            os.close(fd)
+    for ring in rings:
+        ring.close()

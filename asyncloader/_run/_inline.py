@@ -108,7 +108,7 @@ class InlineEngine:
                     store_options=spec.store_options,
                 )
                 self.rt.listing_task = task
-            self.rt.ring = ring = make_ring(p, device, engine=share.shared_ring)
+            self.rt.ring = ring = make_ring(p, device, attach=share.ring)
             c.ring_slots = ring.slots
             self.rt.pool = pool = await make_pool(p, ring)
             budget = share.budget_folder if share.budget_folder is not None else spec.folder

@@ -13,13 +13,14 @@ import threading
 from dataclasses import dataclass, field
 
 from .._base import _lifecycle as life
-from .._base._child import how_it_ended, launch, unlink_shm, unlink_shm_of
+from .._base._child import how_it_ended, launch
 from .._base._errors import PipelineDeadError
 from .._base._proctree import process_rss_bytes
+from .._base._shm import unlink_shm_of
 from .._base._stats import Counters
 from .._base._wire import ChildFailed, Message
 from .._device._ring import BatchRing
-from ._control import Counts, EngineReady, Listed, Produced, ProductionFailed
+from ._control import SLOT, Counts, EngineReady, Listed, Produced, ProductionFailed
 from ._notices import BatchReady, EpochEnd, Failed, Notice
 
 __all__ = ["EVERY_GENERATION", "EngineLink"]
@@ -42,7 +43,7 @@ class EngineLink:
         ready: Its ready message, once heard.
         failed: Why it cannot go on, once known.
         gone: Its socket ended.
-        ring: Its ring, mapped here once it is ready.
+        ring: The ring it fills, made here.
         heard: Set once it is ready, failed or gone.
         position: ``(epoch, batch)``: where its stream goes on after the last notice the
             trainer took of it (a replacement starts there).
@@ -54,30 +55,34 @@ class EngineLink:
     proc: subprocess.Popen[bytes]
     conn: mpc.Connection
     release_fd: int
+    ring: BatchRing
     notices: queue.Queue[tuple[int, Notice]] = field(default_factory=queue.Queue)
     replies: queue.Queue[Counters] = field(default_factory=queue.Queue)
     last_counts: Counters | None = None
     ready: EngineReady | None = None
     failed: BaseException | None = None
     gone: bool = False
-    ring: BatchRing | None = None
     heard: threading.Event = field(default_factory=threading.Event)
     position: tuple[int, int] = (0, 0)
     memory: int = 0
 
     @classmethod
-    def launch(cls, k: int, serial: int, order: bytes, r: int, w: int) -> EngineLink:
+    def launch(
+        cls, k: int, serial: int, order: bytes, r: int, w: int, ring: BatchRing
+    ) -> EngineLink:
         """Start engine ``k`` on its pickled ``order`` with the read end ``r`` of its slot
         pipe (closed here once the child has it; ``w`` stays, or is closed if the start
-        fails)."""
+        fails) and ``ring`` (made here; its slots go back on ``w``)."""
+        assert ring.ref is not None
         try:
-            proc, conn = launch(_ENTRY, "asyncloader-engine", order, pass_fds=(r,))
+            proc, conn = launch(_ENTRY, "asyncloader-engine", order, pass_fds=(r, *ring.ref.fds))
         except BaseException:
             os.close(w)
             raise
         finally:
             os.close(r)
-        return cls(k, serial, proc, conn, w)
+        ring.on_release = lambda slot: _give_back(w, slot)
+        return cls(k, serial, proc, conn, w, ring)
 
     def dispatch(self, msg: Message) -> Listed | BaseException | None:
         """On the reader thread: ``msg`` to where it is waited for.  A :class:`Listed` (the
@@ -114,6 +119,10 @@ class EngineLink:
         elif isinstance(notice, EpochEnd):
             self.position = (notice.epoch + 1, 0)
 
+    def give_back(self, slot: int) -> None:
+        """Slot ``slot`` of its ring goes back to it (a batch it made that is dropped)."""
+        _give_back(self.release_fd, slot)
+
     def look_at_memory(self) -> None:
         """Note its resident memory now (the reader thread's, about once a second): the
         last figure is what its death names."""
@@ -145,15 +154,13 @@ class EngineLink:
         return self.ready
 
     def remove_remains(self, *, keep_ring: bool) -> str:
-        """It died: remove what it left in ``/dev/shm`` (its ring, its decode workers'
-        arena: every segment it made), before its exit code is read (until then its pid is
-        no other process's); its ring is unmapped here once no batch of it is referenced
-        (``keep_ring``: not before the trainer closes, an uploader page-locked it).  How
-        it ended, in words (:meth:`ending`)."""
-        if self.ready is not None:
-            unlink_shm(self.ready.ring)
+        """It died: remove what it left in ``/dev/shm`` where segments have names (its
+        decode workers' arena), before its exit code is read (until then its pid is no
+        other process's); its ring is freed once no batch of it is referenced here
+        (``keep_ring``: not before the trainer closes, an uploader page-locked it).  How it
+        ended, in words (:meth:`ending`)."""
         unlink_shm_of(self.proc.pid)
-        if self.ring is not None and not keep_ring:
+        if not keep_ring:
             self.ring.close()
         return self.ending()
 
@@ -172,3 +179,9 @@ class EngineLink:
             f"{self.ending()} {when}; {more}what it printed is on stderr. "
             "EngineConfig(mode='inline') runs the engine in this process."
         )
+
+
+def _give_back(fd: int, slot: int) -> None:
+    """Slot ``slot`` goes back to its engine (from any thread; never raises)."""
+    with contextlib.suppress(OSError):
+        os.write(fd, SLOT.pack(slot))
