@@ -15,7 +15,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asyncloader import AsyncLoaderError
+from asyncloader import AsyncLoaderError, __version__
+from asyncloader._tools._args import (
+    add_store_options,
+    parse_shard,
+    positive,
+    store_options,
+)
 
 if TYPE_CHECKING:
     pass
@@ -64,8 +70,10 @@ def _demo(args: argparse.Namespace) -> int:
             samples = 0
             for epoch in range(args.epochs):
                 loader.set_epoch(epoch)
+                # The epoch's mean rate (smoothing=0): batches the ring holds already arrive
+                # at once, and a rate of the last few would show millions of images/s.
                 with tqdm(
-                    total=loader.num_samples, desc=f"epoch {epoch}", unit="img", smoothing=0.1
+                    total=loader.num_samples, desc=f"epoch {epoch}", unit="img", smoothing=0
                 ) as bar:
                     for images, _labels in loader:
                         samples += len(images)
@@ -103,61 +111,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_shard(text: str) -> tuple[int, int]:
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard wants i/n (like 0/4), not {text!r}") from None
-    if n < 1 or not 0 <= i < n:
-        raise argparse.ArgumentTypeError(f"shard {text} does not exist: 0 <= i < n")
-    return i, n
-
-
-def _parse_store_option(text: str) -> tuple[str, object]:
-    """``KEY=VALUE`` → ``(key, value)``: ``true``/``false`` a bool, a number a number, else
-    the text (``region=eu-west-1``, ``requester_pays=true``, ``max_connections=512``)."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError(f"--store-option wants KEY=VALUE, not {text!r}")
-    if value.lower() in ("true", "false"):
-        return key, value.lower() == "true"
-    for kind in (int, float):
-        try:
-            return key, kind(value)
-        except ValueError:
-            pass
-    return key, value
-
-
-def _store_options(args: argparse.Namespace) -> dict[str, object]:
-    """The store options the command line sets (``--endpoint-url``, ``--store-option``)."""
-    options: dict[str, object] = dict(args.store_option or [])
-    if args.endpoint_url:
-        options["endpoint_url"] = args.endpoint_url
-    return options
-
-
-def _add_store_options(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "--endpoint-url", default=None, help="an S3-compatible, Azure Blob or GCS endpoint"
-    )
-    command.add_argument(
-        "-o",
-        "--store-option",
-        type=_parse_store_option,
-        action="append",
-        metavar="KEY=VALUE",
-        help="any option of the store (repeatable): region=eu-west-1, requester_pays=true, "
-        "user_project=..., profile=..., anonymous=true, ca_bundle=ca.pem, ...",
-    )
-
-
 def _warm(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     import asyncloader as al
 
-    options = _store_options(args)
+    options = store_options(args)
     extra: dict[str, object] = {"extensions": None} if args.all_objects else {}
     print(f"listing {args.url} ...", file=sys.stderr)
     state: dict[str, object] = {}
@@ -218,7 +177,7 @@ def _ls(args: argparse.Namespace) -> int:
 
     import asyncloader as al
 
-    options = _store_options(args)
+    options = store_options(args)
     extra: dict[str, object] = {"extensions": None} if args.all_objects else {}
     inv = al.describe(
         args.url,
@@ -234,6 +193,10 @@ def _ls(args: argparse.Namespace) -> int:
         print(json.dumps(asdict(inv)))
     else:
         print(inv.summary())
+    if inv.samples == 0:
+        # Nothing a loader could read: a prefix that names nothing, or no image files.
+        print(f"asyncloader ls: {inv.nothing_to_read()}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -244,7 +207,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.plot:
         al.BenchReport.check_plot()  # before the measurement, not after it
-    options = _store_options(args)
+    options = store_options(args)
     if not args.json:
         print(f"measuring {args.url} for about {args.seconds:.0f} s ...", file=sys.stderr)
     report = al.bench(
@@ -272,8 +235,16 @@ def _cache_cmd(args: argparse.Namespace) -> int:
     from asyncloader import ObjectCache
 
     if not Path(args.dir).is_dir():
-        print(f"no cache at {args.dir}", file=sys.stderr)
-        return 2
+        print(f"asyncloader cache: no cache at {args.dir}: no such folder", file=sys.stderr)
+        return 1
+    if not ObjectCache.is_cache(args.dir):
+        # Opening it would make an index inside someone's data: refuse, write nothing.
+        print(
+            f"asyncloader cache: {args.dir} is not a cache folder (no objects/cache.db in "
+            "it): give the folder a loader's CacheConfig(dir=) or --cache-dir names",
+            file=sys.stderr,
+        )
+        return 1
     cache = ObjectCache(args.dir)
     if args.action == "stats":
         st = cache.stats()
@@ -294,13 +265,16 @@ def main(argv: list[str] | None = None) -> int:
         epilog=f"Each command's options: asyncloader COMMAND --help.  Docs: the CLI page "
         f"({DOCS}cli.md).",
     )
+    parser.add_argument("--version", action="version", version=f"asyncloader {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="stream a generated JPEG folder from a local S3 emulator")
-    demo.add_argument("--images", type=int, default=2000, help="images to generate (2000)")
-    demo.add_argument("--classes", type=int, default=10, help="class folders (10)")
-    demo.add_argument("--epochs", type=int, default=3, help="epochs to stream (3)")
-    demo.add_argument("--batch-size", type=int, default=128, help="batch size (128)")
-    demo.add_argument("--decode-workers", type=int, default=None, help="default: all CPUs")
+    demo.add_argument("--images", type=positive, default=2000, help="images to generate (2000)")
+    demo.add_argument("--classes", type=positive, default=10, help="class folders (10)")
+    demo.add_argument("--epochs", type=positive, default=3, help="epochs to stream (3)")
+    demo.add_argument("--batch-size", type=positive, default=128, help="batch size (128)")
+    demo.add_argument(
+        "--decode-workers", type=positive, default=None, help="default: the CPU budget"
+    )
     demo.add_argument("--backend", choices=("auto", "thread", "process"), default="auto")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument(
@@ -335,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         help="requests in flight (default: 64 per CPU, at least 64)",
     )
     warm.add_argument(
-        "--shard", type=_parse_shard, default=None, help="i/n: this node's part (torchrun env)"
+        "--shard", type=parse_shard, default=None, help="i/n: this node's part (torchrun env)"
     )
     warm.add_argument(
         "--node-local-seed",
@@ -344,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SEED",
         help="warm node i/n's subset for shuffle='node' with this seed, not every n-th object",
     )
-    _add_store_options(warm)
+    add_store_options(warm)
     warm.add_argument("--refresh-listing", action="store_true", help="list the store again")
     warm.add_argument("--all-objects", action="store_true", help="not only image files")
     warm.add_argument(
@@ -363,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     ls.add_argument(
         "--cache-dir", default=None, help="read (and save) the listing saved in this cache"
     )
-    _add_store_options(ls)
+    add_store_options(ls)
     ls.add_argument("--refresh-listing", action="store_true", help="list the store again")
     ls.add_argument("--all-objects", action="store_true", help="count every object as a sample")
     ls.add_argument("--json", action="store_true", help="one JSON object, for scripts")
@@ -396,11 +370,23 @@ def main(argv: list[str] | None = None) -> int:
         help="the cache folder whose disk is measured (a scratch cache inside, removed after)",
     )
     bench.add_argument("--no-disk", action="store_true", help="skip the disk measurement")
-    _add_store_options(bench)
+    add_store_options(bench)
     bench.add_argument("--plot", metavar="FILE.png", default=None, help="draw the results")
     bench.add_argument("--json", action="store_true", help="one JSON object, for scripts")
-    cache = sub.add_parser("cache", help="inspect, check or empty a cache folder")
-    cache.add_argument("action", choices=("stats", "verify", "clear"))
+    cache = sub.add_parser(
+        "cache",
+        help="inspect, check or empty a cache folder",
+        description="Inspect, check or empty a cache folder (one that a loader's "
+        "CacheConfig(dir=) or warm --cache-dir filled).  A folder that is not a cache is "
+        "an error; nothing is written to it.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="actions:\n"
+        "  stats   objects and bytes held (reads only)\n"
+        "  verify  reads every entry, checks its length and CRC, and removes the damaged\n"
+        "          ones, entries whose pack file is gone, and files no entry refers to\n"
+        "  clear   removes every entry",
+    )
+    cache.add_argument("action", choices=("stats", "verify", "clear"), help="see below")
     cache.add_argument("dir", help="the cache folder")
     args = parser.parse_args(argv)
     try:

@@ -297,3 +297,18 @@ def test_rings_live_in_dev_shm_where_there_is_no_memfd(
     assert got[0] == expected[0]
     assert np.array_equal(got[1], expected[1])
     assert segments([os.getpid()]) == set()
+
+
+def test_a_small_dataset_is_not_fetched_epochs_ahead(server: S3TestServer) -> None:
+    # 96 images in batches of 32: three batches an epoch, two from engine 0, one from
+    # engine 1.  Each engine uses no more ring slots than it makes batches an epoch (two at
+    # the least): one epoch read fetches that epoch and at most four batches ahead, not
+    # the rings' worth of epochs.
+    with _loader(server, batch_size=32, engine=al.EngineConfig(processes=2)) as loader:
+        assert sum(len(lab) for _, lab in loader) == N_IMAGES
+        time.sleep(0.5)  # the engines fill what they may meanwhile
+        stats = loader.stats()
+    assert stats.ring_slots >= 6  # the rings are larger than an epoch
+    assert N_IMAGES <= stats.objects_fetched <= N_IMAGES + 4 * 32
+    assert stats.samples_ahead == stats.decoded - N_IMAGES
+    assert f"{stats.samples_ahead} more decoded ahead of the training loop" in stats.summary()

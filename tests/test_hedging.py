@@ -72,6 +72,8 @@ def test_hedges_are_bounded_by_their_share(bucket: MemoryBucket) -> None:
         assert sum(len(lab) for _, lab in loader) == N_IMAGES
     stats = loader.stats()
     assert 0 < stats.hedges_sent <= 0.1 * stats.requests + 2
+    # Hedges hold no in-flight slot, and are not counted in flight: the peak is the slots'.
+    assert stats.inflight_peak <= stats.max_inflight == 8
     assert stats.request_p50 > 0 and stats.request_p99 >= stats.request_p90 >= stats.request_p50
 
 

@@ -250,14 +250,14 @@ def test_store_options_on_the_command_line_and_errors_without_tracebacks(
 
 
 def test_store_option_values_and_unknown_options() -> None:
-    from asyncloader._cli import _parse_store_option
+    from asyncloader._tools._args import parse_store_option
 
-    assert _parse_store_option("requester_pays=true") == ("requester_pays", True)
-    assert _parse_store_option("anonymous=False") == ("anonymous", False)
-    assert _parse_store_option("max_connections=512") == ("max_connections", 512)
-    assert _parse_store_option("read_timeout=2.5") == ("read_timeout", 2.5)
-    assert _parse_store_option("region=eu-west-1") == ("region", "eu-west-1")
-    assert _parse_store_option("sas_token=sv=1&sig=a=") == ("sas_token", "sv=1&sig=a=")
+    assert parse_store_option("requester_pays=true") == ("requester_pays", True)
+    assert parse_store_option("anonymous=False") == ("anonymous", False)
+    assert parse_store_option("max_connections=512") == ("max_connections", 512)
+    assert parse_store_option("read_timeout=2.5") == ("read_timeout", 2.5)
+    assert parse_store_option("region=eu-west-1") == ("region", "eu-west-1")
+    assert parse_store_option("sas_token=sv=1&sig=a=") == ("sas_token", "sv=1&sig=a=")
     with pytest.raises(ValueError, match=r"LocalStore takes no options"):
         al.ImageLoader("/tmp/", store_options={"region": "x"})
     with pytest.raises(ValueError, match=r"unknown store option 'regoin' for gs://"):

@@ -71,7 +71,15 @@ RUN_ROOMS: list[dict[str, set[str]]] = [
         "_engine": {"_control", "_inline", "_notices", "_pipeline"},
         "_link": {"_control", "_notices"},
         "_reader": {"_control", "_link"},
-        "_engines": {"_build", "_control", "_link", "_notices", "_reader", "_sampler"},
+        "_engines": {
+            "_batches",
+            "_build",
+            "_control",
+            "_link",
+            "_notices",
+            "_reader",
+            "_sampler",
+        },
         "_assembly": {"_control", "_engines", "_inline"},
     },
     {  # the loader: the consumer's waits and ImageLoader
@@ -222,6 +230,8 @@ FACE_EXCEPTIONS = {
     ("torch.py", "asyncloader._run._build"),
     # The node's ranks (LOCAL_WORLD_SIZE), read where every environment variable is.
     ("torch.py", "asyncloader._base._env"),
+    # The command line's own argument types (its helpers, in a module of their own).
+    ("_cli.py", "asyncloader._tools._args"),
 }
 
 

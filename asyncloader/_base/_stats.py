@@ -64,6 +64,10 @@ class LatencyWindow:
         return self._sorted[min(int(q * len(self._sorted)), len(self._sorted) - 1)]
 
 
+TELL_AFTER = 20
+"""Batches delivered before ``Stats.bound`` names a stage: in a shorter run start-up weighs
+as much as streaming."""
+
 # Counters the lead engine process alone keeps (merged: its value).
 _FIRST = frozenset(
     {
@@ -200,8 +204,8 @@ class Counters:
         decode_util = self.decode_seconds / (wall * max(decode_workers, 1))
         wait_frac = self.consumer_wait_seconds / wall
         bound: Bound
-        if self.consumer_batches == 0:
-            bound = "unknown"
+        if self.consumer_batches < TELL_AFTER:
+            bound = "unknown"  # start-up weighs as much as streaming
         elif wait_frac < 0.10:
             # The consumer hardly ever waited: the loader is ahead of it.
             bound = "consumer"
@@ -270,7 +274,9 @@ class Stats:
         retries: Retries by reason (``"throttled"``, ``"transient"``, ...).
         objects_fetched: Objects fully fetched and verified.
         mean_fetch_seconds: Mean wall time of one object fetch, retries included [seconds].
-        inflight: Requests in flight right now; ``inflight_peak`` the most seen at once.
+        inflight: Requests holding an in-flight slot right now; ``inflight_peak`` the most
+            seen at once (with several engine processes: the sum of each one's most, at
+            most ``max_inflight``).  A hedge holds no slot: ``hedges_sent`` counts them.
         max_inflight: The ceiling of requests in flight; ``inflight_limit`` the adaptive
             budget's limit now (see :class:`~asyncloader.FetchConfig`).
         backoffs: Times the budget backed off on a throttled answer (503, 429); of those,
@@ -372,25 +378,37 @@ class Stats:
     def samples_per_second(self) -> float:
         return self.samples / self.wall_seconds
 
+    @property
+    def samples_ahead(self) -> int:
+        """Samples decoded and not delivered: made ahead of the training loop (the ring's
+        batches, the next epoch's first ones), or dropped by a restart (``set_epoch``,
+        a resume)."""
+        return max(self.decoded - self.samples - sum(self.skipped.values()), 0)
+
     def bound_in_words(self) -> str:
-        """Which stage bounded the run, in words a newcomer understands."""
-        if self.batches < 20:
-            return "too short a run to tell (start-up weighs as much as streaming)"
+        """Which stage bounded the run, in words a newcomer understands (the same verdict
+        as ``bound``)."""
         return {
             "decode": "decoding and resizing images: the decode workers were busy nearly "
             "all the time",
             "fetch": "waiting for the store: the decode workers were often idle, waiting for bytes",
             "consumer": "the training loop: the loader kept ahead of it",
-        }.get(self.bound, "not known yet (too few batches)")
+        }.get(
+            self.bound,
+            f"too short a run to tell (fewer than {TELL_AFTER} batches: start-up weighs as "
+            "much as streaming)",
+        )
 
     def summary(self) -> str:
         """A few human lines: throughput, the bounding stage, retries and skips."""
         mb = self.bytes_fetched / 1e6
+        ahead = self.samples_ahead
+        bound = self.bound if self.bound != "unknown" else "too short a run to tell"
         lines = [
             f"{self.samples} samples in {self.batches} batches, {self.wall_seconds:.1f} s "
             f"({self.samples_per_second:.0f} samples/s, {mb / self.wall_seconds:.1f} MB/s "
-            "fetched)",
-            f"bound by: {self.bound}  (decode workers {self.decode_workers}"
+            "fetched)" + (f"; {ahead} more decoded ahead of the training loop" if ahead else ""),
+            f"bound by: {bound}  (decode workers {self.decode_workers}"
             + (f" of {self.cpu_budget}" if self.cpu_budget else "")
             + f", consumer waited {self.consumer_wait_seconds:.1f} s, "
             f"decode busy {self.decode_utilization:.0%}, peak in flight "
@@ -413,9 +431,16 @@ class Stats:
             f"requests {self.requests} (p50/p90/p99 {self.request_p50 * 1e3:.0f}/"
             f"{self.request_p90 * 1e3:.0f}/{self.request_p99 * 1e3:.0f} ms; hedges "
             f"{self.hedges_sent} sent, {self.hedges_won} won), "
-            f"retries {sum(self.retries.values())} "
-            f"{dict(self.retries) or ''}, skipped {sum(self.skipped.values())} "
-            f"{dict(self.skipped) or ''}, worker restarts {self.worker_restarts}"
+            f"retries {_counted(self.retries)}, skipped {_counted(self.skipped)}, "
+            f"worker restarts {self.worker_restarts}"
             + (f", engine restarts {self.engine_restarts}" if self.engine_restarts else ""),
         ]
         return "\n".join(line.rstrip() for line in lines)
+
+
+def _counted(by_reason: dict[str, int]) -> str:
+    """``3 (throttled 2, transient 1)``, or ``0``."""
+    total = sum(by_reason.values())
+    if not total:
+        return "0"
+    return f"{total} (" + ", ".join(f"{k} {n}" for k, n in by_reason.items() if n) + ")"

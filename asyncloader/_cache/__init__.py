@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import threading
 import time
 import zlib
@@ -345,10 +346,34 @@ class ObjectCache:
         self._local.damaged = 0
         return int(n)
 
+    @staticmethod
+    def is_cache(directory: str | os.PathLike[str]) -> bool:
+        """``directory`` holds a cache: its index (``objects/cache.db``) is there."""
+        return os.path.isfile(os.path.join(directory, "objects", "cache.db"))
+
     def stats(self) -> CacheStats:
-        db = self._db()
-        ((packed,),) = db._sql("SELECT COALESCE(SUM(size), 0) FROM AsyncloaderPack").fetchall()
-        return CacheStats(self.directory, len(db), int(db.volume()) + packed, self.size_limit)
+        """Objects and bytes held (as diskcache counts its volume: the index's pages and
+        the values, with the pack files' bytes), read without writing anything: no folder
+        or index is made where there is none (then it holds nothing)."""
+        index = Path(self.directory, "objects", "cache.db")
+        if not index.is_file():
+            return CacheStats(self.directory, 0, 0, self.size_limit)
+        # `mode=rw`: an existing index only, opened with plain SELECTs (not diskcache,
+        # which creates its tables and settings); SQLite's WAL files go with the connection.
+        con = sqlite3.connect(f"{index.as_uri()}?mode=rw", uri=True, timeout=60)
+        try:
+            settings = dict(
+                con.execute("SELECT key, value FROM Settings WHERE key IN ('count', 'size')")
+            )
+            ((pages,),) = con.execute("PRAGMA page_count").fetchall()
+            ((page_size,),) = con.execute("PRAGMA page_size").fetchall()
+            packed = 0
+            if con.execute("SELECT 1 FROM sqlite_master WHERE name = 'AsyncloaderPack'").fetchone():
+                ((packed,),) = con.execute("SELECT COALESCE(SUM(size), 0) FROM AsyncloaderPack")
+        finally:
+            con.close()
+        volume = pages * page_size + int(settings.get("size", 0)) + int(packed)
+        return CacheStats(self.directory, int(settings.get("count", 0)), volume, self.size_limit)
 
     def verify(self) -> tuple[int, int]:
         """Read every entry, drop the damaged ones, entries whose pack is gone, and files

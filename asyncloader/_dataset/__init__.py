@@ -28,6 +28,7 @@ from ._labels import (
     LabelSpec,
     build_dataset,
     manifest_objects,
+    no_samples,
     parse_manifest,
     read_columnar_manifest,
 )
@@ -162,10 +163,7 @@ async def open_listing(
     def check(objects: Sequence[ObjectInfo], dataset: Dataset) -> None:
         listed(objects)
         if not dataset.samples:
-            raise AsyncLoaderError(
-                f"no samples under {store.url} "
-                f"({len(objects)} objects listed; extensions={extensions})"
-            )
+            raise AsyncLoaderError(no_samples(store.url, len(objects), extensions))
 
     if is_columnar(labels):  # the samples, labels and objects as arrays: no LIST, no rows
         assert isinstance(labels, str)

@@ -30,6 +30,7 @@ from ._objects import ObjectList, SampleList, texts_from_arrays, texts_to_arrays
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "no_samples",
     "Dataset",
     "DatasetBuilder",
     "KeyFilter",
@@ -42,6 +43,23 @@ __all__ = [
 ]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
+
+
+def no_samples(url: str, listed: int, extensions: Sequence[str] | None) -> str:
+    """Why ``url`` gave no samples (``listed`` objects were listed there), and where to
+    look: one message for the loader, ``ls`` and ``bench``."""
+    if listed == 0:
+        return (
+            f"no samples under {url}: nothing is listed there. Is the prefix right? Keys "
+            "start with it (s3://bucket/train/ lists the keys train/...); `asyncloader ls` "
+            "of the folder above shows what is there"
+        )
+    return (
+        f"no samples under {url}: {listed} objects listed, none of them with an image "
+        f"extension ({', '.join(extensions or ())}). `asyncloader ls --all-objects` counts "
+        "every object; a loader's extensions= picks others"
+    )
+
 
 LabelSpec = str | Callable[[str], int] | None
 

@@ -42,6 +42,9 @@ class BatchRing:
         images: uint8 array (slots, batch_size, *sample_shape).
         labels: int64 array (slots, batch_size).
         ref: How another process maps its segment, or None for private memory.
+        limit: Slots in use: all of them, or fewer where an epoch has fewer batches (its
+            engine does not fill a ring with epochs no one may read; see
+            :meth:`BatchOrder.slots_for <asyncloader._run._batches.BatchOrder.slots_for>`).
         on_release: Called with a slot when the last reference to the batch leased from it
             is gone; from any thread, so it must be thread-safe (the loader hands the slot
             to the event loop).  Not called after :meth:`close`.
@@ -60,6 +63,7 @@ class BatchRing:
         if slots < 2 and attach is None:
             raise ValueError("the ring needs at least 2 slots (one filling, one consumed)")
         self.slots = slots
+        self.limit = slots
         self.batch_size = batch_size
         self.on_release: Callable[[int], None] | None = None
         shape = (slots, batch_size, *sample_shape)

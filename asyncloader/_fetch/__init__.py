@@ -158,13 +158,22 @@ class Fetcher:
         return await retrying(attempt, self.config, on_retry=count, rng=self._rng)
 
     async def _one(
-        self, key: str, start: int, end: int | None, etag: str, size: int | None
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        etag: str,
+        size: int | None,
+        *,
+        hedge: bool = False,
     ) -> Blob:
-        """One request, counted, its answer's length checked and its latency learned."""
+        """One request, counted, its answer's length checked and its latency learned.  A
+        ``hedge`` holds no in-flight slot and is not counted in flight (``hedges_sent``)."""
         c = self._c
         loop = asyncio.get_running_loop()
         c.requests += 1
-        c.inflight += 1
+        held = 0 if hedge else 1
+        c.inflight += held
         c.inflight_peak = max(c.inflight_peak, c.inflight)
         generation = self.budget.generation
         t0 = loop.time()
@@ -176,7 +185,7 @@ class Fetcher:
                 c.inflight_limit = self.budget.limit
             raise
         finally:
-            c.inflight -= 1
+            c.inflight -= held
         c.bytes_fetched += len(data)
         if size is not None and len(data) != size:
             raise LengthMismatch(
@@ -254,7 +263,7 @@ class Fetcher:
             c = self._c
             c.hedges_sent += 1
             self._hedges_inflight += 1
-            second = loop.create_task(self._one(key, start, end, etag, size))
+            second = loop.create_task(self._one(key, start, end, etag, size, hedge=True))
             second.add_done_callback(self._hedge_done)
             tasks.append(second)
             pending: set[asyncio.Future[Blob]] = {first, second}

@@ -12,6 +12,7 @@ import numpy.typing as npt
 from .._base._config import RunConfig
 from .._base._errors import AsyncLoaderError
 from .._dataset import Listing
+from .._dataset._labels import Dataset
 from ._sampler import batch_owner, epoch_indices, num_batches, samples_per_epoch, unshuffled_batch
 
 __all__ = ["BatchOrder"]
@@ -42,6 +43,25 @@ class BatchOrder:
                 raise AsyncLoaderError("the listing is not complete yet")
             self._epoch_samples = samples_per_epoch(len(dataset.samples), self.run)
         return self._epoch_samples
+
+    def slots_for(self, slots: int) -> int:
+        """How many of a ring's ``slots`` the engine uses: no more than it makes batches
+        per epoch (at least 2: one filling, one the trainer holds), so that a small dataset
+        is not fetched several epochs ahead of a run that may read only one; all of them
+        while the listing still grows."""
+        if self.listing.dataset is None:
+            return slots
+        r = self.run
+        batches = num_batches(self.epoch_samples(), r.batch_size, r.drop_last)
+        return min(slots, max(2, sum(map(self.mine, range(batches)))))
+
+    @classmethod
+    def engines_slots(cls, dataset: Dataset, run: RunConfig, slots: list[int]) -> list[int]:
+        """:meth:`slots_for` of each of ``len(slots)`` engines, ``slots[k]`` engine ``k``'s
+        ring (as the trainer counts what each engine's pipeline uses)."""
+        n = len(slots)
+        listing = Listing(dataset)
+        return [cls(listing, run, (k, n)).slots_for(s) for k, s in enumerate(slots)]
 
     def check(self) -> None:
         """Every worker sharing this rank must get a batch (the listing is complete).

@@ -280,7 +280,7 @@ def split_plan(p: LoaderPlan, n: int) -> list[LoaderPlan]:
     plans = []
     for k in range(n):
         workers = max(1, p.workers // n + (k < p.workers % n))
-        inflight = max(1, -(-p.fetch.inflight // n))
+        inflight = max(1, p.fetch.inflight // n + (k < p.fetch.inflight % n))
         fetch = dataclasses.replace(p.fetch, max_inflight=inflight)
         given = p.engine.prefetch_batches
         slots = max(2, -(-given // n)) if given else ring_slots(None, inflight, p.run.batch_size)

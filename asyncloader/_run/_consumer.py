@@ -173,7 +173,7 @@ class Consumer:
                             + self.stats().summary()
                         ) from None
                     ring = engine.held_ring()
-                    if ring is None or ring.held < ring.slots:
+                    if ring is None or ring.held < ring.limit:
                         all_held_since = None
                     elif all_held_since is None:
                         # Batches caught in reference cycles are only freed by a collection.
@@ -181,7 +181,7 @@ class Consumer:
                         gc.collect()
                     elif now - all_held_since > HELD_GRACE:
                         raise BatchesHeldError(
-                            f"all {ring.slots} ring slots hold batches that are still "
+                            f"all {ring.limit} ring slots hold batches that are still "
                             "referenced, so the next batch cannot be made. A batch is a view "
                             "of its slot (no copy) until the last reference to it is gone: "
                             "keep copies of batches you keep (images.clone()), drop the ones "

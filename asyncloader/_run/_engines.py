@@ -1,22 +1,20 @@
 """Engine processes, the training process's side (``EngineConfig(mode="process")``).
 
 The loader's engine runs in ``n`` processes (:mod:`._engine`): engine ``k`` fetches, caches
-and decodes batches ``k, k + n, …`` of the rank's share into a ring of its own in shared
-memory.  Here, in the training process, only this runs:
+and decodes batches ``k, k + n, …`` of the rank's share into a ring of shared memory made
+here.  Here, in the training process, only this runs:
 
-* a reader thread that takes the engines' messages off their sockets (one per batch);
-* :meth:`EngineProcesses.next_notice`, which hands the batches out in order: batch ``b``
-  comes from engine ``b % n``;
+* a reader thread (:mod:`._reader`); :meth:`EngineProcesses.next_notice`, which hands the
+  batches out in order: batch ``b`` comes from engine ``b % n``;
 * leases on the mapped rings: when a batch's last reference goes, its slot goes back to its
   engine as four bytes on a pipe (from whichever thread dropped it);
 * counters gathered from the engines when ``stats()`` asks;
 * the replacement of an engine that died (killed by the out-of-memory killer, say): once
   the trainer has taken every notice it sent, a new engine process starts where its stream
   stopped (the epoch and batch after the last notice taken, for the same start), so the
-  epoch goes on and every sample arrives once, in the seed's order.  Its ring (made here,
-  as every engine's is) is freed once its batches are let go; what it made itself goes
-  with it (memfds), or is removed from ``/dev/shm``.
-  At most ``EngineConfig.max_restarts`` per epoch.
+  epoch goes on and every sample arrives once, in the seed's order.  Its ring is freed
+  once its batches are let go; what it made itself goes with it (memfds), or is removed
+  from ``/dev/shm``.  At most ``EngineConfig.max_restarts`` per epoch.
 
 Nothing here runs per sample.  Engines stop when asked (``close()``), and by themselves
 when the training process is gone (their socket ends), unlinking their rings.
@@ -46,6 +44,7 @@ from .._base._stats import Counters
 from .._base._wire import Message, Stop
 from .._dataset._labels import Dataset
 from .._device._ring import BatchRing
+from ._batches import BatchOrder
 from ._build import engine_ring, split_plan
 from ._control import (
     AskCounters,
@@ -108,6 +107,7 @@ class EngineProcesses:
         self._retired: list[EngineLink] = []  # replaced: their rings mapped until close
         self._lost: list[Counters] = []  # what the replaced engines had counted
         self._rings: dict[int, BatchRing] = {}  # by the serial of the engine that fills it
+        self._limits: list[int] | None = None  # the slots each engine uses
         self._serials = itertools.count()
         self._engines: list[EngineLink] = []
         if n > 1 and spec.folder is None:
@@ -329,21 +329,23 @@ class EngineProcesses:
             self._listed.set()
         self._restarts += 1
         log.warning(
-            "asyncloader: %s while running; a new engine process (pid %d) goes on from "
-            "batch %d of epoch %d (%d of at most %d replaced this epoch)",
-            ending,
-            new.proc.pid,
-            first,
-            epoch,
-            deaths + 1,
-            self._max_restarts,
+            f"asyncloader: {ending} while running; a new engine process (pid {new.proc.pid}) "
+            f"goes on from batch {first} of epoch {epoch} ({deaths + 1} of at most "
+            f"{self._max_restarts} replaced this epoch)"
         )
 
     def lease(self, ready: BatchReady) -> tuple[Any, np.ndarray[Any, Any]]:
         return self._rings[ready.ring].lease(ready.slot, ready.n)
 
     def held_ring(self) -> BatchRing | None:
-        return self._engines[self._owner(self._expect)].ring
+        k = self._owner(self._expect)
+        ring = self._engines[k].ring
+        if self._dataset is not None:  # the slots its engine uses (as its pipeline counts)
+            if self._limits is None:
+                slots = [plan.slots for plan in self._plans]
+                self._limits = BatchOrder.engines_slots(self._dataset, self._run, slots)
+            ring.limit = self._limits[k]
+        return ring
 
     def dataset(self) -> Dataset:
         while not self._listed.wait(0.1):

@@ -141,7 +141,8 @@ class Pipeline:
             if isinstance(item, BatchReady):
                 self._out.discard(item.slot)
         self._free = asyncio.Queue()
-        for s in range(self.ring.slots):
+        self.ring.limit = self.order.slots_for(self.ring.slots)
+        for s in range(self.ring.limit):
             if s not in self._out:
                 self._free.put_nowait(s)
         self.counters.ring_out = len(self._out)
@@ -166,7 +167,8 @@ class Pipeline:
         if slot in self._out:
             self._out.remove(slot)
             self.counters.ring_out = len(self._out)
-            self._free.put_nowait(slot)
+            if slot < self.ring.limit:
+                self._free.put_nowait(slot)
 
     async def _decode(self, job: DecodeJob, seq: int) -> Outcome:
         c = self.counters

@@ -37,12 +37,12 @@ import numpy as np
 
 from .._base._config import CacheConfig, decode_worker_count
 from .._base._env import cpu_budget
-from .._base._errors import StoreError, Throttled
+from .._base._errors import AsyncLoaderError, StoreError, Throttled
 from .._base._proctree import machine_busy_seconds
 from .._base._types import Blob, ObjectInfo, ObjectStore
 from .._cache import ObjectCache
 from .._dataset import saved_listing
-from .._dataset._labels import IMAGE_EXTENSIONS
+from .._dataset._labels import IMAGE_EXTENSIONS, no_samples
 from .._dataset._saved import listing_path, save_listing
 from .._decode import DecodeSpec, choose_backend, decode_into
 from .._decode._transforms import RandomResizedCrop
@@ -253,7 +253,7 @@ async def _measure(
         objects, complete = await _listed(store, cache, seconds * 0.2)
         images = [o for o in objects if os.path.splitext(o.key)[1].lower() in IMAGE_EXTENSIONS]
         if not images:
-            raise StoreError(f"no images under {url} to measure (listed {len(objects)} objects)")
+            raise AsyncLoaderError(no_samples(url, len(objects), IMAGE_EXTENSIONS))
         rng = random.Random(seed)
         sample = rng.sample(images, min(sample_size, len(images)))
         budget, kept = 0, list[ObjectInfo]()
@@ -333,7 +333,8 @@ def bench(
             disk measurement.
 
     Raises:
-        StoreError: the store could not be listed or read, or holds no images.
+        AsyncLoaderError: no images there (the message says where to look).
+        StoreError: the store could not be listed or read.
     """
     t_start = time.perf_counter()
     budget = cpu_budget()

@@ -26,6 +26,7 @@ from .._dataset._labels import (
     KeyFilter,
     columnar_manifest,
     key_path,
+    no_samples,
 )
 from .._dataset._located import write_file
 from .._dataset._objects import ObjectList
@@ -62,6 +63,10 @@ class Inventory:
     size_percentiles: dict[str, int] = field(default_factory=dict)
     extensions: dict[str, int] = field(default_factory=dict)
     from_saved_listing: bool = False
+
+    def nothing_to_read(self) -> str:
+        """Why a loader would find no samples here (for an inventory without any)."""
+        return no_samples(self.url, self.objects, IMAGE_EXTENSIONS)
 
     def summary(self) -> str:
         """A few human lines."""
