@@ -114,3 +114,18 @@ def test_bench_of_a_folder_without_images_is_a_clear_user_error(
     assert "AsyncLoaderError: no samples under" in err
     assert "StoreError" not in err
     assert os.listdir(tmp_path) == ["notes.txt"]
+
+
+def test_bench_says_which_sampled_objects_do_not_decode(
+    jpeg_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(jpeg_folder, data)
+    bad = sorted(data.rglob("*.jpg"))[:2]
+    for p in bad:
+        p.write_bytes(b"not a jpeg")
+    report = al.bench(str(data), seconds=2, sample=1000)
+    names = {p.relative_to(data).as_posix() for p in bad}
+    assert set(report.undecodable) == names
+    assert report.decode_cpu_ms_per_image > 0
+    assert f"2 of the {report.sample_objects} sampled objects do not decode" in report.summary()

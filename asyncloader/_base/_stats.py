@@ -8,8 +8,10 @@ single writer and readers only ever see a slightly stale value, which is fine fo
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
@@ -63,6 +65,13 @@ class LatencyWindow:
             return 0.0
         return self._sorted[min(int(q * len(self._sorted)), len(self._sorted) - 1)]
 
+
+log = logging.getLogger("asyncloader")
+
+SKIPPED_KEYS = 100
+"""Keys of skipped samples that ``stats().skipped_keys`` names (all are counted)."""
+SKIPPED_LOGGED = 10
+"""Skipped samples logged one by one (a warning each); then one line says more follow."""
 
 TELL_AFTER = 20
 """Batches delivered before ``Stats.bound`` names a stage: in a shorter run start-up weighs
@@ -126,6 +135,20 @@ class Counters:
     consumer_wait_seconds: float = 0.0
     consumer_first_batch_seconds: float | None = None
     skipped: Counter[str] = field(default_factory=Counter)  # in batches delivered
+    skipped_keys: list[str] = field(default_factory=list)  # the first SKIPPED_KEYS of them
+
+    def count_skipped(self, by_type: Counter[str], keys: Sequence[str]) -> None:
+        """Samples left out of a batch delivered (``on_error="skip"``): counted, the first
+        ``SKIPPED_KEYS`` named, and the first ``SKIPPED_LOGGED`` logged as a warning."""
+        before = sum(self.skipped.values())
+        self.skipped.update(by_type)
+        room = SKIPPED_KEYS - len(self.skipped_keys)
+        self.skipped_keys += list(keys[: max(room, 0)])
+        for i, key in enumerate(keys, before):
+            if i < SKIPPED_LOGGED:
+                log.warning("asyncloader: skipped %s (on_error='skip'; stats().skipped_keys)", key)
+            elif i == SKIPPED_LOGGED:
+                log.warning("asyncloader: more samples skipped: stats().skipped counts them all")
 
     def count_decode(self, outcome: Outcome, *, size: int = 0, caching: bool = False) -> None:
         """Account one decode job: the worker's busy time and its cache events.
@@ -193,6 +216,7 @@ class Counters:
         out.consumer_wait_seconds = consumer.consumer_wait_seconds
         out.consumer_first_batch_seconds = consumer.consumer_first_batch_seconds
         out.skipped = consumer.skipped
+        out.skipped_keys = consumer.skipped_keys
         out.started = consumer.started
         return out
 
@@ -238,6 +262,7 @@ class Counters:
             worker_restarts=self.worker_restarts,
             engine_restarts=self.engine_restarts,
             skipped=dict(self.skipped),
+            skipped_keys=tuple(self.skipped_keys),
             batches_produced=self.batches_produced,
             ring_full=max(self.ring_out - ring_held, 0),
             ring_held=ring_held,
@@ -295,7 +320,7 @@ class Stats:
             ``EngineConfig.max_restarts``); a replaced engine's counts are kept as it last
             reported them (to an earlier ``stats()``).
         skipped: Samples left out of delivered batches under ``on_error="skip"``, by error
-            type.
+            type; ``skipped_keys`` names the first 100 of them (shown as in messages).
         ring_full: Batch slots filled and waiting for the consumer (of ``ring_slots``).
         ring_held: Batch slots whose batch is still referenced — by the consumer (a batch
             keeps its slot until the last tensor or view of it is gone), or by the uploader
@@ -373,6 +398,7 @@ class Stats:
     decode_workers: int = 0
     cpu_budget: str = ""
     engine_restarts: int = 0
+    skipped_keys: tuple[str, ...] = ()
 
     @property
     def samples_per_second(self) -> float:
@@ -431,8 +457,9 @@ class Stats:
             f"requests {self.requests} (p50/p90/p99 {self.request_p50 * 1e3:.0f}/"
             f"{self.request_p90 * 1e3:.0f}/{self.request_p99 * 1e3:.0f} ms; hedges "
             f"{self.hedges_sent} sent, {self.hedges_won} won), "
-            f"retries {_counted(self.retries)}, skipped {_counted(self.skipped)}, "
-            f"worker restarts {self.worker_restarts}"
+            f"retries {_counted(self.retries)}, skipped {_counted(self.skipped)}"
+            + (f" [{_first(self.skipped_keys)}]" if self.skipped_keys else "")
+            + f", worker restarts {self.worker_restarts}"
             + (f", engine restarts {self.engine_restarts}" if self.engine_restarts else ""),
         ]
         return "\n".join(line.rstrip() for line in lines)
@@ -444,3 +471,9 @@ def _counted(by_reason: dict[str, int]) -> str:
     if not total:
         return "0"
     return f"{total} (" + ", ".join(f"{k} {n}" for k, n in by_reason.items() if n) + ")"
+
+
+def _first(keys: Sequence[str], n: int = 3) -> str:
+    """The first ``n`` keys, and how many more."""
+    more = len(keys) - n
+    return ", ".join(keys[:n]) + (f" and {more} more" if more > 0 else "")

@@ -87,8 +87,13 @@ class CrossedError:
     @classmethod
     def of(cls, exc: BaseException, where: str) -> CrossedError:
         """``exc`` ready to cross, its tracebacks dropped (their frames hold views of shared
-        memory that could then not be closed; their text travels in ``trace``)."""
-        trace = "".join(traceback.format_exception(exc)).rstrip()
+        memory that could then not be closed; their text travels in ``trace``).  A group's
+        trace is its own: its members cross as themselves and print as they come back
+        (each with its notes), not a second time inside the group's."""
+        told = traceback.TracebackException.from_exception(exc)
+        if isinstance(exc, BaseExceptionGroup):
+            told.exceptions = None
+        trace = "".join(told.format()).rstrip()
         chain: list[BaseException] = []
         seen: set[int] = set()
         e: BaseException | None = exc

@@ -149,7 +149,7 @@ class Consumer:
             ready: BatchReady = notice
             del notice
             if ready.skipped:
-                c.skipped.update(ready.skipped)
+                c.count_skipped(ready.skipped, ready.skipped_keys)
             self.produced = (epoch, ready.index + 1, span)
             # Yielded straight from the call: no local of this frame keeps the batch.
             yield _as_tensors(*engine.lease(ready), (ready.index, ready.n), torch.from_numpy)

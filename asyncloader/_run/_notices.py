@@ -12,14 +12,15 @@ __all__ = ["BatchReady", "EpochEnd", "Failed", "Notice"]
 @dataclass(frozen=True, slots=True)
 class BatchReady:
     """Batch ``index`` of ``epoch`` is in ring ``slot``: its first ``n`` samples; ``skipped``
-    maps error type → samples of it left out (counted when it is delivered); ``ring``: which
-    engine process's ring (0 in the engine's own process)."""
+    maps error type → samples of it left out, ``skipped_keys`` names them (counted when it
+    is delivered); ``ring``: which engine process's ring (0 in the engine's own process)."""
 
     epoch: int
     index: int
     slot: int
     n: int
     skipped: Counter[str]
+    skipped_keys: tuple[str, ...] = ()
     ring: int = 0
 
 

@@ -21,6 +21,7 @@ import contextlib
 import queue
 from collections import Counter, deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -48,6 +49,30 @@ T = TypeVar("T")
 
 class _Failure(Exception):
     """A per-sample failure already counted; carries the original exception."""
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A batch's samples left out under ``on_error="skip"``: how many of each error type,
+    and their keys."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    keys: tuple[str, ...] = ()
+
+
+def _over_budget(
+    failures: list[Exception], epoch: int, samples: int | None, max_failures: float
+) -> str:
+    """What a :class:`FailureBudgetExceeded` says: how many failed of how many, the rule,
+    the first keys, and what to do."""
+    of = f" of the {samples} samples" if samples is not None else ""
+    keys = sorted(shown_key(k) for k in (getattr(e, "key", None) for e in failures) if k)
+    named = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+    return (
+        f"{len(failures)}{of} of epoch {epoch} failed, more than max_failures={max_failures} "
+        "allows (a count, or below 1 a fraction of the epoch's samples; the default 0.01 is "
+        f"1 %): {named}. Raise max_failures= to skip more, or fix or remove those objects"
+    )
 
 
 async def _next(it: AsyncIterator[T]) -> T:
@@ -186,9 +211,7 @@ class Pipeline:
     async def _run(self, epoch: int, first_batch: int, span: tuple[int, int] | None) -> None:
         # One stream of batches across epochs: the next epoch's first batches start while
         # the current epoch's last ones are still in flight (no bubble at the boundary).
-        inflight: deque[tuple[int, int, bool, int, asyncio.Task[tuple[int, Counter[str]]]]] = (
-            deque()
-        )
+        inflight: deque[tuple[int, int, bool, int, asyncio.Task[tuple[int, Skipped]]]] = deque()
         self._failures = {}
         batches = self.order.batches(epoch, first_batch, span)
         nxt: asyncio.Task[tuple[int, int, npt.NDArray[np.int64], bool]] | None = None
@@ -238,21 +261,19 @@ class Pipeline:
         index: int,
         last: bool,
         slot: int,
-        task: asyncio.Task[tuple[int, Counter[str]]],
+        task: asyncio.Task[tuple[int, Skipped]],
     ) -> None:
         n, skipped = await task
         self.counters.batches_produced += 1
         self._out.add(slot)
         self.counters.ring_out = len(self._out)
-        self.output.put(BatchReady(epoch, index, slot, n, skipped))
+        self.output.put(BatchReady(epoch, index, slot, n, skipped.counts, skipped.keys))
         failures = self._failures.get(epoch, [])
         # A budget that is a fraction of the epoch waits for a growing listing to complete.
         samples = self.order.epoch_samples() if self.listing.done else None
         if len(failures) > self.run.failure_budget(samples):
             raise FailureBudgetExceeded(
-                f"{len(failures)} samples failed in epoch {epoch}, "
-                f"more than max_failures={self.run.max_failures}",
-                list(failures),
+                _over_budget(failures, epoch, samples, self.run.max_failures), list(failures)
             )
         if last:
             self._failures.pop(epoch, None)
@@ -260,7 +281,7 @@ class Pipeline:
 
     async def _fill(
         self, slot: int, epoch: int, sel: np.ndarray[Any, Any], seq: int
-    ) -> tuple[int, Counter[str]]:
+    ) -> tuple[int, Skipped]:
         """Fill ``slot`` with the samples ``sel`` (batch ``seq`` of the stream); returns how
         many made it, and why not."""
         # Each sample made once per batch (a compact sample list makes one per access).
@@ -313,8 +334,8 @@ class Pipeline:
                 # Compact the survivors to the front, in order (a short, deterministic batch).
                 self.ring.compact(slot, keep)
             skipped = Counter(type(res.__cause__).__name__ for res in results if res is not None)
-            return n, skipped
-        return len(sel), Counter()
+            return n, Skipped(skipped, tuple(shown_key(batch[j].obj.key) for j in failed))
+        return len(sel), Skipped()
 
     async def _hits(
         self,

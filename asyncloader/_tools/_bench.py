@@ -37,7 +37,7 @@ import numpy as np
 
 from .._base._config import CacheConfig, decode_worker_count
 from .._base._env import cpu_budget
-from .._base._errors import AsyncLoaderError, StoreError, Throttled
+from .._base._errors import AsyncLoaderError, StoreError, Throttled, shown_key
 from .._base._proctree import machine_busy_seconds
 from .._base._types import Blob, ObjectInfo, ObjectStore
 from .._cache import ObjectCache
@@ -151,10 +151,38 @@ async def _run_level(
     return done[0], done[1], latencies, cpu, other, throttled[0], wall
 
 
+def _decodable(
+    bodies: Sequence[tuple[str, Blob]], size: int
+) -> tuple[list[tuple[str, Blob]], list[str]]:
+    """The sampled objects that decode, and the keys of those that do not (left out of the
+    measurement, and said in the report: a loader would skip or fail on them).
+
+    Raises:
+        AsyncLoaderError: none of them decodes.
+    """
+    spec = DecodeSpec((3, size, size), RandomResizedCrop(size))
+    out = np.empty((3, size, size), np.uint8)
+    good, bad = [], []
+    for i, (key, data) in enumerate(bodies):
+        try:
+            decode_into(data, out, spec, i, key)
+        except Exception:
+            bad.append(shown_key(key))
+        else:
+            good.append((key, data))
+    if not good:
+        raise AsyncLoaderError(
+            f"none of the {len(bodies)} sampled objects decodes as an image "
+            f"(for example {bad[0]}): nothing to measure"
+        )
+    return good, bad
+
+
 def _decode_rates(
     bodies: Sequence[tuple[str, Blob]], workers: int, seconds: float, size: int
 ) -> tuple[float, float]:
-    """(CPU seconds per image on one thread, images/s of ``workers`` threads together)."""
+    """(CPU seconds per image on one thread, images/s of ``workers`` threads together),
+    over ``bodies`` that decode (:func:`_decodable`)."""
     transform = RandomResizedCrop(size)
     spec = DecodeSpec((3, size, size), transform)
 
@@ -163,8 +191,7 @@ def _decode_rates(
         n, i = 0, start
         while not stop():
             key, data = bodies[i % len(bodies)]
-            with contextlib.suppress(Exception):  # a bad file is the loader's to report
-                decode_into(data, out, spec, i, key)
+            decode_into(data, out, spec, i, key)
             n += 1
             i += step
         return n
@@ -347,7 +374,8 @@ def bench(
     objects: list[ObjectInfo] = m["objects"]
     bodies: list[tuple[str, Blob]] = m["bodies"]
     levels: list[FetchLevel] = m["levels"]
-    per_image, decode_rate = _decode_rates(bodies, workers, seconds * 0.25, size)
+    decodable, undecodable = _decodable(bodies, size)
+    per_image, decode_rate = _decode_rates(decodable, workers, seconds * 0.25, size)
     d_ms = per_image * 1e3
     disk = _disk_rates(directory, bodies, workers) if directory else None
 
@@ -441,6 +469,7 @@ def bench(
         cached_bound=cached_bound,
         settings=settings,
         reasons=reasons,
+        undecodable=undecodable,
         latencies_ms=lat,
         seconds=time.perf_counter() - t_start,
     )

@@ -31,6 +31,8 @@ class BenchReport:
     ``predicted_images_per_second`` and ``bound`` ("fetch" or "decode") are for an epoch
     streamed from the store with ``settings``; ``cached_images_per_second`` and
     ``cached_bound`` ("decode" or "disk") for epochs read from the cache.
+    ``undecodable``: the sampled objects that do not decode (shown as in messages), left out
+    of the decode measurement.
     """
 
     url: str
@@ -53,6 +55,7 @@ class BenchReport:
     cached_bound: str | None
     settings: dict[str, Any]
     reasons: list[str] = field(default_factory=list)
+    undecodable: list[str] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list, repr=False)
     seconds: float = 0.0
 
@@ -88,6 +91,13 @@ class BenchReport:
             f"{self.decode_images_per_second:.0f} images/s with "
             f"{self.settings['decode_workers']} workers",
         ]
+        if self.undecodable:
+            bad = self.undecodable
+            lines.append(
+                f"  {len(bad)} of the {self.sample_objects} sampled objects do not decode and "
+                f"are left out of it (a loader skips or fails on them): {', '.join(bad[:3])}"
+                + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            )
         if self.disk is not None:
             d = self.disk
             lines.append(
