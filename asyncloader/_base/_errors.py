@@ -216,3 +216,20 @@ class FailureBudgetExceeded(AsyncLoaderError, ExceptionGroup):  # type: ignore[m
 
     def derive(self, excs: list[Exception]) -> FailureBudgetExceeded:  # type: ignore[override]
         return FailureBudgetExceeded(self.message, excs)
+
+    @classmethod
+    def of(
+        cls, failures: list[Exception], epoch: int, samples: int | None, max_failures: float
+    ) -> FailureBudgetExceeded:
+        """The error for ``failures`` in ``epoch`` (of ``samples``): how many failed of how
+        many, the rule, the first keys, and what to do."""
+        of = f" of the {samples} samples" if samples is not None else ""
+        keys = sorted(shown_key(k) for k in (getattr(e, "key", None) for e in failures) if k)
+        named = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+        return cls(
+            f"{len(failures)}{of} of epoch {epoch} failed, more than "
+            f"max_failures={max_failures} allows (a count, or below 1 a fraction of the "
+            f"epoch's samples; the default 0.01 is 1 %): {named}. Raise max_failures= to "
+            "skip more, or fix or remove those objects",
+            list(failures),
+        )

@@ -15,55 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from ._latency import LatencyWindow
 from ._types import CacheEvent, Outcome
 
 __all__ = ["Counters", "LatencyWindow", "Stats"]
 
 Bound = Literal["fetch", "decode", "consumer", "unknown"]
-
-
-class LatencyWindow:
-    """The last ``size`` request latencies, and their quantiles (sorted at most once per
-    ``every`` new samples: a quantile costs nothing per request)."""
-
-    __slots__ = ("_every", "_fresh", "_next", "_samples", "_size", "_sorted", "count")
-
-    def __init__(self, size: int = 1024, every: int = 32) -> None:
-        self._size = size
-        self._every = every
-        self._samples: list[float] = []
-        self._next = 0
-        self._sorted: list[float] = []
-        self._fresh = 0  # samples added since the last sort
-        self.count = 0  # samples ever added
-
-    def add(self, seconds: float) -> None:
-        if len(self._samples) < self._size:
-            self._samples.append(seconds)
-        else:
-            self._samples[self._next] = seconds
-            self._next = (self._next + 1) % self._size
-        self._fresh += 1
-        self.count += 1
-
-    @classmethod
-    def pooled(cls, windows: list[LatencyWindow]) -> LatencyWindow:
-        """One window holding the samples of ``windows`` (their sizes added)."""
-        out = cls(size=max(sum(w._size for w in windows), 1))
-        for w in windows:
-            out._samples.extend(w._samples)
-            out.count += w.count
-        out._fresh = len(out._samples)
-        return out
-
-    def quantile(self, q: float) -> float:
-        """The ``q`` quantile of the window (0 when empty) [seconds]."""
-        if self._fresh >= self._every or (self._fresh and len(self._sorted) < self._every):
-            self._sorted = sorted(self._samples)
-            self._fresh = 0
-        if not self._sorted:
-            return 0.0
-        return self._sorted[min(int(q * len(self._sorted)), len(self._sorted) - 1)]
 
 
 log = logging.getLogger("asyncloader")

@@ -4,9 +4,18 @@ in a ring slot, the end of an epoch, or the failure that stopped production."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["BatchReady", "EpochEnd", "Failed", "Notice"]
+__all__ = ["BatchReady", "EpochEnd", "Failed", "Notice", "Skipped"]
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A batch's samples left out under ``on_error="skip"``: how many of each error type,
+    and their keys (as messages show them)."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,6 @@ import contextlib
 import queue
 from collections import Counter, deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -37,7 +36,7 @@ from .._device._ring import BatchRing
 from .._fetch import Fetcher
 from ._batches import BatchOrder
 from ._cache_fill import CacheFill, InHand, OnceFetcher
-from ._notices import BatchReady, EpochEnd, Failed, Notice
+from ._notices import BatchReady, EpochEnd, Failed, Notice, Skipped
 from ._sampler import (
     mix_seed,
 )
@@ -49,30 +48,6 @@ T = TypeVar("T")
 
 class _Failure(Exception):
     """A per-sample failure already counted; carries the original exception."""
-
-
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    """A batch's samples left out under ``on_error="skip"``: how many of each error type,
-    and their keys."""
-
-    counts: Counter[str] = field(default_factory=Counter)
-    keys: tuple[str, ...] = ()
-
-
-def _over_budget(
-    failures: list[Exception], epoch: int, samples: int | None, max_failures: float
-) -> str:
-    """What a :class:`FailureBudgetExceeded` says: how many failed of how many, the rule,
-    the first keys, and what to do."""
-    of = f" of the {samples} samples" if samples is not None else ""
-    keys = sorted(shown_key(k) for k in (getattr(e, "key", None) for e in failures) if k)
-    named = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-    return (
-        f"{len(failures)}{of} of epoch {epoch} failed, more than max_failures={max_failures} "
-        "allows (a count, or below 1 a fraction of the epoch's samples; the default 0.01 is "
-        f"1 %): {named}. Raise max_failures= to skip more, or fix or remove those objects"
-    )
 
 
 async def _next(it: AsyncIterator[T]) -> T:
@@ -272,9 +247,7 @@ class Pipeline:
         # A budget that is a fraction of the epoch waits for a growing listing to complete.
         samples = self.order.epoch_samples() if self.listing.done else None
         if len(failures) > self.run.failure_budget(samples):
-            raise FailureBudgetExceeded(
-                _over_budget(failures, epoch, samples, self.run.max_failures), list(failures)
-            )
+            raise FailureBudgetExceeded.of(failures, epoch, samples, self.run.max_failures)
         if last:
             self._failures.pop(epoch, None)
             self.output.put(EpochEnd(epoch))
