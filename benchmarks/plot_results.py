@@ -45,7 +45,11 @@ def main() -> None:
     ceiling = max(_rate(loader, c) for c in loader["medians"] if c.startswith("ceiling"))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
 
-    names = ["asyncloader", "DataLoader + boto3\n(4 workers)", "decode ceiling\n(bytes in RAM)"]
+    names = [
+        "asyncloader\n(default: engine processes)",
+        "DataLoader + boto3\n(4 workers)",
+        "decode ceiling\n(bytes in RAM)",
+    ]
     values = [
         _rate(loader, "asyncloader @20 ms"),
         _rate(loader, "DataLoader+boto3 @20 ms"),
@@ -55,7 +59,7 @@ def main() -> None:
     bars = left.bar(names, values, color=colors)
     left.bar_label(bars, fmt="%.0f")
     left.set_ylabel("images/s")
-    left.set_title("S3 at 20 ms to first byte")
+    left.set_title("bench_loader.py: S3 at 20 ms to first byte", fontsize=11)
 
     groups = ["no tail", "1 % of requests +2 s"]
     ours = [_rate(tail, "baseline"), _rate(tail, "tail-1pct-2s")]
@@ -68,17 +72,26 @@ def main() -> None:
     right.bar_label(b2, fmt="%.0f")
     right.set_xticks(list(xs), groups)
     right.set_ylabel("images/s")
-    right.set_title("a latency tail (20 ms, and 1 % of requests 2 s late)")
+    right.set_title("bench_tail.py: 20 ms, and 1 % of requests 2 s late", fontsize=11)
     for ax in (left, right):
         ax.set_ylim(0, max(ax.get_ylim()[1], 1) * 1.25)
         ax.spines[["top", "right"]].set_visible(False)
     right.legend(loc="upper center", ncol=2, frameon=False)
     fig.suptitle(
-        f"RandomResizedCrop(224) batches, {loader['machine']}; "
-        f"commit {loader['commit']}, {loader['date']}",
+        f"RandomResizedCrop(224) batches of {loader['args']['batch_size']}, "
+        f"{loader['machine']}; commit {loader['commit']}, {loader['date']}",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.text(
+        0.5,
+        0.01,
+        "Each panel is its own benchmark run (medians of interleaved rounds): the two "
+        "asyncloader bars without a tail are the same case measured twice, and differ by "
+        "the machine's run-to-run noise.",
+        ha="center",
+        fontsize=8,
+    )
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=100)
     print(args.out)
