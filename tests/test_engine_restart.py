@@ -52,6 +52,8 @@ def test_a_killed_engine_is_replaced_and_the_epoch_is_exact(
     inline = al.EngineConfig(mode="inline")
     with _loader(server, seed=5, decode_backend=backend, engine=inline) as reference:
         expected = [_epoch(reference), _epoch(reference)]
+    # Rings an earlier test's batches may still map in this process (freed when they are).
+    earlier = memfds(os.getpid())
     with _loader(server, seed=5, decode_backend=backend, engine=ENGINE) as loader:
         it = iter(loader)
         kept: list[tuple[Any, list[int]]] = []
@@ -85,7 +87,7 @@ def test_a_killed_engine_is_replaced_and_the_epoch_is_exact(
         del kept, images, lab
         assert len(memfds(os.getpid())) == len(rings) - 1
     assert segments([os.getpid(), *engines, *now, *below]) == set()
-    assert memfds(os.getpid()) == set()
+    assert memfds(os.getpid()) <= earlier  # every ring of this loader, the dead one's too
     assert [p for p in now if _alive(p)] == []
 
 

@@ -24,9 +24,11 @@ SDK or transport exception that caused them, mapped in one place per backend.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 __all__ = [
+    "first_keys",
     "AccessDenied",
     "AsyncLoaderError",
     "BatchesHeldError",
@@ -44,6 +46,12 @@ __all__ = [
     "TransientStoreError",
     "shown_key",
 ]
+
+
+def first_keys(keys: Sequence[str], n: int) -> str:
+    """The first ``n`` of ``keys`` (as messages show them), and how many more."""
+    more = len(keys) - n
+    return ", ".join(keys[:n]) + (f" and {more} more" if more > 0 else "")
 
 
 def shown_key(key: str) -> str:
@@ -225,7 +233,7 @@ class FailureBudgetExceeded(AsyncLoaderError, ExceptionGroup):  # type: ignore[m
         many, the rule, the first keys, and what to do."""
         of = f" of the {samples} samples" if samples is not None else ""
         keys = sorted(shown_key(k) for k in (getattr(e, "key", None) for e in failures) if k)
-        named = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+        named = first_keys(keys, 5)
         return cls(
             f"{len(failures)}{of} of epoch {epoch} failed, more than "
             f"max_failures={max_failures} allows (a count, or below 1 a fraction of the "

@@ -147,24 +147,23 @@ class Segment:
         """
         if self._closed:
             return
-        if self._shm is not None:
-            if self._owner and self._tracked:  # the name goes first: mappings stay valid
+        if self._shm is not None and self._owner:  # the name goes first: mappings stay
+            self._owner = False
+            if self._tracked:
                 with contextlib.suppress(FileNotFoundError):
                     self._shm.unlink()
-            elif self._owner:
+            else:
                 unlink_shm(self._shm.name)
-            self._owner = False
-            self.buf.release()
-            self._shm.close()
-            self._closed = True
-            return
         self.buf.release()
-        assert self._mapping is not None
-        self._mapping.close()
+        if self._shm is not None:
+            self._shm.close()
+        else:
+            assert self._mapping is not None
+            self._mapping.close()
+            if self.ref.fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self.ref.fd)
         self._closed = True
-        if self.ref.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.ref.fd)
 
 
 def _reserve(fd: int, size: int, what: str, *, memfd: bool) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from ._errors import first_keys
 from ._latency import LatencyWindow
 from ._types import CacheEvent, Outcome
 
@@ -415,7 +416,7 @@ class Stats:
             f"{self.request_p90 * 1e3:.0f}/{self.request_p99 * 1e3:.0f} ms; hedges "
             f"{self.hedges_sent} sent, {self.hedges_won} won), "
             f"retries {_counted(self.retries)}, skipped {_counted(self.skipped)}"
-            + (f" [{_first(self.skipped_keys)}]" if self.skipped_keys else "")
+            + (f" [{first_keys(self.skipped_keys, 3)}]" if self.skipped_keys else "")
             + f", worker restarts {self.worker_restarts}"
             + (f", engine restarts {self.engine_restarts}" if self.engine_restarts else ""),
         ]
@@ -428,9 +429,3 @@ def _counted(by_reason: dict[str, int]) -> str:
     if not total:
         return "0"
     return f"{total} (" + ", ".join(f"{k} {n}" for k, n in by_reason.items() if n) + ")"
-
-
-def _first(keys: Sequence[str], n: int = 3) -> str:
-    """The first ``n`` keys, and how many more."""
-    more = len(keys) - n
-    return ", ".join(keys[:n]) + (f" and {more} more" if more > 0 else "")

@@ -391,7 +391,6 @@ class EngineProcesses:
 
     def set_uploader(self, uploader: Uploader) -> None:
         for e in self._engines:
-            assert e.ring is not None
             uploader.prepare(e.ring.images)
         self._uploader = uploader
 

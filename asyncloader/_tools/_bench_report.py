@@ -7,6 +7,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._base._errors import first_keys
+
 __all__ = ["BenchReport", "FetchLevel"]
 
 
@@ -95,8 +97,7 @@ class BenchReport:
             bad = self.undecodable
             lines.append(
                 f"  {len(bad)} of the {self.sample_objects} sampled objects do not decode and "
-                f"are left out of it (a loader skips or fails on them): {', '.join(bad[:3])}"
-                + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+                f"are left out of it (a loader skips or fails on them): {first_keys(bad, 3)}"
             )
         if self.disk is not None:
             d = self.disk
