@@ -42,7 +42,18 @@ __all__ = [
     "parse_manifest",
 ]
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
+IMAGE_EXTENSIONS = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".webp",
+    ".bmp",
+    ".tif",
+    ".tiff",
+    ".gif",
+    ".ppm",
+    ".pgm",
+)
 
 
 def no_samples(url: str, listed: int, extensions: Sequence[str] | None) -> str:

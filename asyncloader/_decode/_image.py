@@ -6,7 +6,9 @@ when the crop is at least twice the output.  With the ``_jpegroi`` extension (bu
 package where libjpeg-turbo's headers are), a JPEG in YCbCr, RGB or grayscale is decoded only
 where the crop needs it — its rows, its iMCU columns, plus the resize filter's reach — and
 the resize reads only that region: exactly the pixels of a whole decode at the same scale,
-then the same crop and resize (tested).  Everything else is decoded by Pillow.  With the
+then the same crop and resize (tested).  Everything else is decoded by Pillow, whatever the
+format (PNG, WebP, BMP, TIFF, GIF's first frame, PPM) and mode, and made RGB by
+:func:`to_rgb`: Pillow's conversion, 16-bit gray by its high byte.  With the
 ``_resize`` extension, the resize, the flip and the copy into the sample are one pass that
 gives Pillow's resize bit for bit (tested).  ``DecodeSpec(roi=False)`` keeps today's
 all-Pillow path.  A ``decode=`` hook replaces all of it for other blobs.
@@ -57,6 +59,7 @@ __all__ = [
     "scaled_copies",
     "scaled_footprint",
     "scaled_name",
+    "to_rgb",
 ]
 
 ROI_DECODE = _jpegroi is not None
@@ -134,6 +137,24 @@ def open_image(data: Blob | memoryview, max_pixels: int) -> Image.Image:
         ) from None
 
 
+def to_rgb(img: Image.Image) -> Image.Image:
+    """``img`` as RGB: Pillow's ``convert("RGB")`` (alpha dropped, palettes looked up,
+    CMYK and grayscale converted as Pillow does), except where that conversion loses the
+    picture.  A 16-bit grayscale image (PNG, TIFF: modes ``I;16*``) is reduced to 8 bits by
+    its high byte, the rule Pillow itself applies to 16-bit RGB, RGBA and gray-with-alpha
+    PNGs (``convert`` would clip every value above 255 to white).  A palette image with
+    per-entry transparency goes through RGBA (the same colours; ``convert`` warns)."""
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+        high = (np.asarray(img).astype(np.uint16) >> 8).astype(np.uint8)
+        return Image.fromarray(high, "L").convert("RGB")
+    if mode in ("P", "PA") and "transparency" in img.info:
+        return img.convert("RGBA").convert("RGB")
+    return img.convert("RGB")
+
+
 def decode_into(
     data: Blob | memoryview, out: U8Array, spec: DecodeSpec, seed: int, key: str
 ) -> None:
@@ -185,8 +206,7 @@ def decode_into(
         if region is not None:
             pixels, size, channels, box = region
         else:
-            if img.mode != "RGB":
-                img = img.convert("RGB")
+            img = to_rgb(img)
             if not (spec.roi and _resize is not None):  # today's path: Pillow resizes
                 img = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=box)
                 _store(np.asarray(img), out, plan.flip)
