@@ -75,7 +75,7 @@ def _demo(args: argparse.Namespace) -> int:
                 with tqdm(
                     total=loader.num_samples, desc=f"epoch {epoch}", unit="img", smoothing=0
                 ) as bar:
-                    for images, _labels in loader:
+                    for images, *_ in loader:
                         samples += len(images)
                         bar.update(len(images))
             stats = loader.stats()

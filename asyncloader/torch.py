@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -72,6 +72,9 @@ from asyncloader._run._dist import (
 from asyncloader._run._resume import epoch_start, every_key, has_position
 
 __all__ = ["DataLoaderState", "ImageDataset", "dist_shard", "rank_state", "to_device"]
+
+Batch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, dict[str, list[Any]]]
+"""``(images, labels)``, or ``(images, labels, extras)`` with ``extras=``."""
 
 
 def dist_shard() -> tuple[int, int]:
@@ -103,7 +106,7 @@ def _shared_copy(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+class ImageDataset(IterableDataset[Batch]):
     """Ready batches ``(uint8 [B,C,H,W], int64 [B])`` of this rank's and worker's shard.
 
     Args:
@@ -185,7 +188,7 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         self._pid = os.getpid()
         return self._loader
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         loader = self._get_loader()
         if self._resume is not None:
             loader.load_state_dict(self._resume)
@@ -194,18 +197,17 @@ class ImageDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             loader.set_epoch(self.epoch)
         in_worker = get_worker_info() is not None
         epoch = self.epoch  # load_state_dict set it to the state's
-        for images, labels in loader:
+        for got in loader:
             if in_worker:
                 self._workers_in[0] = epoch + 1  # the same value from every worker
                 # A DataLoader worker hands results to its parent process: copy them once,
                 # straight into shared memory (torch would copy a private tensor into shared
                 # memory again when it pickles it), and let go of the ring slot at once.
-                batch = [(_shared_copy(images), _shared_copy(labels))]
-            else:
-                batch = [(images, labels)]
+                got = cast(Batch, (_shared_copy(got[0]), _shared_copy(got[1]), *got[2:]))
             # No reference stays in this frame while it waits at `yield`: the batch keeps
             # its ring slot only as long as the consumer keeps it.
-            del images, labels
+            batch = [got]
+            del got
             yield batch.pop()
 
     def state_dict(self) -> dict[str, Any]:
@@ -329,7 +331,7 @@ class DataLoaderState:
 
 
 def to_device(
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterable[Batch],
     device: str = "cuda",
     *,
     dtype: str = "float32",
@@ -337,15 +339,16 @@ def to_device(
     std: Sequence[float] | None = IMAGENET_STD,
     channels_last: bool = False,
     depth: int = 2,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+) -> Iterator[Batch]:
     """Batches of uint8 images (a DataLoader over :class:`ImageDataset`, say) delivered on
     ``device``, converted and normalised, by the loader's uploader thread ``depth`` ahead
     (the same arithmetic as ``ImageLoader(device=...)``; on a GPU, on its own CUDA stream).
-    Use ``DataLoader(..., pin_memory=True)`` so the copies are asynchronous."""
+    Use ``DataLoader(..., pin_memory=True)`` so the copies are asynchronous.  A batch's
+    extras (``extras=``) come through as they are."""
     spec = DeviceSpec.make(device, dtype, mean, std, channels_last)
     uploader = Uploader(spec, depth=depth, pin="auto")
-    source = ((images, labels, None) for images, labels in batches)
-    for images, labels, _ in uploader.run(source):
-        batch = [(images, labels)]
-        del images, labels  # no reference kept here while waiting at `yield`
+    source = ((got[0], got[1], got[2:]) for got in batches)
+    for images, labels, rest in uploader.run(source):
+        batch = [cast(Batch, (images, labels, *rest))]
+        del images, labels, rest  # no reference kept here while waiting at `yield`
         yield batch.pop()

@@ -222,6 +222,10 @@ class RunConfig:
             ``"skip"``: failed samples are left out of their batch and counted.
         max_failures: Under ``"skip"``, the most failures tolerated per epoch: a count
             (int) or a fraction of the epoch's samples (float < 1).
+        extras: What each sample carries besides its label, by name: columns of the
+            root's ``metadata.jsonl``/``.csv``, same-stem sidecar files by suffix
+            (``"txt"``, ``"json"``), ``"source"``; batches are then ``(images, labels,
+            extras)``.
     """
 
     batch_size: int
@@ -236,10 +240,17 @@ class RunConfig:
     even: Literal["pad", "drop"] = "pad"
     on_error: OnError = "raise"
     max_failures: int | float = 0.01
+    extras: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if isinstance(self.extras, str) or not all(
+            isinstance(e, str) and e.strip(".") for e in self.extras
+        ):
+            raise ValueError(f"extras must be a tuple of names, not {self.extras!r}")
+        if len(set(self.extras)) != len(self.extras):
+            raise ValueError(f"extras names one thing twice: {self.extras!r}")
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {self.on_error!r}")
         if self.shuffle not in (True, False, "global", "node"):

@@ -87,6 +87,8 @@ class Counters:
     cache_store_skipped: int = 0
     cache_share: float = 1.0
     cache_damaged: int = 0
+    sidecars_cached: int = 0  # sidecar files (extras=) read from the cache or in hand
+    sidecars_fetched: int = 0  # sidecar files fetched from the store
     # Written by the consumer thread only.
     consumer_batches: int = 0
     consumer_samples: int = 0
@@ -236,6 +238,8 @@ class Counters:
             cache_store_skipped=self.cache_store_skipped,
             cache_share=self.cache_share,
             cache_damaged=self.cache_damaged,
+            sidecars_cached=self.sidecars_cached,
+            sidecars_fetched=self.sidecars_fetched,
             batches=self.consumer_batches,
             samples=self.consumer_samples,
             consumer_wait_seconds=self.consumer_wait_seconds,
@@ -299,6 +303,8 @@ class Stats:
             when they fit, else a fixed subset (picked by a hash of the key) that fills 90 %
             of ``cache_size``; the others are never written.
         cache_damaged: Cache entries that failed their length/CRC check, dropped and fetched.
+        sidecars_cached, sidecars_fetched: Sidecar files (``extras=``) read from the SSD
+            cache, and fetched from the store.
         batches, samples: Delivered to the consumer.
         consumer_wait_seconds: Time the consumer spent waiting for a batch [seconds].
         first_batch_seconds: From start to the first batch delivered [seconds].
@@ -348,6 +354,8 @@ class Stats:
     cache_store_skipped: int
     cache_share: float
     cache_damaged: int
+    sidecars_cached: int
+    sidecars_fetched: int
     batches: int
     samples: int
     consumer_wait_seconds: float

@@ -27,6 +27,7 @@ from ._labels import (
     DatasetBuilder,
     LabelSpec,
     build_dataset,
+    is_column,
     manifest_objects,
     no_samples,
     parse_manifest,
@@ -34,6 +35,7 @@ from ._labels import (
 )
 from ._listing import list_and_save, list_objects, listing_turn, saved_listing
 from ._located import read_manifest_file
+from ._metadata import find_metadata, read_metadata
 from ._objects import ObjectList
 from ._saved import listing_path, save_listing
 
@@ -148,11 +150,14 @@ async def open_listing(
     listed: Callable[[Sequence[ObjectInfo]], None],
     objects: Sequence[ObjectInfo] | None = None,
     store_options: Mapping[str, Any] | None = None,
+    extras: Sequence[str] = (),
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """The run's samples: complete, or (``stream``: an unshuffled run) growing in key order
     while a task, returned with it, still lists.  ``listed(objects)`` is told of the whole
     listing when it is complete.  ``objects``: listed already (nothing is listed).
-    ``store_options``: how to reach a manifest URL outside the store's root.
+    ``store_options``: how to reach a manifest URL outside the store's root.  ``extras``:
+    what each sample carries besides its label; with them, or with a labels column, the
+    root's metadata file is read (:mod:`._metadata`), and the listing never streams.
 
     Raises:
         AsyncLoaderError: no samples under the URL (when complete; a growing listing raises
@@ -184,7 +189,14 @@ async def open_listing(
         saved, turn = await listing_turn(store, folder, max_age)
     try:
         list_sorted = getattr(store, "list_sorted", None)
-        if saved is None and not is_manifest(labels) and stream and list_sorted:
+        wants_metadata = bool(extras) or is_column(labels)
+        if (
+            saved is None
+            and not is_manifest(labels)
+            and stream
+            and list_sorted
+            and not (wants_metadata)
+        ):
             listing = Listing()
 
             async def finished(objects: list[ObjectInfo], dataset: Dataset) -> None:
@@ -212,6 +224,20 @@ async def open_listing(
     if manifest_data is not None:
         assert isinstance(labels, str)
         manifest = parse_manifest(manifest_data, labels)
-    dataset = build_dataset(objects, labels, extensions=extensions, manifest=manifest)
-    check(objects, dataset)
+    all_listed = ObjectList.of(objects)
+    metadata = None
+    found = find_metadata(all_listed.keys()) if wants_metadata and manifest is None else None
+    if found is not None:
+        metadata = await asyncio.to_thread(read_metadata, await store.get(found), found)
+    dataset = await asyncio.to_thread(
+        build_dataset,
+        all_listed,
+        labels,
+        extensions=extensions,
+        manifest=manifest,
+        metadata=metadata,
+        extras=extras,
+        source=store.url,
+    )
+    check(all_listed, dataset)
     return Listing(dataset), None

@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from .._base._errors import StoreError, shown_key
-from .._base._manifest import read_manifest
+from .._base._manifest import is_manifest, read_manifest
 from .._base._types import ObjectInfo, Sample
+from ._metadata import METADATA_NAMES, Extras, Metadata, resolve_extras
 from ._objects import ObjectList, SampleList, texts_from_arrays, texts_to_arrays
 
 __all__ = [
@@ -78,10 +79,14 @@ LabelSpec = str | Callable[[str], int] | None
 @dataclass(frozen=True, slots=True)
 class Dataset:
     """The samples of one run, in canonical order, and the class names (may be empty).
-    ``samples`` is compact (a :class:`SampleList`: arrays, not an object per sample)."""
+    ``samples`` is compact (a :class:`SampleList`: arrays, not an object per sample).
+    ``extras``: what ``extras=`` asks for, per sample; ``unnamed``: images left out because
+    the root's metadata file does not name them."""
 
     samples: SampleList
     classes: tuple[str, ...]
+    extras: Extras | None = None
+    unnamed: int = 0
 
 
 Rows = list[dict[str, str]]
@@ -185,23 +190,61 @@ class KeyFilter:
         return key_path(key).lower().endswith(self._exts)
 
 
+def is_column(labels: LabelSpec) -> bool:
+    """Whether ``labels`` names a column of the root's metadata file (``"label"``): a
+    string that is neither ``"folder"`` nor a manifest's name."""
+    return isinstance(labels, str) and labels != "folder" and not is_manifest(labels)
+
+
 def build_dataset(
     objects: Iterable[ObjectInfo],
     labels: LabelSpec,
     *,
     extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
     manifest: list[tuple[str, str]] | None = None,
+    metadata: Metadata | None = None,
+    extras: Sequence[str] = (),
+    source: str = "",
 ) -> Dataset:
     """Turn a listing into the dataset.
 
     Args:
         objects: The listing (any order).
-        labels: ``"folder"``, a callable, or ``None``; ignored when ``manifest`` is given.
+        labels: ``"folder"``, a metadata column, a callable, or ``None``; ignored when
+            ``manifest`` is given.
         extensions: Keep keys ending with one of these (case-insensitive); None keeps all.
         manifest: Parsed manifest rows; keys it names that the listing lacks are kept (with
             unknown size), so the run reports them as missing instead of silently dropping.
+        metadata: The root's metadata file: the images it names are the samples (see
+            :mod:`._metadata`).
+        extras: What each sample carries besides its label (:func:`resolve_extras`).
+        source: The samples' source URL (the ``"source"`` extra).
+
+    Raises:
+        ValueError: a labels column without a metadata file, or that the file lacks, or
+            that a sample's row leaves empty; an extra that names nothing.
     """
     listed = ObjectList.of(objects)
+    dataset = _samples(listed, labels, extensions, manifest, metadata)
+    if not extras:
+        return dataset
+    keys = dataset.samples.objects.keys()
+    rows = None
+    if metadata is not None:
+        row_of = {name: r for r, name in enumerate(metadata.file_names)}
+        rows = [row_of.get(k, -1) for k in keys]
+    by_key = dict(zip(listed.keys(), listed, strict=True))
+    found = resolve_extras(extras, keys, by_key, source=source, metadata=metadata, rows=rows)
+    return Dataset(dataset.samples, dataset.classes, found, dataset.unnamed)
+
+
+def _samples(
+    listed: ObjectList,
+    labels: LabelSpec,
+    extensions: Sequence[str] | None,
+    manifest: list[tuple[str, str]] | None,
+    metadata: Metadata | None,
+) -> Dataset:
     keys = listed.keys()
     if manifest is not None:
         # The manifest's order and labels; a key the listing lacks keeps an unknown size.
@@ -221,21 +264,76 @@ def build_dataset(
         idx, classes = _label_index([label for _, label in manifest])
         return Dataset(SampleList(chosen, idx), classes)
     keep = KeyFilter(extensions)
+    if metadata is not None:
+        return _named(listed, labels, keep, metadata)
+    if is_column(labels):
+        raise ValueError(
+            f"labels={labels!r} names a column of a metadata file, and there is none "
+            f"({' or '.join(METADATA_NAMES)} at the root)"
+        )
     order = sorted((i for i, k in enumerate(keys) if keep(k)), key=keys.__getitem__)
     # One sample per key (a listing names each key once; a repeated one is kept once).
     order = [i for n, i in enumerate(order) if n == 0 or keys[i] != keys[order[n - 1]]]
-    chosen = listed.take(order)
-    names = [keys[i] for i in order]
+    return _labelled(listed.take(order), [keys[i] for i in order], labels)
+
+
+def _named(listed: ObjectList, labels: LabelSpec, keep: KeyFilter, metadata: Metadata) -> Dataset:
+    """The samples a metadata file names, in key order; a name nothing was listed under is
+    kept with an unknown size (reported missing when read)."""
+    keys = listed.keys()
+    where = {k: i for i, k in enumerate(keys)}
+    rows = sorted(
+        (r for r, name in enumerate(metadata.file_names) if keep(name)),
+        key=metadata.file_names.__getitem__,
+    )
+    names = [metadata.file_names[r] for r in rows]
+    at = [where.get(name, -1) for name in names]
+    if all(i >= 0 for i in at):
+        chosen = listed.take(at)
+    else:
+        chosen = ObjectList.of(
+            listed[i] if i >= 0 else ObjectInfo(name, -1, "")
+            for i, name in zip(at, names, strict=True)
+        )
+    named = set(names)
+    unnamed = sum(1 for k in keys if keep(k) and k not in named)
+    if is_column(labels):
+        assert isinstance(labels, str)
+        values = metadata.columns.get(labels)
+        if values is None:
+            raise ValueError(
+                f"labels={labels!r}: {metadata.name} has no such column "
+                f"(it has {', '.join(metadata.columns) or 'only file_name'})"
+            )
+        texts = []
+        for r in rows:
+            if values[r] is None:
+                raise ValueError(
+                    f"labels={labels!r}: {metadata.name} gives no {labels!r} for "
+                    f"{metadata.file_names[r]!r}"
+                )
+            texts.append(str(values[r]))
+        idx, classes = _label_index(texts)
+        return Dataset(SampleList(chosen, idx), classes, unnamed=unnamed)
+    found = _labelled(chosen, names, labels)
+    return Dataset(found.samples, found.classes, unnamed=unnamed)
+
+
+def _labelled(chosen: ObjectList, names: list[str], labels: LabelSpec) -> Dataset:
+    """The samples ``chosen`` (keys ``names``) labelled by folder, callable or None."""
     if labels == "folder":
         parents = [posixpath.dirname(k) for k in names]
         classes = tuple(sorted(set(parents)))
         index = {c: i for i, c in enumerate(classes)}
         return Dataset(SampleList(chosen, [index[p] for p in parents]), classes)
     if labels is None:
-        return Dataset(SampleList(chosen, np.full(len(order), -1)), ())
+        return Dataset(SampleList(chosen, np.full(len(names), -1)), ())
     if callable(labels):
         return Dataset(SampleList(chosen, [int(labels(k)) for k in names]), ())
-    raise ValueError(f"labels must be 'folder', a manifest, a callable or None, not {labels!r}")
+    raise ValueError(
+        f"labels must be 'folder', a manifest, a metadata column, a callable or None, "
+        f"not {labels!r}"
+    )
 
 
 class DatasetBuilder:

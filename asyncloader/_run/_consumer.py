@@ -26,7 +26,16 @@ from ._position import Position
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Consumer"]
+__all__ = ["Batch", "Consumer"]
+
+Batch = (
+    tuple["torch.Tensor", "torch.Tensor"]
+    | tuple["torch.Tensor", "torch.Tensor", dict[str, list[Any]]]
+)
+"""What a loader yields: ``(images, labels)``, or ``(images, labels, extras)`` with
+``extras=`` (each extra's values, one per sample, in batch order)."""
+Meta = tuple[int, int, dict[str, list[Any]]]
+"""A batch's index, its sample count and its extras, beside its tensors."""
 
 
 class Consumer:
@@ -42,6 +51,7 @@ class Consumer:
         agreement: The ranks' agreement on the object list, in a sharded job.
         unchecked: The list to check with it before the first batch (or set later, once
             listed: ``unchecked``).
+        extras: Batches carry extras (``extras=``): they are ``(images, labels, extras)``.
 
     Attributes:
         produced: Where the engine's output stands: ``(epoch, next batch, span)``, or None
@@ -59,8 +69,10 @@ class Consumer:
         cpu_budget: str = "",
         agreement: Agreement | None = None,
         unchecked: Sequence[ObjectInfo] | None = None,
+        extras: bool = False,
     ) -> None:
         self._engine = engine
+        self._extras = extras
         self._agreement = agreement
         self.unchecked = unchecked
         self._counters = counters
@@ -75,7 +87,7 @@ class Consumer:
         epoch: int,
         batches: Iterator[tuple[torch.Tensor, torch.Tensor, Any]],
         position: Position,
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    ) -> Iterator[Batch]:
         """What the user receives of ``batches`` (of ``epoch``): counted, and followed by
         ``position``; before the run's first batch, the ranks' agreement on the list."""
         c = self._counters
@@ -88,7 +100,7 @@ class Consumer:
                 if agreement is not None:
                     agreement.poll()  # a rank that refused later stops this one too
                 try:
-                    images, labels, (index, n) = next(batches)
+                    images, labels, (index, n, extras) = next(batches)
                 except StopIteration:
                     break
                 position.delivered(epoch, index)
@@ -98,8 +110,10 @@ class Consumer:
                     c.consumer_first_batch_seconds = time.perf_counter() - c.started
                 # No reference stays in this frame while it waits at `yield`: a batch the
                 # consumer drops must give its slot back then, not at the next request.
-                batch = [(images, labels)]
-                del images, labels
+                batch: list[Batch] = [
+                    (images, labels, extras) if self._extras else (images, labels)
+                ]
+                del images, labels, extras
                 yield batch.pop()
         except GeneratorExit:
             raise  # the consumer stopped early: the position stands
@@ -125,7 +139,7 @@ class Consumer:
 
     def batches(
         self, epoch: int, first: int, span: tuple[int, int] | None
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, tuple[int, int]]]:
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, Meta]]:
         """The producer's side: batches of the ring as tensor views, each holding its slot
         until the last reference to it is gone (see :meth:`BatchRing.lease`)."""
         import torch
@@ -152,7 +166,8 @@ class Consumer:
                 c.count_skipped(ready.skipped, ready.skipped_keys)
             self.produced = (epoch, ready.index + 1, span)
             # Yielded straight from the call: no local of this frame keeps the batch.
-            yield _as_tensors(*engine.lease(ready), (ready.index, ready.n), torch.from_numpy)
+            meta = (ready.index, ready.n, ready.extras or {})
+            yield _as_tensors(*engine.lease(ready), meta, torch.from_numpy)
 
     def _next_notice(self) -> Notice:
         c = self._counters
@@ -193,8 +208,8 @@ class Consumer:
 
 
 def _as_tensors(
-    images: Any, labels: Any, meta: tuple[int, int], from_numpy: Callable[[Any], torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    images: Any, labels: Any, meta: Meta, from_numpy: Callable[[Any], torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, Meta]:
     if not isinstance(images, np.ndarray):  # a ring on the device: a tensor already
         return images, from_numpy(labels), meta
     return from_numpy(images), from_numpy(labels), meta

@@ -106,6 +106,7 @@ class InlineEngine:
                     listed=done,
                     objects=spec.objects,
                     store_options=spec.store_options,
+                    extras=p.run.extras,
                 )
                 self.rt.listing_task = task
             self.rt.ring = ring = make_ring(p, device, attach=share.ring)

@@ -38,7 +38,7 @@ from .._stores import open_store
 from .._stores import store_options as store_options_for
 from ._assembly import start_engine
 from ._build import DecodeBackend, engine_placement, fold_moved, open_cache, plan
-from ._consumer import Consumer
+from ._consumer import Batch, Consumer
 from ._control import Engine, EngineSpec, NoEngine, close_engine
 from ._dist import Agreement, list_once
 from ._position import Position
@@ -90,7 +90,13 @@ class ImageLoader:
         seed: Seed of the order and the augmentations.
         labels: ``"folder"`` (ImageFolder), a manifest — a local path, a key beside the
             images, or a URL (``s3://bucket/train.npz``) — of ``.jsonl``/``.csv`` rows or
-            ``.npz`` arrays (``ls --write-manifest``), a callable ``key -> int`` or None.
+            ``.npz`` arrays (``ls --write-manifest``), a column of the root's
+            ``metadata.jsonl``/``.csv`` (``"label"``), a callable ``key -> int`` or None.
+        extras: What each sample carries besides its label: columns of the root's
+            ``metadata.jsonl``/``.csv`` (Hugging Face's imagefolder convention), same-stem
+            sidecar files by suffix (``"txt"``: ``x.txt`` beside ``x.jpg``; ``"json"``
+            parsed; missing: None), ``"source"``.  Batches are then ``(images, labels,
+            extras)``, ``extras`` a dict of lists in batch order (docs: data.md).
         extensions: Keys to keep (ignored with a manifest); None keeps every object.
         decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
         sample_shape: (C, H, W) of a sample; needed with ``decode=``.  Images get theirs
@@ -161,6 +167,7 @@ class ImageLoader:
         shuffle: bool | Literal["global", "node"] = True,
         seed: int = 0,
         labels: LabelSpec = "folder",
+        extras: Sequence[str] = (),
         extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
         decode: DecodeFn | None = None,
         sample_shape: tuple[int, int, int] | None = None,
@@ -205,6 +212,7 @@ class ImageLoader:
             even=sh.even,
             on_error=on_error,
             max_failures=max_failures,
+            extras=tuple(extras),
         )
         self.cache = open_cache(cache_dir, cache_config)
         self._plan = p = plan(
@@ -311,6 +319,7 @@ class ImageLoader:
             cpu_budget=self._cpu_budget,
             agreement=self._agreement,
             unchecked=self._unchecked,
+            extras=bool(self._run_config.extras),
         )
         self._unchecked = None
 
@@ -377,7 +386,7 @@ class ImageLoader:
             raise ClosedError("the loader is closed")
         return self._consumer.stats()
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         self._check_open()
         assert self._consumer is not None
         epoch, first, span = self._position.begin()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["BatchReady", "EpochEnd", "Failed", "Notice", "Skipped"]
 
@@ -22,7 +23,8 @@ class Skipped:
 class BatchReady:
     """Batch ``index`` of ``epoch`` is in ring ``slot``: its first ``n`` samples; ``skipped``
     maps error type → samples of it left out, ``skipped_keys`` names them (counted when it
-    is delivered); ``ring``: which engine process's ring (0 in the engine's own process)."""
+    is delivered); ``ring``: which engine process's ring (0 in the engine's own process);
+    ``extras``: each extra's values for the ``n`` samples (``extras=``), else None."""
 
     epoch: int
     index: int
@@ -31,6 +33,7 @@ class BatchReady:
     skipped: Counter[str]
     skipped_keys: tuple[str, ...] = ()
     ring: int = 0
+    extras: dict[str, list[Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ import contextlib
 import queue
 from collections import Counter, deque
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -36,14 +37,17 @@ from .._device._ring import BatchRing
 from .._fetch import Fetcher
 from ._batches import BatchOrder
 from ._cache_fill import CacheFill, InHand, OnceFetcher
+from ._extras import BatchExtras, ExtrasReader
 from ._notices import BatchReady, EpochEnd, Failed, Notice, Skipped
-from ._sampler import (
-    mix_seed,
-)
+from ._sampler import mix_seed
 
 __all__ = ["Pipeline"]
 
 T = TypeVar("T")
+
+
+_Filled = tuple[int, Skipped, "BatchExtras | None"]
+"""A batch made: how many of its samples, those left out, their extras."""
 
 
 class _Failure(Exception):
@@ -98,6 +102,12 @@ class Pipeline:
         self.output = output
         self._decode_window = decode_window
         self._filling = filling
+        dataset = listing.dataset
+        self._extras = (
+            ExtrasReader(dataset.extras, fetcher, filling, counters)
+            if dataset is not None and dataset.extras is not None
+            else None
+        )
         self._free: asyncio.Queue[int] = asyncio.Queue()
         # Slots published and not yet given back: announced on `output`, or delivered and
         # still referenced by the consumer's batch (the ring tells, through `release`).
@@ -186,7 +196,7 @@ class Pipeline:
     async def _run(self, epoch: int, first_batch: int, span: tuple[int, int] | None) -> None:
         # One stream of batches across epochs: the next epoch's first batches start while
         # the current epoch's last ones are still in flight (no bubble at the boundary).
-        inflight: deque[tuple[int, int, bool, int, asyncio.Task[tuple[int, Skipped]]]] = deque()
+        inflight: deque[tuple[int, int, bool, int, asyncio.Task[_Filled]]] = deque()
         self._failures = {}
         batches = self.order.batches(epoch, first_batch, span)
         nxt: asyncio.Task[tuple[int, int, npt.NDArray[np.int64], bool]] | None = None
@@ -236,13 +246,15 @@ class Pipeline:
         index: int,
         last: bool,
         slot: int,
-        task: asyncio.Task[tuple[int, Skipped]],
+        task: asyncio.Task[_Filled],
     ) -> None:
-        n, skipped = await task
+        n, skipped, extras = await task
         self.counters.batches_produced += 1
         self._out.add(slot)
         self.counters.ring_out = len(self._out)
-        self.output.put(BatchReady(epoch, index, slot, n, skipped.counts, skipped.keys))
+        self.output.put(
+            BatchReady(epoch, index, slot, n, skipped.counts, skipped.keys, extras=extras)
+        )
         failures = self._failures.get(epoch, [])
         # A budget that is a fraction of the epoch waits for a growing listing to complete.
         samples = self.order.epoch_samples() if self.listing.done else None
@@ -252,11 +264,9 @@ class Pipeline:
             self._failures.pop(epoch, None)
             self.output.put(EpochEnd(epoch))
 
-    async def _fill(
-        self, slot: int, epoch: int, sel: np.ndarray[Any, Any], seq: int
-    ) -> tuple[int, Skipped]:
+    async def _fill(self, slot: int, epoch: int, sel: np.ndarray[Any, Any], seq: int) -> _Filled:
         """Fill ``slot`` with the samples ``sel`` (batch ``seq`` of the stream); returns how
-        many made it, and why not."""
+        many made it, why not, and their extras (sidecars are fetched beside the images)."""
         # Each sample made once per batch (a compact sample list makes one per access).
         batch = [self.listing.samples[int(i)] for i in sel]
         seed = self.run.seed
@@ -269,36 +279,34 @@ class Pipeline:
             early = {}
         hits = [j for j in range(len(sel)) if keys[j] in cached]
         hit_set = set(hits)
-        hit_results, *fetched = await asyncio.gather(
+        one = partial(self._sample, slot, epoch, seq)
+        hit_results, side, *fetched = await asyncio.gather(
             self._hits(slot, epoch, sel, seq, batch, hits, keys, cached),
+            self._side(epoch, sel),
             *(
-                self._sample(
-                    slot,
-                    j,
-                    epoch,
-                    seq,
-                    mix_seed(seed, epoch, int(i)),
-                    batch[j],
-                    keys[j],
-                    early.get(keys[j]),
-                )
+                one(j, mix_seed(seed, epoch, int(i)), batch[j], keys[j], early.get(keys[j]))
                 for j, i in enumerate(sel)
                 if j not in hit_set
             ),
             return_exceptions=True,
         )
-        if isinstance(hit_results, BaseException):
-            raise hit_results  # "raise" policy, or a bug
+        for res in (hit_results, side):
+            if isinstance(res, BaseException):
+                raise res  # "raise" policy, or a bug
         assert isinstance(hit_results, dict)
+        assert isinstance(side, tuple)
+        extras, side_failed = side
         rest = iter(fetched)
         results: list[BaseException | None] = []
         for j in range(len(sel)):
             res = hit_results[j] if j in hit_set else next(rest)
             results.append(res if isinstance(res, BaseException) else None)
-        failed = [j for j, res in enumerate(results) if res is not None]
         for res in results:
             if res is not None and not isinstance(res, _Failure):
                 raise res  # "raise" policy, or a bug: the run stops with it
+        for j, failure in side_failed.items():
+            results[j] = results[j] or failure
+        failed = [j for j, res in enumerate(results) if res is not None]
         if failed:
             gone = set(failed)
             keep = [j for j in range(len(sel)) if j not in gone]
@@ -306,9 +314,21 @@ class Pipeline:
             if n:
                 # Compact the survivors to the front, in order (a short, deterministic batch).
                 self.ring.compact(slot, keep)
+            if extras is not None:
+                extras = {name: [v[j] for j in keep] for name, v in extras.items()}
             skipped = Counter(type(res.__cause__).__name__ for res in results if res is not None)
-            return n, Skipped(skipped, tuple(shown_key(batch[j].obj.key) for j in failed))
-        return len(sel), Skipped()
+            return n, Skipped(skipped, tuple(shown_key(batch[j].obj.key) for j in failed)), extras
+        return len(sel), Skipped(), extras
+
+    async def _side(
+        self, epoch: int, sel: np.ndarray[Any, Any]
+    ) -> tuple[BatchExtras | None, dict[int, BaseException]]:
+        """The batch's extras, and the samples whose sidecar failed (none asked: none)."""
+        if self._extras is None:
+            return None, {}
+        return await self._extras.batch(
+            sel.tolist(), lambda exc, key: self._failed(exc, epoch, "sidecar", key)
+        )
 
     async def _hits(
         self,
@@ -330,10 +350,10 @@ class Pipeline:
         seed = self.run.seed
         c = self.counters
         jobs = []
+        seeds = {j: mix_seed(seed, epoch, int(sel[j])) for j in hits}
         for j in hits:
             obj = batch[j].obj
-            seed_j = mix_seed(seed, epoch, int(sel[j]))
-            jobs.append(DecodeJob(cached[keys[j]], slot, j, seed_j, obj.key, keys[j], obj.size))
+            jobs.append(DecodeJob(cached[keys[j]], slot, j, seeds[j], obj.key, keys[j], obj.size))
         c.decode_queue += len(jobs)
         try:
             outcomes = await self.pool.decode_many(jobs, seq)
@@ -354,18 +374,7 @@ class Pipeline:
             out[j] = None
         if gone:
             again = await asyncio.gather(
-                *(
-                    self._sample(
-                        slot,
-                        j,
-                        epoch,
-                        seq,
-                        mix_seed(seed, epoch, int(sel[j])),
-                        batch[j],
-                        keys[j],
-                    )
-                    for j in gone
-                ),
+                *(self._sample(slot, epoch, seq, j, seeds[j], batch[j], keys[j]) for j in gone),
                 return_exceptions=True,
             )
             out.update(zip(gone, again, strict=True))
@@ -386,9 +395,9 @@ class Pipeline:
     async def _sample(
         self,
         slot: int,
-        j: int,
         epoch: int,
         seq: int,
+        j: int,
         seed: int,
         sample: Sample,
         cache_key: str,

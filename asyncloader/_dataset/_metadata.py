@@ -1,0 +1,207 @@
+"""Metadata and captions beside the images (pure): what ``extras=`` and a labels column read.
+
+Two conventions users keep their folders in:
+
+* **A metadata file at the source's root** — Hugging Face's ``imagefolder``:
+  ``metadata.jsonl`` (a JSON object per line) or ``metadata.csv`` (a header), each row
+  naming an image by ``file_name``, relative to the root, and giving it columns
+  (``caption``, ``label``, …).  With one, the images it names are the samples (an image it
+  does not name is left out, counted; a name no object has is kept and reported missing
+  when read, as a manifest's is); ``labels="label"`` takes the labels from a column.
+* **Same-stem sidecar files** — img2dataset's "files" layout: ``x.txt`` and ``x.json``
+  beside ``x.jpg``.  ``extras=("txt",)`` reads each image's ``.txt`` (``"json"``: its
+  ``.json``, parsed); a missing one is ``None``.
+
+``extras`` names are resolved once per dataset by :func:`resolve_extras`: ``"source"`` is the
+URL of the sample's source; a column of the metadata file is that column; any other name is a
+sidecar's extension.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._base._types import ObjectInfo
+
+__all__ = [
+    "METADATA_NAMES",
+    "SOURCE",
+    "Extras",
+    "Metadata",
+    "find_metadata",
+    "parse_sidecar",
+    "read_metadata",
+    "resolve_extras",
+]
+
+METADATA_NAMES = ("metadata.jsonl", "metadata.csv")
+"""The metadata files looked for at a source's root, in this order."""
+SOURCE = "source"
+"""The extra that names each sample's source (its URL)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """A metadata file's rows: the images they name (``file_name``, relative to the root)
+    and their other columns (``None`` where a row lacks one), in the file's order."""
+
+    name: str
+    file_names: list[str]
+    columns: dict[str, list[Any]]
+
+
+def find_metadata(keys: Sequence[str]) -> str | None:
+    """The metadata file among the listed ``keys`` (at the root: no folder), or None."""
+    present = set(keys) & set(METADATA_NAMES)
+    return next((n for n in METADATA_NAMES if n in present), None)
+
+
+def read_metadata(data: bytes | bytearray, name: str) -> Metadata:
+    """Parse ``metadata.jsonl`` (values keep their JSON types) or ``metadata.csv`` (text;
+    an empty field is ``None``).
+
+    Raises:
+        ValueError: a malformed line, a row without ``file_name``, a name given twice;
+            naming the file and line.
+    """
+    try:
+        text = bytes(data).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    rows: list[tuple[int, dict[str, Any]]] = []
+    if name.endswith(".csv"):
+        reader = csv.DictReader(io.StringIO(text))
+        if not reader.fieldnames or "file_name" not in reader.fieldnames:
+            raise ValueError(f"{name}: the header needs a 'file_name' column")
+        for lineno, row in enumerate(reader, start=2):
+            rows.append((lineno, {k: (v if v != "" else None) for k, v in row.items() if k}))
+    else:
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{name}:{lineno}: not JSON ({exc})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{name}:{lineno}: expected a JSON object per line")
+            rows.append((lineno, obj))
+    file_names: list[str] = []
+    seen: set[str] = set()
+    for lineno, row in rows:
+        file_name = row.get("file_name")
+        if not isinstance(file_name, str) or not file_name:
+            raise ValueError(f"{name}:{lineno}: a row without its 'file_name'")
+        file_name = posixpath.normpath(file_name.lstrip("/"))
+        if file_name in seen:
+            raise ValueError(f"{name}:{lineno}: {file_name!r} is named twice")
+        seen.add(file_name)
+        file_names.append(file_name)
+    names = list(dict.fromkeys(k for _, row in rows for k in row if k != "file_name"))
+    columns = {c: [row.get(c) for _, row in rows] for c in names}
+    return Metadata(name, file_names, columns)
+
+
+@dataclass(frozen=True, slots=True)
+class Extras:
+    """What ``extras=`` asks for, per sample of a dataset (index = the sample's).
+
+    Attributes:
+        names: The extras, in the order asked.
+        columns: Values known from the listing: metadata columns, the source.
+        sidecars: Per sidecar extra, each sample's sidecar object (None: it has none).
+        suffixes: Each sidecar extra's file suffix (``".txt"``).
+    """
+
+    names: tuple[str, ...]
+    columns: dict[str, list[Any]]
+    sidecars: dict[str, list[ObjectInfo | None]]
+    suffixes: dict[str, str]
+
+    def take(self, indices: Sequence[int]) -> Extras:
+        """The extras of the samples ``indices`` (a subset or reordering)."""
+        return Extras(
+            self.names,
+            {n: [v[i] for i in indices] for n, v in self.columns.items()},
+            {n: [v[i] for i in indices] for n, v in self.sidecars.items()},
+            self.suffixes,
+        )
+
+
+def _suffix(name: str) -> str:
+    return "." + name.lstrip(".")
+
+
+def resolve_extras(
+    names: Sequence[str],
+    samples: Sequence[str],
+    listed: Mapping[str, ObjectInfo],
+    *,
+    source: str,
+    metadata: Metadata | None,
+    rows: Sequence[int] | None,
+) -> Extras:
+    """Each extra of ``names`` for the sample keys ``samples``.
+
+    Args:
+        names: As ``extras=`` gives them.
+        samples: The samples' keys, in the dataset's order.
+        listed: Every listed object by key (sidecars are found here, not requested).
+        source: The URL of the samples' source.
+        metadata: The root's metadata file, if any.
+        rows: For each sample, its row in ``metadata`` (-1: none).
+
+    Raises:
+        ValueError: a name that is neither the source, a column of the metadata file nor
+            the suffix of any listed sidecar.
+    """
+    columns: dict[str, list[Any]] = {}
+    sidecars: dict[str, list[ObjectInfo | None]] = {}
+    suffixes: dict[str, str] = {}
+    for name in names:
+        if name == SOURCE:
+            columns[name] = [source] * len(samples)
+        elif metadata is not None and name in metadata.columns:
+            assert rows is not None
+            values = metadata.columns[name]
+            columns[name] = [values[r] if r >= 0 else None for r in rows]
+        else:
+            suffix = _suffix(name)
+            found = [listed.get(posixpath.splitext(key)[0] + suffix) for key in samples]
+            if samples and not any(found) and not any(k.endswith(suffix) for k in listed):
+                have = (
+                    f"; the columns of {metadata.name}: {', '.join(metadata.columns)}"
+                    if (metadata is not None)
+                    else f"; no {', '.join(METADATA_NAMES)} at the root"
+                )
+                raise ValueError(
+                    f"extras: {name!r} is neither a metadata column nor a sidecar file "
+                    f"(no object under {source} ends with {suffix!r}{have})"
+                )
+            sidecars[name] = found
+            suffixes[name] = suffix
+    return Extras(tuple(names), columns, sidecars, suffixes)
+
+
+def parse_sidecar(data: bytes | bytearray | memoryview, suffix: str) -> Any:
+    """A sidecar's value: ``.json`` parsed, anything else UTF-8 text.
+
+    Raises:
+        ValueError: not UTF-8, or not JSON.
+    """
+    try:
+        text = bytes(data).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if suffix == ".json":
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+    return text

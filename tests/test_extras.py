@@ -1,0 +1,265 @@
+"""Metadata and captions beside the images (``extras=``): the root's ``metadata.jsonl`` /
+``metadata.csv`` (Hugging Face's imagefolder convention) names the samples and gives them
+columns and labels; same-stem sidecar files (``x.txt``, ``x.json`` beside ``x.jpg``) are
+fetched by the engine with their image, cached with it, and delivered in batch order; a
+missing sidecar is None, a malformed one follows ``on_error``.  Against moto, Azurite and
+the GCS emulator."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import asyncloader as al
+from asyncloader._base._types import ObjectInfo
+from asyncloader._dataset._labels import build_dataset
+from asyncloader._dataset._metadata import read_metadata, resolve_extras
+
+from .conftest import Backend
+
+N = 24
+
+
+def _jpeg(i: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (40 + i, 30), ((i * 37) % 256, (i * 91) % 256, 128)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def _names() -> list[str]:
+    return [f"{'cat' if i % 3 else 'dog'}/{i:03d}.jpg" for i in range(N)]
+
+
+def _caption(i: int) -> str:
+    return f"a picture, number {i}, «ünïcode»"
+
+
+# --- the metadata file, and what names what (pure) ---------------------------------------
+
+
+def test_metadata_jsonl_keeps_json_types_and_csv_gives_text() -> None:
+    jsonl = b'{"file_name": "a/1.jpg", "caption": "x", "n": 3, "tags": ["p", "q"]}\n\n'
+    jsonl += b'{"file_name": "/b/2.jpg", "caption": null}\n'
+    meta = read_metadata(jsonl, "metadata.jsonl")
+    assert meta.file_names == ["a/1.jpg", "b/2.jpg"]
+    assert meta.columns == {"caption": ["x", None], "n": [3, None], "tags": [["p", "q"], None]}
+    csv = b'file_name,caption,label\r\na/1.jpg,"one, two",7\r\nb/2.jpg,,8\r\n'
+    meta = read_metadata(b"\xef\xbb\xbf" + csv, "metadata.csv")  # a BOM, as Excel writes
+    assert meta.columns == {"caption": ["one, two", None], "label": ["7", "8"]}
+
+
+@pytest.mark.parametrize(
+    ("data", "name", "says"),
+    [
+        (b'{"file_name": "a.jpg"}\n{"caption": "x"}\n', "metadata.jsonl", ":2: a row without"),
+        (b'{"file_name": "a.jpg"}\n{"file_name": "a.jpg"}\n', "metadata.jsonl", "twice"),
+        (b'{"file_name": "a.jpg"}\n{oops\n', "metadata.jsonl", ":2: not JSON"),
+        (b'["a.jpg"]\n', "metadata.jsonl", ":1: expected a JSON object"),
+        (b"caption\nx\n", "metadata.csv", "'file_name' column"),
+        (b"file_name\n\xff\n", "metadata.csv", "not UTF-8"),
+    ],
+)
+def test_a_malformed_metadata_file_is_named_with_its_line(
+    data: bytes, name: str, says: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"{name}.*{says}|{says}"):
+        read_metadata(data, name)
+
+
+def _objects(keys: list[str]) -> list[ObjectInfo]:
+    return [ObjectInfo(k, 10, f"e{i}") for i, k in enumerate(keys)]
+
+
+def test_the_metadata_file_names_the_samples_and_gives_labels() -> None:
+    keys = ["b/2.jpg", "a/1.jpg", "a/3.jpg", "a/1.txt", "metadata.jsonl"]
+    meta = read_metadata(
+        b'{"file_name": "b/2.jpg", "label": "dog"}\n'
+        b'{"file_name": "a/1.jpg", "label": "cat"}\n'
+        b'{"file_name": "a/9.jpg", "label": "cat"}\n',
+        "metadata.jsonl",
+    )
+    ds = build_dataset(_objects(keys), "label", metadata=meta, extras=("label", "txt"))
+    # Key order; a.3 is not named (left out, counted); a/9.jpg is named and not listed
+    # (kept with an unknown size: reported missing when read).
+    assert [s.obj.key for s in ds.samples] == ["a/1.jpg", "a/9.jpg", "b/2.jpg"]
+    assert ds.samples[1].obj.size == -1
+    assert ds.unnamed == 1
+    assert ds.classes == ("cat", "dog")
+    assert list(ds.samples.labels) == [0, 0, 1]
+    assert ds.extras is not None
+    assert ds.extras.columns["label"] == ["cat", "cat", "dog"]
+    assert [o.key if o else None for o in ds.extras.sidecars["txt"]] == ["a/1.txt", None, None]
+    folder = build_dataset(_objects(keys), "folder", metadata=meta)
+    assert folder.classes == ("a", "b")
+    with pytest.raises(ValueError, match="has no such column"):
+        build_dataset(_objects(keys), "species", metadata=meta)
+    with pytest.raises(ValueError, match="a column of a metadata file, and there is none"):
+        build_dataset(_objects(keys), "label")
+    gap = read_metadata(
+        b'{"file_name": "a/1.jpg"}\n{"file_name": "b/2.jpg", "label": 1}\n', "metadata.jsonl"
+    )
+    with pytest.raises(ValueError, match=r"gives no 'label' for 'a/1\.jpg'"):
+        build_dataset(_objects(keys), "label", metadata=gap)
+
+
+def test_an_extra_that_names_nothing_is_an_error_that_says_what_there_is() -> None:
+    listed = {k: o for k, o in zip(["a.jpg", "a.txt"], _objects(["a.jpg", "a.txt"]), strict=True)}
+    got = resolve_extras(
+        ["txt", ".txt", "source"], ["a.jpg"], listed, source="s3://b/", metadata=None, rows=None
+    )
+    assert got.columns == {"source": ["s3://b/"]}
+    assert got.sidecars["txt"] == got.sidecars[".txt"] == [listed["a.txt"]]
+    with pytest.raises(
+        ValueError, match=r"'caption'.*no object under s3://b/ ends with '\.caption'"
+    ):
+        resolve_extras(["caption"], ["a.jpg"], listed, source="s3://b/", metadata=None, rows=None)
+
+
+# --- through the loader, on every store -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def captioned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Images in two class folders with: a metadata.jsonl naming all but one, an ``idx``
+    (unique: the sample's identity) and a caption; ``.txt`` captions beside all but every
+    fifth image; ``.json`` beside every image, one of them malformed."""
+    root = tmp_path_factory.mktemp("captioned")
+    rows = []
+    for i, name in enumerate(_names()):
+        path = root / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(_jpeg(i))
+        if i % 5:
+            path.with_suffix(".txt").write_text(_caption(i), encoding="utf-8")
+        meta = {"i": i, "tags": ["x"] * (i % 3)} if i != 7 else None
+        path.with_suffix(".json").write_text(json.dumps(meta) if meta else "{not json")
+        if i != N - 1:
+            rows.append({"file_name": name, "idx": i, "caption": _caption(i)})
+    (root / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+@pytest.fixture(scope="module")
+def captioned_url(backend: Backend, captioned: Path) -> str:
+    bucket = "captions"
+    backend.create_bucket(bucket)
+    for path in sorted(captioned.rglob("*")):
+        if path.is_file():
+            backend.put(bucket, "set/" + path.relative_to(captioned).as_posix(), path.read_bytes())
+    return backend.url(bucket, "set/")
+
+
+def _epoch(loader: al.ImageLoader) -> list[tuple[int, dict[str, Any]]]:
+    out = []
+    for batch in loader:
+        _images, labels, extras = batch  # type: ignore[misc]
+        assert set(extras) == set(loader._run_config.extras)
+        for k, label in enumerate(labels.tolist()):
+            assert all(len(v) == len(labels) for v in extras.values())
+            out.append((label, {n: v[k] for n, v in extras.items()}))
+    return out
+
+
+def test_captions_from_metadata_jsonl_come_in_batch_order(
+    backend: Backend, captioned_url: str
+) -> None:
+    """``labels="idx"`` (a column) gives each sample its identity: every sample's caption
+    and source are its own, the image the metadata does not name is left out."""
+    with al.ImageLoader(
+        captioned_url,
+        batch_size=5,
+        labels="idx",
+        extras=("caption", "source"),
+        decode_workers=2,
+        engine=al.EngineConfig(processes=2),
+        store_options=backend.store_options,
+    ) as loader:
+        got = _epoch(loader)
+        assert loader.engine_processes == 2
+    assert sorted(i for i, _ in got) == list(range(N - 1))
+    for i, extras in got:
+        assert extras == {"caption": _caption(i), "source": captioned_url}
+
+
+def test_sidecars_are_fetched_with_their_image_and_cached_with_it(
+    backend: Backend, captioned_url: str, tmp_path: Path
+) -> None:
+    """``.txt`` sidecars as captions (None where there is none), ``.json`` parsed; the
+    malformed one is skipped under ``on_error="skip"`` and counted; the second epoch reads
+    every sidecar from the SSD cache."""
+    names = _names()
+    index = {n: i for i, n in enumerate(names)}
+    with al.ImageLoader(
+        captioned_url,
+        batch_size=4,
+        labels=index.__getitem__,
+        extras=("txt", "json"),
+        extensions=(".jpg",),
+        on_error="skip",
+        max_failures=1,
+        cache_dir=str(tmp_path),
+        decode_workers=2,
+        store_options=backend.store_options,
+    ) as loader:
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            got = _epoch(loader)
+            # The metadata file names the samples (not the last image), and one is skipped.
+            assert sorted(i for i, _ in got) == [i for i in range(N - 1) if i != 7]
+            for i, extras in got:
+                assert extras["txt"] == (_caption(i) if i % 5 else None)
+                assert extras["json"] == {"i": i, "tags": ["x"] * (i % 3)}
+            if epoch == 0:
+                first = loader.stats()
+        stats = loader.stats()
+    assert first.skipped == {"DecodeError": 1}
+    assert first.skipped_keys == ("cat/007.jpg",)  # the sample whose sidecar failed
+    sidecars = sum(1 for i in range(N - 1) if i % 5) + N - 1  # .txt and .json that exist
+    # Each fetched once (the engine runs ahead into the next epochs meanwhile: those
+    # reads are the cache's), and epoch 1 read every one from the cache.
+    assert first.sidecars_fetched == stats.sidecars_fetched == sidecars
+    assert stats.sidecars_cached >= sidecars
+
+
+def test_a_malformed_sidecar_under_raise_names_it(backend: Backend, captioned_url: str) -> None:
+    with al.ImageLoader(
+        captioned_url,
+        batch_size=8,
+        shuffle=False,
+        extras=("json",),
+        decode_workers=2,
+        store_options=backend.store_options,
+    ) as loader:
+        with pytest.raises(al.DecodeError, match=r"sidecar .*007\.json: not JSON"):
+            for _ in loader:
+                pass
+
+
+def test_extras_through_a_dataloader_and_to_device(backend: Backend, captioned_url: str) -> None:
+    """``ImageDataset`` in a DataLoader, then ``to_device``: the extras come through."""
+    if backend.name != "s3":
+        pytest.skip("one store is enough for the torch face")
+    import torch.utils.data
+
+    from asyncloader.torch import ImageDataset, to_device
+
+    dataset = ImageDataset(
+        captioned_url,
+        batch_size=6,
+        labels="idx",
+        extras=("caption",),
+        decode_workers=2,
+        store_options=backend.store_options,
+    )
+    dl = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1)
+    seen = []
+    for images, labels, extras in to_device(dl, device="cpu", dtype="uint8"):  # type: ignore[misc]
+        assert images.dtype == np.uint8 or str(images.dtype) == "torch.uint8"
+        seen += [(i, c) for i, c in zip(labels.tolist(), extras["caption"], strict=True)]
+    assert sorted(seen) == [(i, _caption(i)) for i in range(N - 1)]
