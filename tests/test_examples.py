@@ -105,3 +105,11 @@ def test_train_dcp_resumes_on_another_number_of_ranks(tmp_path: Path) -> None:
         assert f"step {steps} epoch" in out.stdout
     assert "resumed at step 4, epoch 1" in out.stdout  # 96 / 2 ranks / 16: 3 steps an epoch
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir())[-1] == "step-00000006"
+
+
+def test_train_captions(tmp_path: Path) -> None:
+    args = ["--steps", "4", "--images", "64", "--batch-size", "16"]
+    out = _run([sys.executable, str(EXAMPLES / "train_captions.py"), *args], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "first caption: 'a " in out.stdout
+    assert "step 4 epoch 1 loss" in out.stdout

@@ -225,6 +225,7 @@ def test_sidecars_are_fetched_with_their_image_and_cached_with_it(
     # reads are the cache's), and epoch 1 read every one from the cache.
     assert first.sidecars_fetched == stats.sidecars_fetched == sidecars
     assert stats.sidecars_cached >= sidecars
+    assert f"sidecar files: {sidecars} fetched, " in stats.summary()
 
 
 def test_a_malformed_sidecar_under_raise_names_it(backend: Backend, captioned_url: str) -> None:

@@ -428,6 +428,11 @@ class Stats:
             + f", worker restarts {self.worker_restarts}"
             + (f", engine restarts {self.engine_restarts}" if self.engine_restarts else ""),
         ]
+        if self.sidecars_fetched or self.sidecars_cached:
+            lines.append(
+                f"sidecar files: {self.sidecars_fetched} fetched, {self.sidecars_cached} "
+                "from the cache"
+            )
         return "\n".join(line.rstrip() for line in lines)
 
 

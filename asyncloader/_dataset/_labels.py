@@ -252,17 +252,8 @@ def _samples(
         if named == keys:  # the objects came from the manifest itself, in its order
             idx, classes = _label_index([label for _, label in manifest])
             return Dataset(SampleList(listed, idx), classes)
-        where = {k: i for i, k in enumerate(keys)}
-        at = [where.get(key, -1) for key in named]
-        if all(i >= 0 for i in at):
-            chosen = listed.take(at)
-        else:
-            chosen = ObjectList.of(
-                listed[i] if i >= 0 else ObjectInfo(key, -1, "")
-                for i, key in zip(at, named, strict=True)
-            )
         idx, classes = _label_index([label for _, label in manifest])
-        return Dataset(SampleList(chosen, idx), classes)
+        return Dataset(SampleList(_take(listed, named), idx), classes)
     keep = KeyFilter(extensions)
     if metadata is not None:
         return _named(listed, labels, keep, metadata)
@@ -277,24 +268,28 @@ def _samples(
     return _labelled(listed.take(order), [keys[i] for i in order], labels)
 
 
+def _take(listed: ObjectList, names: list[str]) -> ObjectList:
+    """The listed objects of ``names``, in that order; a name the listing lacks keeps an
+    unknown size (the run reports it missing instead of silently dropping it)."""
+    where = {k: i for i, k in enumerate(listed.keys())}
+    at = [where.get(name, -1) for name in names]
+    if all(i >= 0 for i in at):
+        return listed.take(at)
+    return ObjectList.of(
+        listed[i] if i >= 0 else ObjectInfo(name, -1, "") for i, name in zip(at, names, strict=True)
+    )
+
+
 def _named(listed: ObjectList, labels: LabelSpec, keep: KeyFilter, metadata: Metadata) -> Dataset:
     """The samples a metadata file names, in key order; a name nothing was listed under is
     kept with an unknown size (reported missing when read)."""
     keys = listed.keys()
-    where = {k: i for i, k in enumerate(keys)}
     rows = sorted(
         (r for r, name in enumerate(metadata.file_names) if keep(name)),
         key=metadata.file_names.__getitem__,
     )
     names = [metadata.file_names[r] for r in rows]
-    at = [where.get(name, -1) for name in names]
-    if all(i >= 0 for i in at):
-        chosen = listed.take(at)
-    else:
-        chosen = ObjectList.of(
-            listed[i] if i >= 0 else ObjectInfo(name, -1, "")
-            for i, name in zip(at, names, strict=True)
-        )
+    chosen = _take(listed, names)
     named = set(names)
     unnamed = sum(1 for k in keys if keep(k) and k not in named)
     if is_column(labels):
