@@ -27,6 +27,7 @@ from .._base._errors import StoreError, shown_key
 from .._base._manifest import is_manifest, read_manifest
 from .._base._types import ObjectInfo, Sample
 from ._metadata import METADATA_NAMES, Extras, Metadata, resolve_extras
+from ._mix import Mix
 from ._objects import ObjectList, SampleList, texts_from_arrays, texts_to_arrays
 
 __all__ = [
@@ -81,12 +82,14 @@ class Dataset:
     """The samples of one run, in canonical order, and the class names (may be empty).
     ``samples`` is compact (a :class:`SampleList`: arrays, not an object per sample).
     ``extras``: what ``extras=`` asks for, per sample; ``unnamed``: images left out because
-    the root's metadata file does not name them."""
+    the root's metadata file does not name them; ``mix``: the sources the samples come
+    from and their share of an epoch (several sources, or a ``samples_per_epoch``)."""
 
     samples: SampleList
     classes: tuple[str, ...]
     extras: Extras | None = None
     unnamed: int = 0
+    mix: Mix | None = None
 
 
 Rows = list[dict[str, str]]

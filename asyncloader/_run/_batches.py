@@ -41,7 +41,7 @@ class BatchOrder:
             dataset = self.listing.dataset
             if dataset is None:
                 raise AsyncLoaderError("the listing is not complete yet")
-            self._epoch_samples = samples_per_epoch(len(dataset.samples), self.run)
+            self._epoch_samples = samples_per_epoch(len(dataset.samples), self.run, dataset.mix)
         return self._epoch_samples
 
     def slots_for(self, slots: int) -> int:
@@ -117,7 +117,9 @@ class BatchOrder:
                 world_size=r.world_size,
                 even=r.even,
                 local_world_size=r.local_world_size,
-                **({"start": span[0], "end": span[1]} if span else {}),
+                start=span[0] if span else 0,
+                end=span[1] if span else None,
+                mix=listing.dataset.mix if listing.dataset is not None else None,
             )
             span = None
             nb = num_batches(len(indices), r.batch_size, r.drop_last)

@@ -362,7 +362,8 @@ class EngineProcesses:
         return self._dataset
 
     def epoch_samples(self) -> int:
-        return samples_per_epoch(len(self.dataset().samples), self._run)
+        dataset = self.dataset()
+        return samples_per_epoch(len(dataset.samples), self._run, dataset.mix)
 
     def engine_counters(self) -> Counters:
         """The engines' counters, summed (an engine that does not answer within

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._base._config import RunConfig
+from .._dataset._mix import Mix
 
 __all__ = [
     "batch_owner",
@@ -19,6 +20,7 @@ __all__ = [
     "covered",
     "epoch_indices",
     "mix_seed",
+    "mixed_order",
     "node_subset",
     "num_batches",
     "samples_per_epoch",
@@ -27,6 +29,9 @@ __all__ = [
 
 _MASK = (1 << 64) - 1
 _NODE_SALT = 0x6E6F6465  # separates the node partition's seed from the epochs' seeds
+_MIX_SALT = 0x6D6978  # separates a mix's seeds (its pattern, each source's cycles)
+MIX_BLOCK = 8
+"""A mix's pattern is shuffled within blocks of this many positions (see :func:`mixed_order`)."""
 
 EvenPolicy = Literal["pad", "drop"]
 Shuffle = bool | Literal["global", "node"]
@@ -69,6 +74,51 @@ def node_subset(n: int, *, seed: int, node: int, nodes: int) -> npt.NDArray[np.i
     return np.sort(_permutation(n, mix_seed(seed, _NODE_SALT))[node::nodes])
 
 
+def mixed_order(mix: Mix, *, seed: int, epoch: int, shuffle: bool) -> npt.NDArray[np.int64]:
+    """The order of ``epoch`` over several sources: ``mix.length`` sample indices.
+
+    Each source's samples come from its own endless sequence of permutations (seeded by
+    the source and the cycle; listing order unshuffled), and epoch ``e`` takes the next
+    ``quota`` of them: positions ``e·quota … (e+1)·quota`` of that sequence.  A source whose
+    quota is its size gives every sample once; a larger quota repeats (a new permutation
+    starts), a smaller one gives a different part each epoch, so that all come round.
+
+    Where each source's samples go: the ``k``-th of a source with quota ``q`` is placed at
+    ``(k + ½)·L/q`` (L: the epoch's length), so that every window holds each source's share
+    to within a sample or two; then the sources' places are shuffled within blocks of
+    :data:`MIX_BLOCK` positions (seeded by the epoch), so that the ranks of a world, which
+    take positions ``r, r + W, …``, get the shares too (to within a block's chance) whatever
+    ``W`` is.  Independent of the world size: an epoch resumed elsewhere deals the rest of
+    the same order.
+    """
+    length = mix.length
+    which = np.concatenate([np.full(q, s, np.int64) for s, q in enumerate(mix.quotas)])
+    place = np.concatenate([(np.arange(q) + 0.5) / q for q in mix.quotas])
+    pattern = which[np.lexsort((which, place))]
+    rng = np.random.Generator(np.random.PCG64(mix_seed(seed, epoch, _MIX_SALT)))
+    full = length - length % MIX_BLOCK
+    pattern[:full] = rng.permuted(pattern[:full].reshape(-1, MIX_BLOCK), axis=1).ravel()
+    pattern[full:] = rng.permutation(pattern[full:])
+    out = np.empty(length, np.int64)
+    for s, (n, q, first) in enumerate(zip(mix.sizes, mix.quotas, mix.offsets, strict=True)):
+        if q:
+            out[pattern == s] = first + _draws(n, q, epoch, mix_seed(seed, _MIX_SALT, s), shuffle)
+    return out
+
+
+def _draws(n: int, quota: int, epoch: int, seed: int, shuffle: bool) -> npt.NDArray[np.int64]:
+    """Positions ``epoch·quota … (epoch+1)·quota`` of a source's endless sequence of
+    permutations of ``range(n)`` (cycle ``c`` seeded by ``(seed, c)``; ``range(n)`` itself
+    unshuffled)."""
+    start, end = epoch * quota, (epoch + 1) * quota
+    cycles = range(start // n, (end - 1) // n + 1)
+    seq = np.concatenate(
+        [_permutation(n, mix_seed(seed, c)) if shuffle else np.arange(n) for c in cycles]
+    )
+    first = cycles[0] * n
+    return seq[start - first : end - first].astype(np.int64)
+
+
 def batch_owner(batch: int, num_workers: int, engines: int) -> tuple[int, int]:
     """Who makes batch ``batch`` of a rank's epoch: its DataLoader worker (of
     ``num_workers``: batches ``w, w + num_workers, …``), and which of that worker's
@@ -88,6 +138,7 @@ def epoch_indices(
     local_world_size: int | None = None,
     start: int = 0,
     end: int | None = None,
+    mix: Mix | None = None,
 ) -> npt.NDArray[np.int64]:
     """Indices into the object list that ``rank`` visits in ``epoch``, in order.
 
@@ -110,11 +161,16 @@ def epoch_indices(
     epoch's order — the rest of an epoch resumed with another world size (see
     :func:`consumed_prefix`).
 
+    ``mix`` (several sources, or a ``samples_per_epoch``): the epoch's order is
+    :func:`mixed_order`'s, dealt to the ranks as a permutation is.
+
     Raises:
         ValueError: on an impossible rank, world size or node layout.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+    if shuffle == "node" and mix is not None:
+        raise ValueError("node-local shuffle reads one source, a whole epoch at a time")
     if shuffle == "node" and (start or end is not None):
         raise ValueError("node-local shuffle deals whole epochs only")
     if shuffle == "node":
@@ -136,7 +192,12 @@ def epoch_indices(
         return _even(order, local, even)[local_rank::local]
     if shuffle not in (True, False, "global"):
         raise ValueError(f"shuffle must be True, False, 'global' or 'node', not {shuffle!r}")
-    order = _permutation(n, mix_seed(seed, epoch)) if shuffle else np.arange(n, dtype=np.int64)
+    if mix is not None:
+        order = mixed_order(mix, seed=seed, epoch=epoch, shuffle=bool(shuffle))
+    elif shuffle:
+        order = _permutation(n, mix_seed(seed, epoch))
+    else:
+        order = np.arange(n, dtype=np.int64)
     if start or end is not None:
         order = order[start:end]
     if world_size > 1:
@@ -178,8 +239,10 @@ def unshuffled_batch(
     return np.arange(first, first + batch_size, dtype=np.int64) * world_size + rank
 
 
-def samples_per_epoch(n: int, r: RunConfig) -> int:
+def samples_per_epoch(n: int, r: RunConfig, mix: Mix | None = None) -> int:
     """Samples a rank sees per epoch of ``n`` objects (the same every epoch)."""
+    if mix is not None:
+        return len(_even(np.arange(mix.length), r.world_size, r.even)[r.rank :: r.world_size])
     return len(
         epoch_indices(
             n,
