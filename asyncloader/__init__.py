@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._base._errors import StoreError as StoreError
     from ._base._errors import Throttled as Throttled
     from ._base._errors import TransientStoreError as TransientStoreError
+    from ._base._sources import Source as Source
     from ._base._stats import Stats as Stats
     from ._base._types import ObjectInfo as ObjectInfo
     from ._base._types import ObjectStore as ObjectStore
@@ -76,6 +77,7 @@ _WHERE = {
     "OutputConfig": "._base._config",
     "ShardConfig": "._base._config",
     "RunConfig": "._base._config",
+    "Source": "._base._sources",
     "Inventory": "._tools._describe",
     "describe": "._tools._describe",
     "listing": "._tools._describe",
@@ -155,6 +157,7 @@ __all__ = [
     "RunConfig",
     "S3Store",
     "ShardConfig",
+    "Source",
     "Stats",
     "StoreError",
     "Throttled",

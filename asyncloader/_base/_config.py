@@ -226,6 +226,8 @@ class RunConfig:
             root's ``metadata.jsonl``/``.csv``, same-stem sidecar files by suffix
             (``"txt"``, ``"json"``), ``"source"``; batches are then ``(images, labels,
             extras)``.
+        samples_per_epoch: Samples in each epoch (None: the dataset's size); with several
+            sources shared among them by weight (``asyncloader.Source``).
     """
 
     batch_size: int
@@ -241,8 +243,11 @@ class RunConfig:
     on_error: OnError = "raise"
     max_failures: int | float = 0.01
     extras: tuple[str, ...] = ()
+    samples_per_epoch: int | None = None
 
     def __post_init__(self) -> None:
+        if self.samples_per_epoch is not None and self.samples_per_epoch < 1:
+            raise ValueError(f"samples_per_epoch must be at least 1, not {self.samples_per_epoch}")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         if isinstance(self.extras, str) or not all(

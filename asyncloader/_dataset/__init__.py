@@ -21,7 +21,10 @@ from typing import Any
 
 from .._base._errors import AsyncLoaderError
 from .._base._manifest import is_columnar, is_manifest, read_manifest
+from .._base._sources import Source
 from .._base._types import ObjectInfo, ObjectStore, Sample
+from .._stores._mixed import MixedStore
+from ._combine import combine, prefixed, with_length
 from ._labels import (
     Dataset,
     DatasetBuilder,
@@ -39,7 +42,14 @@ from ._metadata import find_metadata, read_metadata
 from ._objects import ObjectList
 from ._saved import listing_path, save_listing
 
-__all__ = ["Listing", "list_for", "list_objects", "open_listing", "saved_listing"]
+__all__ = [
+    "Listing",
+    "list_for",
+    "list_objects",
+    "open_listing",
+    "open_mixed_listing",
+    "saved_listing",
+]
 
 
 class Listing:
@@ -151,6 +161,7 @@ async def open_listing(
     objects: Sequence[ObjectInfo] | None = None,
     store_options: Mapping[str, Any] | None = None,
     extras: Sequence[str] = (),
+    samples_per_epoch: int | None = None,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """The run's samples: complete, or (``stream``: an unshuffled run) growing in key order
     while a task, returned with it, still lists.  ``listed(objects)`` is told of the whole
@@ -158,6 +169,7 @@ async def open_listing(
     ``store_options``: how to reach a manifest URL outside the store's root.  ``extras``:
     what each sample carries besides its label; with them, or with a labels column, the
     root's metadata file is read (:mod:`._metadata`), and the listing never streams.
+    ``samples_per_epoch``: an epoch of that many samples (see :mod:`._mix`).
 
     Raises:
         AsyncLoaderError: no samples under the URL (when complete; a growing listing raises
@@ -175,7 +187,7 @@ async def open_listing(
         data = await read_manifest_file(store, labels, store_options)
         dataset = await asyncio.to_thread(read_columnar_manifest, data, labels)
         check(dataset.samples.objects, dataset)
-        return Listing(dataset), None
+        return Listing(of_length(dataset, store.url, samples_per_epoch)), None
     manifest_data = None
     if is_manifest(labels):
         assert isinstance(labels, str)
@@ -190,13 +202,8 @@ async def open_listing(
     try:
         list_sorted = getattr(store, "list_sorted", None)
         wants_metadata = bool(extras) or is_column(labels)
-        if (
-            saved is None
-            and not is_manifest(labels)
-            and stream
-            and list_sorted
-            and not (wants_metadata)
-        ):
+        streams = stream and not wants_metadata and samples_per_epoch is None
+        if saved is None and not is_manifest(labels) and streams and list_sorted:
             listing = Listing()
 
             async def finished(objects: list[ObjectInfo], dataset: Dataset) -> None:
@@ -240,4 +247,61 @@ async def open_listing(
         source=store.url,
     )
     check(all_listed, dataset)
-    return Listing(dataset), None
+    return Listing(of_length(dataset, store.url, samples_per_epoch)), None
+
+
+async def open_mixed_listing(
+    store: MixedStore,
+    sources: Sequence[Source],
+    labels: LabelSpec,
+    extensions: Sequence[str] | None,
+    *,
+    folder: str | None,
+    max_age: float,
+    listed: Callable[[Sequence[ObjectInfo]], None],
+    store_options: Mapping[str, Any] | None = None,
+    extras: Sequence[str] = (),
+    samples_per_epoch: int | None = None,
+) -> Listing:
+    """The samples of several ``sources`` (``store``'s stores, in order), listed together,
+    each as :func:`open_listing` lists one (through the cache's saved listing of its own
+    URL), then made one dataset (:func:`~._combine.combine`).  ``listed`` is told every
+    object, keyed by its URL.
+
+    Raises:
+        AsyncLoaderError: a source without samples, naming it.
+        StoreError: a listing or a manifest could not be read.
+    """
+    found: list[ObjectList] = [ObjectList.of(()) for _ in sources]
+
+    async def one(s: int) -> Dataset:
+        source, part = sources[s], store.stores[s]
+
+        def keep(objects: Sequence[ObjectInfo]) -> None:
+            found[s] = prefixed(ObjectList.of(objects), part.url)
+
+        listing, _ = await open_listing(
+            part,
+            source.labels if source.labels is not None else labels,
+            extensions,
+            folder=folder,
+            max_age=max_age,
+            stream=False,
+            listed=keep,
+            store_options=source.store_options or store_options,
+            extras=extras,
+        )
+        assert listing.dataset is not None
+        return listing.dataset
+
+    datasets = await asyncio.gather(*(one(s) for s in range(len(sources))))
+    weights = None if sources[0].weight is None else [s.weight or 0.0 for s in sources]
+    urls = [part.url for part in store.stores]
+    dataset = await asyncio.to_thread(combine, datasets, urls, weights, samples_per_epoch)
+    listed(ObjectList.concat(found))
+    return Listing(dataset)
+
+
+def of_length(dataset: Dataset, url: str, samples_per_epoch: int | None) -> Dataset:
+    """One source's dataset, with ``samples_per_epoch`` samples an epoch where given."""
+    return dataset if samples_per_epoch is None else with_length(dataset, url, samples_per_epoch)

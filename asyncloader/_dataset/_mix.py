@@ -44,6 +44,12 @@ class Mix:
         """Samples per epoch."""
         return sum(self.quotas)
 
+    def describe(self) -> str:
+        """The sizes and quotas as text (a resume state's ``mix``)."""
+        return "sizes {} quotas {}".format(
+            *(",".join(map(str, v)) for v in (self.sizes, self.quotas))
+        )
+
     def source_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """The source of each sample index."""
         return np.searchsorted(np.cumsum(self.sizes), np.asarray(indices), side="right")

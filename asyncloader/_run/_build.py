@@ -17,9 +17,9 @@ import os
 import queue
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .._base._config import (
     CacheConfig,
@@ -35,6 +35,7 @@ from .._base._config import (
 )
 from .._base._env import CpuBudget, cpu_budget
 from .._base._shm import USE_MEMFD, SegmentRef
+from .._base._sources import Source, as_sources
 from .._base._stats import Counters
 from .._base._types import DecodeFn, ObjectStore
 from .._cache import ObjectCache
@@ -44,6 +45,7 @@ from .._decode import DecodePool, DecodeSpec, choose_backend
 from .._decode._transforms import RandomResizedCrop, Transform
 from .._device._ring import BatchRing, DeviceBatchRing
 from .._fetch import Fetcher
+from .._stores import open_sources, open_store, store_options
 from ._cache_fill import CacheFill
 from ._notices import Notice
 from ._pipeline import Pipeline
@@ -236,6 +238,27 @@ def open_cache(cache_dir: str | os.PathLike[str] | None, config: CacheConfig) ->
     cache = ObjectCache(cache_dir, size_limit=config.size, group_shared=config.group_shared)
     cache.make_folder()
     return cache
+
+
+def open_the_store(
+    url: str | Source | Sequence[str | Source],
+    store: ObjectStore | None,
+    labels: object,
+    options: dict[str, Any] | None,
+) -> tuple[ObjectStore, dict[str, Any], tuple[Source, ...] | None]:
+    """A loader's store: ``store`` as given, the store of one URL, or several sources' as
+    one (:func:`~asyncloader._stores.open_sources`); the options engine processes open one
+    URL's with, and the sources (None for one).
+
+    Raises:
+        ValueError: as :func:`~asyncloader._stores.open_store`; bad sources.
+    """
+    sources = as_sources(url) if store is None else None
+    if sources:
+        return open_sources(sources, labels, options), {}, sources
+    one = cast(str, url)
+    opts = store_options(one, labels, options)
+    return (store if store is not None else open_store(one, **opts)), opts, None
 
 
 def make_fetcher(

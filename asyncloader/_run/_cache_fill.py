@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
 
 from .._base._config import RunConfig
 from .._base._stats import Counters
-from .._base._types import Blob, CachedAt, ObjectInfo, Sample
+from .._base._types import Blob, CachedAt, ObjectInfo, ObjectStore, Sample
 from .._cache import IndexThread, ObjectCache
 from .._cache._admission import ADMIT_ALL, admission, admitted
 from .._cache._writer import CacheWriter
@@ -30,6 +31,7 @@ from .._dataset import Listing
 from .._decode import scaled_copies as scaled_jpeg_copies
 from .._decode import scaled_footprint
 from .._fetch import Fetcher
+from .._stores._mixed import MixedStore
 from ._sampler import epoch_indices, node_subset
 
 __all__ = [
@@ -43,6 +45,16 @@ __all__ = [
 
 InHand = Blob | asyncio.Future[Blob]
 """An object's bytes waiting to be written, or its fetch in flight."""
+
+
+def entry_key(store: ObjectStore, key: str, etag: str) -> str:
+    """The cache key of ``key`` of ``store``: an object of several sources' mix
+    (:class:`~asyncloader._stores._mixed.MixedStore`) is keyed as its own source's store
+    keys it, so that a source read alone and in a mix share their entries."""
+    if isinstance(store, MixedStore):
+        source, key = store.part(key)
+        return ObjectCache.entry_key(source.url, key, etag)
+    return ObjectCache.entry_key(store.url, key, etag)
 
 
 def node_objects(objects: Sequence[ObjectInfo], run: RunConfig) -> Sequence[ObjectInfo]:
@@ -121,8 +133,10 @@ class Admission:
             if dataset is None:
                 return ADMIT_ALL
             objects = [s.obj for s in dataset.samples]
+            # A mix's shards move over the epochs (each source's draws): every object counts.
+            run = self._run if dataset.mix is None else replace(self._run, shuffle=True)
             self._threshold, self._counters.cache_share = node_admission(
-                objects, self._run, self._cache.size_limit, scaled=self._scaled
+                objects, run, self._cache.size_limit, scaled=self._scaled
             )
         return self._threshold
 
@@ -312,13 +326,13 @@ class CacheFill:
         return fill
 
     async def look_up(
-        self, url: str, batch: Sequence[Sample]
+        self, store: ObjectStore, batch: Sequence[Sample]
     ) -> tuple[list[str], dict[str, InHand], dict[str, CachedAt | None]]:
         """A batch's one index query, off the loop and in batch order: the cache keys of
         its samples, what of them is being fetched or waits to be written (looked at
         *before* the query: see the module's docstring), and where the cache has the rest
         (the decode workers read those places without another query)."""
-        keys = [ObjectCache.entry_key(url, s.obj.key, s.obj.etag) for s in batch]
+        keys = [entry_key(store, s.obj.key, s.obj.etag) for s in batch]
         early = self.once.all_in_hand(keys)
         return keys, early, await self.index.run(self.cache.locate, keys)
 

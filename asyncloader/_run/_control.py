@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .._base._shm import SegmentRef
+from .._base._sources import Source
 from .._base._stats import Counters
 from .._base._types import ObjectInfo
 from .._base._wire import CrossedError, Message
@@ -147,6 +148,8 @@ class EngineSpec:
         cache: The SSD cache, or None.
         stream: Batches may start while the store lists (unshuffled, one engine, no ranks'
             agreement to check first).
+        sources: Several sources (``url`` then names them all): their URLs, weights,
+            labels and store options; None for one.
     """
 
     plan: LoaderPlan
@@ -157,6 +160,7 @@ class EngineSpec:
     objects: Sequence[ObjectInfo] | None
     cache: ObjectCache | None
     stream: bool
+    sources: tuple[Source, ...] | None = None
 
     @property
     def folder(self) -> str | None:

@@ -26,7 +26,7 @@ from .._base._child import receive_order, unpickle_order
 from .._base._errors import PipelineDeadError
 from .._base._stats import Counters
 from .._base._wire import ChildFailed, CrossedError, Message, Stop, send
-from .._stores import open_store
+from .._stores import open_sources, open_store
 from ._control import (
     SLOT,
     AskCounters,
@@ -124,7 +124,11 @@ def _serve(conn: Any, order: EngineOrder, send: Send, where: str) -> None:
         if start is not None:
             output.generation = start.generation
         try:
-            store = open_store(spec.url, **spec.store_options)
+            store = (
+                open_sources(spec.sources, spec.labels, spec.store_options)
+                if spec.sources
+                else open_store(spec.url, **spec.store_options)
+            )
             where_from = (0, 0, None) if start is None else (start.epoch, start.first, start.span)
             engine.setup(store, spec, order.share, dataset=dataset, start=where_from)
         except BaseException as exc:

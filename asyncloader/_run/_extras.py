@@ -19,7 +19,7 @@ from .._base._types import ObjectInfo
 from .._cache import ObjectCache
 from .._dataset._metadata import Extras, parse_sidecar
 from .._fetch import Fetcher
-from ._cache_fill import CacheFill, OnceFetcher
+from ._cache_fill import CacheFill, OnceFetcher, entry_key
 
 __all__ = ["ExtrasReader"]
 
@@ -83,8 +83,8 @@ class ExtrasReader:
             return await asyncio.gather(
                 *(self._fetcher.fetch(o) for o in objs), return_exceptions=True
             )
-        url = self._fetcher.store.url
-        keys = [ObjectCache.entry_key(url, o.key, o.etag) for o in objs]
+        store = self._fetcher.store
+        keys = [entry_key(store, o.key, o.etag) for o in objs]
         in_hand = [await OnceFetcher.shared(fill.once.in_hand(k)) for k in keys]
         cache = fill.cache
         look = [(k, o.size) for k, o, d in zip(keys, objs, in_hand, strict=True) if d is None]

@@ -20,9 +20,10 @@ import numpy as np
 from .._base._errors import ClosedError, PipelineDeadError
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
-from .._dataset import Listing, open_listing
+from .._dataset import Listing, open_listing, open_mixed_listing
 from .._dataset._labels import Dataset
 from .._device._ring import BatchRing
+from .._stores._mixed import MixedStore
 from ._build import LoaderPlan, loop_factory, make_fetcher, make_pipeline, make_pool, make_ring
 from ._control import EngineShare, EngineSpec
 from ._notices import BatchReady, Notice
@@ -95,6 +96,20 @@ class InlineEngine:
             if dataset is not None:
                 listing = Listing(dataset)
                 c.objects_listed = len(dataset.samples)
+            elif spec.sources:
+                assert isinstance(store, MixedStore)
+                listing = await open_mixed_listing(
+                    store,
+                    spec.sources,
+                    spec.labels,
+                    spec.extensions,
+                    folder=spec.folder,
+                    max_age=spec.max_age,
+                    listed=done,
+                    store_options=spec.store_options,
+                    extras=p.run.extras,
+                    samples_per_epoch=p.run.samples_per_epoch,
+                )
             else:
                 listing, task = await open_listing(
                     store,
@@ -107,6 +122,7 @@ class InlineEngine:
                     objects=spec.objects,
                     store_options=spec.store_options,
                     extras=p.run.extras,
+                    samples_per_epoch=p.run.samples_per_epoch,
                 )
                 self.rt.listing_task = task
             self.rt.ring = ring = make_ring(p, device, attach=share.ring)

@@ -27,17 +27,14 @@ from .._base._config import (
     RunConfig,
     ShardConfig,
 )
-from .._base._errors import (
-    ClosedError,
-)
+from .._base._errors import ClosedError
+from .._base._sources import Source
 from .._base._stats import Counters, Stats
 from .._base._types import DecodeFn, ObjectInfo, ObjectStore
 from .._dataset._labels import IMAGE_EXTENSIONS, Dataset, LabelSpec
 from .._decode._transforms import Transform
-from .._stores import open_store
-from .._stores import store_options as store_options_for
 from ._assembly import start_engine
-from ._build import DecodeBackend, engine_placement, fold_moved, open_cache, plan
+from ._build import DecodeBackend, engine_placement, fold_moved, open_cache, open_the_store, plan
 from ._consumer import Batch, Consumer
 from ._control import Engine, EngineSpec, NoEngine, close_engine
 from ._dist import Agreement, list_once
@@ -79,8 +76,9 @@ class ImageLoader:
     for long.
 
     Args:
-        url: ``s3://bucket/prefix/``, ``file:///path/`` or a path.  Ignored when ``store``
-            is given.
+        url: ``s3://bucket/prefix/``, ``file:///path/`` or a path; or several sources,
+            mixed by weight: a list of URLs and :class:`~asyncloader.Source` (docs:
+            data.md).  Ignored when ``store`` is given.
         batch_size: Samples per batch.
         transform: Geometry (default ``RandomResizedCrop(224)``); with ``decode=`` None.
         shuffle: ``True``/``"global"``: a new seeded permutation of the whole dataset each
@@ -118,6 +116,7 @@ class ImageLoader:
         on_error: ``"raise"`` or ``"skip"`` (counted in ``stats().skipped``).
         max_failures: Skips tolerated per epoch: a count, or a fraction if < 1.
         drop_last: Drop the short last batch of each epoch.
+        samples_per_epoch: Samples an epoch (default: all), shared by the sources' weights.
         rank, world_size: This process's shard (default: the whole dataset).
         cache_dir: A local (NVMe) folder caching object bytes across epochs and runs; shared
             safely by every process on the node (see ``asyncloader warm``); kept as
@@ -160,7 +159,7 @@ class ImageLoader:
 
     def __init__(
         self,
-        url: str = "",
+        url: str | Source | Sequence[str | Source] = "",
         *,
         batch_size: int = 256,
         transform: Transform | None = None,
@@ -177,6 +176,7 @@ class ImageLoader:
         on_error: OnError = "raise",
         max_failures: int | float = 0.01,
         drop_last: bool = False,
+        samples_per_epoch: int | None = None,
         rank: int = 0,
         world_size: int = 1,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -213,6 +213,7 @@ class ImageLoader:
             on_error=on_error,
             max_failures=max_failures,
             extras=tuple(extras),
+            samples_per_epoch=samples_per_epoch,
         )
         self.cache = open_cache(cache_dir, cache_config)
         self._plan = p = plan(
@@ -232,13 +233,12 @@ class ImageLoader:
         self._fetch_config = p.fetch
         self._run_config = run
         self._workers = p.workers
-        # Where the decode worker count came from ("" where it was given).
-        self._cpu_budget = "" if decode_workers else p.budget.describe()
+        self._cpu_budget = "" if decode_workers else p.budget.describe()  # whence, if not given
         self._backend: DecodeBackend = p.backend
         self._timeout = timeout
         self._counters = Counters()  # the consumer's, and the inline engine's
         self._position = Position()
-        self.url = store.url if store is not None else url
+        self.url = one = store.url if store is not None else url if isinstance(url, str) else ""
         self._consumer: Consumer | None = None
         self._uploader: Uploader | None = None
         self._agreement: Agreement | None = None
@@ -253,17 +253,16 @@ class ImageLoader:
         self._engine: Engine = cast(Engine, NoEngine())
         self._finalizer = weakref.finalize(self, close_engine, self._engine)
         try:
-            options = store_options_for(url, labels, store_options)
-            the_store = store if store is not None else open_store(url, **options)
+            the_store, options, sources = open_the_store(url, store, labels, store_options)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
             # A sharded run under torch.distributed: one listing per job, through the job's
             # store, and every rank checks that it holds the same list (see _dist).
-            self._agreement = agreement = Agreement.open(url or self.url, labels, rank, world_size)
+            self._agreement = agreement = Agreement.open(one or self.url, labels, rank, world_size)
             if agreement is not None:
                 agreement.announce()
-            if agreement is not None and objects is None and store is None:
+            if agreement is not None and objects is None and store is None and not sources:
                 objects = list_once(
-                    url,
+                    one,
                     labels,
                     store_options,
                     folder=self.cache.directory if self.cache is not None else None,
@@ -282,6 +281,7 @@ class ImageLoader:
                 cache=self.cache,
                 # A sharded run checks the whole list before its first batch: no streaming.
                 stream=run.shuffle is False and agreement is None,
+                sources=sources,
             )
             del objects
 
@@ -403,7 +403,7 @@ class ImageLoader:
         consumed (``consumed`` of ``end``; they move in step, so one rank's state tells),
         which lets a run on another world size finish the epoch (version 2).
         """
-        return self._position.state(self._run_config, len(self.dataset.samples))
+        return self._position.state(self._run_config, len(self.dataset.samples), self.dataset.mix)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iteration starts at its next batch.

@@ -274,7 +274,7 @@ class Pipeline:
         keys = [""] * len(sel)
         fill = self._filling
         if fill is not None:
-            keys, early, cached = await fill.look_up(self.fetcher.store.url, batch)
+            keys, early, cached = await fill.look_up(self.fetcher.store, batch)
         else:
             early = {}
         hits = [j for j in range(len(sel)) if keys[j] in cached]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._base._config import RunConfig
+from .._dataset._mix import Mix
 from ._resume import loader_state, plan_resume
 
 __all__ = ["Position"]
@@ -74,7 +75,7 @@ class Position:
         """The iteration failed: where the consumer stands is not known."""
         self._at = None
 
-    def state(self, run: RunConfig, num_objects: int) -> dict[str, Any]:
+    def state(self, run: RunConfig, num_objects: int, mix: Mix | None = None) -> dict[str, Any]:
         """The state dictionary of this place (see :func:`~._resume.loader_state`)."""
         if self._resume is not None:
             epoch, next_batch = self._resume
@@ -84,7 +85,7 @@ class Position:
             epoch, next_batch = self._at or (self.epoch, 0)
         span = self._span[1:] if self._span and self._span[0] == epoch else None
         return loader_state(
-            run, epoch=epoch, next_batch=next_batch, num_objects=num_objects, span=span
+            run, epoch=epoch, next_batch=next_batch, num_objects=num_objects, span=span, mix=mix
         )
 
     def load(self, state: dict[str, Any], mine: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._base._config import RunConfig
+from .._dataset._mix import Mix
 from ._sampler import consumed_prefix, covered
 
 __all__ = [
@@ -42,7 +43,7 @@ __all__ = [
 VERSION = 2
 
 # A state saved with other values of these would repeat or skip samples.
-_SAME = ("num_objects", "seed", "shuffle", "batch_size", "drop_last", "even")
+_SAME = ("num_objects", "mix", "seed", "shuffle", "batch_size", "drop_last", "even")
 _LAYOUT = ("world_size", "local_world_size", "num_workers")
 # Every key of a state, in the order loader_state gives them.
 KEYS = (
@@ -53,6 +54,7 @@ KEYS = (
     "end",
     "consumed",
     "num_objects",
+    "mix",
     "seed",
     "shuffle",
     "batch_size",
@@ -120,17 +122,19 @@ def loader_state(
     next_batch: int,
     num_objects: int,
     span: tuple[int, int] | None = None,
+    mix: Mix | None = None,
 ) -> dict[str, Any]:
     """The state of a loader of ``run`` over ``num_objects`` objects whose next batch is
     ``next_batch`` of ``epoch`` (that epoch dealing positions ``span`` of its order; None:
-    all of them)."""
+    all of them).  ``mix``: the sources' shares of an epoch (its order is ``mix.length``
+    long), kept as text (``"sizes 30,10 quotas 20,20"``): another mix is another order."""
     where = progress(
         shuffle=run.shuffle,
         next_batch=next_batch,
         batch_size=run.batch_size,
         world_size=run.world_size,
         even=run.even,
-        span=span or (0, num_objects),
+        span=span or (0, mix.length if mix is not None else num_objects),
     )
     return {
         "version": VERSION,
@@ -138,6 +142,7 @@ def loader_state(
         "next_batch": next_batch,
         **where,
         "num_objects": num_objects,
+        "mix": None if mix is None else mix.describe(),
         "seed": run.seed,
         "shuffle": run.shuffle,
         "batch_size": run.batch_size,

@@ -11,14 +11,17 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from .._base._manifest import is_columnar, is_manifest
+from .._base._sources import Source
 from .._base._types import ObjectStore
 from ._azure import AzureStore, azure_store_from_url
 from ._gcs import GCSStore, gcs_store_from_url
 from ._local import LocalStore
+from ._mixed import MixedStore
 from ._s3 import S3Store
 from ._s3_hosts import parse_s3_url
 from ._web import HttpStore
@@ -30,6 +33,7 @@ __all__ = [
     "LocalStore",
     "S3Store",
     "lists_from_manifest",
+    "open_sources",
     "open_store",
     "service_of",
     "store_options",
@@ -128,3 +132,21 @@ def open_store(url: str, **options: Any) -> ObjectStore:
         return HttpStore(url, **options)
     parts = urlsplit(url)
     return LocalStore(unquote(parts.path) if parts.scheme == "file" else url, **options)
+
+
+def open_sources(
+    sources: Sequence[Source], labels: object, options: dict[str, Any] | None
+) -> MixedStore:
+    """The stores of several ``sources`` as one (each with its own ``store_options``, else
+    ``options``; ``labels``: the loader's, where a source has none).  Opening connects
+    nothing yet (the first request does).
+
+    Raises:
+        ValueError: as :func:`open_store`.
+    """
+    stores: list[ObjectStore] = []
+    for s in sources:
+        given = s.store_options if s.store_options is not None else options
+        lab = s.labels if s.labels is not None else labels
+        stores.append(open_store(s.url, **store_options(s.url, lab, given)))
+    return MixedStore(stores)

@@ -30,7 +30,7 @@ from .._dataset import list_objects
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
 from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
 from .._run._build import make_fetcher, open_cache
-from .._run._cache_fill import CacheFill, node_admission, node_objects
+from .._run._cache_fill import CacheFill, entry_key, node_admission, node_objects
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
 
@@ -142,8 +142,7 @@ async def warm_cache(
         kept = [o for o in mine if admitted(o.key, threshold)]
         report.not_admitted = len(mine) - len(kept)
         mine = kept
-    url = store.url
-    keys = {o.key: ObjectCache.entry_key(url, o.key, o.etag) for o in mine}
+    keys = {o.key: entry_key(store, o.key, o.etag) for o in mine}
     counters = Counters()
     fetcher = make_fetcher(store, counters, FetchConfig(max_inflight=max_inflight), cache.directory)
     refreshed: set[str] = set()  # objects read from the cache for their copies (added first)
