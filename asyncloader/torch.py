@@ -55,6 +55,7 @@ from asyncloader import (
     ImageLoader,
     ObjectInfo,
     ShardConfig,
+    Source,
     merge_worker_states,
     shard_from_env,
 )
@@ -75,6 +76,11 @@ __all__ = ["DataLoaderState", "ImageDataset", "dist_shard", "rank_state", "to_de
 
 Batch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, dict[str, list[Any]]]
 """``(images, labels)``, or ``(images, labels, extras)`` with ``extras=``."""
+
+
+def _urls(sources: Source | Sequence[str | Source]) -> list[str]:
+    given = [sources] if isinstance(sources, Source) else list(sources)
+    return [s.url if isinstance(s, Source) else s for s in given]
 
 
 def dist_shard() -> tuple[int, int]:
@@ -119,7 +125,7 @@ class ImageDataset(IterableDataset[Batch]):
         AsyncLoaderError: the URL cannot be listed (raised here, where the dataset is made).
     """
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(self, url: str | Source | Sequence[str | Source], **options: Any) -> None:
         for name in ("rank", "world_size", "worker", "num_workers"):
             if name in options:
                 raise TypeError(f"{name} is set by the dataset itself (torch.distributed/env)")
@@ -134,11 +140,13 @@ class ImageDataset(IterableDataset[Batch]):
         rank, world = dist_shard()
         # Where DataLoader workers find the job's store when no torchrun names it.
         self._store_address = store_address()
-        agreement = Agreement.open(url, options.get("labels", "folder"), rank, world)
+        one = isinstance(url, str)  # else several sources: each listed where it is read
+        name = url if isinstance(url, str) else " + ".join(_urls(url))
+        agreement = Agreement.open(name, options.get("labels", "folder"), rank, world)
         if agreement is not None:
             agreement.announce()
-        if "objects" not in options and "store" not in options:
-            options["objects"] = _list_once(url, options)
+        if one and "objects" not in options and "store" not in options:
+            options["objects"] = _list_once(name, options)
         if agreement is not None and "objects" in options:
             agreement.check(options["objects"])  # every rank holds the same list
         self.epoch = 0

@@ -248,6 +248,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.samples_per_epoch is not None and self.samples_per_epoch < 1:
             raise ValueError(f"samples_per_epoch must be at least 1, not {self.samples_per_epoch}")
+        if self.samples_per_epoch is not None and self.shuffle == "node":
+            raise ValueError("samples_per_epoch draws from the whole dataset: not shuffle='node'")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         if isinstance(self.extras, str) or not all(

@@ -50,6 +50,11 @@ class Mix:
             *(",".join(map(str, v)) for v in (self.sizes, self.quotas))
         )
 
+    def count(self, indices: Sequence[int] | np.ndarray) -> dict[str, int]:
+        """How many of the sample ``indices`` each source gave (by its URL)."""
+        found = np.bincount(self.source_of(indices), minlength=len(self.urls))
+        return {url: int(n) for url, n in zip(self.urls, found, strict=True) if n}
+
     def source_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """The source of each sample index."""
         return np.searchsorted(np.cumsum(self.sizes), np.asarray(indices), side="right")

@@ -245,16 +245,20 @@ def open_the_store(
     store: ObjectStore | None,
     labels: object,
     options: dict[str, Any] | None,
+    run: RunConfig,
 ) -> tuple[ObjectStore, dict[str, Any], tuple[Source, ...] | None]:
     """A loader's store: ``store`` as given, the store of one URL, or several sources' as
     one (:func:`~asyncloader._stores.open_sources`); the options engine processes open one
     URL's with, and the sources (None for one).
 
     Raises:
-        ValueError: as :func:`~asyncloader._stores.open_store`; bad sources.
+        ValueError: as :func:`~asyncloader._stores.open_store`; bad sources, or several
+            with a node-local shuffle (``run``).
     """
     sources = as_sources(url) if store is None else None
     if sources:
+        if run.shuffle == "node":
+            raise ValueError("shuffle='node' reads one source: several are shuffled globally")
         return open_sources(sources, labels, options), {}, sources
     one = cast(str, url)
     opts = store_options(one, labels, options)

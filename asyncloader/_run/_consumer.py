@@ -164,6 +164,8 @@ class Consumer:
             del notice
             if ready.skipped:
                 c.count_skipped(ready.skipped, ready.skipped_keys)
+            if ready.sources:
+                c.by_source.update(ready.sources)
             self.produced = (epoch, ready.index + 1, span)
             # Yielded straight from the call: no local of this frame keeps the batch.
             meta = (ready.index, ready.n, ready.extras or {})

@@ -253,7 +253,7 @@ class ImageLoader:
         self._engine: Engine = cast(Engine, NoEngine())
         self._finalizer = weakref.finalize(self, close_engine, self._engine)
         try:
-            the_store, options, sources = open_the_store(url, store, labels, store_options)
+            the_store, options, sources = open_the_store(url, store, labels, store_options, run)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
             # A sharded run under torch.distributed: one listing per job, through the job's
             # store, and every rank checks that it holds the same list (see _dist).

@@ -24,7 +24,8 @@ class BatchReady:
     """Batch ``index`` of ``epoch`` is in ring ``slot``: its first ``n`` samples; ``skipped``
     maps error type → samples of it left out, ``skipped_keys`` names them (counted when it
     is delivered); ``ring``: which engine process's ring (0 in the engine's own process);
-    ``extras``: each extra's values for the ``n`` samples (``extras=``), else None."""
+    ``extras``: each extra's values for the ``n`` samples (``extras=``), else None;
+    ``sources``: how many of them each source gave (several sources), else None."""
 
     epoch: int
     index: int
@@ -34,6 +35,7 @@ class BatchReady:
     skipped_keys: tuple[str, ...] = ()
     ring: int = 0
     extras: dict[str, list[Any]] | None = None
+    sources: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,8 +46,8 @@ __all__ = ["Pipeline"]
 T = TypeVar("T")
 
 
-_Filled = tuple[int, Skipped, "BatchExtras | None"]
-"""A batch made: how many of its samples, those left out, their extras."""
+_Filled = tuple[int, Skipped, "BatchExtras | None", dict[str, int] | None]
+"""A batch made: how many of its samples, those left out, their extras, their sources."""
 
 
 class _Failure(Exception):
@@ -103,6 +103,7 @@ class Pipeline:
         self._decode_window = decode_window
         self._filling = filling
         dataset = listing.dataset
+        self._mix = dataset.mix if dataset is not None else None
         self._extras = (
             ExtrasReader(dataset.extras, fetcher, filling, counters)
             if dataset is not None and dataset.extras is not None
@@ -248,13 +249,12 @@ class Pipeline:
         slot: int,
         task: asyncio.Task[_Filled],
     ) -> None:
-        n, skipped, extras = await task
+        n, skipped, extras, sources = await task
         self.counters.batches_produced += 1
         self._out.add(slot)
         self.counters.ring_out = len(self._out)
-        self.output.put(
-            BatchReady(epoch, index, slot, n, skipped.counts, skipped.keys, extras=extras)
-        )
+        made = (n, skipped.counts, skipped.keys, 0, extras, sources)  # ring 0: this engine's
+        self.output.put(BatchReady(epoch, index, slot, *made))
         failures = self._failures.get(epoch, [])
         # A budget that is a fraction of the epoch waits for a growing listing to complete.
         samples = self.order.epoch_samples() if self.listing.done else None
@@ -317,8 +317,14 @@ class Pipeline:
             if extras is not None:
                 extras = {name: [v[j] for j in keep] for name, v in extras.items()}
             skipped = Counter(type(res.__cause__).__name__ for res in results if res is not None)
-            return n, Skipped(skipped, tuple(shown_key(batch[j].obj.key) for j in failed)), extras
-        return len(sel), Skipped(), extras
+            named = tuple(shown_key(batch[j].obj.key) for j in failed)
+            return n, Skipped(skipped, named), extras, self._count(sel[keep])
+        return len(sel), Skipped(), extras, self._count(sel)
+
+    def _count(self, sel: np.ndarray[Any, Any]) -> dict[str, int] | None:
+        """How many of the samples ``sel`` each source gave (several sources only)."""
+        mix = self._mix
+        return mix.count(sel) if mix is not None and len(mix.urls) > 1 else None
 
     async def _side(
         self, epoch: int, sel: np.ndarray[Any, Any]
