@@ -112,13 +112,18 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _warm(args: argparse.Namespace) -> int:
+    # Several URLs: each warmed in turn (the sources of a mix), all of them even if one fails.
+    return max([_warm_one(args, url) for url in args.url])
+
+
+def _warm_one(args: argparse.Namespace, url: str) -> int:
     from tqdm import tqdm
 
     import asyncloader as al
 
     options = store_options(args)
     extra: dict[str, object] = {"extensions": None} if args.all_objects else {}
-    print(f"listing {args.url} ...", file=sys.stderr)
+    print(f"listing {url} ...", file=sys.stderr)
     state: dict[str, object] = {}
     bar = tqdm(total=0, unit="obj", desc="warm", smoothing=0.05, dynamic_ncols=True)
     # Bytes received, when the fetching started (after the listing), the last postfix.
@@ -143,7 +148,7 @@ def _warm(args: argparse.Namespace) -> int:
 
     try:
         report = al.warm(
-            args.url,
+            url,
             args.cache_dir,
             max_inflight=args.max_inflight,
             shard=args.shard,
@@ -295,7 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     warm = sub.add_parser(
         "warm", help="fill the local cache with the objects under a URL, resumably"
     )
-    warm.add_argument("url", help="s3://bucket/prefix/, az://container/prefix/, a path, ...")
+    warm.add_argument(
+        "url",
+        nargs="+",
+        help="s3://bucket/prefix/, az://container/prefix/, a path, ... (each "
+        "source of a mix: several)",
+    )
     warm.add_argument("--cache-dir", required=True, help="the cache folder (local NVMe)")
     warm.add_argument(
         "--cache-size", help="most bytes to keep (500GB, 64GiB; default: as ImageLoader's)"

@@ -239,3 +239,24 @@ def test_three_clouds_in_one_mix(stores: dict[str, Any], azurite: Azurite) -> No
         by_source = loader.stats().samples_by_source
     assert sorted(by_source.values()) == [32, 32, 32]
     assert any(url.startswith("az://") for url in by_source)
+
+
+def test_warm_of_every_source_serves_the_mix(
+    stores: dict[str, Any], moto: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``asyncloader warm URL URL``: each source warmed in turn; then the mix fetches
+    nothing (its objects are the cache's, keyed as each source's own store keys them)."""
+    from asyncloader._cli import main
+
+    cache = str(tmp_path / "cache")
+    # Both sources are on S3 here: one set of store options reaches them.
+    moto.create_bucket("mix-d")
+    for i in range(8):
+        moto.put("mix-d", f"set/eel/{i:03d}.jpg", _jpeg("eel", i))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
+    urls = [stores["a"][0], "s3://mix-d/set/"]
+    assert main(["warm", *urls, "--cache-dir", cache]) == 0
+    with al.ImageLoader(urls, batch_size=8, cache_dir=cache, decode_workers=2) as mixed:
+        assert sum(len(lab) for _, lab, *_ in mixed) == N_A + 8
+        stats = mixed.stats()
+    assert stats.objects_fetched == 0 and stats.cache_hits >= N_A + 8
