@@ -18,7 +18,7 @@ import pytest
 
 from asyncloader.testing import MotoServer, S3TestServer, descendants, free_port
 
-from .conftest import N_IMAGES
+from .conftest import N_CLASSES, N_IMAGES
 
 
 def _torchrun(script: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
@@ -147,7 +147,7 @@ TRAIN = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
-    from asyncloader import ShardConfig
+    from asyncloader import ShardConfig, Source
     from asyncloader.torch import ImageDataset
 
     class Key:
@@ -169,6 +169,13 @@ TRAIN = textwrap.dedent(
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, {"labels": labels, "batches": batches})
             result[even] = gathered
+        # Two sources (two class folders), listed once each for the job, agreed by the ranks.
+        sources = [Source(f"s3://data/train/class_0{c}/", labels=Key()) for c in (0, 1)]
+        ds = ImageDataset(sources, batch_size=6, seed=1, store_options={"endpoint_url": endpoint})
+        labels = [x for _, lab in DataLoader(ds, batch_size=None, num_workers=1) for x in lab.tolist()]
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, labels)
+        result["mix"] = gathered
         if dist.get_rank() == 0:
             json.dump(result, open(out, "w"))
         dist.barrier()
@@ -187,6 +194,9 @@ def test_torchrun_two_ranks(moto: MotoServer, moto_dataset: str, tmp_path: Path)
     out = tmp_path / "ranks.json"
     _torchrun(script, 2, moto.endpoint, str(out))
     result = json.loads(out.read_text())
+    mix = result.pop("mix")  # class folders 0 and 1: every image i with i % 4 < 2, once
+    assert len(mix[0]) == len(mix[1])
+    assert sorted(mix[0] + mix[1]) == [i for i in range(N_IMAGES) if i % N_CLASSES < 2]
     for even, ranks in result.items():
         assert len(ranks) == 2
         assert ranks[0]["batches"] == ranks[1]["batches"]  # no DDP hang

@@ -262,17 +262,25 @@ async def open_mixed_listing(
     store_options: Mapping[str, Any] | None = None,
     extras: Sequence[str] = (),
     samples_per_epoch: int | None = None,
+    objects: Sequence[ObjectInfo] | None = None,
 ) -> Listing:
     """The samples of several ``sources`` (``store``'s stores, in order), listed together,
     each as :func:`open_listing` lists one (through the cache's saved listing of its own
     URL), then made one dataset (:func:`~._combine.combine`).  ``listed`` is told every
-    object, keyed by its URL.
+    object, keyed by its URL; ``objects``: listed already, so keyed (nothing is listed).
 
     Raises:
         AsyncLoaderError: a source without samples, naming it.
         StoreError: a listing or a manifest could not be read.
     """
     found: list[ObjectList] = [ObjectList.of(()) for _ in sources]
+    given: list[list[ObjectInfo]] | None = None
+    if objects is not None:  # split by source, keyed as each source's store keys them
+        given = [[] for _ in sources]
+        at = {id(part): s for s, part in enumerate(store.stores)}
+        for obj in objects:
+            part, key = store.part(obj.key)
+            given[at[id(part)]].append(ObjectInfo(key, obj.size, obj.etag))
 
     async def one(s: int) -> Dataset:
         source, part = sources[s], store.stores[s]
@@ -290,6 +298,7 @@ async def open_mixed_listing(
             listed=keep,
             store_options=source.store_options or store_options,
             extras=extras,
+            objects=given[s] if given is not None else None,
         )
         assert listing.dataset is not None
         return listing.dataset

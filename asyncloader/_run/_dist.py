@@ -44,13 +44,17 @@ from .._base._env import agent_store
 from .._base._errors import AsyncLoaderError, ListingMismatchError
 from .._base._manifest import is_columnar, is_manifest
 from .._base._own_thread import run_on_own_thread
-from .._base._types import ObjectInfo
+from .._base._sources import Source
+from .._base._types import ObjectInfo, ObjectStore
 from .._dataset import list_for
+from .._dataset._combine import prefixed
 from .._dataset._objects import ObjectList
 from .._stores import open_store
 from .._stores import store_options as store_options_for
+from .._stores._mixed import MixedStore
 
 __all__ = [
+    "list_each_once",
     "LISTING_WAIT",
     "Agreement",
     "StoreAddress",
@@ -174,6 +178,38 @@ def listing_key(url: str, labels: object, store_options: dict[str, Any] | None) 
     doc = [url, listing_source(labels), store_options or {}]
     text = json.dumps(doc, sort_keys=True, default=plain)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def list_each_once(
+    url: str,
+    sources: Sequence[Source] | None,
+    store: ObjectStore,
+    labels: object,
+    given_options: dict[str, Any] | None,
+    *,
+    folder: str | None,
+    max_age: float,
+    job: Any | None,
+) -> Sequence[ObjectInfo]:
+    """:func:`list_once` of ``url``, or of each of several ``sources`` (``store``: their
+    :class:`~asyncloader._stores._mixed.MixedStore`): then every object keyed by its URL,
+    as the mix names it (its listing splits them again by source)."""
+    if not sources:
+        return list_once(url, labels, given_options, folder=folder, max_age=max_age, job=job)
+    assert isinstance(store, MixedStore)
+    each = [
+        list_once(
+            s.url,
+            s.labels if s.labels is not None else labels,
+            s.store_options if s.store_options is not None else given_options,
+            folder=folder,
+            max_age=max_age,
+            job=job,
+        )
+        for s in sources
+    ]
+    parts = zip(each, store.stores, strict=True)
+    return ObjectList.concat([prefixed(ObjectList.of(o), part.url) for o, part in parts])
 
 
 def list_once(

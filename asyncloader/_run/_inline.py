@@ -109,6 +109,7 @@ class InlineEngine:
                     store_options=spec.store_options,
                     extras=p.run.extras,
                     samples_per_epoch=p.run.samples_per_epoch,
+                    objects=spec.objects,
                 )
             else:
                 listing, task = await open_listing(

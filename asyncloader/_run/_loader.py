@@ -37,7 +37,7 @@ from ._assembly import start_engine
 from ._build import DecodeBackend, engine_placement, fold_moved, open_cache, open_the_store, plan
 from ._consumer import Batch, Consumer
 from ._control import Engine, EngineSpec, NoEngine, close_engine
-from ._dist import Agreement, list_once
+from ._dist import Agreement, list_each_once
 from ._position import Position
 from ._sampler import num_batches
 
@@ -255,22 +255,22 @@ class ImageLoader:
         try:
             the_store, options, sources = open_the_store(url, store, labels, store_options, run)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
-            # A sharded run under torch.distributed: one listing per job, through the job's
-            # store, and every rank checks that it holds the same list (see _dist).
+            # Sharded under torch.distributed: one listing per job, every rank checks it (_dist).
             self._agreement = agreement = Agreement.open(one or self.url, labels, rank, world_size)
             if agreement is not None:
                 agreement.announce()
-            if agreement is not None and objects is None and store is None and not sources:
-                objects = list_once(
+            if agreement is not None and objects is None and store is None:
+                objects = list_each_once(
                     one,
+                    sources,
+                    the_store,
                     labels,
                     store_options,
                     folder=self.cache.directory if self.cache is not None else None,
                     max_age=cache_config.max_age,
                     job=agreement.store,
                 )
-            if agreement is not None:
-                self._unchecked = objects  # checked against the other ranks' lists
+            self._unchecked = objects if agreement is not None else None  # the ranks check it
             engine_spec = EngineSpec(
                 plan=p,
                 url=self.url,
