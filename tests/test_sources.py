@@ -256,7 +256,11 @@ def test_warm_of_every_source_serves_the_mix(
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
     urls = [stores["a"][0], "s3://mix-d/set/"]
     assert main(["warm", *urls, "--cache-dir", cache]) == 0
-    with al.ImageLoader(urls, batch_size=8, cache_dir=cache, decode_workers=2) as mixed:
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # the loader's store_options reach every source
+    options = {"endpoint_url": moto.endpoint}
+    with al.ImageLoader(
+        urls, batch_size=8, cache_dir=cache, decode_workers=2, store_options=options
+    ) as mixed:
         assert sum(len(lab) for _, lab, *_ in mixed) == N_A + 8
         stats = mixed.stats()
     assert stats.objects_fetched == 0 and stats.cache_hits >= N_A + 8

@@ -248,8 +248,9 @@ def open_the_store(
     run: RunConfig,
 ) -> tuple[ObjectStore, dict[str, Any], tuple[Source, ...] | None]:
     """A loader's store: ``store`` as given, the store of one URL, or several sources' as
-    one (:func:`~asyncloader._stores.open_sources`); the options engine processes open one
-    URL's with, and the sources (None for one).
+    one (:func:`~asyncloader._stores.open_sources`); the options engine processes open it
+    with (several sources: the loader's, for those without their own), and the sources
+    (None for one).
 
     Raises:
         ValueError: as :func:`~asyncloader._stores.open_store`; bad sources, or several
@@ -259,7 +260,7 @@ def open_the_store(
     if sources:
         if run.shuffle == "node":
             raise ValueError("shuffle='node' reads one source: several are shuffled globally")
-        return open_sources(sources, labels, options), {}, sources
+        return open_sources(sources, labels, options), dict(options or {}), sources
     one = cast(str, url)
     opts = store_options(one, labels, options)
     return (store if store is not None else open_store(one, **opts)), opts, None
