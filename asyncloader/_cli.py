@@ -178,6 +178,14 @@ def _warm_one(args: argparse.Namespace, url: str) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
+    if args.write_manifest and len(args.url) > 1:
+        print("asyncloader ls: --write-manifest writes one folder's: give one URL", file=sys.stderr)
+        return 1
+    # Several URLs (the sources of a mix): each described in turn.
+    return max([_ls_one(args, url) for url in args.url])
+
+
+def _ls_one(args: argparse.Namespace, url: str) -> int:
     import json
 
     import asyncloader as al
@@ -185,7 +193,7 @@ def _ls(args: argparse.Namespace) -> int:
     options = store_options(args)
     extra: dict[str, object] = {"extensions": None} if args.all_objects else {}
     inv = al.describe(
-        args.url,
+        url,
         cache_dir=args.cache_dir,
         refresh_listing=args.refresh_listing,
         store_options=options,
@@ -301,10 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "warm", help="fill the local cache with the objects under a URL, resumably"
     )
     warm.add_argument(
-        "url",
-        nargs="+",
-        help="s3://bucket/prefix/, az://container/prefix/, a path, ... (each "
-        "source of a mix: several)",
+        "url", nargs="+", help="s3://bucket/prefix/, az://..., a path (several: a mix)"
     )
     warm.add_argument("--cache-dir", required=True, help="the cache folder (local NVMe)")
     warm.add_argument(
@@ -343,14 +348,16 @@ def main(argv: list[str] | None = None) -> int:
         help="make a missing cache folder for your group too (drwxrws---), not yours only",
     )
     ls = sub.add_parser("ls", help="objects, bytes, classes, sizes and extensions under a URL")
-    ls.add_argument("url", help="s3://bucket/prefix/, az://container/prefix/, a path, ...")
+    ls.add_argument("url", nargs="+", help="s3://bucket/prefix/, az://..., a path (several: a mix)")
     ls.add_argument(
         "--cache-dir", default=None, help="read (and save) the listing saved in this cache"
     )
     add_store_options(ls)
     ls.add_argument("--refresh-listing", action="store_true", help="list the store again")
     ls.add_argument("--all-objects", action="store_true", help="count every object as a sample")
-    ls.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    ls.add_argument(
+        "--json", action="store_true", help="one JSON object (a line per URL), for scripts"
+    )
     ls.add_argument(
         "--write-manifest",
         metavar="PATH_OR_URL",

@@ -264,3 +264,32 @@ def test_warm_of_every_source_serves_the_mix(
         assert sum(len(lab) for _, lab, *_ in mixed) == N_A + 8
         stats = mixed.stats()
     assert stats.objects_fetched == 0 and stats.cache_hits >= N_A + 8
+
+
+def test_warm_takes_sources_with_their_own_store_options(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    """``asyncloader.warm([Source(...), Source(...)])``: S3 and GCS into one cache, one
+    report; the mix then reads every object from it."""
+    cache = str(tmp_path / "cache")
+    sources = _sources(stores, None)
+    report = al.warm(sources, cache)
+    assert (report.listed, report.warmed, report.failed) == (N_A + N_B, N_A + N_B, [])
+    with _loader(stores, None, cache_dir=cache) as mixed:
+        assert sum(len(lab) for _, lab, *_ in mixed) == N_A + N_B
+        assert mixed.stats().objects_fetched == 0
+
+
+def test_ls_describes_each_source(
+    stores: dict[str, Any], moto: MotoServer, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    import json
+
+    from asyncloader._cli import main
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
+    url = stores["a"][0]
+    assert main(["ls", url, url.replace("/set/", "/set/dog/"), "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [json.loads(line)["samples"] for line in lines] == [N_A, N_A // 2]
+    assert main(["ls", url, url, "--write-manifest", "m.jsonl"]) == 1

@@ -16,12 +16,14 @@ import asyncio
 import os
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .._base._config import CACHE_SIZE, LISTING_MAX_AGE, CacheConfig, FetchConfig, RunConfig
 from .._base._env import local_world_size, shard_from_env, usable_cpus
 from .._base._errors import AsyncLoaderError, shown_key
+from .._base._sources import Source
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore, derived_key
 from .._cache import ObjectCache
@@ -64,6 +66,15 @@ class WarmReport:
     write_cpu_seconds: float = 0.0
     not_admitted: int = 0
     scaled: int = 0
+
+    def add(self, other: WarmReport) -> None:
+        """Count ``other`` (another source's warm) in this report."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, dict):
+                setattr(self, f.name, dict(Counter(mine) + Counter(theirs)))
+            else:
+                setattr(self, f.name, mine + theirs)
 
     def summary(self) -> str:
         secs = max(self.seconds, 1e-9)
@@ -227,8 +238,12 @@ async def warm_cache(
         await asyncio.to_thread(fill.close)
 
 
+def _listed(url: Source | Sequence[str | Source]) -> list[str | Source]:
+    return [url] if isinstance(url, Source) else list(url)
+
+
 def warm(
-    url: str,
+    url: str | Source | Sequence[str | Source],
     cache_dir: str | os.PathLike[str],
     *,
     cache_size: int | str = CACHE_SIZE,
@@ -254,7 +269,35 @@ def warm(
     ``shard`` defaults to the torchrun environment: ``RANK``/``WORLD_SIZE``, or with
     ``node_seed`` (warming for ``shuffle="node"``) this node of ``WORLD_SIZE //
     LOCAL_WORLD_SIZE``; else all.  Blocking; runs its own event loop.
+
+    Several sources (a list, as a loader mixes them): each warmed in turn, with its own
+    ``store_options`` where it has them, into one report; a loader of the mix then reads
+    every object from the cache.
     """
+    if not isinstance(url, str):
+        sources = [s if isinstance(s, Source) else Source(s) for s in _listed(url)]
+        report = WarmReport()
+        for source in sources:
+            given = source.store_options if source.store_options is not None else store_options
+            report.add(
+                warm(
+                    source.url,
+                    cache_dir,
+                    cache_size=cache_size,
+                    max_inflight=max_inflight,
+                    shard=shard,
+                    extensions=extensions,
+                    refresh_listing=refresh_listing,
+                    store_options=given,
+                    on_listed=on_listed,
+                    on_object=on_object,
+                    node_seed=node_seed,
+                    concurrency=concurrency,
+                    scaled_jpegs=scaled_jpegs,
+                    group_shared=group_shared,
+                )
+            )
+        return report
     if concurrency is not None:
         warnings.warn(
             "warm(concurrency=...) is now warm(max_inflight=...)", DeprecationWarning, stacklevel=2
