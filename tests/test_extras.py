@@ -226,6 +226,8 @@ def test_sidecars_are_fetched_with_their_image_and_cached_with_it(
     assert first.sidecars_fetched == stats.sidecars_fetched == sidecars
     assert stats.sidecars_cached >= sidecars
     assert f"sidecar files: {sidecars} fetched, " in stats.summary()
+    assert stats.unnamed_images == 1  # the image the metadata file does not name
+    assert "images left out, not named by the metadata file: 1" in stats.summary()
 
 
 def test_a_malformed_sidecar_under_raise_names_it(backend: Backend, captioned_url: str) -> None:

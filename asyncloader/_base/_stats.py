@@ -40,6 +40,7 @@ _FIRST = frozenset(
     {
         "listing_seconds",
         "objects_listed",
+        "unnamed_images",
         "cache_share",
         "node_loaders",
         "consumer_first_batch_seconds",
@@ -78,6 +79,7 @@ class Counters:
     ring_slots: int = 0
     listing_seconds: float = 0.0
     objects_listed: int = 0
+    unnamed_images: int = 0  # left out: images the root's metadata file does not name
     cache_hits: int = 0
     cache_scaled_hits: int = 0
     cache_misses: int = 0
@@ -231,6 +233,7 @@ class Counters:
             ring_held=ring_held,
             ring_slots=self.ring_slots,
             objects_listed=self.objects_listed,
+            unnamed_images=self.unnamed_images,
             listing_seconds=self.listing_seconds,
             cache_hits=self.cache_hits,
             cache_scaled_hits=self.cache_scaled_hits,
@@ -307,6 +310,8 @@ class Stats:
             when they fit, else a fixed subset (picked by a hash of the key) that fills 90 %
             of ``cache_size``; the others are never written.
         cache_damaged: Cache entries that failed their length/CRC check, dropped and fetched.
+        unnamed_images: Images left out because the root's metadata file does not name
+            them (``extras=`` or a labels column read it; see docs/data.md).
         sidecars_cached, sidecars_fetched: Sidecar files (``extras=``) read from the SSD
             cache, and fetched from the store.
         batches, samples: Delivered to the consumer.
@@ -348,6 +353,7 @@ class Stats:
     ring_held: int
     ring_slots: int
     objects_listed: int
+    unnamed_images: int
     listing_seconds: float
     cache_hits: int
     cache_scaled_hits: int

@@ -55,6 +55,8 @@ def summary(self: Stats) -> str:
             "sources: "
             + ", ".join(f"{url} {n}" for url, n in sorted(self.samples_by_source.items()))
         )
+    if self.unnamed_images:
+        lines.append(f"images left out, not named by the metadata file: {self.unnamed_images}")
     if self.sidecars_fetched or self.sidecars_cached:
         lines.append(
             f"sidecar files: {self.sidecars_fetched} fetched, {self.sidecars_cached} from the cache"

@@ -126,6 +126,8 @@ class InlineEngine:
                     samples_per_epoch=p.run.samples_per_epoch,
                 )
                 self.rt.listing_task = task
+            if listing.dataset is not None:
+                c.unnamed_images = listing.dataset.unnamed
             self.rt.ring = ring = make_ring(p, device, attach=share.ring)
             c.ring_slots = ring.slots
             self.rt.pool = pool = await make_pool(p, ring)
