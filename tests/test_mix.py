@@ -163,3 +163,8 @@ def test_elastic_resume_of_a_mixed_epoch_deals_exactly_the_rest(
     else:
         assert sum(dealt.values()) == sum(left.values()) - sum(left.values()) % new
         assert not dealt - left
+
+
+def test_a_url_given_twice_counts_as_one_source() -> None:
+    mix = Mix(("s3://a/", "s3://a/", "s3://b/"), (4, 4, 2), (4, 4, 2))
+    assert mix.count([0, 1, 4, 5, 8]) == {"s3://a/": 4, "s3://b/": 1}

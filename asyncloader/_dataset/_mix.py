@@ -53,7 +53,11 @@ class Mix:
     def count(self, indices: Sequence[int] | np.ndarray) -> dict[str, int]:
         """How many of the sample ``indices`` each source gave (by its URL)."""
         found = np.bincount(self.source_of(indices), minlength=len(self.urls))
-        return {url: int(n) for url, n in zip(self.urls, found, strict=True) if n}
+        out: dict[str, int] = {}
+        for url, n in zip(self.urls, found.tolist(), strict=True):
+            if n:  # a URL given twice (to weigh it up) counts as one source
+                out[url] = out.get(url, 0) + n
+        return out
 
     def source_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """The source of each sample index."""
