@@ -266,3 +266,16 @@ def test_extras_through_a_dataloader_and_to_device(backend: Backend, captioned_u
         assert images.dtype == np.uint8 or str(images.dtype) == "torch.uint8"
         seen += [(i, c) for i, c in zip(labels.tolist(), extras["caption"], strict=True)]
     assert sorted(seen) == [(i, _caption(i)) for i in range(N - 1)]
+
+
+def test_extras_with_a_columnar_manifest_are_refused(tmp_path: Path) -> None:
+    """A columnar manifest names the samples only: no sidecar or metadata file to read."""
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "1.jpg").write_bytes(_jpeg(1))
+    (tmp_path / "cat" / "1.txt").write_text("a cat")
+    al.describe(str(tmp_path), write_manifest=str(tmp_path / "m.npz"))
+    with pytest.raises(ValueError, match="columnar manifest"):
+        with al.ImageLoader(
+            str(tmp_path), labels=str(tmp_path / "m.npz"), extras=("txt",)
+        ) as loader:
+            next(iter(loader))

@@ -184,6 +184,11 @@ async def open_listing(
 
     if is_columnar(labels):  # the samples, labels and objects as arrays: no LIST, no rows
         assert isinstance(labels, str)
+        if extras:
+            raise ValueError(
+                f"extras={tuple(extras)!r} reads the listing (sidecars, the metadata file): "
+                f"a columnar manifest ({labels}) has the samples only"
+            )
         data = await read_manifest_file(store, labels, store_options)
         dataset = await asyncio.to_thread(read_columnar_manifest, data, labels)
         check(dataset.samples.objects, dataset)
