@@ -276,3 +276,19 @@ def test_entra_id_tokens_are_checked(azurite_oauth: Azurite) -> None:
                 al.AccessDenied, match="could not get a token from Microsoft Entra ID"
             ):
                 _count(refused)
+
+
+def test_a_container_made_public_is_public_even_if_it_existed(azurite: Azurite) -> None:
+    """The test kit's ``create_bucket(public=True)`` sets the access of a container that
+    another test made private before (tests share the emulator within a process)."""
+    azurite.create_bucket("once-private")
+    azurite.put("once-private", "train/x.jpg", b"123")
+    azurite.create_bucket("once-private", public=True)
+    store = al.AzureStore(
+        "once-private",
+        "train/",
+        account=azurite.account,
+        anonymous=True,
+        endpoint_url=azurite.endpoint,
+    )
+    assert _count(store) == 1

@@ -167,10 +167,11 @@ def test_a_manifest_published_next_to_the_data_replaces_the_listing(
     that URL as ``labels=`` lists nothing and delivers what a folder-labelled loader does."""
     import numpy as np
 
-    backend.create_bucket("pub")
-    backend.server.upload_folder("pub", jpeg_folder, "train/")
-    data = backend.url("pub", "train/")
-    under, beside = data + "train.jsonl", backend.url("pub", "lists/train.npz")
+    # A container of this test's own: the servers are shared by every test of a process.
+    backend.create_bucket("published")
+    backend.server.upload_folder("published", jpeg_folder, "train/")
+    data = backend.url("published", "train/")
+    under, beside = data + "train.jsonl", backend.url("published", "lists/train.npz")
     with FaultProxy(backend.server.endpoint) as proxy:
         options = backend.options_at(proxy.endpoint)
         if backend.name == "s3":  # the CLI, and the upload on aiohttp (as behind a proxy)

@@ -142,9 +142,13 @@ class Azurite(_Subprocess):
             time.sleep(0.1 * 2**attempt)
 
     def create_bucket(self, bucket: str, *, public: bool = False) -> None:
-        """Create a container (no error if it exists); ``public``: anonymous reads allowed."""
+        """Create a container (no error if it exists); ``public``: anonymous reads allowed,
+        also where the container existed already (its access is set)."""
         extra = {"x-ms-blob-public-access": "container"} if public else {}
         self._send("PUT", "/" + quote(bucket), {"restype": "container"}, extra=extra)
+        if public:  # Set Container ACL: a container made before, private, becomes public
+            acl = {"restype": "container", "comp": "acl"}
+            self._send("PUT", "/" + quote(bucket), acl, extra=extra)
 
     def put(self, bucket: str, key: str, data: bytes) -> None:
         """Put Blob (block blob), replacing any blob of that name."""
