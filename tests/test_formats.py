@@ -15,6 +15,7 @@ palette with per-entry transparency gives ``convert("RGB")``'s pixels, without i
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import random
@@ -76,8 +77,10 @@ def _wide16(seed: int, channels: int) -> np.ndarray:
     return (arr ^ noise).astype(np.uint16)
 
 
+@functools.cache
 def zoo() -> dict[str, bytes]:
-    """One image of each kind, named with the extension a folder would give it."""
+    """One image of each kind, named with the extension a folder would give it (made
+    once: read only)."""
     rgb = Image.fromarray(_picture())
     other = Image.fromarray(_picture(1))
     palette = rgb.quantize(64)

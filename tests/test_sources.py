@@ -160,7 +160,8 @@ def test_resume_and_elastic_resume_of_a_mix_are_exact(stores: dict[str, Any]) ->
     each; resumed on 1 rank, and on 3, the rest of the epoch is exactly what the
     uninterrupted run had left (as a multiset: samples repeat), with equal counts per rank;
     the same layout resumes at the very next batch."""
-    kw: dict[str, Any] = {"samples_per_epoch": 96}
+    # The engine in this process: the order is the point here (engines: the test above).
+    kw: dict[str, Any] = {"samples_per_epoch": 96, "engine": al.EngineConfig(mode="inline")}
     whole = []
     for rank in range(2):
         with _loader(stores, (2.0, 1.0), rank=rank, world_size=2, **kw) as loader:
