@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["Source", "as_sources"]
@@ -37,9 +37,14 @@ class Source:
             raise ValueError(f"a source's weight must be >= 0, not {self.weight!r}")
 
 
-def as_sources(url: str | Source | Sequence[str | Source]) -> tuple[Source, ...] | None:
+def as_sources(
+    url: str | Source | Sequence[str | Source],
+    labels: str | Callable[[str], int] | None = None,
+    store_options: dict[str, Any] | None = None,
+) -> tuple[Source, ...] | None:
     """``url`` as sources when it names several (a list, or a :class:`Source`); None for
-    one URL given as a string.
+    one URL given as a string.  Each source is resolved here, once: one without labels or
+    store options of its own gets the loader's ``labels`` and ``store_options``.
 
     Raises:
         ValueError: an empty list; weights given to some sources and not others.
@@ -49,7 +54,14 @@ def as_sources(url: str | Source | Sequence[str | Source]) -> tuple[Source, ...]
     given = [url] if isinstance(url, Source) else list(url)
     if not given:
         raise ValueError("no sources: give a URL, a Source or a list of them")
-    sources = tuple(s if isinstance(s, Source) else Source(s) for s in given)
+    sources = tuple(
+        replace(
+            s,
+            labels=s.labels if s.labels is not None else labels,
+            store_options=s.store_options if s.store_options is not None else store_options,
+        )
+        for s in (s if isinstance(s, Source) else Source(s) for s in given)
+    )
     weighted = [s.weight is not None for s in sources]
     if any(weighted) and not all(weighted):
         raise ValueError(

@@ -258,18 +258,18 @@ async def open_listing(
 async def open_mixed_listing(
     store: MixedStore,
     sources: Sequence[Source],
-    labels: LabelSpec,
     extensions: Sequence[str] | None,
     *,
     folder: str | None,
     max_age: float,
     listed: Callable[[Sequence[ObjectInfo]], None],
-    store_options: Mapping[str, Any] | None = None,
     extras: Sequence[str] = (),
     samples_per_epoch: int | None = None,
     objects: Sequence[ObjectInfo] | None = None,
 ) -> Listing:
-    """The samples of several ``sources`` (``store``'s stores, in order), listed together,
+    """The samples of several ``sources`` (``store``'s stores, in order; resolved, each
+    with its labels and store options: :func:`~asyncloader._base._sources.as_sources`),
+    listed together,
     each as :func:`open_listing` lists one (through the cache's saved listing of its own
     URL), then made one dataset (:func:`~._combine.combine`).  ``listed`` is told every
     object, keyed by its URL; ``objects``: listed already, so keyed (nothing is listed).
@@ -295,13 +295,13 @@ async def open_mixed_listing(
 
         listing, _ = await open_listing(
             part,
-            source.labels if source.labels is not None else labels,
+            source.labels,
             extensions,
             folder=folder,
             max_age=max_age,
             stream=False,
             listed=keep,
-            store_options=source.store_options or store_options,
+            store_options=source.store_options,
             extras=extras,
             objects=given[s] if given is not None else None,
         )

@@ -256,11 +256,11 @@ def open_the_store(
         ValueError: as :func:`~asyncloader._stores.open_store`; bad sources, or several
             with a node-local shuffle (``run``).
     """
-    sources = as_sources(url) if store is None else None
+    sources = as_sources(url, labels, options) if store is None else None  # type: ignore[arg-type]
     if sources:
         if run.shuffle == "node":
             raise ValueError("shuffle='node' reads one source: several are shuffled globally")
-        return open_sources(sources, labels, options), dict(options or {}), sources
+        return open_sources(sources), dict(options or {}), sources
     one = cast(str, url)
     opts = store_options(one, labels, options)
     return (store if store is not None else open_store(one, **opts)), opts, None

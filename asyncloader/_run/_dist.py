@@ -198,14 +198,7 @@ def list_each_once(
         return list_once(url, labels, given_options, folder=folder, max_age=max_age, job=job)
     assert isinstance(store, MixedStore)
     each = [
-        list_once(
-            s.url,
-            s.labels if s.labels is not None else labels,
-            s.store_options if s.store_options is not None else given_options,
-            folder=folder,
-            max_age=max_age,
-            job=job,
-        )
+        list_once(s.url, s.labels, s.store_options, folder=folder, max_age=max_age, job=job)
         for s in sources
     ]
     parts = zip(each, store.stores, strict=True)

@@ -125,7 +125,7 @@ def _serve(conn: Any, order: EngineOrder, send: Send, where: str) -> None:
             output.generation = start.generation
         try:
             store = (
-                open_sources(spec.sources, spec.labels, spec.store_options)
+                open_sources(spec.sources)
                 if spec.sources
                 else open_store(spec.url, **spec.store_options)
             )

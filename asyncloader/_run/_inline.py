@@ -101,12 +101,10 @@ class InlineEngine:
                 listing = await open_mixed_listing(
                     store,
                     spec.sources,
-                    spec.labels,
                     spec.extensions,
                     folder=spec.folder,
                     max_age=spec.max_age,
                     listed=done,
-                    store_options=spec.store_options,
                     extras=p.run.extras,
                     samples_per_epoch=p.run.samples_per_epoch,
                     objects=spec.objects,

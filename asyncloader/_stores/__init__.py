@@ -134,19 +134,13 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     return LocalStore(unquote(parts.path) if parts.scheme == "file" else url, **options)
 
 
-def open_sources(
-    sources: Sequence[Source], labels: object, options: dict[str, Any] | None
-) -> MixedStore:
-    """The stores of several ``sources`` as one (each with its own ``store_options``, else
-    ``options``; ``labels``: the loader's, where a source has none).  Opening connects
-    nothing yet (the first request does).
+def open_sources(sources: Sequence[Source]) -> MixedStore:
+    """The stores of several ``sources`` (resolved: :func:`~asyncloader._base._sources.
+    as_sources`) as one.  Opening connects nothing yet (the first request does).
 
     Raises:
         ValueError: as :func:`open_store`.
     """
-    stores: list[ObjectStore] = []
-    for s in sources:
-        given = s.store_options if s.store_options is not None else options
-        lab = s.labels if s.labels is not None else labels
-        stores.append(open_store(s.url, **store_options(s.url, lab, given)))
-    return MixedStore(stores)
+    return MixedStore(
+        [open_store(s.url, **store_options(s.url, s.labels, s.store_options)) for s in sources]
+    )

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 from .._base._config import CACHE_SIZE, LISTING_MAX_AGE, CacheConfig, FetchConfig, RunConfig
 from .._base._env import local_world_size, shard_from_env, usable_cpus
 from .._base._errors import AsyncLoaderError, shown_key
-from .._base._sources import Source
+from .._base._sources import Source, as_sources
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore, derived_key
 from .._cache import ObjectCache
@@ -238,10 +238,6 @@ async def warm_cache(
         await asyncio.to_thread(fill.close)
 
 
-def _listed(url: Source | Sequence[str | Source]) -> list[str | Source]:
-    return [url] if isinstance(url, Source) else list(url)
-
-
 def warm(
     url: str | Source | Sequence[str | Source],
     cache_dir: str | os.PathLike[str],
@@ -275,10 +271,8 @@ def warm(
     every object from the cache.
     """
     if not isinstance(url, str):
-        sources = [s if isinstance(s, Source) else Source(s) for s in _listed(url)]
         report = WarmReport()
-        for source in sources:
-            given = source.store_options if source.store_options is not None else store_options
+        for source in as_sources(url, store_options=store_options) or ():
             report.add(
                 warm(
                     source.url,
@@ -288,7 +282,7 @@ def warm(
                     shard=shard,
                     extensions=extensions,
                     refresh_listing=refresh_listing,
-                    store_options=given,
+                    store_options=source.store_options,
                     on_listed=on_listed,
                     on_object=on_object,
                     node_seed=node_seed,
