@@ -14,11 +14,13 @@ if TYPE_CHECKING:
     from ._base._config import IMAGENET_MEAN as IMAGENET_MEAN
     from ._base._config import IMAGENET_STD as IMAGENET_STD
     from ._base._config import CacheConfig as CacheConfig
+    from ._base._config import DecodeConfig as DecodeConfig
     from ._base._config import EngineConfig as EngineConfig
+    from ._base._config import ErrorConfig as ErrorConfig
     from ._base._config import FetchConfig as FetchConfig
     from ._base._config import OutputConfig as OutputConfig
-    from ._base._config import RunConfig as RunConfig
     from ._base._config import ShardConfig as ShardConfig
+    from ._base._config import StoreConfig as StoreConfig
     from ._base._env import shard_from_env as shard_from_env
     from ._base._errors import AccessDenied as AccessDenied
     from ._base._errors import AsyncLoaderError as AsyncLoaderError
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
     from ._decode._transforms import RandomResizedCrop as RandomResizedCrop
     from ._decode._transforms import Resize as Resize
     from ._decode._transforms import Transform as Transform
-    from ._run._loader import ImageLoader as ImageLoader
+    from ._loader._image_loader import ImageLoader as ImageLoader
+    from ._loader._image_loader import LoaderOptions as LoaderOptions
     from ._run._resume import merge_worker_states as merge_worker_states
     from ._stores import AzureStore as AzureStore
     from ._stores import GCSStore as GCSStore
@@ -63,117 +66,7 @@ if TYPE_CHECKING:
     from ._tools._warm import WarmReport as WarmReport
     from ._tools._warm import warm as warm
 
-# name -> the module that defines it
-_WHERE = {
-    "BenchReport": "._tools._bench_report",
-    "bench": "._tools._bench",
-    "CacheStats": "._cache",
-    "ObjectCache": "._cache",
-    "IMAGENET_MEAN": "._base._config",
-    "IMAGENET_STD": "._base._config",
-    "FetchConfig": "._base._config",
-    "CacheConfig": "._base._config",
-    "EngineConfig": "._base._config",
-    "OutputConfig": "._base._config",
-    "ShardConfig": "._base._config",
-    "RunConfig": "._base._config",
-    "Source": "._base._sources",
-    "Inventory": "._tools._describe",
-    "describe": "._tools._describe",
-    "listing": "._tools._describe",
-    "shard_from_env": "._base._env",
-    "AccessDenied": "._base._errors",
-    "AsyncLoaderError": "._base._errors",
-    "BatchesHeldError": "._base._errors",
-    "CacheFormatError": "._base._errors",
-    "ClosedError": "._base._errors",
-    "DecodeError": "._base._errors",
-    "FailureBudgetExceeded": "._base._errors",
-    "IntegrityError": "._base._errors",
-    "LengthMismatch": "._base._errors",
-    "ListingMismatchError": "._base._errors",
-    "ObjectNotFound": "._base._errors",
-    "PipelineDeadError": "._base._errors",
-    "StoreError": "._base._errors",
-    "Throttled": "._base._errors",
-    "TransientStoreError": "._base._errors",
-    "ImageLoader": "._run._loader",
-    "merge_worker_states": "._run._resume",
-    "Stats": "._base._stats",
-    "AzureStore": "._stores",
-    "GCSStore": "._stores",
-    "HttpStore": "._stores",
-    "LocalStore": "._stores",
-    "S3Store": "._stores",
-    "open_store": "._stores",
-    "CenterCrop": "._decode._transforms",
-    "Plan": "._decode._transforms",
-    "RandomResizedCrop": "._decode._transforms",
-    "Resize": "._decode._transforms",
-    "Transform": "._decode._transforms",
-    "ObjectInfo": "._base._types",
-    "ObjectStore": "._base._types",
-    "WritableStore": "._base._types",
-    "WarmReport": "._tools._warm",
-    "warm": "._tools._warm",
-}
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "AccessDenied",
-    "AsyncLoaderError",
-    "AzureStore",
-    "BatchesHeldError",
-    "CacheFormatError",
-    "BenchReport",
-    "CacheConfig",
-    "CacheStats",
-    "CenterCrop",
-    "ClosedError",
-    "DecodeError",
-    "EngineConfig",
-    "FailureBudgetExceeded",
-    "FetchConfig",
-    "GCSStore",
-    "HttpStore",
-    "ImageLoader",
-    "IntegrityError",
-    "Inventory",
-    "LengthMismatch",
-    "ListingMismatchError",
-    "LocalStore",
-    "ObjectInfo",
-    "ObjectCache",
-    "ObjectNotFound",
-    "ObjectStore",
-    "OutputConfig",
-    "PipelineDeadError",
-    "Plan",
-    "RandomResizedCrop",
-    "Resize",
-    "RunConfig",
-    "S3Store",
-    "ShardConfig",
-    "Source",
-    "Stats",
-    "StoreError",
-    "Throttled",
-    "Transform",
-    "TransientStoreError",
-    "WarmReport",
-    "WritableStore",
-    "__version__",
-    "bench",
-    "describe",
-    "listing",
-    "merge_worker_states",
-    "open_store",
-    "shard_from_env",
-    "warm",
-]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())
+__all__, __getattr__, __dir__ = lazy_exports(__name__, globals())
+__all__ += ["__version__"]

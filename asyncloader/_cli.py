@@ -13,18 +13,9 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from asyncloader import AsyncLoaderError, __version__
-from asyncloader._tools._args import (
-    add_store_options,
-    parse_shard,
-    positive,
-    store_options,
-)
-
-if TYPE_CHECKING:
-    pass
+from asyncloader._tools._args import command_line, store_options
 
 __all__ = ["main"]
 
@@ -61,10 +52,9 @@ def _demo(args: argparse.Namespace) -> int:
             bucket.url,
             batch_size=args.batch_size,
             transform=al.RandomResizedCrop(224),
-            decode_workers=args.decode_workers,
-            decode_backend=args.backend,
+            decode=al.DecodeConfig(workers=args.decode_workers),
             seed=args.seed,
-            store_options=bucket.store_options,
+            store=al.StoreConfig(options=bucket.store_options),
             cache_dir=None if args.no_cache else args.cache_dir,
         ) as loader:
             samples = 0
@@ -79,8 +69,8 @@ def _demo(args: argparse.Namespace) -> int:
                         samples += len(images)
                         bar.update(len(images))
             stats = loader.stats()
-            # Every process of the loader, alive until it closes: this one, its engine
-            # processes and their decode processes; not the emulator.
+            # Every process of the loader, alive until it closes: this one and its engine
+            # processes; not the emulator.
             cpu = tree_cpu_seconds(exclude=server) - cpu0
         wall = time.perf_counter() - wall0
         moto_cpu = process_cpu_seconds(bucket.pid) - moto_cpu0
@@ -272,140 +262,7 @@ def _cache_cmd(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="asyncloader",
-        description=__doc__.split("\n")[0],
-        epilog=f"Each command's options: asyncloader COMMAND --help.  Docs: the CLI page "
-        f"({DOCS}cli.md).",
-    )
-    parser.add_argument("--version", action="version", version=f"asyncloader {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="stream a generated JPEG folder from a local S3 emulator")
-    demo.add_argument("--images", type=positive, default=2000, help="images to generate (2000)")
-    demo.add_argument("--classes", type=positive, default=10, help="class folders (10)")
-    demo.add_argument("--epochs", type=positive, default=3, help="epochs to stream (3)")
-    demo.add_argument("--batch-size", type=positive, default=128, help="batch size (128)")
-    demo.add_argument(
-        "--decode-workers", type=positive, default=None, help="default: the CPU budget"
-    )
-    demo.add_argument("--backend", choices=("auto", "thread", "process"), default="auto")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument(
-        "--data-dir", default=os.path.join("cache", "demo-jpegs"), help="where JPEGs are made"
-    )
-    demo.add_argument(
-        "--cache-dir",
-        default=os.path.join("cache", "objects"),
-        help="the local object cache: epochs after the first (and later runs) read from it",
-    )
-    demo.add_argument("--no-cache", action="store_true", help="stream every epoch from storage")
-    demo.add_argument(
-        "--store",
-        choices=("s3", "azure"),
-        default="s3",
-        help="the emulator: moto_server (s3, default) or Azurite (azure, needs npm's azurite)",
-    )
-    warm = sub.add_parser(
-        "warm", help="fill the local cache with the objects under a URL, resumably"
-    )
-    warm.add_argument(
-        "url", nargs="+", help="s3://bucket/prefix/, az://..., a path (several: a mix)"
-    )
-    warm.add_argument("--cache-dir", required=True, help="the cache folder (local NVMe)")
-    warm.add_argument(
-        "--cache-size", help="most bytes to keep (500GB, 64GiB; default: as ImageLoader's)"
-    )
-    warm.add_argument(
-        "--max-inflight",
-        "--concurrency",  # the old spelling
-        dest="max_inflight",
-        type=int,
-        default=None,
-        help="requests in flight (default: 64 per CPU, at least 64)",
-    )
-    warm.add_argument(
-        "--shard", type=parse_shard, default=None, help="i/n: this node's part (torchrun env)"
-    )
-    warm.add_argument(
-        "--node-local-seed",
-        type=int,
-        default=None,
-        metavar="SEED",
-        help="warm node i/n's subset for shuffle='node' with this seed, not every n-th object",
-    )
-    add_store_options(warm)
-    warm.add_argument("--refresh-listing", action="store_true", help="list the store again")
-    warm.add_argument("--all-objects", action="store_true", help="not only image files")
-    warm.add_argument(
-        "--scaled-jpegs",
-        action="store_true",
-        help="also keep copies of JPEGs >= 1 MiB that decode at 1/4 and 1/8 scale to the same "
-        "pixels from a fraction of the data (large photos decode several times faster)",
-    )
-    warm.add_argument(
-        "--group-shared",
-        action="store_true",
-        help="make a missing cache folder for your group too (drwxrws---), not yours only",
-    )
-    ls = sub.add_parser("ls", help="objects, bytes, classes, sizes and extensions under a URL")
-    ls.add_argument("url", nargs="+", help="s3://bucket/prefix/, az://..., a path (several: a mix)")
-    ls.add_argument(
-        "--cache-dir", default=None, help="read (and save) the listing saved in this cache"
-    )
-    add_store_options(ls)
-    ls.add_argument("--refresh-listing", action="store_true", help="list the store again")
-    ls.add_argument("--all-objects", action="store_true", help="count every object as a sample")
-    ls.add_argument(
-        "--json", action="store_true", help="one JSON object (a line per URL), for scripts"
-    )
-    ls.add_argument(
-        "--write-manifest",
-        metavar="PATH_OR_URL",
-        default=None,
-        help="write the samples (key, ImageFolder label, size, ETag) there — a local file, "
-        "or a URL next to the data (s3://, gs://, az://, file://) — as JSONL rows (.jsonl) "
-        "or arrays (.npz, the fastest to read): a loader given it as labels= lists nothing",
-    )
-    bench = sub.add_parser(
-        "bench",
-        help="measure a bucket from this machine: latency, throughput against requests in "
-        "flight, decode and disk rates; name the bound, predict images/s, print settings",
-    )
-    bench.add_argument("url", help="s3://bucket/prefix/, gs://..., az://..., a path, ...")
-    bench.add_argument("--seconds", type=float, default=45.0, help="time budget (45)")
-    bench.add_argument("--sample", type=int, default=256, help="objects sampled (256)")
-    bench.add_argument(
-        "--max-inflight", type=int, default=256, help="the most requests in flight tried (256)"
-    )
-    bench.add_argument(
-        "--decode-workers", type=int, default=None, help="plan for this many (default: CPUs)"
-    )
-    bench.add_argument("--size", type=int, default=224, help="RandomResizedCrop size (224)")
-    bench.add_argument(
-        "--cache-dir",
-        default=os.path.join("cache", "objects"),
-        help="the cache folder whose disk is measured (a scratch cache inside, removed after)",
-    )
-    bench.add_argument("--no-disk", action="store_true", help="skip the disk measurement")
-    add_store_options(bench)
-    bench.add_argument("--plot", metavar="FILE.png", default=None, help="draw the results")
-    bench.add_argument("--json", action="store_true", help="one JSON object, for scripts")
-    cache = sub.add_parser(
-        "cache",
-        help="inspect, check or empty a cache folder",
-        description="Inspect, check or empty a cache folder (one that a loader's "
-        "CacheConfig(dir=) or warm --cache-dir filled).  A folder that is not a cache is "
-        "an error; nothing is written to it.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="actions:\n"
-        "  stats   objects and bytes held (reads only)\n"
-        "  verify  reads every entry, checks its length and CRC, and removes the damaged\n"
-        "          ones, entries whose pack file is gone, and files no entry refers to\n"
-        "  clear   removes every entry",
-    )
-    cache.add_argument("action", choices=("stats", "verify", "clear"), help="see below")
-    cache.add_argument("dir", help="the cache folder")
-    args = parser.parse_args(argv)
+    args = command_line(__doc__.split("\n")[0], __version__, DOCS).parse_args(argv)
     try:
         if args.command == "demo":
             return _demo(args)

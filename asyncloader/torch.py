@@ -9,8 +9,8 @@
         for images, labels in dl:
             ...
 
-With ``device="cuda"`` (and ``dtype``, ``mean``, ``std``, ``channels_last``) batches arrive on
-the GPU already normalised, when the dataset is iterated in the training process
+With ``device="cuda"`` (and ``dtype``, ``output=OutputConfig(...)``) batches arrive on the
+GPU already normalised, when the dataset is iterated in the training process
 (``num_workers=0``, or directly).  With DataLoader workers, leave ``device`` out of the
 dataset and wrap the DataLoader: ``for images, labels in to_device(dl, device="cuda")``.
 
@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -52,17 +52,19 @@ from torch.utils.data import IterableDataset, get_worker_info
 from asyncloader import (
     IMAGENET_MEAN,
     IMAGENET_STD,
+    CacheConfig,
     ImageLoader,
+    LoaderOptions,
+    ObjectCache,
     ObjectInfo,
     ShardConfig,
     Source,
+    StoreConfig,
     merge_worker_states,
     shard_from_env,
 )
-from asyncloader._base._env import local_world_size
 from asyncloader._device._device_spec import DeviceSpec
 from asyncloader._device._upload import Uploader
-from asyncloader._run._build import MOVED, fold_moved, open_cache
 from asyncloader._run._dist import (
     Agreement,
     adopt_store_address,
@@ -90,15 +92,17 @@ def dist_shard() -> tuple[int, int]:
     return shard_from_env()
 
 
-def _list_once(url: str, options: dict[str, Any]) -> Sequence[ObjectInfo]:
+def _list_once(url: str, options: LoaderOptions) -> Sequence[ObjectInfo]:
     """The URL's object list, once per job, as the loaders of these options list it."""
-    cache = open_cache(options.get("cache_dir"), options["cache"])
+    config = options.get("cache") or CacheConfig()
+    cache = ObjectCache.opened(options.get("cache_dir"), config)
+    store = options.get("store") or StoreConfig()
     return list_once(
         url,
         options.get("labels", "folder"),
-        options.get("store_options"),
+        dict(store.options),
         folder=cache.directory if cache is not None else None,
-        max_age=options["cache"].max_age,
+        max_age=config.max_age,
         job=job_store(),
     )
 
@@ -117,24 +121,29 @@ class ImageDataset(IterableDataset[Batch]):
 
     Args:
         url: As for :class:`~asyncloader.ImageLoader`.
-        **options: Any :class:`~asyncloader.ImageLoader` option but the shard ones.
-            ``decode_workers`` defaults to the node's CPU budget per rank divided among DataLoader
-            workers.
+        **options: Every :class:`~asyncloader.ImageLoader` keyword but ``rank`` and
+            ``world_size`` (from ``torch.distributed`` or the torchrun environment), typed
+            (:class:`~asyncloader.LoaderOptions`); ``ShardConfig``'s ``worker`` and
+            ``num_workers`` are the DataLoader's.  ``DecodeConfig(workers=)`` defaults to
+            the node's CPU budget per rank divided among DataLoader workers.
 
     Raises:
+        TypeError: ``rank``, ``world_size``, or a shard's worker given (the dataset sets
+            them), or a keyword the loader does not have.
         AsyncLoaderError: the URL cannot be listed (raised here, where the dataset is made).
     """
 
-    def __init__(self, url: str | Source | Sequence[str | Source], **options: Any) -> None:
-        for name in ("rank", "world_size", "worker", "num_workers"):
-            if name in options:
-                raise TypeError(f"{name} is set by the dataset itself (torch.distributed/env)")
+    def __init__(
+        self, url: str | Source | Sequence[str | Source], **options: Unpack[LoaderOptions]
+    ) -> None:
+        unknown = set(options) - set(LoaderOptions.__annotations__)
+        if unknown & {"rank", "world_size"}:
+            raise TypeError("rank and world_size are set by the dataset (torch.distributed/env)")
+        if unknown:
+            raise TypeError(f"ImageDataset() got unexpected keyword arguments {sorted(unknown)}")
         shard = options.get("shard")
         if shard is not None and (shard.worker, shard.num_workers) != (0, 1):
             raise TypeError("shard.worker and shard.num_workers are set by the dataset itself")
-        # The keywords that moved into configs, folded once here (one warning each).
-        moved = {name: options.pop(name) for name in list(options) if name in MOVED}
-        options.update(fold_moved("ImageDataset", moved, options))
         self.url = url
         self.options = options
         rank, world = dist_shard()
@@ -145,10 +154,12 @@ class ImageDataset(IterableDataset[Batch]):
         agreement = Agreement.open(name, options.get("labels", "folder"), rank, world)
         if agreement is not None:
             agreement.announce()
-        if one and "objects" not in options and "store" not in options:
-            options["objects"] = _list_once(name, options)
-        if agreement is not None and "objects" in options:
-            agreement.check(options["objects"])  # every rank holds the same list
+        store = options.get("store") or StoreConfig()
+        if one and store.objects is None and store.object_store is None:
+            store = dataclasses.replace(store, objects=_list_once(name, options))
+            options["store"] = store
+        if agreement is not None and store.objects is not None:
+            agreement.check(store.objects)  # every rank holds the same list
         self.epoch = 0
         self._resume: dict[str, Any] | None = None
         self._loader: ImageLoader | None = None
@@ -184,15 +195,10 @@ class ImageDataset(IterableDataset[Batch]):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
             adopt_store_address(self._store_address)
-        options = dict(self.options)
-        shard: ShardConfig = options.pop("shard")
-        local = shard.local_world_size
-        if local is None and options.get("shuffle") == "node":
-            local = local_world_size()
-        shard = dataclasses.replace(
-            shard, worker=worker, num_workers=workers, local_world_size=local
-        )
-        self._loader = ImageLoader(self.url, rank=rank, world_size=world, shard=shard, **options)
+        options = LoaderOptions(**self.options)
+        shard = options.get("shard") or ShardConfig()
+        options["shard"] = dataclasses.replace(shard, worker=worker, num_workers=workers)
+        self._loader = ImageLoader(self.url, rank=rank, world_size=world, **options)
         self._pid = os.getpid()
         return self._loader
 

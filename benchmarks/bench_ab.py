@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--latency", type=float, default=0.02)
     p.add_argument("--images", type=int, default=1500)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--backend", default="thread", choices=("thread", "process"))
+    p.add_argument("--backend", default="thread", choices=("thread", "inline"))
     p.add_argument("--data-dir", default=str(HERE.parent / "cache" / "bench-jpegs"))
     p.add_argument("--json", metavar="PATH", help="also write every round and the medians")
     args = p.parse_args()

@@ -35,9 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_loader as bl
 
 
-def case_loader(
-    endpoint: str, cache_dir: str, batch: int, workers: int, backend: str = "auto"
-) -> dict[str, float]:
+def case_loader(endpoint: str, cache_dir: str, batch: int, workers: int) -> dict[str, float]:
     import torch  # noqa: F401  (a training script has it: not part of the first epoch)
 
     import asyncloader as al
@@ -45,10 +43,9 @@ def case_loader(
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=batch,
-        decode_workers=workers,
-        decode_backend=backend,  # type: ignore[arg-type]
         cache_dir=cache_dir or None,
-        store_options={"endpoint_url": endpoint},
+        decode=al.DecodeConfig(workers=workers),
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         out: dict[str, float] = {}
         for epoch in ("first", "second"):
@@ -76,10 +73,10 @@ def case_small(endpoint: str, cache_dir: str, batch: int, workers: int, epochs: 
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=batch,
-        decode_workers=workers,
         cache_dir=cache_dir,
         cache=al.CacheConfig(size=limit),
-        store_options={"endpoint_url": endpoint},
+        decode=al.DecodeConfig(workers=workers),
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         for epoch in range(epochs):
             before = loader.stats()
@@ -131,7 +128,6 @@ def main() -> None:
     p.add_argument("--latency", type=float, default=0.02)
     p.add_argument("--inflight", default="16,64,256")
     p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
-    p.add_argument("--backend", default="auto", choices=("auto", "thread", "process"))
     p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs"))
     p.add_argument(
         "--small-cache",
@@ -169,9 +165,9 @@ def main() -> None:
                 latency=args.latency, load=folder, bucket="b", prefix="train/"
             ) as srv:
                 ep = srv.endpoint
-                nocache = _sub("loader", ep, "", args.backend, *common)
-                run1 = _sub("loader", ep, str(tmp / "epochs"), args.backend, *common)
-                run2 = _sub("loader", ep, str(tmp / "epochs"), args.backend, *common)
+                nocache = _sub("loader", ep, "", *common)
+                run1 = _sub("loader", ep, str(tmp / "epochs"), *common)
+                run2 = _sub("loader", ep, str(tmp / "epochs"), *common)
                 small = (
                     _sub("small", ep, str(tmp / "small"), str(args.small_cache), *common)
                     if args.small_cache

@@ -1,11 +1,11 @@
-"""GPU JPEG decode (``decode_backend="cuda"``) against CPU decode, delivered into one GPU.
+"""GPU JPEG decode (``DecodeConfig(backend="cuda")``) against CPU decode, delivered into one GPU.
 
 In one run, each case in a fresh process pinned to its cores (``os.sched_setaffinity``),
 from a warm SSD cache (warmed first, by a loader of its own), RandomResizedCrop(224),
 float16 batches on the GPU:
 
-* ``gpu``     — ``decode_backend="cuda"`` on ``--cores`` cores (4 by default);
-* ``cpu``     — CPU decode (``decode_backend="auto"``) on the same cores;
+* ``gpu``     — ``DecodeConfig(backend="cuda")`` on ``--cores`` cores (4 by default);
+* ``cpu``     — CPU decode (``DecodeConfig(backend="thread")``) on the same cores;
 * ``cpu-all`` — CPU decode on every core.
 
 Rounds are interleaved (``--rounds``) and medians quoted.  Then, on the GPU alone:
@@ -40,11 +40,10 @@ def _loader(endpoint: str, cache: str, backend: str, workers: int, **kw: Any) ->
     return al.ImageLoader(
         "s3://b/train/",
         batch_size=kw.pop("batch_size", 256),
-        decode_backend=backend,
-        decode_workers=workers,
         cache_dir=cache,
-        store_options={"endpoint_url": endpoint},
         **kw,
+        decode=al.DecodeConfig(backend=backend, workers=workers),
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     )
 
 
@@ -180,8 +179,8 @@ def main() -> None:
     few = ",".join(str(c) for c in every[: args.cores])
     cases = {
         "gpu": ("cuda", few),
-        "cpu": ("auto", few),
-        "cpu-all": ("auto", ",".join(map(str, every))),
+        "cpu": ("thread", few),
+        "cpu-all": ("thread", ",".join(map(str, every))),
     }
     common = ["--batch-size", str(args.batch_size), "--epochs", str(args.epochs)]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in cases}

@@ -59,7 +59,7 @@ def case(endpoint: str, shuffle: bool, batch: int) -> dict[str, float]:
         batch_size=batch,
         shuffle=shuffle,
         transform=al.Resize(32),
-        store_options={"endpoint_url": endpoint},
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         next(iter(loader))
         first = loader.stats().first_batch_seconds
@@ -145,8 +145,7 @@ def case_first(endpoint: str, labels: str, batch: int) -> dict[str, float]:
         batch_size=batch,
         labels=labels,
         transform=al.Resize(32),
-        decode_backend="thread",
-        store_options={"endpoint_url": endpoint},
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         next(iter(loader))
         return {"first": time.perf_counter() - t0, "samples": len(loader.dataset.samples)}

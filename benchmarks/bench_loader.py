@@ -8,9 +8,9 @@ Cases (each in its own subprocess, so CPU time and peak RSS are its own):
   only the crop's region where it can (``_decode/_jpegroi``), so it can pass the ceiling.
 * ``dataloader`` — ``torch.utils.data.DataLoader(num_workers=4)`` over a map-style dataset
   that calls boto3 ``get_object`` per item and decodes it the same way.
-* ``asyncloader`` — ``ImageLoader`` (thread decode in its engine process;
-  ``--process-backend`` adds decode processes, ``--inline`` the engine in the measured
-  process, ``EngineConfig(mode="inline")``, as every loader ran before engine processes)
+* ``asyncloader`` — ``ImageLoader`` (thread decode in its engine process; ``--inline`` the
+  engine in the measured process, ``EngineConfig(mode="inline")``, as every loader ran
+  before engine processes)
   over ``s3://``; the steady state after a first epoch is measured, and the time from the
   loader's construction to its first batch (``first s``).
 
@@ -37,7 +37,7 @@ ROOT = HERE.parent
 
 def _cpu() -> float:
     """CPU seconds of this process and every process below it, live or ended (engine
-    processes and their decode processes, DataLoader workers): see tree_cpu_seconds."""
+    processes, DataLoader workers): see tree_cpu_seconds."""
     from asyncloader.testing import tree_cpu_seconds
 
     return tree_cpu_seconds()
@@ -122,11 +122,10 @@ def case_asyncloader(
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=batch,
-        decode_workers=workers,
-        decode_backend="thread" if backend == "inline" else backend,  # type: ignore[arg-type]
         transform=al.RandomResizedCrop(224),
-        store_options={"endpoint_url": endpoint},
         engine=al.EngineConfig(mode=mode),
+        decode=al.DecodeConfig(workers=workers),
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         first = 0.0
         for _ in loader:  # epoch 0: start-up, connections
@@ -192,9 +191,6 @@ def main() -> None:
     p.add_argument("--data-dir", default=str(ROOT / "cache" / "bench-jpegs"))
     p.add_argument("--skip-dataloader", action="store_true")
     p.add_argument(
-        "--process-backend", action="store_true", help="also asyncloader with decode processes"
-    )
-    p.add_argument(
         "--inline", action="store_true", help="also asyncloader with its engine in-process"
     )
     p.add_argument("--repeat", type=int, default=3, help="rounds of all cases")
@@ -239,10 +235,6 @@ def main() -> None:
                 rows[f"asyncloader @{lat * 1e3:.0f} ms"] = run_case(
                     ["asyncloader", srv.endpoint, *common]
                 )
-                if args.process_backend:
-                    rows[f"asyncloader process @{lat * 1e3:.0f} ms"] = run_case(
-                        ["asyncloader", srv.endpoint, "process", *common]
-                    )
                 if args.inline:
                     rows[f"asyncloader inline @{lat * 1e3:.0f} ms"] = run_case(
                         ["asyncloader", srv.endpoint, "inline", *common]

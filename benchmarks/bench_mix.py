@@ -45,11 +45,10 @@ def case(
     with al.ImageLoader(
         url,  # type: ignore[arg-type]
         batch_size=batch,
-        decode_workers=workers,
-        decode_backend="thread",
         transform=al.RandomResizedCrop(224),
-        store_options=options,
-        **extra,  # type: ignore[arg-type]
+        **extra,
+        decode=al.DecodeConfig(workers=workers),
+        store=al.StoreConfig(options=options),  # type: ignore[arg-type]
     ) as loader:
         for _ in loader:  # epoch 0: start-up, connections
             pass

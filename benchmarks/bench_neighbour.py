@@ -2,7 +2,7 @@
 thread of every child process pinned to the others, a GIL-bound training step.
 
 The training process (a fresh process per case) runs on CPU 0 only; the benchmark's own
-process, on the other CPUs, pins every thread of every process below the trainer (decode
+process, on the other CPUs, pins every thread of every process below the trainer (engine
 processes, DataLoader workers) to the other CPUs, again every 0.2 s as threads come and go
 (so nothing of the measurement runs in the trainer), and the S3 server runs there too.
 The step is pure Python, calibrated alone to ``--step-ms`` (20 ms): what a Python-heavy
@@ -24,9 +24,6 @@ Cases:
 * ``inline`` — ``ImageLoader(engine=EngineConfig(mode="inline"))``: the engine on an
   event-loop thread of the training process, decode threads there too (the named
   in-process mode; what every loader did before engine processes);
-* ``thread``, ``process`` — the inline mode with ``decode_backend="thread"`` or
-  ``"process"`` (decode in processes, the event loop and the decode-send threads in the
-  training process), for the history (not run unless named in ``--cases``);
 * ``dataloader`` — ``asyncloader.torch.ImageDataset`` in a 1-worker ``DataLoader``: the
   whole loader in the worker process.
 
@@ -153,9 +150,7 @@ def run_case(case: str, endpoint: str, images: int, batch: int, n: int) -> dict[
     elif case == "default":
         source = al.ImageLoader("s3://b/train/", **common)
     else:
-        inline = al.EngineConfig(mode="inline")
-        backend = "auto" if case == "inline" else case
-        source = al.ImageLoader("s3://b/train/", decode_backend=backend, engine=inline, **common)
+        source = al.ImageLoader("s3://b/train/", engine=al.EngineConfig(mode="inline"), **common)
     try:
         it = iter(source)
         first = next(it)  # start-up is not measured

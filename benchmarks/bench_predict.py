@@ -31,14 +31,13 @@ from bench_loader import _cpu, _peak_rss_mb  # noqa: E402
 def case_loader(endpoint: str, settings: dict[str, object], epochs: int) -> dict[str, float]:
     import asyncloader as al
 
-    kw: dict[str, object] = {
-        "max_inflight": settings["max_inflight"],
-        "decode_workers": settings["decode_workers"],
-        "decode_backend": settings["decode_backend"],
-    }
     with al.ImageLoader(
-        "s3://b/train/", batch_size=128, store_options={"endpoint_url": endpoint}, **kw
-    ) as loader:  # type: ignore[arg-type]
+        "s3://b/train/",
+        batch_size=128,
+        fetch=al.FetchConfig(max_inflight=int(settings["max_inflight"])),  # type: ignore[call-overload]
+        decode=al.DecodeConfig(workers=int(settings["decode_workers"])),  # type: ignore[call-overload]
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
+    ) as loader:
         for _ in loader:  # epoch 0: start-up, connections
             pass
         t0, c0 = time.perf_counter(), _cpu()

@@ -9,12 +9,18 @@ processes, each engine's loop sees only its share of the images, so the bound ri
 the engine count (``--engines``); the training process keeps only the batch hand-over.
 
 A case is ``ENGINES:BACKEND:DECODE``: ``inline`` (the engine in the training process) or a
-number of engine processes; the decode backend (``thread`` or ``process``); ``trivial`` (a
+number of engine processes; the decode backend, ``thread`` (``process``, decode processes
+below an engine, was measured against engines of one thread each, then removed:
+``benchmarks/RESULTS.md``, "One kind of worker process"); ``trivial`` (a
 hook that costs nothing: what the coordination costs alone), ``real`` (JPEG decode and
 RandomResizedCrop(224)) or ``gil`` (a ``decode=`` hook that holds the GIL most of its time:
 Pillow's decode and resize to 64 px, then a pure-Python pass over its pixels, as hooks
 written in Python do; the case decode processes exist for).  Besides the trainer's CPU per
-image, "all CPU" is the CPU per image of every process of the loader (``tree_cpu_seconds``).
+image, "all CPU" is the CPU per image of every process of the loader (``tree_cpu_seconds``),
+and "peak MB" the most memory the loader's processes held together while measured: the sum
+of their proportional set sizes (PSS, ``/proc/PID/smaps_rollup``: a page shared by k
+processes, a ring say, counts 1/k in each), sampled every 100 ms (on a thread of the
+trainer: its CPU is in the trainer's figure, the same in every case).
 Each case runs in a fresh process: a warm-up epoch, then ``--epochs`` measured; thread
 CPU times are read from ``/proc`` (Linux) before and after.  Storage is our light S3 server
 with ``--latency`` to the first byte.
@@ -85,6 +91,44 @@ def _threads(pids: list[int]) -> dict[tuple[int, int], tuple[str, float]]:
     return out
 
 
+def _pss_bytes(pid: int) -> int:
+    """Proportional set size of process ``pid`` [bytes]; 0 where it or ``/proc`` is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+class _PeakMemory:
+    """The most memory the processes ``pids`` held together (the sum of their PSS), sampled
+    on a thread every ``every`` seconds while running."""
+
+    def __init__(self, pids: list[int], every: float = 0.1) -> None:
+        self._pids = pids
+        self._every = every
+        self._stop = threading.Event()
+        self.peak = 0
+        self._thread = threading.Thread(target=self._run, name="peak-memory", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            total = sum(_pss_bytes(pid) for pid in self._pids)
+            self.peak = max(self.peak, total)
+            if self._stop.wait(self._every):
+                return
+
+    def stop(self) -> int:
+        """Stop sampling; the peak [bytes]."""
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
 def _kind(pid: int) -> str:
     """What a process below the trainer is, by its command line."""
     try:
@@ -105,21 +149,23 @@ def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) ->
         if engines == "inline"
         else al.EngineConfig(processes=int(engines))
     )
-    options: dict[str, Any] = {}
+    if backend != "thread":  # "process" (decode processes below an engine) is gone
+        raise SystemExit(f"{case}: the decode backend is 'thread' (engines of threads)")
+    transform = None
     if decode == "trivial":
-        options = {"decode": trivial, "sample_shape": (3, 8, 8)}
+        decoding = al.DecodeConfig(workers=workers, hook=trivial, sample_shape=(3, 8, 8))
     elif decode == "gil":
-        options = {"decode": gil_bound, "sample_shape": (3, 64, 64)}
+        decoding = al.DecodeConfig(workers=workers, hook=gil_bound, sample_shape=(3, 64, 64))
     else:
-        options = {"transform": al.RandomResizedCrop(224)}
+        decoding = al.DecodeConfig(workers=workers)
+        transform = al.RandomResizedCrop(224)
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=batch,
-        decode_workers=workers,
-        decode_backend=backend,  # type: ignore[arg-type]
-        store_options={"endpoint_url": endpoint},
+        transform=transform,
         engine=engine,
-        **options,
+        decode=decoding,
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         for _ in loader:  # warm-up epoch: start-up, connections
             pass
@@ -130,7 +176,9 @@ def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) ->
         kinds = {pid: _kind(pid) for pid in pids}
         before, c0, t0 = _threads(pids), time.process_time(), time.perf_counter()
         tree0 = tree_cpu_seconds()
+        memory = _PeakMemory(pids)
         n = sum(len(labels) for _ in range(epochs) for _, labels in loader)
+        peak = memory.stop()
         wall, cpu, after = time.perf_counter() - t0, time.process_time() - c0, _threads(pids)
         tree = tree_cpu_seconds() - tree0
         # The trainer's threads by their Python names (the OS knows them all as "python").
@@ -154,6 +202,7 @@ def run_case(case: str, endpoint: str, batch: int, workers: int, epochs: int) ->
         "trainer_cpu_ms": cpu / n * 1e3,
         "tree_cpu_ms": tree / n * 1e3,
         "busiest_ms": busiest[0] / n * 1e3,
+        "peak_mb": peak / 1e6,
         "busiest_name": busiest[1],
         "busiest_in_trainer": busiest[2],
     }
@@ -172,6 +221,11 @@ def main() -> None:
     p.add_argument("--cases", default="", help="ENGINES:BACKEND:DECODE, comma-separated")
     p.add_argument("--data-dir", default=str(HERE.parent / "cache" / "bench-jpegs"))
     p.add_argument("--json", metavar="PATH", help="also write every round here")
+    p.add_argument(
+        "--paired",
+        default="",
+        help="B/A,... : for each pair of cases, the median of the rounds' own ratios",
+    )
     p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.case:
@@ -204,7 +258,8 @@ def main() -> None:
     )
     print(
         f"{'case':20s} {'img/s':>7s} {'trainer CPU ms/img':>18s} {'all CPU ms/img':>14s} "
-        f"{'busiest thread ms/img':>21s} {'serial bound img/s':>18s}  busiest thread"
+        f"{'busiest thread ms/img':>21s} {'serial bound img/s':>18s} {'peak MB':>8s}  "
+        "busiest thread"
     )
     for case in names:
         rs = rows[case]
@@ -215,8 +270,21 @@ def main() -> None:
             f"{case:20s} {med([x['images'] / x['wall'] for x in rs]):7.0f} "
             f"{med([x['trainer_cpu_ms'] for x in rs]):18.3f} "
             f"{med([x['tree_cpu_ms'] for x in rs]):14.3f} {busiest:21.3f} "
-            f"{1e3 / busiest if busiest else float('inf'):18.0f}  "
+            f"{1e3 / busiest if busiest else float('inf'):18.0f} "
+            f"{med([x.get('peak_mb', 0.0) for x in rs]):8.0f}  "
             f"{last['busiest_name']} ({where})"
+        )
+    for pair in [x for x in args.paired.split(",") if x]:
+        b, a = pair.split("/")
+
+        def paired(key: Any, b: str = b, a: str = a) -> float:
+            return float(med([key(y) / key(x) for x, y in zip(rows[a], rows[b], strict=True)]))
+
+        print(
+            f"{b} / {a}, median of the {args.repeat} rounds' ratios: images/s "
+            f"{paired(lambda x: x['images'] / x['wall']):.2f}, all CPU per image "
+            f"{paired(lambda x: x['tree_cpu_ms']):.2f}, peak memory "
+            f"{paired(lambda x: x.get('peak_mb', 0.0) or 1.0):.2f}"
         )
 
 

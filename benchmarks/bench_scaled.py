@@ -41,10 +41,9 @@ def run_loader(endpoint: str, cache_dir: Path, epochs: int) -> tuple[float, floa
         batch_size=4,
         shuffle=True,
         seed=1,
-        decode_backend="thread",
         transform=al.RandomResizedCrop(224),
         cache_dir=cache_dir,
-        store_options={"endpoint_url": endpoint},
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         for _ in loader:  # the first epoch: start-up, all hits already
             pass

@@ -75,10 +75,9 @@ def case(endpoint: str, name: str, batch: int, workers: int) -> dict[str, float]
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=batch,
-        decode_workers=workers,
-        decode_backend="thread",
         transform=al.RandomResizedCrop(224),
-        store_options={"endpoint_url": endpoint},
+        decode=al.DecodeConfig(workers=workers),
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         for _ in loader:  # warm-up epoch: connections, learned latencies
             pass
@@ -136,14 +135,13 @@ def node_member(endpoint: str, rank: int, loaders: int, shared: bool, cache: str
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=32,
-        decode_workers=1,
-        decode_backend="thread",
         transform=al.CenterCrop(64),
         rank=rank,
         world_size=loaders,
         cache_dir=cache,
         fetch=al.FetchConfig(node_budget=shared),
-        store_options={"endpoint_url": endpoint},
+        decode=al.DecodeConfig(workers=1),
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         n = sum(len(images) for images, _ in loader)
         st = loader.stats()

@@ -4,12 +4,12 @@ same total process count.
 In one run, against our light S3 server at ``--latency`` (20 ms), each case in a fresh
 process, two epochs (the second timed):
 
-* the plain loader, ``k`` decode threads (one process);
-* the plain loader, ``k`` decode processes (``1 + k`` processes);
+* the plain loader, ``k`` decode threads in one engine process (``1 + 1`` processes);
+* the plain loader, ``k`` engine processes of one decode thread each (``1 + k`` processes);
 * ``DataLoader(ImageDataset, batch_size=None, num_workers=k)``, one decode thread per worker
   (``1 + k`` processes).
 
-Images/s, ratio to the plain loader with processes (the same process count), CPU seconds
+Images/s, ratio to the plain loader with ``k`` engines (the same process count), CPU seconds
 per image over all processes, peak RSS of the main process.
 Run: ``python benchmarks/bench_torch.py [--workers 2] [--repeat 3]``.
 """
@@ -38,7 +38,12 @@ def case(kind: str, endpoint: str, batch: int, workers: int) -> dict[str, float]
 
         from asyncloader.torch import ImageDataset
 
-        ds = ImageDataset("s3://b/train/", batch_size=batch, decode_workers=1, store_options=opts)
+        ds = ImageDataset(
+            "s3://b/train/",
+            batch_size=batch,
+            decode=al.DecodeConfig(workers=1),
+            store=al.StoreConfig(options=opts),
+        )
         dl = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=True)
         epochs = iter(range(2))
 
@@ -49,9 +54,9 @@ def case(kind: str, endpoint: str, batch: int, workers: int) -> dict[str, float]
         loader = al.ImageLoader(
             "s3://b/train/",
             batch_size=batch,
-            decode_workers=workers,
-            decode_backend=kind,  # type: ignore[arg-type]
-            store_options=opts,
+            decode=al.DecodeConfig(workers=workers),
+            engine=al.EngineConfig(processes=workers if kind == "engines" else 1),
+            store=al.StoreConfig(options=opts),
         )
 
         def run() -> int:
@@ -86,7 +91,7 @@ def main() -> None:
     folder = make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0)
     kinds = {
         "thread": f"plain loader, {args.workers} decode threads",
-        "process": f"plain loader, {args.workers} decode processes",
+        "engines": f"plain loader, {args.workers} engines x 1 thread",
         "dataloader": f"DataLoader, {args.workers} workers x 1 thread",
     }
     common = ["--batch-size", str(args.batch_size), "--workers", str(args.workers)]
@@ -96,7 +101,7 @@ def main() -> None:
             for kind in kinds:
                 runs[kind].append(bl.run_case([kind, srv.endpoint, *common], __file__))
     ips = {k: [r["images"] / r["wall"] for r in rs] for k, rs in runs.items()}
-    ratio = [d / p for d, p in zip(ips["dataloader"], ips["process"], strict=True)]
+    ratio = [d / p for d, p in zip(ips["dataloader"], ips["engines"], strict=True)]
     print(
         f"\n{args.images} images, batch {args.batch_size}, {args.latency * 1e3:.0f} ms latency, "
         f"{os.cpu_count()} cores, median of {args.repeat}"

@@ -64,9 +64,9 @@ def case_loader(
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=batch,
-        decode_workers=workers,
-        store_options={"endpoint_url": endpoint},
         **kw,
+        decode=al.DecodeConfig(workers=workers),
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         next(iter(loader))  # start-up out of the figures
         loader.set_epoch(1)

@@ -91,9 +91,11 @@ def main() -> None:
             batch_size=args.batch_size,
             transform=al.RandomResizedCrop(64),
             extras=("caption",),
-            drop_last=True,  # a contrastive batch of one teaches nothing
-            device="cpu",  # normalised float32 batches
-            store_options={"endpoint_url": server.endpoint},
+            device="cpu",
+            shard=al.ShardConfig(drop_last=True),
+            store=al.StoreConfig(
+                options={"endpoint_url": server.endpoint}
+            ),  # normalised float32 batches
         ) as loader:
             step, epoch = 0, 0
             while step < args.steps:

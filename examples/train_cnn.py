@@ -81,8 +81,8 @@ def main() -> None:
                 batch_size=args.batch_size,
                 transform=al.RandomResizedCrop(args.size),
                 cache_dir=args.cache_dir,
-                store_options=options,
                 device=args.device,
+                store=al.StoreConfig(options=options),
             )
         )
         train(loader, args.steps)

@@ -77,7 +77,7 @@ def main() -> None:
             batch_size=16,
             transform=al.RandomResizedCrop(96),
             device="cpu",
-            store_options=options,
+            store=al.StoreConfig(options=options),
         )
         model = nn.parallel.DistributedDataParallel(small_cnn(10))
         training = Training(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))

@@ -65,7 +65,7 @@ def main() -> None:
             batch_size=32,
             labels=labels,
             transform=al.RandomResizedCrop(96),
-            store_options=options,
+            store=al.StoreConfig(options=options),
         )
         model = nn.parallel.DistributedDataParallel(small_cnn(10))
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -28,8 +28,8 @@ def main() -> None:
             batch_size=64,
             transform=al.RandomResizedCrop(96),
             cache_dir=args.cache_dir,
-            store_options={"endpoint_url": endpoint},
-            device="cpu",  # normalised float32 batches
+            device="cpu",
+            store=al.StoreConfig(options={"endpoint_url": endpoint}),  # normalised float32 batches
         ) as loader:
             train(loader, args.steps)
             stats = loader.stats()

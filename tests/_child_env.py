@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from asyncloader._base._child import receive_order
+from asyncloader._loader._launch import receive_order
 
 
 def report(fd: int) -> None:

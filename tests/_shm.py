@@ -10,7 +10,7 @@ from asyncloader._base._shm import SHM_PREFIX
 
 def memfds(pid: int) -> set[int]:
     """The loader's memfds process ``pid`` holds open or mapped (their inodes): its rings
-    and arenas on Linux.  Empty once it is gone."""
+    on Linux.  Empty once it is gone."""
     out: set[int] = set()
     try:
         fds = os.listdir(f"/proc/{pid}/fd")

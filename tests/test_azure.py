@@ -135,7 +135,11 @@ def test_connection_string_from_the_environment(
     az_data: Azurite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", az_data.connection_string)
-    with al.ImageLoader("az://priv/train/", batch_size=32, decode_workers=2) as loader:
+    with al.ImageLoader(
+        "az://priv/train/",
+        batch_size=32,
+        decode=al.DecodeConfig(workers=2),
+    ) as loader:
         assert loader.url == f"az://{AZURITE_ACCOUNT}/priv/train/"
         assert sum(len(labels) for _, labels in loader) == N_IMAGES
 
@@ -174,13 +178,12 @@ def test_second_epoch_and_later_run_come_from_the_cache(az_data: Azurite, tmp_pa
         }
         kw = dict(
             batch_size=16,
-            decode_workers=2,
-            engine=al.EngineConfig(
-                prefetch_batches=2
-            ),  # so epoch 1 is not already fetched during epoch 0
-            max_inflight=16,
+            decode=al.DecodeConfig(workers=2),
+            # So epoch 1 is not already fetched during epoch 0.
+            engine=al.EngineConfig(prefetch_batches=2),
+            fetch=al.FetchConfig(max_inflight=16),
             cache_dir=tmp_path / "c",
-            store_options=opts,
+            store=al.StoreConfig(options=opts),
         )
         with al.ImageLoader("az://devstoreaccount1/priv/train/", **kw) as loader:  # type: ignore[arg-type]
             assert sum(len(lab) for _, lab in loader) == N_IMAGES
@@ -237,7 +240,11 @@ def test_entra_id_through_a_managed_identity(
         assert asyncio.run(read_one())[:2] == b"\xff\xd8"
         assert tokens.issued == 1
         url = f"az://{azurite_oauth.account}/priv/train/"
-        with al.ImageLoader(url, batch_size=32, store_options=opts) as loader:
+        with al.ImageLoader(
+            url,
+            batch_size=32,
+            store=al.StoreConfig(options=opts),
+        ) as loader:
             assert sum(len(labels) for _, labels in loader) == N_IMAGES
 
 

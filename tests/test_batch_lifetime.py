@@ -3,6 +3,7 @@ uploader's output buffer) is reused only once the last tensor or view of it is g
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import time
@@ -31,10 +32,12 @@ def slow_server(jpeg_folder: Path) -> object:
 
 def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
     kw.setdefault("batch_size", BATCH)
-    kw.setdefault("decode_workers", 2)
+    kw.setdefault("decode", al.DecodeConfig(workers=2))
     kw.setdefault("transform", al.CenterCrop(32))
     kw.setdefault("shuffle", False)
-    return al.ImageLoader("s3://b/train/", store_options={"endpoint_url": server.endpoint}, **kw)  # type: ignore[arg-type]
+    return al.ImageLoader(
+        "s3://b/train/", **kw, store=al.StoreConfig(options={"endpoint_url": server.endpoint})
+    )  # type: ignore[arg-type]
 
 
 def _ring_segments() -> set[int]:
@@ -49,9 +52,9 @@ def _shm_names() -> set[str]:
 
 
 CASES = [
-    pytest.param({"decode_backend": "thread"}, id="thread"),
-    pytest.param({"decode_backend": "process"}, id="process"),
-    pytest.param({"decode_backend": "thread", "device": "cpu", "dtype": "uint8"}, id="cpu"),
+    pytest.param({}, id="one-engine"),
+    pytest.param({"engine": al.EngineConfig(processes=2)}, id="two-engines"),
+    pytest.param({"device": "cpu", "dtype": "uint8"}, id="cpu"),
 ]
 
 
@@ -80,7 +83,10 @@ def test_last_k_batches_stay_intact_while_iterating(
     k = 3
     kept: deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = deque()
     seen = 0
-    with _loader(slow_server, engine=al.EngineConfig(prefetch_batches=k + 3), **options) as loader:
+    given = options.get("engine") or al.EngineConfig()
+    engine = dataclasses.replace(given, prefetch_batches=k + 3)  # type: ignore[type-var]
+    options = {**options, "engine": engine}
+    with _loader(slow_server, **options) as loader:
         for images, labels in loader:
             kept.append((images, labels, images.clone(), labels.clone()))
             if len(kept) > k:
@@ -113,7 +119,7 @@ def test_batch_kept_after_close_stays_readable_and_memory_goes_with_it(
     slow_server: S3TestServer,
 ) -> None:
     before = _ring_segments()
-    loader = _loader(slow_server, decode_backend="process")
+    loader = _loader(slow_server)
     images, labels = next(iter(loader))
     copy = images.clone()
     segment = _ring_segments() - before
@@ -134,7 +140,7 @@ def test_batch_kept_after_close_stays_readable_and_memory_goes_with_it(
 
 def test_closing_with_no_batch_held_unlinks_at_once(slow_server: S3TestServer) -> None:
     before = _ring_segments()
-    with _loader(slow_server, decode_backend="process") as loader:
+    with _loader(slow_server) as loader:
         assert sum(len(labels) for _, labels in loader) == N_IMAGES  # none kept
         segment = _ring_segments() - before
         assert len(segment) == 1

@@ -17,7 +17,6 @@ import pytest
 from PIL import Image
 
 import asyncloader as al
-from asyncloader._decode import choose_backend
 from asyncloader.testing import S3TestServer
 
 from .conftest import N_IMAGES
@@ -66,7 +65,7 @@ def test_bench_json_and_plot(slow_server: S3TestServer, tmp_path: Path) -> None:
     settings = report["settings"]
     assert settings["max_inflight"] in [lv["inflight"] for lv in levels]
     assert settings["decode_workers"] >= 1
-    assert settings["decode_backend"] in ("thread", "process")
+    assert settings["engine_processes"] >= 1
     with Image.open(png) as img:  # a real PNG of a readable size
         assert img.format == "PNG" and img.width >= 800 and img.height >= 300
 
@@ -81,9 +80,8 @@ def test_bench_names_a_store_held_to_few_requests_as_the_bound(
     text = out.stdout
     assert "bound: fetch" in text
     assert "max_inflight=2" in text
-    # The backend is the one auto picks with a cache (no decode hook, not in a worker).
-    auto = choose_backend(cache=True, decode_hook=False, in_worker=False)
-    assert "cache_dir=" in text and f"decode_backend={auto!r}" in text
+    # The engines a loader of these settings runs (no decode hook).
+    assert "cache_dir=" in text and "engine process(es)" in text
     assert "the cache pays" in text
 
 
@@ -100,27 +98,25 @@ def test_bench_without_images_is_a_clear_error(tmp_path: Path) -> None:
         al.bench(str(tmp_path), seconds=1)
 
 
-def test_one_backend_rule_for_auto_and_for_bench_s_advice(
-    jpeg_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_one_engine_rule_for_the_loader_and_for_bench_s_advice(
+    jpeg_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The loader's "auto" and bench's recommendation ask one function; it picks processes
-    only where decode reads the cache and would hold the GIL, outside DataLoader workers."""
+    """The loader's engine count and bench's advice ask one function: an engine process per
+    decode worker where decode would hold the GIL (a hook, or Pillow without the region
+    decoder and resize extensions), else one engine per 4 decode workers."""
     from asyncloader._decode import _backend
 
-    with al.ImageLoader(
-        str(jpeg_folder), batch_size=8, decode_workers=1, cache_dir=tmp_path / "c"
-    ) as loader:
-        assert loader.decode_backend == choose_backend(cache=True, decode_hook=False)
     for built in (True, False):
         monkeypatch.setattr(_backend, "ROI_DECODE", built)
         monkeypatch.setattr(_backend, "FAST_RESIZE", built)
-        pick = _backend.choose_backend
-        assert pick(cache=True, decode_hook=False, in_worker=False) == (
-            "thread" if built else "process"
-        )
-        assert pick(cache=True, decode_hook=True, in_worker=False) == "process"
-        assert pick(cache=False, decode_hook=True, in_worker=False) == "thread"
-        assert pick(cache=True, decode_hook=True, in_worker=True) == "thread"
+        assert _backend.decode_holds_gil(decode_hook=False) is not built
+        assert _backend.decode_holds_gil(decode_hook=True)
+        with al.ImageLoader(
+            str(jpeg_folder),
+            batch_size=8,
+            decode=al.DecodeConfig(workers=2),
+        ) as loader:
+            assert loader.engine_processes == (1 if built else 2)
 
 
 def test_plot_without_matplotlib_is_one_line_before_any_work(

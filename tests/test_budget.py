@@ -228,12 +228,11 @@ def _loader(server: S3TestServer, adaptive: bool) -> al.ImageLoader:
     return al.ImageLoader(
         "s3://data/train/",
         batch_size=16,
-        decode_workers=2,
-        decode_backend="thread",
         transform=al.CenterCrop(32),
         shuffle=False,
         fetch=al.FetchConfig(adaptive=adaptive, max_inflight=64, backoff_base=0.02),
-        store_options={"endpoint_url": server.endpoint},
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options={"endpoint_url": server.endpoint}),
     )
 
 
@@ -401,7 +400,7 @@ def test_fetchers_reading_one_url_into_one_cache_folder_share_their_back_offs(
             batch_size=16,
             transform=al.CenterCrop(32),
             cache_dir=tmp_path / "loader-cache",
-            store_options={"endpoint_url": srv.endpoint},
+            store=al.StoreConfig(options={"endpoint_url": srv.endpoint}),
         ) as loader:
             assert sum(len(lab) for _, lab in loader) == N_IMAGES
             assert loader.stats().node_loaders == 1

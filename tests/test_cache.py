@@ -24,14 +24,13 @@ def _loader(
     server: S3TestServer | MotoServer, cache_dir: Path | None, **kw: object
 ) -> al.ImageLoader:
     kw.setdefault("batch_size", 16)
-    kw.setdefault("decode_workers", 2)
-    kw.setdefault("decode_backend", "thread")  # spawning decode processes is not the subject
+    kw.setdefault("decode", al.DecodeConfig(workers=2))
     url = "s3://b/train/" if isinstance(server, S3TestServer) else "s3://data/train/"
     return al.ImageLoader(
         url,
         cache_dir=cache_dir,
-        store_options={"endpoint_url": server.endpoint},
-        **kw,  # type: ignore[arg-type]
+        **kw,
+        store=al.StoreConfig(options={"endpoint_url": server.endpoint}),  # type: ignore[arg-type]
     )
 
 
@@ -129,35 +128,24 @@ def test_an_object_written_after_a_batch_looked_is_read_from_the_cache_not_fetch
 def test_later_run_uses_the_cache_and_matches_uncached_pixels(
     moto: MotoServer, moto_dataset: str, tmp_path: Path
 ) -> None:
-    with _loader(moto, tmp_path / "c", seed=3, decode_backend="thread") as loader:
+    with _loader(moto, tmp_path / "c", seed=3) as loader:
         labels_cold, cold = _epoch(loader, 5)
-    with _loader(moto, tmp_path / "c", seed=3, decode_backend="process") as loader:
+    engines = al.EngineConfig(processes=2)  # another layout reads the same entries
+    with _loader(moto, tmp_path / "c", seed=3, engine=engines) as loader:
         labels_warm, warm = _epoch(loader, 5)
         stats = loader.stats()
     assert labels_cold == labels_warm
     assert np.array_equal(cold, warm)
     assert stats.cache_hits >= N_IMAGES
-    assert stats.requests == 0  # the whole run came from disk, in worker processes
+    assert stats.requests == 0  # the whole run came from disk, in both engine processes
     with al.ImageLoader(
-        moto_dataset, batch_size=16, seed=3, store_options={"endpoint_url": moto.endpoint}
+        moto_dataset,
+        batch_size=16,
+        seed=3,
+        store=al.StoreConfig(options={"endpoint_url": moto.endpoint}),
     ) as loader:
-        assert loader.decode_backend == "thread"  # "auto" without a cache
         _, uncached = _epoch(loader, 5)
     assert np.array_equal(uncached, warm)
-
-
-def test_auto_decodes_cache_hits_in_processes_only_where_decode_holds_the_gil(
-    moto: MotoServer, tmp_path: Path
-) -> None:
-    from asyncloader._decode import FAST_RESIZE, ROI_DECODE
-
-    with _loader(moto, tmp_path / "c", decode_backend="auto") as loader:
-        # The region decoder and the resize hold the GIL for almost nothing: threads.
-        assert loader.decode_backend == ("thread" if ROI_DECODE and FAST_RESIZE else "process")
-    with _loader(
-        moto, tmp_path / "c", decode_backend="auto", decode=bytes, sample_shape=(1, 1, 1)
-    ) as loader:
-        assert loader.decode_backend == "process"  # a decode= hook: Python, under the GIL
 
 
 def test_damaged_entry_is_dropped_and_refetched(light_server: S3TestServer, tmp_path: Path) -> None:
@@ -589,9 +577,10 @@ import sys, asyncloader as al
 if __name__ == "__main__":
     endpoint, cache_dir, stream = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     with al.ImageLoader(
-        "s3://b/train/", batch_size=8, decode_workers=1, decode_backend="thread",
+        "s3://b/train/", batch_size=8, decode=al.DecodeConfig(workers=1),
         transform=al.RandomResizedCrop(32),  # the listing is the subject, not the decode
-        shuffle=not stream, cache_dir=cache_dir, store_options={"endpoint_url": endpoint},
+        shuffle=not stream, cache_dir=cache_dir,
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:
         print(sum(len(labels) for _, labels in loader))
 """
@@ -689,7 +678,7 @@ def test_the_index_thread_asks_in_order_and_closes_its_own_connection(
     tmp_path: Path, connections: list[tuple[str, _Tracked]]
 ) -> None:
     cache = ObjectCache(tmp_path / "c")
-    index = IndexThread(cache, "probe-index")
+    index = IndexThread(cache.close, "probe-index")
 
     async def ask() -> list[object]:
         cache.put("k", b"x" * 100)  # from the loop's thread: its own connection

@@ -1,11 +1,13 @@
-"""The grouped configs: the loader's options moved into them, the old keywords still working
-for a release (with a warning that names the new spelling), and every default resolved in
-one place."""
+"""The loader's face: about 14 everyday keywords and one frozen config per concern, each
+field spelled once, no aliases; ``ImageDataset``'s options typed as the loader's; every
+default resolved in one place."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
+import typing
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,29 +16,20 @@ import pytest
 
 import asyncloader as al
 from asyncloader._base import _config
-from asyncloader._run._build import CONFIG_TYPES, MOVED, fold_moved
 from asyncloader.testing import MemoryBucket, MemoryStore
 
 from .conftest import N_IMAGES
 
 PKG = Path(al.__file__).parent
-# A value for each moved keyword that differs from its default.
-EXAMPLES: dict[str, Any] = {
-    "cache_size": "2GB",
-    "cache_scaled_jpegs": True,
-    "listing_max_age": 60.0,
-    "refresh_listing": True,
-    "local_world_size": 2,
-    "worker": 1,
-    "num_workers": 3,
-    "even": "drop",
-    "mean": (0.5, 0.5, 0.5),
-    "std": None,
-    "channels_last": True,
-    "pin": "staging",
-    "prefetch_batches": 7,
-    "max_pixels": 1000,
-    "event_loop": "uvloop",
+CONFIGS = {
+    "decode": al.DecodeConfig,
+    "fetch": al.FetchConfig,
+    "store": al.StoreConfig,
+    "errors": al.ErrorConfig,
+    "cache": al.CacheConfig,
+    "shard": al.ShardConfig,
+    "output": al.OutputConfig,
+    "engine": al.EngineConfig,
 }
 
 
@@ -47,80 +40,76 @@ def bucket(jpeg_folder: Path) -> MemoryBucket:
     )
 
 
-def test_every_moved_keyword_lands_in_its_config_with_a_warning_naming_it() -> None:
-    assert set(EXAMPLES) == set(MOVED)
-    for old, value in EXAMPLES.items():
-        name, field = MOVED[old]
-        with pytest.warns(DeprecationWarning, match=f"ImageLoader\\({old}=") as caught:
-            configs = fold_moved("ImageLoader", {old: value}, {})
-        (w,) = caught
-        text = str(w.message)
-        kind = CONFIG_TYPES[name].__name__
-        assert f"ImageLoader({old}=...)" in text and f"{name}={kind}({field}=...)" in text
-        assert getattr(configs[name], field) == value
-        # The other fields keep their defaults; the other configs are their defaults.
-        assert configs[name] == dataclasses.replace(CONFIG_TYPES[name](), **{field: value})
-        for other, cls in CONFIG_TYPES.items():
-            if other != name:
-                assert configs[other] == cls()
+def _memory(bucket: MemoryBucket) -> al.StoreConfig:
+    return al.StoreConfig(object_store=MemoryStore(bucket))
 
 
-def test_an_old_keyword_goes_over_the_config_given_and_keeps_its_other_fields() -> None:
-    given = al.CacheConfig(size="1GB", refresh_listing=True)
-    with pytest.warns(DeprecationWarning, match="cache=CacheConfig"):
-        configs = fold_moved("ImageLoader", {"cache_size": "3GB"}, {"cache": given})
-    assert configs["cache"] == al.CacheConfig(size="3GB", refresh_listing=True)
+def test_the_face_has_few_keywords_and_one_config_per_concern() -> None:
+    params = inspect.signature(al.ImageLoader).parameters
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
+    hints = typing.get_type_hints(al.ImageLoader.__init__)
+    configs = {n for n in params if n in CONFIGS}
+    assert configs == set(CONFIGS)
+    for name, kind in CONFIGS.items():
+        assert hints[name] == kind | None, name
+        assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    flat = [n for n in params if n not in CONFIGS]
+    assert len(flat) <= 16, flat
+    # Each field spelled once: no keyword of the loader is also a field of a config, and no
+    # field is in two configs.
+    fields = [f.name for kind in CONFIGS.values() for f in dataclasses.fields(kind)]
+    assert len(fields) == len(set(fields)), sorted(f for f in fields if fields.count(f) > 1)
+    assert set(flat) & set(fields) == set()
+
+
+def test_image_dataset_takes_the_loader_s_options_typed() -> None:
+    from asyncloader.torch import ImageDataset
+
+    options = set(al.LoaderOptions.__annotations__)
+    loader = set(inspect.signature(al.ImageLoader).parameters) - {"url", "rank", "world_size"}
+    assert options == loader
+    hints = typing.get_type_hints(al.LoaderOptions)
+    for name, hint in typing.get_type_hints(al.ImageLoader.__init__).items():
+        if name in options:
+            assert hints[name] == hint, name
+    var = inspect.signature(ImageDataset).parameters["options"]
+    assert var.kind is var.VAR_KEYWORD and "Unpack" in str(var.annotation)
 
 
 def test_a_keyword_the_loader_never_had_is_a_type_error(bucket: MemoryBucket) -> None:
     with pytest.raises(TypeError, match="unexpected keyword argument 'prefetch'"):
-        al.ImageLoader(store=MemoryStore(bucket), prefetch=3)
+        al.ImageLoader(prefetch=3, store=_memory(bucket))  # type: ignore[call-arg]
+    # Not even the spellings of before the configs: nothing was released.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'decode_workers'"):
+        al.ImageLoader(decode_workers=2, store=_memory(bucket))  # type: ignore[call-arg]
 
 
-def test_the_loader_runs_with_old_and_new_spellings_alike(bucket: MemoryBucket) -> None:
-    common: dict[str, Any] = {
-        "batch_size": 16,
-        "decode_workers": 1,
-        "decode_backend": "thread",
-        "transform": al.RandomResizedCrop(32),
-        "shuffle": False,
-    }
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = al.ImageLoader(store=MemoryStore(bucket), prefetch_batches=6, even="drop", **common)
-    said = sorted(str(w.message).split(" is now ")[1] for w in caught)
-    assert said == [
-        "ImageLoader(engine=EngineConfig(prefetch_batches=...)); the old keyword goes in a "
-        "future release",
-        "ImageLoader(shard=ShardConfig(even=...)); the old keyword goes in a future release",
-    ]
-    assert all(w.category is DeprecationWarning for w in caught)
-    new = al.ImageLoader(
-        store=MemoryStore(bucket),
-        engine=al.EngineConfig(prefetch_batches=6),
-        shard=al.ShardConfig(even="drop"),
-        **common,
-    )
-    with old, new:
-        assert old.stats().ring_slots == new.stats().ring_slots == 6
-        got = [[lab.tolist() for _, lab in loader] for loader in (old, new)]
-    assert got[0] == got[1] and sum(map(len, got[0])) == N_IMAGES
+def test_a_hook_or_a_store_object_where_its_config_goes_says_how(bucket: MemoryBucket) -> None:
+    with pytest.raises(TypeError, match=r"DecodeConfig\(hook=\.\.\., sample_shape="):
+        al.ImageLoader(decode=bytes, store=_memory(bucket))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"StoreConfig\(object_store=\.\.\.\)"):
+        al.ImageLoader(store=MemoryStore(bucket))  # type: ignore[arg-type]
 
 
-def test_new_spellings_raise_no_warning(bucket: MemoryBucket, tmp_path: Path) -> None:
+def test_configs_run_and_raise_no_warning(bucket: MemoryBucket, tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with al.ImageLoader(
-            store=MemoryStore(bucket),
-            batch_size=8,
-            decode_backend="thread",
+            batch_size=16,
             transform=al.RandomResizedCrop(32),
+            shuffle=False,
             cache_dir=tmp_path / "c",
             cache=al.CacheConfig(size="1GB"),
-            engine=al.EngineConfig(max_pixels=10**8),
+            decode=al.DecodeConfig(workers=1, max_pixels=10**8),
+            engine=al.EngineConfig(prefetch_batches=6),
+            shard=al.ShardConfig(even="drop", drop_last=True),
+            errors=al.ErrorConfig(on_error="skip", max_failures=2),
+            store=_memory(bucket),
         ) as loader:
             assert loader.cache is not None and loader.cache.size_limit == 10**9
-            next(iter(loader))
+            got = [lab.tolist() for _, lab in loader]
+            assert loader.stats().ring_slots == 6
+    assert sum(map(len, got)) == N_IMAGES // 16 * 16  # drop_last
 
 
 @pytest.mark.parametrize(
@@ -128,13 +117,31 @@ def test_new_spellings_raise_no_warning(bucket: MemoryBucket, tmp_path: Path) ->
     [
         (lambda: al.EngineConfig(event_loop="trio"), "event_loop"),  # type: ignore[arg-type]
         (lambda: al.EngineConfig(prefetch_batches=0), "prefetch_batches"),
-        (lambda: al.EngineConfig(max_pixels=0), "max_pixels"),
+        (lambda: al.DecodeConfig(max_pixels=0), "max_pixels"),
+        (lambda: al.DecodeConfig(workers=0), "workers"),
+        (lambda: al.DecodeConfig(hook=bytes), "sample_shape"),  # type: ignore[arg-type]
+        (lambda: al.DecodeConfig(backend="gpu"), "backend"),  # type: ignore[arg-type]
         (lambda: al.CacheConfig(listing_max_age=-1), "listing_max_age"),
+        (lambda: al.ErrorConfig(on_error="ignore"), "on_error"),  # type: ignore[arg-type]
+        (lambda: al.ErrorConfig(max_failures=-1), "max_failures"),
+        (lambda: al.ShardConfig(worker=2, num_workers=2), "worker"),
+        (lambda: al.ShardConfig(even="pad-some"), "even"),  # type: ignore[arg-type]
+        (lambda: al.ShardConfig(local_world_size=0), "local_world_size"),
+        (lambda: al.OutputConfig(mean=(0.5, 0.5)), "mean"),
+        (lambda: al.OutputConfig(std=(0.0,)), "std"),
+        (lambda: al.OutputConfig(pin="always"), "pin"),  # type: ignore[arg-type]
     ],
 )
 def test_a_config_refuses_what_cannot_work(make: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_store_options_are_a_mapping_and_extensions_a_sequence() -> None:
+    with pytest.raises(TypeError, match="options"):
+        al.StoreConfig(options="endpoint_url=x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="extensions"):
+        al.StoreConfig(extensions=".jpg")
 
 
 # Option names whose default is one of the config module's constants, wherever they are.

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncloader._base._child import SINGLE_THREADED
 from asyncloader._base._env import CpuBudget, cgroup_cpu_quota, cpu_budget, ranks_per_node
+from asyncloader._loader._launch import SINGLE_THREADED
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -132,7 +132,7 @@ def test_the_node_s_ranks_from_torchrun_slurm_or_the_caller(
 
 
 def test_children_run_numeric_libraries_single_threaded() -> None:
-    from asyncloader._base._child import launch
+    from asyncloader._loader._launch import launch
 
     # A child started the loader's way sees one thread for each numeric library.
     proc, conn = launch("tests._child_env:report", "asyncloader-test", None)

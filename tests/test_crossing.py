@@ -1,7 +1,7 @@
 """Errors cross every process boundary and always arrive (``_base/_wire.py``): the type and
 message where the error pickles both ways, its text and the child's traceback where it does
 not, the chain it was raised from kept, cycles guarded; at start-up and mid-epoch, from
-engine processes and from decode workers, with ``timeout=None``."""
+engine processes, with ``timeout=None``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import asyncloader as al
-from asyncloader._base._wire import CrossedError, without_frames
+from asyncloader._loader._wire import CrossedError, without_frames
 from asyncloader.testing import S3TestServer
 
 from ._hostile import FailingCrop, OnlyHere, Unpicklable, failing_label, hostile
@@ -75,7 +75,7 @@ def test_the_chain_crosses_and_a_cycle_ends() -> None:
 
 
 def test_a_message_that_cannot_be_pickled_is_sent_as_a_failure() -> None:
-    from asyncloader._base._wire import ChildFailed, Stop, send
+    from asyncloader._loader._wire import ChildFailed, Stop, send
 
     class Conn:
         def __init__(self) -> None:
@@ -86,7 +86,7 @@ def test_a_message_that_cannot_be_pickled_is_sent_as_a_failure() -> None:
 
     from dataclasses import dataclass
 
-    from asyncloader._base._wire import Message
+    from asyncloader._loader._wire import Message
 
     @dataclass(frozen=True)
     class Holds(Message):
@@ -114,13 +114,13 @@ def server(jpeg_folder: Path) -> Iterator[S3TestServer]:
 
 def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
     kw.setdefault("batch_size", 8)
-    kw.setdefault("decode_workers", 2)
+    kw.setdefault("decode", al.DecodeConfig(workers=2))
     kw.setdefault("transform", al.RandomResizedCrop(24))
     return al.ImageLoader(
         "s3://b/train/",
-        store_options={"endpoint_url": server.endpoint},
         timeout=None,
-        **kw,  # type: ignore[arg-type]
+        **kw,
+        store=al.StoreConfig(options={"endpoint_url": server.endpoint}),  # type: ignore[arg-type]
     )
 
 
@@ -151,7 +151,6 @@ def _names(exc: BaseException, kind: str) -> None:
 
 
 ENGINE = al.EngineConfig(processes=1)
-INLINE = al.EngineConfig(mode="inline")
 
 
 @pytest.mark.parametrize("kind", ["unpicklable", "ununpicklable"])
@@ -174,48 +173,24 @@ def test_an_engine_whose_order_fails_to_unpickle_says_why(server: S3TestServer, 
 
 
 @pytest.mark.parametrize("kind", ["unpicklable", "ununpicklable", "ununpicklable-decode"])
-@pytest.mark.parametrize("backend", ["thread", "process"])
-def test_an_engine_that_fails_mid_epoch_says_why(
-    server: S3TestServer, kind: str, backend: str
-) -> None:
-    loader = _loader(
-        server, transform=FailingCrop(kind, after=20), decode_backend=backend, engine=ENGINE
-    )
+def test_an_engine_that_fails_mid_epoch_says_why(server: S3TestServer, kind: str) -> None:
+    loader = _loader(server, transform=FailingCrop(kind, after=20), engine=ENGINE)
     _names(_epoch_fails(loader), kind)
 
 
-@pytest.mark.parametrize("kind", ["unpicklable", "ununpicklable"])
-def test_a_decode_worker_that_fails_to_start_says_why(server: S3TestServer, kind: str) -> None:
-    t0 = time.monotonic()
-    with pytest.raises(al.PipelineDeadError, match=r"decode worker \d+ could not start") as info:
-        _loader(server, transform=OnlyHere(kind), decode_backend="process", engine=INLINE)
-    assert time.monotonic() - t0 < SOON
-    _names(info.value, kind)
-
-
-@pytest.mark.parametrize("kind", ["unpicklable", "ununpicklable", "ununpicklable-decode"])
-def test_a_decode_worker_that_fails_mid_epoch_says_why(server: S3TestServer, kind: str) -> None:
-    loader = _loader(
-        server, transform=FailingCrop(kind, after=20), decode_backend="process", engine=INLINE
-    )
-    error = _epoch_fails(loader)
-    assert isinstance(error, al.DecodeError)  # per sample: on_error="skip" could skip it
-    _names(error, kind)
-
-
 def test_a_decode_error_of_a_hook_of_its_own_is_skipped_under_skip(server: S3TestServer) -> None:
-    # The error a worker sends back counts as the sample's failure, as any decode error.
+    # An error that cannot cross counts as the sample's failure in the engine, as any
+    # decode error: only the counts cross, with the batch's notice.
     crop = FailingCrop("ununpicklable-decode", after=90)
     with _loader(
         server,
         transform=crop,
-        decode_backend="process",
-        decode_workers=1,
-        engine=INLINE,
-        on_error="skip",
-        max_failures=96,
+        engine=ENGINE,
         shuffle=False,
+        decode=al.DecodeConfig(workers=1),
+        errors=al.ErrorConfig(on_error="skip", max_failures=96),
     ) as loader:
         n = sum(len(labels) for _, labels in loader)
         skipped = loader.stats().skipped
-    assert skipped == {"DecodeError": 96 - n} and n < 96, (n, skipped)
+    # Counted by the error's own type, in the engine: only the counts cross.
+    assert skipped == {"UnunpicklableDecodeError": 96 - n} and n < 96, (n, skipped)

@@ -1,4 +1,4 @@
-"""Both decode pools run queued jobs lowest priority first (the pipeline's batch order), in
+"""The decode pool runs queued jobs lowest priority first (the pipeline's batch order), in
 the order they came within one priority: a later batch's samples, ready at once (cache
 hits of the next epoch), never hold up an earlier batch's that arrive after them."""
 
@@ -11,22 +11,13 @@ import numpy as np
 import numpy.typing as npt
 
 from asyncloader._base._types import DecodeJob
-from asyncloader._decode import DecodeSpec, ProcessDecodePool, ThreadDecodePool
+from asyncloader._decode import DecodeSpec, ThreadDecodePool
 from asyncloader._device._ring import BatchRing
 
 SHAPE = (1, 1, 1)
 # (name, priority) in the order they are queued, and the order they must run in.
 QUEUED = [("e", 5), ("c", 3), ("g", 9), ("d", 3), ("a", 1), ("f", 5), ("b", 2)]
 EXPECTED = ["a", "b", "c", "d", "e", "f", "g"]
-
-_calls = 0
-
-
-def _count_calls(data: bytes) -> npt.NDArray[np.uint8]:
-    """A decode hook whose pixel is how many jobs its process ran before this one."""
-    global _calls
-    _calls += 1
-    return np.full(SHAPE, _calls, np.uint8)
 
 
 def test_threads_run_queued_jobs_by_priority_then_arrival() -> None:
@@ -62,32 +53,3 @@ def test_threads_run_queued_jobs_by_priority_then_arrival() -> None:
 
     asyncio.run(run())
     assert ran == ["first", *EXPECTED]
-
-
-def test_processes_dispatch_queued_jobs_by_priority_then_arrival() -> None:
-    ring = BatchRing(2, len(QUEUED) + 1, SHAPE, shared=True)
-    assert ring.ref is not None
-
-    async def run() -> None:
-        spec = DecodeSpec(SHAPE, decode_fn=_count_calls)
-        # One job at a time in the worker: the others wait in the parent's queue.
-        pool = ProcessDecodePool(1, spec, ring.ref, ring.images.shape, depth=1)
-        await pool.start()
-        try:
-            jobs = [DecodeJob(b"first", 0, 0, 0, "first")]
-            jobs += [DecodeJob(n.encode(), 0, i + 1, 0, n) for i, (n, _) in enumerate(QUEUED)]
-            priorities = [0] + [p for _, p in QUEUED]
-            # The first job's task runs first and finds the worker free; the rest queue up
-            # before any answer can be read (that needs the loop's next poll).
-            results = await asyncio.gather(
-                *(pool.decode(job, p) for job, p in zip(jobs, priorities, strict=True))
-            )
-            assert all(not isinstance(r, BaseException) for r in results)
-        finally:
-            await pool.aclose()
-
-    asyncio.run(run())
-    rank = {n: int(ring.images[0, i + 1, 0, 0, 0]) for i, (n, _) in enumerate(QUEUED)}
-    assert int(ring.images[0, 0, 0, 0, 0]) == 1
-    assert sorted(rank, key=rank.__getitem__) == EXPECTED
-    ring.close()

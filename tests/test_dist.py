@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed import PrefixStore, TCPStore
 
-from asyncloader import AsyncLoaderError, ListingMismatchError, ObjectInfo
+from asyncloader import AsyncLoaderError, DecodeConfig, ListingMismatchError, ObjectInfo
 from asyncloader._dataset._objects import ObjectList
 from asyncloader._run import _dist
 from asyncloader._run._dist import (
@@ -240,10 +240,18 @@ def test_loaders_and_datasets_are_dcp_stateful_with_one_key_set(jpeg_folder: Any
     from asyncloader._run._resume import KEYS
     from asyncloader.torch import ImageDataset
 
-    ds = ImageDataset(str(jpeg_folder), batch_size=16, decode_workers=1)
+    ds = ImageDataset(
+        str(jpeg_folder),
+        batch_size=16,
+        decode=DecodeConfig(workers=1),
+    )
     fresh = ds.state_dict()
     assert isinstance(ds, Stateful) and tuple(fresh) == KEYS
-    with ImageLoader(str(jpeg_folder), batch_size=16, decode_workers=1) as loader:
+    with ImageLoader(
+        str(jpeg_folder),
+        batch_size=16,
+        decode=DecodeConfig(workers=1),
+    ) as loader:
         assert isinstance(loader, Stateful) and tuple(loader.state_dict()) == KEYS
         for _ in zip(range(2), loader, strict=False):
             pass

@@ -30,6 +30,7 @@ NODES_JOB = JOB_COMMON + textwrap.dedent(
     import json, os, sys
     import torch.distributed as dist
     from torch.utils.data import DataLoader
+    from asyncloader import DecodeConfig, StoreConfig
     from asyncloader.torch import ImageDataset
 
     def main():
@@ -39,9 +40,9 @@ NODES_JOB = JOB_COMMON + textwrap.dedent(
         result = {"node": node}
         for shuffle in ("global", "node"):
             ds = ImageDataset("s3://b/train/", batch_size=6, seed=3, shuffle=shuffle,
-                              decode=digest, sample_shape=(1, 1, 16), decode_workers=1,
+                              decode=DecodeConfig(hook=digest, sample_shape=(1, 1, 16), workers=1),
                               cache_dir=f"{cache_root}/node{node}",
-                              store_options={"endpoint_url": endpoint})
+                              store=StoreConfig(options={"endpoint_url": endpoint}))
             for epoch in (0, 1):
                 ds.set_epoch(epoch)
                 seen = []
@@ -69,7 +70,9 @@ def test_two_nodes_read_every_sample_once_per_epoch_from_one_listing(
 
     light_server.reset_stats()
     with al.ImageLoader(
-        "s3://b/train/", batch_size=10, store_options={"endpoint_url": light_server.endpoint}
+        "s3://b/train/",
+        batch_size=10,
+        store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
     ):
         one_listing = light_server.stats()["counters"]["list"]
     light_server.reset_stats()
@@ -99,6 +102,7 @@ RANK0_JOB = JOB_COMMON + textwrap.dedent(
     import datetime, sys, time
     import torch.distributed as dist
     from torch.utils.data import DataLoader
+    from asyncloader import DecodeConfig, StoreConfig
     from asyncloader.torch import ImageDataset
 
     if __name__ == "__main__":
@@ -106,9 +110,9 @@ RANK0_JOB = JOB_COMMON + textwrap.dedent(
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=40))
         if dist.get_rank() == 0:  # validation on rank 0 only; the others wait
             t0 = time.monotonic()
-            ds = ImageDataset("s3://b/train/", batch_size=8, decode=digest,
-                              sample_shape=(1, 1, 16), decode_workers=1,
-                              store_options={"endpoint_url": sys.argv[1]})
+            ds = ImageDataset("s3://b/train/", batch_size=8,
+                              decode=DecodeConfig(hook=digest, sample_shape=(1, 1, 16), workers=1),
+                              store=StoreConfig(options={"endpoint_url": sys.argv[1]}))
             seen = [d for images, _ in DataLoader(ds, batch_size=None, num_workers=1)
                     for d in names(images)]
             print(f"rank 0 read {len(seen)} samples ({len(set(seen))} distinct) "
@@ -139,6 +143,7 @@ MISMATCH_JOB = textwrap.dedent(
     import torch.distributed as dist
     from torch.utils.data import DataLoader
     import asyncloader as al
+    from asyncloader import DecodeConfig, StoreConfig
     from asyncloader.torch import ImageDataset
 
     if __name__ == "__main__":
@@ -148,8 +153,8 @@ MISMATCH_JOB = textwrap.dedent(
         options = {"endpoint_url": endpoint}
         batches = 0
         try:
-            ds = ImageDataset("s3://b/train/", batch_size=8, decode_workers=1,
-                              store_options=options)
+            ds = ImageDataset("s3://b/train/", batch_size=8, decode=DecodeConfig(workers=1),
+                              store=StoreConfig(options=options))
             for _ in DataLoader(ds, batch_size=None, num_workers=1):
                 batches += 1
             print(f"rank {rank} dataset read {batches} batches", flush=True)
@@ -158,7 +163,8 @@ MISMATCH_JOB = textwrap.dedent(
         batches = 0
         try:  # a plain ImageLoader, rank and world given, over the whole bucket
             with al.ImageLoader("s3://b/", batch_size=8, rank=rank, world_size=2,
-                                decode_workers=1, store_options=options) as loader:
+                                decode=DecodeConfig(workers=1),
+                                store=StoreConfig(options=options)) as loader:
                 for _ in loader:
                     batches += 1
             print(f"rank {rank} loader read {batches} batches", flush=True)
@@ -196,6 +202,7 @@ DCP_JOB = JOB_COMMON + textwrap.dedent(
     import sys
     import torch.distributed.checkpoint as dcp
     from torchdata.stateful_dataloader import StatefulDataLoader
+    from asyncloader import DecodeConfig, StoreConfig
     from asyncloader.torch import DataLoaderState, ImageDataset
 
     def main():
@@ -204,9 +211,9 @@ DCP_JOB = JOB_COMMON + textwrap.dedent(
         dist.init_process_group("gloo")
         result = {}
         for face in faces:
-            ds = ImageDataset("s3://b/train/", batch_size=8, seed=5, decode=digest,
-                              sample_shape=(1, 1, 16), decode_workers=1,
-                              store_options={"endpoint_url": endpoint})
+            ds = ImageDataset("s3://b/train/", batch_size=8, seed=5,
+                              decode=DecodeConfig(hook=digest, sample_shape=(1, 1, 16), workers=1),
+                              store=StoreConfig(options={"endpoint_url": endpoint}))
             if face == "dataset":  # iterated in the training process: ds is Stateful
                 batches_of, state = ds, ds
             else:  # DataLoader workers: the rank's state is the DataLoader's

@@ -41,20 +41,32 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
         time.sleep(0.1)
 
 
+def _size_hook(data: bytes) -> np.ndarray:
+    """A decode hook in Python (it holds the GIL): a pixel of the object's size."""
+    return np.full((1, 4, 4), len(data) % 251, np.uint8)
+
+
+HOOK = {
+    "decode": al.DecodeConfig(workers=2, hook=_size_hook, sample_shape=(1, 4, 4)),
+    "transform": None,
+}
+
+
 @pytest.mark.parametrize(
-    ("backend", "kill_after"),
-    [("thread", 2), ("process", 2), ("thread", 12)],
-    ids=["thread-mid-epoch", "process-mid-epoch", "thread-at-the-epoch-end"],
+    ("decode", "kill_after"),
+    [("jpeg", 2), ("hook", 2), ("jpeg", 12)],
+    ids=["jpeg-mid-epoch", "hook-mid-epoch", "jpeg-at-the-epoch-end"],
 )
 def test_a_killed_engine_is_replaced_and_the_epoch_is_exact(
-    server: S3TestServer, backend: str, kill_after: int
+    server: S3TestServer, decode: str, kill_after: int
 ) -> None:
+    kw: dict[str, Any] = HOOK if decode == "hook" else {}
     inline = al.EngineConfig(mode="inline")
-    with _loader(server, seed=5, decode_backend=backend, engine=inline) as reference:
+    with _loader(server, seed=5, engine=inline, **kw) as reference:
         expected = [_epoch(reference), _epoch(reference)]
     # Rings an earlier test's batches may still map in this process (freed when they are).
     earlier = memfds(os.getpid())
-    with _loader(server, seed=5, decode_backend=backend, engine=ENGINE) as loader:
+    with _loader(server, seed=5, engine=ENGINE, **kw) as loader:
         it = iter(loader)
         kept: list[tuple[Any, list[int]]] = []
         for i in range(kill_after):
@@ -63,7 +75,7 @@ def test_a_killed_engine_is_replaced_and_the_epoch_is_exact(
             kept.append((images if i == 1 else images.numpy().copy(), lab.tolist()))
         engines = _engine_pids()
         victim = engines[1]
-        below = descendants(victim)  # its decode workers, with the process backend
+        assert descendants(victim) == []  # an engine has no child process
         os.kill(victim, signal.SIGKILL)
         kept += [(images.numpy().copy(), lab.tolist()) for images, lab in it]
         labels = [x for _, lab in kept for x in lab]
@@ -77,8 +89,8 @@ def test_a_killed_engine_is_replaced_and_the_epoch_is_exact(
         assert stats.engine_restarts == 1
         assert stats.samples == 2 * len(expected[0][0])
         assert "engine restarts 1" in stats.summary()
-        # Nothing of the dead engine is left: not it, its decode workers, its segments.
-        assert _gone_within([victim, *below], 30) == []
+        # Nothing of the dead engine is left: not it, not its segments.
+        assert _gone_within([victim], 30) == []
         now = _engine_pids()
         assert len(now) == 2 and victim not in now
         # The dead engine's ring stays mapped here while a batch of it is held; then the
@@ -86,7 +98,7 @@ def test_a_killed_engine_is_replaced_and_the_epoch_is_exact(
         rings = memfds(os.getpid())
         del kept, images, lab
         assert len(memfds(os.getpid())) == len(rings) - 1
-    assert segments([os.getpid(), *engines, *now, *below]) == set()
+    assert segments([os.getpid(), *engines, *now]) == set()
     assert memfds(os.getpid()) <= earlier  # every ring of this loader, the dead one's too
     assert [p for p in now if _alive(p)] == []
 

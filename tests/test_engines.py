@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import asyncloader as al
+from asyncloader._decode import decode_holds_gil
 from asyncloader.testing import S3TestServer, descendants
 
 from ._shm import memfds, segments
@@ -36,12 +37,12 @@ def server(jpeg_folder: Path) -> Iterator[S3TestServer]:
 
 def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
     kw.setdefault("batch_size", BATCH)
-    kw.setdefault("decode_workers", 2)
+    kw.setdefault("decode", al.DecodeConfig(workers=2))
     kw.setdefault("transform", al.RandomResizedCrop(24))
     return al.ImageLoader(
         "s3://b/train/",
-        store_options={"endpoint_url": server.endpoint},
-        **kw,  # type: ignore[arg-type]
+        **kw,
+        store=al.StoreConfig(options={"endpoint_url": server.endpoint}),  # type: ignore[arg-type]
     )
 
 
@@ -162,6 +163,41 @@ def test_the_inline_mode_runs_no_engine_process(server: S3TestServer) -> None:
     assert [p for p in pids if Path(f"/proc/{p}").exists()] == []
 
 
+def _size_hook(data: bytes) -> np.ndarray:
+    return np.full((1, 2, 2), len(data) % 251, np.uint8)
+
+
+def test_a_decode_that_holds_the_gil_gets_an_engine_per_decode_worker(
+    server: S3TestServer,
+) -> None:
+    """A decode hook (Python) holds the GIL: the loader runs one engine process per decode
+    worker, each decoding on one thread, and each engine has no child process."""
+    hook = al.DecodeConfig(workers=3, hook=_size_hook, sample_shape=(1, 2, 2))
+    with _loader(server, shuffle=False, decode=hook, transform=None) as loader:
+        assert loader.engine_processes == 3
+        images, _ = next(iter(loader))
+        sizes = [s.obj.size % 251 for s in loader.dataset.samples[:BATCH]]
+        assert images[:, 0, 0, 0].tolist() == sizes
+        pids = _engine_pids()
+        assert len(pids) == 3
+        assert set(descendants(os.getpid())) >= set(pids)
+        for pid in pids:
+            assert descendants(pid) == []
+        assert loader.stats().decode_workers == 3
+    # The built-in decode holds it for almost nothing (its extensions built): one engine
+    # feeds 4 decode threads.
+    with _loader(server, decode=al.DecodeConfig(workers=3)) as loader:
+        assert loader.engine_processes == (3 if decode_holds_gil(decode_hook=False) else 1)
+
+
+def test_the_process_decode_backend_names_its_replacement() -> None:
+    with pytest.raises(ValueError, match="decode_backend='process' is gone") as err:
+        al.DecodeConfig(backend="process")  # type: ignore[arg-type]
+    assert "engine process per decode worker" in str(err.value)
+    assert "EngineConfig(processes=N)" in str(err.value)
+    assert _engine_pids() == []
+
+
 def test_a_hook_that_cannot_be_pickled_runs_inline_with_one_warning(
     server: S3TestServer,
 ) -> None:
@@ -176,18 +212,28 @@ def test_a_hook_that_cannot_be_pickled_runs_inline_with_one_warning(
 
 def test_an_error_while_starting_is_raised_by_the_constructor(server: S3TestServer) -> None:
     with pytest.raises(al.AsyncLoaderError, match="no samples under s3://b/nothing-here/"):
-        al.ImageLoader("s3://b/nothing-here/", store_options={"endpoint_url": server.endpoint})
+        al.ImageLoader(
+            "s3://b/nothing-here/",
+            store=al.StoreConfig(options={"endpoint_url": server.endpoint}),
+        )
     assert _engine_pids() == []
 
 
 KILLED = textwrap.dedent(
     """
-    import sys, time, asyncloader as al
+    import sys, time, numpy as np, asyncloader as al
+    def hook(data):  # Python: holds the GIL, so the loader runs an engine per decode worker
+        return np.full((1, 2, 2), len(data) % 251, np.uint8)
     if __name__ == "__main__":
-        loader = al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2,
-                                decode_backend=sys.argv[2], shuffle=False,
-                                engine=al.EngineConfig(processes=2),
-                                store_options={"endpoint_url": sys.argv[1]})
+        if sys.argv[2] == "hook":
+            decode = al.DecodeConfig(workers=2, hook=hook, sample_shape=(1, 2, 2))
+            engine = None  # the default: an engine per decode worker
+        else:
+            decode = al.DecodeConfig(workers=2)
+            engine = al.EngineConfig(processes=2)
+        store = al.StoreConfig(options={"endpoint_url": sys.argv[1]})
+        loader = al.ImageLoader("s3://b/train/", batch_size=4, shuffle=False, decode=decode,
+                                engine=engine, store=store)
         for epoch in range(1000):
             for i, _ in enumerate(loader):
                 if epoch == 0 and i == 1:
@@ -197,14 +243,14 @@ KILLED = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("decode", ["jpeg", "hook"])
 def test_engines_die_with_a_killed_trainer(
-    server: S3TestServer, tmp_path: Path, backend: str
+    server: S3TestServer, tmp_path: Path, decode: str
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text(KILLED)
     proc = subprocess.Popen(
-        [sys.executable, str(script), server.endpoint, backend],
+        [sys.executable, str(script), server.endpoint, decode],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -215,10 +261,13 @@ def test_engines_die_with_a_killed_trainer(
         below = descendants(proc.pid)
         engines = [p for p in below if b"engine_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(engines) == 2
-        # Each maps its ring (the trainer's), and the decode workers' arena of the process
-        # backend: memfds, which go with the last process that holds them; none in /dev/shm.
+        # Two levels of processes, never three: an engine has no child process, whatever
+        # the decode (a GIL-bound hook gets more engines, not decode processes below them).
+        assert set(below) == set(engines)
+        # Each maps its ring (the trainer's): a memfd, which goes with the last process that
+        # holds it; none in /dev/shm.
         for pid in engines:
-            assert len(memfds(pid)) == (2 if backend == "process" else 1)
+            assert len(memfds(pid)) == 1
         assert segments([proc.pid, *below]) == set()
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -227,7 +276,7 @@ def test_engines_die_with_a_killed_trainer(
             if not [p for p in below if _alive(p)]:
                 break
             time.sleep(0.1)
-        assert [p for p in below if _alive(p)] == []  # engines, their decode workers
+        assert [p for p in below if _alive(p)] == []
         assert segments([proc.pid, *below]) == set()
     finally:
         proc.kill()
@@ -244,7 +293,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_how_an_engine_ended_in_words() -> None:
-    from asyncloader._base._child import how_it_ended
+    from asyncloader._loader._launch import how_it_ended
 
     assert how_it_ended(1) == "exited with code 1"
     assert how_it_ended(-signal.SIGBUS).startswith("was killed by SIGBUS: a write into shared")
@@ -258,7 +307,8 @@ QUIET = textwrap.dedent(
     if __name__ == "__main__":
         for url in ("s3://b/nothing-here/", "s3://no-such-bucket/train/"):
             try:
-                al.ImageLoader(url, decode_workers=8, store_options={"endpoint_url": sys.argv[1]})
+                al.ImageLoader(url, decode=al.DecodeConfig(workers=8),
+                               store=al.StoreConfig(options={"endpoint_url": sys.argv[1]}))
             except al.AsyncLoaderError as exc:
                 print("ERROR", type(exc).__name__, flush=True)
     """

@@ -176,9 +176,9 @@ def test_captions_from_metadata_jsonl_come_in_batch_order(
         batch_size=5,
         labels="idx",
         extras=("caption", "source"),
-        decode_workers=2,
         engine=al.EngineConfig(processes=2),
-        store_options=backend.store_options,
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options=backend.store_options),
     ) as loader:
         got = _epoch(loader)
         assert loader.engine_processes == 2
@@ -200,12 +200,10 @@ def test_sidecars_are_fetched_with_their_image_and_cached_with_it(
         batch_size=4,
         labels=index.__getitem__,
         extras=("txt", "json"),
-        extensions=(".jpg",),
-        on_error="skip",
-        max_failures=1,
         cache_dir=str(tmp_path),
-        decode_workers=2,
-        store_options=backend.store_options,
+        store=al.StoreConfig(extensions=(".jpg",), options=backend.store_options),
+        errors=al.ErrorConfig(on_error="skip", max_failures=1),
+        decode=al.DecodeConfig(workers=2),
     ) as loader:
         for epoch in (0, 1):
             loader.set_epoch(epoch)
@@ -236,8 +234,8 @@ def test_a_malformed_sidecar_under_raise_names_it(backend: Backend, captioned_ur
         batch_size=8,
         shuffle=False,
         extras=("json",),
-        decode_workers=2,
-        store_options=backend.store_options,
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options=backend.store_options),
     ) as loader:
         with pytest.raises(al.DecodeError, match=r"sidecar .*007\.json: not JSON"):
             for _ in loader:
@@ -257,8 +255,8 @@ def test_extras_through_a_dataloader_and_to_device(backend: Backend, captioned_u
         batch_size=6,
         labels="idx",
         extras=("caption",),
-        decode_workers=2,
-        store_options=backend.store_options,
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options=backend.store_options),
     )
     dl = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1)
     seen = []

@@ -16,9 +16,11 @@ from .conftest import N_IMAGES
 
 def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
     kw.setdefault("batch_size", 16)
-    kw.setdefault("decode_workers", 2)
+    kw.setdefault("decode", al.DecodeConfig(workers=2))
     kw.setdefault("fetch", al.FetchConfig(backoff_base=0.005, backoff_cap=0.05))
-    return al.ImageLoader("s3://b/train/", store_options={"endpoint_url": server.endpoint}, **kw)  # type: ignore[arg-type]
+    return al.ImageLoader(
+        "s3://b/train/", **kw, store=al.StoreConfig(options={"endpoint_url": server.endpoint})
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -94,9 +96,11 @@ def test_stalled_server_times_out_and_retries(light_server: S3TestServer) -> Non
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=32,
-        decode_workers=2,
-        store_options={"endpoint_url": light_server.endpoint, "read_timeout": 0.5},
-        fetch=al.FetchConfig(backoff_base=0.001, hedge=False),  # the read deadline alone
+        fetch=al.FetchConfig(backoff_base=0.001, hedge=False),
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(
+            options={"endpoint_url": light_server.endpoint, "read_timeout": 0.5}
+        ),  # the read deadline alone
     ) as loader:
         n = sum(len(images) for images, _ in loader)
         assert n == N_IMAGES
@@ -113,13 +117,15 @@ def test_a_body_that_stalls_midway_is_abandoned_and_retried(
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=32,
-        decode_workers=2,
-        store_options={
-            "endpoint_url": light_server.endpoint,
-            "read_timeout": 0.5,
-            "http_client": client,
-        },
-        fetch=al.FetchConfig(backoff_base=0.001, hedge=False),  # the read deadline alone
+        fetch=al.FetchConfig(backoff_base=0.001, hedge=False),
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(
+            options={
+                "endpoint_url": light_server.endpoint,
+                "read_timeout": 0.5,
+                "http_client": client,
+            }
+        ),  # the read deadline alone
     ) as loader:
         assert sum(len(images) for images, _ in loader) == N_IMAGES
     stalled = light_server.stats()["counters"]["fault_stall_body"]
@@ -130,7 +136,10 @@ def test_a_body_that_stalls_midway_is_abandoned_and_retried(
 
 def test_latency_is_hidden_by_requests_in_flight(light_server: S3TestServer) -> None:
     light_server.set_faults({}, latency=0.05)
-    with _loader(light_server, max_inflight=64) as loader:
+    with _loader(
+        light_server,
+        fetch=al.FetchConfig(max_inflight=64),
+    ) as loader:
         sum(len(images) for images, _ in loader)
         # Not a speed assertion: the requests really overlapped.
         assert loader.stats().inflight_peak > 16

@@ -227,12 +227,12 @@ def zoo_dataset(moto: MotoServer) -> str:
     return "s3://zoo/all/"
 
 
-@pytest.mark.parametrize("decode_backend", ["thread", "process"])
+@pytest.mark.parametrize("engines", [1, 2])
 def test_a_folder_of_every_format_through_the_loader(
-    moto: MotoServer, zoo_dataset: str, decode_backend: str, tmp_path: object
+    moto: MotoServer, zoo_dataset: str, engines: int, tmp_path: object
 ) -> None:
-    """Listed by extension (GIF and PPM among them), fetched from S3, decoded by either CPU
-    backend: every sample is Pillow's."""
+    """Listed by extension (GIF and PPM among them), fetched from S3, decoded by one engine
+    or two: every sample is Pillow's."""
     names = sorted(zoo())
     index = {f"kinds/{n}": i for i, n in enumerate(names)}
     transform = al.CenterCrop(OUT)
@@ -241,10 +241,10 @@ def test_a_folder_of_every_format_through_the_loader(
         batch_size=5,
         transform=transform,
         labels=index.__getitem__,
-        decode_backend=decode_backend,  # type: ignore[arg-type]
-        decode_workers=2,
+        engine=al.EngineConfig(processes=engines),
         cache_dir=str(tmp_path),
-        store_options={"endpoint_url": moto.endpoint},
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options={"endpoint_url": moto.endpoint}),
     ) as loader:
         assert loader.num_samples == len(names)
         seen = []

@@ -59,7 +59,11 @@ def test_the_emulator_variable_means_anonymous(
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
     store = al.GCSStore("imgs", "train/")
     assert store.anonymous and store.endpoint == gcs_data.endpoint
-    with al.ImageLoader("gs://imgs/train/", batch_size=32, decode_workers=2) as loader:
+    with al.ImageLoader(
+        "gs://imgs/train/",
+        batch_size=32,
+        decode=al.DecodeConfig(workers=2),
+    ) as loader:
         assert loader.classes == tuple(f"class_{i:02d}" for i in range(N_CLASSES))
         assert sum(len(labels) for _, labels in loader) == N_IMAGES
 
@@ -168,7 +172,10 @@ def test_cache_warm_and_ls_by_url(gcs_data: GCSEmulator, tmp_path: Path) -> None
         before = proxy.requests
         opts = {"endpoint_url": proxy.endpoint, "anonymous": True}
         with al.ImageLoader(
-            "gs://imgs/train/", batch_size=32, cache_dir=cache, store_options=opts
+            "gs://imgs/train/",
+            batch_size=32,
+            cache_dir=cache,
+            store=al.StoreConfig(options=opts),
         ) as loader:
             assert sum(len(lab) for _, lab in loader) == N_IMAGES
             stats = loader.stats()  # (the next epoch is prefetched already: more hits)

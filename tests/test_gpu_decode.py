@@ -1,4 +1,4 @@
-"""GPU decode (``decode_backend="cuda"``, ``_decode/_gpu.py``).
+"""GPU decode (``DecodeConfig(backend="cuda")``, ``_decode/_gpu.py``).
 
 Everywhere: the resize law against Pillow's (property test), and the pool's machinery on
 the CPU with a whole-image Pillow decoder in nvJPEG's place (batching, the CPU path for
@@ -181,25 +181,30 @@ def test_what_nvjpeg_is_not_given_or_refuses_is_decoded_by_the_cpu(jpeg_folder: 
 def test_gpu_decode_needs_a_gpu_and_says_so(light_server: S3TestServer) -> None:
     opts = {"endpoint_url": light_server.endpoint, "anonymous": True}
     with pytest.raises(ValueError, match="needs device='cuda'"):
-        al.ImageLoader("s3://b/train/", batch_size=4, decode_backend="cuda", store_options=opts)
-    with pytest.raises(ValueError, match="no decode= hook"):
         al.ImageLoader(
             "s3://b/train/",
             batch_size=4,
-            decode_backend="cuda",
+            decode=al.DecodeConfig(backend="cuda"),
+            store=al.StoreConfig(options=opts),
+        )
+    with pytest.raises(ValueError, match="it takes no hook"):
+        al.ImageLoader(
+            "s3://b/train/",
+            batch_size=4,
             device="cuda",
-            decode=lambda b: np.zeros((1, 1, 1), np.uint8),
-            sample_shape=(1, 1, 1),
-            store_options=opts,
+            decode=al.DecodeConfig(
+                backend="cuda", hook=lambda b: np.zeros((1, 1, 1), np.uint8), sample_shape=(1, 1, 1)
+            ),
+            store=al.StoreConfig(options=opts),
         )
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs a CUDA device"):
             al.ImageLoader(
                 "s3://b/train/",
                 batch_size=4,
-                decode_backend="cuda",
                 device="cuda",
-                store_options=opts,
+                decode=al.DecodeConfig(backend="cuda"),
+                store=al.StoreConfig(options=opts),
             )
 
 
@@ -224,13 +229,13 @@ def test_cuda_decode_gives_the_cpu_paths_batches(
         "batch_size": 16,
         "seed": 3,
         "dtype": "uint8",
-        "store_options": {"endpoint_url": light_server.endpoint, "anonymous": True},
+        "store": al.StoreConfig(options={"endpoint_url": light_server.endpoint, "anonymous": True}),
     }
-    with al.ImageLoader("s3://b/train/", device="cuda", decode_backend="thread", **kw) as cpu:
+    with al.ImageLoader("s3://b/train/", device="cuda", **kw) as cpu:
         want = _epoch(cpu)
     cache_kw = {"cache_dir": tmp_path / "cache"} if cache else {}
     with al.ImageLoader(
-        "s3://b/train/", device="cuda", decode_backend="cuda", **cache_kw, **kw
+        "s3://b/train/", device="cuda", **cache_kw, **kw, decode=al.DecodeConfig(backend="cuda")
     ) as gpu:
         assert gpu.decode_backend == "cuda"
         got = _epoch(gpu)
@@ -270,16 +275,15 @@ def test_cuda_decode_skips_what_the_cpu_path_skips(tmp_path: Path, jpeg_folder: 
         kw = {
             "batch_size": 8,
             "shuffle": False,
-            "on_error": "skip",
-            "max_failures": 0.5,
+            "errors": al.ErrorConfig(on_error="skip", max_failures=0.5),
             "device": "cuda",
             "dtype": "uint8",
-            "store_options": {"endpoint_url": srv.endpoint, "anonymous": True},
+            "store": al.StoreConfig(options={"endpoint_url": srv.endpoint, "anonymous": True}),
         }
-        with al.ImageLoader("s3://b/t/", decode_backend="thread", **kw) as cpu:
+        with al.ImageLoader("s3://b/t/", **kw) as cpu:
             want = _epoch(cpu)
             cpu_skipped = cpu.stats().skipped
-        with al.ImageLoader("s3://b/t/", decode_backend="cuda", **kw) as gpu:
+        with al.ImageLoader("s3://b/t/", **kw, decode=al.DecodeConfig(backend="cuda")) as gpu:
             got = _epoch(gpu)
             gpu_skipped = gpu.stats().skipped
     assert cpu_skipped == gpu_skipped and sum(cpu_skipped.values()) == 2
@@ -297,8 +301,8 @@ def test_cuda_decode_slow_consumer_never_sees_a_reused_slot(light_server: S3Test
         "engine": al.EngineConfig(prefetch_batches=2),
         "dtype": "uint8",
         "device": "cuda",
-        "decode_backend": "cuda",
-        "store_options": {"endpoint_url": light_server.endpoint, "anonymous": True},
+        "decode": al.DecodeConfig(backend="cuda"),
+        "store": al.StoreConfig(options={"endpoint_url": light_server.endpoint, "anonymous": True}),
     }
     with al.ImageLoader("s3://b/train/", **kw) as loader:
         want = _epoch(loader)

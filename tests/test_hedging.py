@@ -34,7 +34,10 @@ def _pixels(loader: al.ImageLoader) -> np.ndarray:
 def _loader(store: al.ObjectStore, **kw: object) -> al.ImageLoader:
     kw.setdefault("transform", al.RandomResizedCrop(32))
     return al.ImageLoader(
-        store=store, batch_size=16, decode_workers=2, decode_backend="thread", **kw
+        batch_size=16,
+        **kw,
+        store=al.StoreConfig(object_store=store),
+        decode=al.DecodeConfig(workers=2),
     )  # type: ignore[arg-type]
 
 
@@ -105,11 +108,10 @@ def test_a_tail_on_a_real_server_is_hedged(light_server: S3TestServer) -> None:
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=16,
-        decode_workers=2,
-        decode_backend="thread",
         transform=al.RandomResizedCrop(32),
-        store_options={"endpoint_url": light_server.endpoint},
         fetch=al.FetchConfig(hedge_min_samples=16, hedge_share=0.2),
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
     ) as loader:
         assert sum(len(lab) for _, lab in loader) == N_IMAGES
     stats = loader.stats()

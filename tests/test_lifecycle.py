@@ -9,7 +9,7 @@ import sys
 import time
 
 from asyncloader._base import _lifecycle as life
-from asyncloader._base._child import stop_children
+from asyncloader._loader._launch import stop_children
 
 
 def test_an_engine_finishes_its_own_teardown_before_its_trainer_stops_waiting() -> None:

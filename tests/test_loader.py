@@ -3,6 +3,7 @@ fake-gcs-server): coverage, determinism, labels, bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections import Counter
@@ -25,8 +26,10 @@ def _key_index(jpeg_folder: Path) -> dict[str, int]:
 
 def _loader(url: str, backend: Backend, **kw: object) -> al.ImageLoader:
     kw.setdefault("batch_size", 16)
-    kw.setdefault("decode_workers", 2)
-    return al.ImageLoader(url, store_options=backend.store_options, **kw)  # type: ignore[arg-type]
+    kw.setdefault("decode", al.DecodeConfig(workers=2))
+    given = kw.pop("store", None) or al.StoreConfig()
+    store = dataclasses.replace(given, options=backend.store_options)  # type: ignore[arg-type]
+    return al.ImageLoader(url, **kw, store=store)  # type: ignore[arg-type]
 
 
 def test_every_sample_once_per_epoch_and_deterministic(
@@ -53,7 +56,7 @@ def test_every_sample_once_per_epoch_and_deterministic(
     assert stats.skipped == {} and stats.samples >= 2 * N_IMAGES
     # Same seed and epoch → the same batches, pixel for pixel (augmentation included).
     with _loader(
-        dataset, backend, labels=index.__getitem__, seed=7, decode_backend="process"
+        dataset, backend, labels=index.__getitem__, seed=7, engine=al.EngineConfig(processes=2)
     ) as again:
         again.set_epoch(1)
         assert [int(x) for _, lab in again for x in lab] == orders[1]
@@ -83,14 +86,15 @@ def test_an_unshuffled_run_starts_before_the_listing_ends(
     kw: dict[str, object] = dict(
         shuffle=False,
         batch_size=8,
-        decode_workers=2,
-        decode_backend="thread",
+        decode=al.DecodeConfig(workers=2),
         timeout=60,
         cache_dir=tmp_path / "c",
     )
     with FaultProxy(backend.server.endpoint) as proxy:
         gate = proxy.hold(f"prefix=train/{last}/")
-        with al.ImageLoader(dataset, store_options=_proxied(backend, proxy), **kw) as loader:  # type: ignore[arg-type]
+        with al.ImageLoader(
+            dataset, **kw, store=al.StoreConfig(options=_proxied(backend, proxy))
+        ) as loader:  # type: ignore[arg-type]
             # Batches are views of ring slots, valid until the next one: keep copies.
             it = ((x.clone(), y.clone()) for x, y in loader)
             first = [next(it) for _ in range(3)]  # 24 images: class_00 is complete
@@ -99,7 +103,9 @@ def test_an_unshuffled_run_starts_before_the_listing_ends(
             streamed = first + list(it)
             assert loader.stats().objects_listed == N_IMAGES
             assert loader.classes == tuple(f"class_{i:02d}" for i in range(N_CLASSES))
-    with al.ImageLoader(dataset, store_options=backend.store_options, **kw) as loader:  # type: ignore[arg-type]
+    with al.ImageLoader(
+        dataset, **kw, store=al.StoreConfig(options=backend.store_options)
+    ) as loader:  # type: ignore[arg-type]
         assert loader.stats().listing_seconds < 1  # the saved listing: no streaming
         complete = [(x.clone(), y.clone()) for x, y in loader]
     assert [lab.tolist() for _, lab in streamed] == [lab.tolist() for _, lab in complete]
@@ -122,7 +128,11 @@ def test_a_listing_that_fails_midway_fails_the_run(dataset: str, backend: Backen
         opts = _proxied(backend, proxy)
         with pytest.raises(al.AccessDenied, match=last):
             with al.ImageLoader(
-                dataset, shuffle=False, batch_size=8, timeout=60, store_options=opts
+                dataset,
+                shuffle=False,
+                batch_size=8,
+                timeout=60,
+                store=al.StoreConfig(options=opts),
             ) as loader:  # type: ignore[arg-type]
                 for _ in loader:
                     pass
@@ -144,16 +154,19 @@ def test_manifest_labels_and_missing_object(backend: Backend, tmp_path: Path) ->
                 pass
         assert any("stage=fetch" in n for n in getattr(info.value, "__notes__", []))
     with _loader(
-        backend.url("man", "imgs/"), backend, on_error="skip", max_failures=1, **common
+        backend.url("man", "imgs/"),
+        backend,
+        **common,
+        errors=al.ErrorConfig(on_error="skip", max_failures=1),
     ) as loader:
         got = [lab.tolist() for _, lab in loader]
         assert got == [[1, 0, 1, 0], [1, 0]]  # dog=1, cat=0; the missing one skipped
         assert loader.stats().skipped == {"ObjectNotFound": 1}
 
 
-@pytest.mark.parametrize("decode_backend", ["thread", "process"])
-def test_corrupt_truncated_and_bomb_images(backend: Backend, decode_backend: str) -> None:
-    # Decode processes answer several jobs in one message: failures and samples mixed.
+@pytest.mark.parametrize("engines", [1, 2])
+def test_corrupt_truncated_and_bomb_images(backend: Backend, engines: int) -> None:
+    # With two engines, failures and samples come from either, in their batches' order.
     backend.create_bucket("bad")
     good = jpeg_bytes()
     backend.put("bad", "c/ok1.jpg", good)
@@ -165,8 +178,8 @@ def test_corrupt_truncated_and_bomb_images(backend: Backend, decode_backend: str
     backend.put("bad", "c/bomb.jpg", buf.getvalue())
     common = {
         "shuffle": False,
-        "engine": al.EngineConfig(max_pixels=1_000_000),
-        "decode_backend": decode_backend,
+        "decode": al.DecodeConfig(workers=2, max_pixels=1_000_000),
+        "engine": al.EngineConfig(processes=engines),
     }
     with _loader(backend.url("bad"), backend, **common) as loader:
         with pytest.raises(al.DecodeError, match=r"c/bomb\.jpg.*decompression bomb"):
@@ -182,11 +195,21 @@ def test_corrupt_truncated_and_bomb_images(backend: Backend, decode_backend: str
             r"\(41 bytes, starting 3c 21 44 4f 43 54 59 50 45 20 68 74 6d 6c 3e 3c\)",
         ):
             list(loader)
-    with _loader(backend.url("bad"), backend, on_error="skip", max_failures=3, **common) as loader:
+    with _loader(
+        backend.url("bad"),
+        backend,
+        **common,
+        errors=al.ErrorConfig(on_error="skip", max_failures=3),
+    ) as loader:
         batches = [len(images) for images, _ in loader]
         assert batches == [2]
         assert loader.stats().skipped == {"DecodeError": 3}
-    with _loader(backend.url("bad"), backend, on_error="skip", max_failures=2, **common) as loader:
+    with _loader(
+        backend.url("bad"),
+        backend,
+        **common,
+        errors=al.ErrorConfig(on_error="skip", max_failures=2),
+    ) as loader:
         with pytest.raises(al.FailureBudgetExceeded) as info:
             list(loader)
         assert len(info.value.exceptions) == 3
@@ -208,12 +231,11 @@ def test_decode_hook_for_other_blobs(backend: Backend) -> None:
     with _loader(
         backend.url("raw"),
         backend,
-        decode=_raw_decode,  # at module level: engine processes import it
-        sample_shape=(1, 3, 4),
-        extensions=None,
         shuffle=False,
         labels=None,
         batch_size=5,
+        decode=al.DecodeConfig(hook=_raw_decode, sample_shape=(1, 3, 4)),
+        store=al.StoreConfig(extensions=None),
     ) as loader:
         images, labels = next(iter(loader))
     assert images[:, 0, 0, 0].tolist() == [0, 1, 2, 3, 4]
@@ -221,16 +243,26 @@ def test_decode_hook_for_other_blobs(backend: Backend) -> None:
 
 
 def test_a_sample_shape_the_transform_does_not_make_is_an_error(backend: Backend) -> None:
-    # Without decode=, the transform decides the size: a different sample_shape would be
+    # Without a decode hook, the transform decides the size: a different sample_shape would be
     # silently ignored, and batches would not be what the caller sized its model for.
     backend.create_bucket("shape")
     backend.put("shape", "c/a.jpg", jpeg_bytes())
     url = backend.url("shape")
     with pytest.raises(
-        ValueError, match=r"sample_shape=\(3, 16, 16\) but images come out as \(3, 32, 32\)"
+        ValueError, match=r"sample_shape=\(3, 16, 16\)\) but images come out as \(3, 32, 32\)"
     ):
-        _loader(url, backend, transform=al.CenterCrop(32), sample_shape=(3, 16, 16))
-    with _loader(url, backend, transform=al.CenterCrop(32), sample_shape=(3, 32, 32)) as loader:
+        _loader(
+            url,
+            backend,
+            transform=al.CenterCrop(32),
+            decode=al.DecodeConfig(sample_shape=(3, 16, 16)),
+        )
+    with _loader(
+        url,
+        backend,
+        transform=al.CenterCrop(32),
+        decode=al.DecodeConfig(sample_shape=(3, 32, 32)),
+    ) as loader:
         images, _ = next(iter(loader))  # the same shape: allowed, as documentation
     assert tuple(images.shape) == (1, 3, 32, 32)
 

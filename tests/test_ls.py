@@ -92,7 +92,7 @@ def test_a_written_manifest_is_read_instead_of_a_listing(
             labels=labels,
             batch_size=16,
             seed=4,
-            store_options={"endpoint_url": light_server.endpoint},
+            store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
         ) as loader:
             got = [(lab.tolist(), img.numpy().copy()) for img, lab in loader]
         return [x for lab, _ in got for x in lab], np.concatenate([img for _, img in got])
@@ -123,7 +123,7 @@ def test_a_written_manifest_is_read_instead_of_a_listing(
     with al.ImageLoader(
         "s3://b/train/",
         labels=str(columnar),
-        store_options={"endpoint_url": light_server.endpoint},
+        store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
     ) as loader:
         assert loader.classes == tuple(f"class_{i:02d}" for i in range(N_CLASSES))
     damaged = tmp_path / "damaged.npz"
@@ -132,7 +132,7 @@ def test_a_written_manifest_is_read_instead_of_a_listing(
         al.ImageLoader(
             "s3://b/train/",
             labels=str(damaged),
-            store_options={"endpoint_url": light_server.endpoint},
+            store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
         )
 
 
@@ -193,7 +193,11 @@ def test_a_manifest_published_next_to_the_data_replaces_the_listing(
 
         def epoch(labels: str) -> tuple[list[int], np.ndarray]:
             with al.ImageLoader(
-                data, labels=labels, batch_size=16, seed=4, store_options=options
+                data,
+                labels=labels,
+                batch_size=16,
+                seed=4,
+                store=al.StoreConfig(options=options),
             ) as loader:
                 got = [(lab.tolist(), img.numpy().copy()) for img, lab in loader]
             return [x for lab, _ in got for x in lab], np.concatenate([img for _, img in got])
@@ -260,6 +264,9 @@ def test_store_option_values_and_unknown_options() -> None:
     assert parse_store_option("region=eu-west-1") == ("region", "eu-west-1")
     assert parse_store_option("sas_token=sv=1&sig=a=") == ("sas_token", "sv=1&sig=a=")
     with pytest.raises(ValueError, match=r"LocalStore takes no options"):
-        al.ImageLoader("/tmp/", store_options={"region": "x"})
+        al.ImageLoader(
+            "/tmp/",
+            store=al.StoreConfig(options={"region": "x"}),
+        )
     with pytest.raises(ValueError, match=r"unknown store option 'regoin' for gs://"):
         al.listing("gs://b/x/", store_options={"regoin": "x"})

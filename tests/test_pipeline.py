@@ -32,10 +32,9 @@ def bucket(jpeg_folder: Path) -> MemoryBucket:
 
 def _loader(store: al.ObjectStore, **kw: object) -> al.ImageLoader:
     kw.setdefault("batch_size", BATCH)
-    kw.setdefault("decode_workers", 2)
-    kw.setdefault("decode_backend", "thread")
+    kw.setdefault("decode", al.DecodeConfig(workers=2))
     kw.setdefault("transform", al.RandomResizedCrop(32))
-    return al.ImageLoader(store=store, **kw)  # type: ignore[arg-type]
+    return al.ImageLoader(**kw, store=al.StoreConfig(object_store=store))  # type: ignore[arg-type]
 
 
 def _epoch(loader: al.ImageLoader) -> tuple[list[int], np.ndarray]:
@@ -56,7 +55,12 @@ def test_every_sample_once_in_the_same_order_for_the_same_seed(bucket: MemoryBuc
     assert sorted(first) == sorted(second) == list(range(N_IMAGES))
     assert first != second  # a new permutation per epoch
     # Another loader, other worker count and backend: the same batches, pixel for pixel.
-    with _loader(MemoryStore(bucket), labels=index.__getitem__, seed=3, decode_workers=1) as again:
+    with _loader(
+        MemoryStore(bucket),
+        labels=index.__getitem__,
+        seed=3,
+        decode=al.DecodeConfig(workers=1),
+    ) as again:
         assert _epoch(again)[0] == first
         again.set_epoch(0)
         assert np.array_equal(_epoch(again)[1], pixels)
@@ -74,19 +78,28 @@ def test_skips_are_counted_and_the_budget_stops_the_run(bucket: MemoryBucket) ->
     bad = broken.sorted_keys()[5:8]
     for key in bad:
         broken.put(key, b"\xff\xd8 not a JPEG")
-    with _loader(MemoryStore(broken), on_error="skip", max_failures=3) as loader:
+    with _loader(
+        MemoryStore(broken),
+        errors=al.ErrorConfig(on_error="skip", max_failures=3),
+    ) as loader:
         labels, _ = _epoch(loader)
         stats = loader.stats()
     assert len(labels) == N_IMAGES - 3
     assert stats.skipped == {"DecodeError": 3}
-    with _loader(MemoryStore(broken), on_error="skip", max_failures=2) as loader:
+    with _loader(
+        MemoryStore(broken),
+        errors=al.ErrorConfig(on_error="skip", max_failures=2),
+    ) as loader:
         with pytest.raises(al.FailureBudgetExceeded) as info:
             _epoch(loader)
     failures = info.value.exceptions
     assert len(failures) == 3 and all(isinstance(e, al.DecodeError) for e in failures)
     notes = "\n".join(n for e in failures for n in getattr(e, "__notes__", []))
     assert all(f"stage=decode key={k}" in notes for k in bad)
-    with _loader(MemoryStore(broken), on_error="raise") as loader:
+    with _loader(
+        MemoryStore(broken),
+        errors=al.ErrorConfig(on_error="raise"),
+    ) as loader:
         with pytest.raises(al.DecodeError):
             _epoch(loader)
 
@@ -98,7 +111,11 @@ def test_missing_object_is_a_clear_error_or_a_counted_skip(
     keys = [*bucket.sorted_keys(), "class_00/gone.jpg"]
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("\n".join(json.dumps({"key": k, "label": 0}) for k in keys))
-    with _loader(MemoryStore(bucket), labels=str(manifest), on_error="skip", max_failures=1) as ld:
+    with _loader(
+        MemoryStore(bucket),
+        labels=str(manifest),
+        errors=al.ErrorConfig(on_error="skip", max_failures=1),
+    ) as ld:
         assert sum(len(lab) for _, lab in ld) == N_IMAGES
         assert ld.stats().skipped == {"ObjectNotFound": 1}
     with _loader(MemoryStore(bucket), labels=str(manifest)) as ld:
@@ -157,7 +174,12 @@ def test_an_answer_cut_short_is_asked_for_again(bucket: MemoryBucket) -> None:
     # Cut short on every attempt: three faults would not do, the stream fetches the key
     # again for the next epoch meanwhile and that fetch would take some of them.
     store.fail_next(10**6, stubborn, kind="truncate")
-    with _loader(store, shuffle=False, fetch=fetch, on_error="skip", max_failures=1) as loader:
+    with _loader(
+        store,
+        shuffle=False,
+        fetch=fetch,
+        errors=al.ErrorConfig(on_error="skip", max_failures=1),
+    ) as loader:
         labels, _ = _epoch(loader)
         assert loader.stats().skipped == {"LengthMismatch": 1}
     assert len(labels) == N_IMAGES - 1

@@ -25,6 +25,7 @@ def _loop(config: dict[str, Any]) -> None:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
+    from asyncloader import DecodeConfig, StoreConfig
     from asyncloader.torch import ImageDataset
 
     os.environ.update(config["env"])
@@ -36,10 +37,8 @@ def _loop(config: dict[str, Any]) -> None:
     ds = ImageDataset(
         "s3://b/train/",
         batch_size=8,
-        decode=digest,
-        sample_shape=(1, 1, 16),
-        decode_workers=1,
-        store_options={"endpoint_url": config["endpoint"]},
+        decode=DecodeConfig(hook=digest, sample_shape=(1, 1, 16), workers=1),
+        store=StoreConfig(options={"endpoint_url": config["endpoint"]}),
     )
     seen = []
     for images, _ in DataLoader(ds, batch_size=None, num_workers=1):

@@ -27,13 +27,13 @@ def _index(server: S3TestServer) -> dict[str, int]:
 def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
     index = _index(server)
     kw.setdefault("batch_size", 8)
-    kw.setdefault("decode_workers", 1)
+    kw.setdefault("decode", al.DecodeConfig(workers=1))
     kw.setdefault("seed", 11)
     return al.ImageLoader(
         "s3://b/train/",
         labels=index.__getitem__,
-        store_options={"endpoint_url": server.endpoint},
-        **kw,  # type: ignore[arg-type]
+        **kw,
+        store=al.StoreConfig(options={"endpoint_url": server.endpoint}),  # type: ignore[arg-type]
     )
 
 
@@ -68,9 +68,9 @@ RESUME = textwrap.dedent(
     if __name__ == "__main__":
         endpoint, state_file, index_file = sys.argv[1:4]
         index = json.load(open(index_file))
-        with al.ImageLoader("s3://b/train/", batch_size=8, decode_workers=1, seed=11,
-                            labels=index.__getitem__,
-                            store_options={"endpoint_url": endpoint}) as loader:
+        with al.ImageLoader("s3://b/train/", batch_size=8, seed=11,
+                            decode=al.DecodeConfig(workers=1), labels=index.__getitem__,
+                            store=al.StoreConfig(options={"endpoint_url": endpoint})) as loader:
             loader.load_state_dict(json.load(open(state_file)))
             loader.set_epoch(loader.state_dict()["epoch"])
             print(json.dumps([lab.tolist() for _, lab in loader]))
@@ -252,8 +252,8 @@ def test_stateful_dataloader_resumes_mid_epoch(
             batch_size=8,
             seed=11,
             labels=KeyIndex(keys),
-            decode_workers=1,
-            store_options={"endpoint_url": light_server.endpoint},
+            decode=al.DecodeConfig(workers=1),
+            store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
         )
         ds.set_epoch(2)
         return ds
@@ -302,8 +302,8 @@ def test_the_training_process_state_under_dataloader_workers_is_refused(
     ds = ImageDataset(
         "s3://b/train/",
         batch_size=8,
-        decode_workers=1,
-        store_options={"endpoint_url": light_server.endpoint},
+        decode=al.DecodeConfig(workers=1),
+        store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
     )
     ds.set_epoch(3)
     assert ds.state_dict() == epoch_start(3)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asyncloader as al
-from asyncloader._base._config import RunConfig
+from asyncloader._base._config import RunConfig, ShardConfig
 from asyncloader._run._resume import epoch_start, loader_state, plan_resume
 from asyncloader._run._sampler import covered, epoch_indices, num_batches
 
@@ -18,7 +18,9 @@ from asyncloader._run._sampler import covered, epoch_indices, num_batches
 def _run(world: int, workers: int, worker: int = 0, rank: int = 0, **kw: Any) -> RunConfig:
     kw.setdefault("batch_size", 4)
     kw.setdefault("seed", 5)
-    return RunConfig(rank=rank, world_size=world, worker=worker, num_workers=workers, **kw)
+    layout = {k: kw.pop(k) for k in ("even", "drop_last", "local_world_size") if k in kw}
+    shard = ShardConfig(worker=worker, num_workers=workers, **layout)
+    return RunConfig(rank=rank, world_size=world, shard=shard, **kw)
 
 
 def _worker_states(
@@ -56,10 +58,10 @@ def _deal(state: dict[str, Any], n: int, world: int, workers: int, **kw: Any) ->
                 shuffle=run.shuffle,
                 rank=rank,
                 world_size=world,
-                even=run.even,
+                even=run.shard.even,
                 **({"start": plan.span[0], "end": plan.span[1]} if plan.span else {}),
             )
-            nb = num_batches(len(order), run.batch_size, run.drop_last)
+            nb = num_batches(len(order), run.batch_size, run.shard.drop_last)
             for b in range(plan.next_batch, nb):
                 if b % workers == w:
                     out += order[b * run.batch_size : (b + 1) * run.batch_size].tolist()

@@ -119,7 +119,12 @@ def test_a_loader_reads_a_bucket_in_another_region(
     # store moves once, and every sample arrives.
     light_server.set_region("b", "ap-southeast-2")
     opts = {"endpoint_url": light_server.endpoint}
-    kw = {"batch_size": 16, "decode_workers": 2, "store_options": opts, "cache_dir": tmp_path}
+    kw = {
+        "batch_size": 16,
+        "decode": al.DecodeConfig(workers=2),
+        "store": al.StoreConfig(options=opts),
+        "cache_dir": tmp_path,
+    }
     with al.ImageLoader("s3://b/train/", **kw) as loader:  # type: ignore[arg-type]
         assert loader.classes  # listed and saved beside the cache
     light_server.reset_stats()
@@ -137,7 +142,8 @@ def test_an_answer_that_names_no_region_is_a_clear_error() -> None:
     body = b"<Error><Code>PermanentRedirect</Code><Message>use the endpoint</Message></Error>"
     exc = error_for_status(301, body, what="s3://b/k", key="k")
     assert isinstance(exc, WrongRegion) and exc.region == ""
-    assert "pass the bucket's region (store_options={'region': ...}) or set AWS_REGION" in str(exc)
+    assert "pass the bucket's region (the store option region=..." in str(exc)
+    assert "StoreConfig(options={'region': ...})) or set AWS_REGION" in str(exc)
     head = error_for_status(400, b"", what="s3://b/k", key="k", region="eu-west-1")  # a HEAD
     assert isinstance(head, WrongRegion) and head.region == "eu-west-1"
     # A 400 that is not about the region stays what it was.
@@ -215,8 +221,8 @@ def test_a_requester_pays_bucket_is_read_with_requester_pays(light_server: S3Tes
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=32,
-        decode_workers=2,
-        store_options={**opts, "requester_pays": True},
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options={**opts, "requester_pays": True}),
     ) as loader:
         n = sum(len(images) for images, _ in loader)
     assert n == N_IMAGES

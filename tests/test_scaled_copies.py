@@ -183,9 +183,9 @@ def _epochs(
         shuffle=True,
         seed=7,
         transform=al.RandomResizedCrop(160),
-        store_options={"endpoint_url": server.endpoint},
         timeout=60,
-        **options,  # type: ignore[arg-type]
+        **options,
+        store=al.StoreConfig(options={"endpoint_url": server.endpoint}),  # type: ignore[arg-type]
     )
     try:
         images = []
@@ -209,22 +209,23 @@ def _assert_every_object_has_copies(cache_dir: Path) -> None:
         assert {derived_key(key, scaled_name(s)) for s in (4, 8)} <= entries
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("engines", [1, 2])
 def test_the_loader_makes_copies_and_decodes_from_them(
-    large_server: S3TestServer, tmp_path: Path, backend: str
+    large_server: S3TestServer, tmp_path: Path, engines: int
 ) -> None:
-    plain, _ = _epochs(large_server, 3, decode_backend=backend)
+    engine = al.EngineConfig(processes=engines)
+    plain, _ = _epochs(large_server, 3, engine=engine)
     cache_dir = tmp_path / "cache"
     first, _ = _epochs(
         large_server,
         1,
         cache_dir=cache_dir,
         cache=al.CacheConfig(scaled_jpegs=True),
-        decode_backend=backend,
+        engine=engine,
     )
     _assert_every_object_has_copies(cache_dir)  # closing the loader wrote what it held
     # A later run on the same cache: every sample a hit, many from their copies.
-    again, stats = _epochs(large_server, 3, cache_dir=cache_dir, decode_backend=backend)
+    again, stats = _epochs(large_server, 3, cache_dir=cache_dir, engine=engine)
     assert stats.objects_fetched == 0 and stats.cache_scaled_hits > 0
     assert len(first) == len(plain) // 3 and len(again) == len(plain)
     for x, y in zip(first + again, plain[: len(first)] + plain, strict=True):
@@ -253,7 +254,11 @@ def test_a_damaged_copy_is_dropped_and_the_object_decoded(
     finally:
         cache.close()
     plain, _ = _epochs(large_server, 1)
-    got, stats = _epochs(large_server, 1, cache_dir=cache_dir, decode_backend="thread")
+    got, stats = _epochs(
+        large_server,
+        1,
+        cache_dir=cache_dir,
+    )
     assert stats.objects_fetched == 0 and stats.cache_damaged == N_LARGE
     assert stats.cache_scaled_hits == 0  # the 1/8 copy is read first, for the header
     for x, y in zip(got, plain, strict=True):
@@ -328,4 +333,8 @@ def test_the_warm_command_makes_copies(large_server: S3TestServer, tmp_path: Pat
 def test_scaled_copies_need_a_cache_and_the_built_in_decode(large_server: S3TestServer) -> None:
     opts = {"endpoint_url": large_server.endpoint}
     with pytest.raises(ValueError, match="scaled_jpegs"):
-        al.ImageLoader("s3://b/big/", store_options=opts, cache=al.CacheConfig(scaled_jpegs=True))
+        al.ImageLoader(
+            "s3://b/big/",
+            cache=al.CacheConfig(scaled_jpegs=True),
+            store=al.StoreConfig(options=opts),
+        )

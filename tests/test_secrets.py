@@ -43,14 +43,18 @@ def _all_text(exc: BaseException) -> str:
 def _run_and_collect(loader_factory: object, texts: list[str]) -> None:
     """Run a loader that fails on a missing object; collect its reprs, stats and errors."""
     assert callable(loader_factory)
-    with loader_factory(on_error="raise") as loader:
+    with loader_factory(
+        errors=al.ErrorConfig(on_error="raise"),
+    ) as loader:
         texts += [repr(loader), repr(loader.store) if hasattr(loader, "store") else ""]
         with pytest.raises(al.AsyncLoaderError) as info:
             for _ in loader:
                 pass
         texts.append(_all_text(info.value))
         texts += [repr(loader.stats()), loader.stats().summary()]
-    with loader_factory(on_error="skip", max_failures=1) as loader:
+    with loader_factory(
+        errors=al.ErrorConfig(on_error="skip", max_failures=1),
+    ) as loader:
         list(loader)
         texts += [repr(loader.stats()), loader.stats().summary()]
 
@@ -98,7 +102,9 @@ def test_no_secret_leaks(
 
     def s3_loader(**kw: object) -> al.ImageLoader:
         opts = {"endpoint_url": moto.endpoint}
-        return al.ImageLoader("s3://sec/", labels=manifest, batch_size=2, store_options=opts, **kw)  # type: ignore[arg-type]
+        return al.ImageLoader(
+            "s3://sec/", labels=manifest, batch_size=2, **kw, store=al.StoreConfig(options=opts)
+        )  # type: ignore[arg-type]
 
     _run_and_collect(s3_loader, texts)
     _store_errors(al.S3Store("sec", endpoint_url=moto.endpoint), texts)
@@ -126,8 +132,8 @@ def test_no_secret_leaks(
                     "az://devstoreaccount1/sec/",
                     labels=manifest,
                     batch_size=2,
-                    store_options=opts,
                     **kw,
+                    store=al.StoreConfig(options=opts),
                 )  # type: ignore[arg-type]
 
             _run_and_collect(az_loader, texts)
@@ -144,7 +150,9 @@ def test_no_secret_leaks(
 
         def web_loader(**kw: object) -> al.ImageLoader:
             opts = {"headers": headers}  # the labels manifest also lists the objects
-            return al.ImageLoader(url, labels=manifest, batch_size=2, store_options=opts, **kw)  # type: ignore[arg-type]
+            return al.ImageLoader(
+                url, labels=manifest, batch_size=2, **kw, store=al.StoreConfig(options=opts)
+            )  # type: ignore[arg-type]
 
         _run_and_collect(web_loader, texts)
         _store_errors(al.HttpStore(url, headers=headers), texts)
@@ -198,30 +206,43 @@ def test_presigned_url_keys_are_never_shown(
             return str(path)
 
         def loader(names: tuple[str, ...], **kw: object) -> al.ImageLoader:
+            kw.setdefault("decode", al.DecodeConfig(workers=1))
             return al.ImageLoader(
                 f"{server.endpoint}/web/",
                 labels=manifest(*names),
                 batch_size=3,
                 shuffle=False,
-                decode_workers=1,
-                store_options={"http_client": client},
-                **kw,  # type: ignore[arg-type]
+                **kw,
+                store=al.StoreConfig(options={"http_client": client}),  # type: ignore[arg-type]
             )
 
         for names in (("a", "missing"), ("a", "corrupt")):
-            with loader(names, on_error="raise") as ld:  # 404 / decode error
+            with loader(
+                names,
+                errors=al.ErrorConfig(on_error="raise"),
+            ) as ld:  # 404 / decode error
                 texts += [repr(ld), repr(ld.dataset.samples)]
                 with pytest.raises(al.AsyncLoaderError) as info:
                     list(ld)
                 texts.append(_all_text(info.value))
-        with loader(("a", "missing", "corrupt"), on_error="skip", max_failures=5) as ld:
+        with loader(
+            ("a", "missing", "corrupt"),
+            errors=al.ErrorConfig(on_error="skip", max_failures=5),
+        ) as ld:
             assert sum(len(labels) for _, labels in ld) == 1
             texts += [repr(ld.stats()), ld.stats().summary()]
-        with loader(("a", "missing", "corrupt"), on_error="skip", max_failures=1) as ld:
+        with loader(
+            ("a", "missing", "corrupt"),
+            errors=al.ErrorConfig(on_error="skip", max_failures=1),
+        ) as ld:
             with pytest.raises(al.FailureBudgetExceeded) as budget:
                 list(ld)
             texts.append(_all_text(budget.value))
-        hooked = loader(("a",), on_error="raise", decode=failing_hook, sample_shape=(3, 8, 8))
+        hooked = loader(
+            ("a",),
+            errors=al.ErrorConfig(on_error="raise"),
+            decode=al.DecodeConfig(hook=failing_hook, sample_shape=(3, 8, 8)),
+        )
         with hooked as ld, pytest.raises(al.DecodeError) as hook_error:
             list(ld)
         texts.append(_all_text(hook_error.value))

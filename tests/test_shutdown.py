@@ -46,33 +46,35 @@ def _loop_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("asyncloader")]
 
 
-def _loader(server: S3TestServer, backend: str) -> al.ImageLoader:
+def _loader(server: S3TestServer, engines: int) -> al.ImageLoader:
+    """A loader of 2 decode workers: one engine with both, or two of one decode thread each
+    (as where decode holds the GIL)."""
     return al.ImageLoader(
         "s3://b/train/",
         batch_size=8,
-        decode_workers=2,
-        decode_backend=backend,  # type: ignore[arg-type]
-        store_options={"endpoint_url": server.endpoint},
+        engine=al.EngineConfig(processes=engines),
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options={"endpoint_url": server.endpoint}),
     )
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("engines", [1, 2])
 @pytest.mark.parametrize("how", ["close", "break", "exception", "gc"])
-def test_nothing_left_behind(light_server: S3TestServer, backend: str, how: str) -> None:
+def test_nothing_left_behind(light_server: S3TestServer, engines: int, how: str) -> None:
     import gc
 
     gc.collect()  # what earlier tests left in reference cycles goes now, not during this one
     shm_before, children_before = _shm(), _children()
     t0 = time.monotonic()
     if how == "close":
-        loader = _loader(light_server, backend)
+        loader = _loader(light_server, engines)
         next(iter(loader))
         loader.close()
         loader.close()  # idempotent
         with pytest.raises(al.ClosedError):
             iter(loader)
     elif how in ("break", "exception"):
-        with contextlib.suppress(ZeroDivisionError), _loader(light_server, backend) as loader:
+        with contextlib.suppress(ZeroDivisionError), _loader(light_server, engines) as loader:
             for images, _ in loader:  # noqa: B007 -- kept after the loop on purpose
                 if how == "break":
                     break
@@ -83,7 +85,7 @@ def test_nothing_left_behind(light_server: S3TestServer, backend: str, how: str)
         assert images.shape[0] == 8 and int(images.sum()) > 0
         del images, _
     else:
-        loader = _loader(light_server, backend)
+        loader = _loader(light_server, engines)
         next(iter(loader))
         del loader
         gc.collect()
@@ -99,22 +101,20 @@ SCRIPT = textwrap.dedent(
     # Ctrl-C as in a terminal, even when the tests run as a shell's background job (which
     # starts its children with SIGINT ignored, so Python would install no handler).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    print("SCRIPT RAN", flush=True)  # once: decode processes do not import the script
+    print("SCRIPT RAN", flush=True)  # once: engine processes do not import the script
     def main():
-        loader = al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2,
-                                decode_backend=sys.argv[2], shuffle=False,
-                                engine=al.EngineConfig(prefetch_batches=2),
-                                store_options={"endpoint_url": sys.argv[1]})
-        # Epochs until argv[4] decode workers were replaced (at most argv[3]): whatever the
-        # machine's speed, the run is still going when the test interrupts it or kills one.
+        engine = al.EngineConfig(processes=int(sys.argv[2]), prefetch_batches=2)
+        loader = al.ImageLoader("s3://b/train/", batch_size=4, decode=al.DecodeConfig(workers=2),
+                                shuffle=False, engine=engine,
+                                store=al.StoreConfig(options={"endpoint_url": sys.argv[1]}))
+        # At most argv[3] epochs: whatever the machine's speed, the run is still going when
+        # the test interrupts it.
         for epoch in range(int(sys.argv[3])):
             for i, _ in enumerate(loader):
                 if epoch == 0 and i == 1:
                     print("STREAMING", flush=True)
                 time.sleep(0.05)  # a slow training step: an epoch lasts over a second
-            if loader.stats().worker_restarts >= int(sys.argv[4]):
-                break
-        print("EPOCH DONE", loader.stats().worker_restarts, flush=True)
+        print("EPOCH DONE", flush=True)
     if __name__ == "__main__":
         main()
     """
@@ -122,12 +122,12 @@ SCRIPT = textwrap.dedent(
 
 
 def _start(
-    tmp_path: Path, server: S3TestServer, backend: str, epochs: int, restarts: int = 1
+    tmp_path: Path, server: S3TestServer, engines: int, epochs: int
 ) -> subprocess.Popen[str]:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     proc = subprocess.Popen(
-        [sys.executable, str(script), server.endpoint, backend, str(epochs), str(restarts)],
+        [sys.executable, str(script), server.endpoint, str(engines), str(epochs)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -138,14 +138,13 @@ def _start(
     return proc
 
 
-def _decode_workers(pid: int) -> list[int]:
-    """Decode processes below ``pid`` (children of its engine process by default)."""
-    return [p for p in descendants(pid) if b"worker_main" in _cmdline(str(p))]
+def _engines(pid: int) -> list[int]:
+    """The engine processes below ``pid``."""
+    return [p for p in descendants(pid) if b"engine_main" in _cmdline(str(p))]
 
 
 def _tree_memfds(pid: int) -> set[int]:
-    """The memfds of ``pid`` and of every process below it (its engines' rings and
-    arenas)."""
+    """The memfds of ``pid`` and of every process below it (its engines' rings)."""
     return set().union(*(memfds(p) for p in [pid, *descendants(pid)]))
 
 
@@ -157,16 +156,17 @@ def _cmdline(pid: str) -> bytes:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["thread", "process"])
-def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: str) -> None:
+@pytest.mark.parametrize("engines", [1, 2])
+def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, engines: int) -> None:
     light_server.set_faults({}, latency=0.05)  # keep the epoch going long enough
-    proc = _start(tmp_path, light_server, backend, epochs=100)  # interrupted long before
+    proc = _start(tmp_path, light_server, engines, epochs=100)  # interrupted long before
     try:
         below = descendants(proc.pid)
-        # The ring of the script's engine process, and its decode workers' arena.
-        assert len(_tree_memfds(proc.pid)) == (2 if backend == "process" else 1)
-        workers = _decode_workers(proc.pid)
-        assert len(workers) == (2 if backend == "process" else 0)
+        workers = _engines(proc.pid)
+        # Two levels of processes: the script and its engines, each mapping its one ring.
+        assert len(workers) == engines
+        assert set(below) == set(workers)
+        assert len(_tree_memfds(proc.pid)) == engines
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
     finally:
@@ -185,44 +185,19 @@ def test_ctrl_c_mid_epoch(light_server: S3TestServer, tmp_path: Path, backend: s
     assert [w for w in workers if _cmdline(str(w))] == []
 
 
-@pytest.mark.slow
-def test_killed_decode_worker_is_replaced(light_server: S3TestServer, tmp_path: Path) -> None:
-    light_server.set_faults({}, latency=0.02)
-    proc = _start(tmp_path, light_server, "process", epochs=20, restarts=2)
-    try:
-        workers = _decode_workers(proc.pid)
-        assert len(workers) == 2
-        os.kill(workers[0], signal.SIGKILL)
-        # Its replacement dies too, once it works: replaced again (it was ready by then).
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            fresh = [w for w in _decode_workers(proc.pid) if w not in workers]
-            if fresh:
-                break
-            time.sleep(0.05)
-        assert fresh, "no replacement started"
-        time.sleep(1.0)  # it starts, says it is ready, and takes jobs
-        os.kill(fresh[0], signal.SIGKILL)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-        proc.communicate()
-    assert proc.returncode == 0, err
-    assert "EPOCH DONE 2" in out
-
-
 HOOK_SCRIPT = textwrap.dedent(
     """
     import sys, numpy as np, asyncloader as al
-    def decode(data):  # defined in the script: workers must import it to unpickle the spec
+    def decode(data):  # defined in the script: engines must import it to unpickle the spec
         return np.full((1, 2, 2), len(data) % 251, np.uint8)
     if __name__ == "__main__":
-        with al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2, shuffle=False,
-                            decode=decode, sample_shape=(1, 2, 2), decode_backend="process",
-                            store_options={"endpoint_url": sys.argv[1]}) as loader:
+        hook = al.DecodeConfig(workers=2, hook=decode, sample_shape=(1, 2, 2))
+        with al.ImageLoader("s3://b/train/", batch_size=4, shuffle=False, decode=hook,
+                            store=al.StoreConfig(options={"endpoint_url": sys.argv[1]})) as loader:
             images, _ = next(iter(loader))
             sizes = [s.obj.size % 251 for s in loader.dataset.samples[:4]]
-            print("OK", images[:, 0, 0, 0].tolist() == sizes, loader.decode_backend)
+            # A hook holds the GIL: an engine process per decode worker, one thread each.
+            print("OK", images[:, 0, 0, 0].tolist() == sizes, loader.engine_processes)
     """
 )
 
@@ -237,29 +212,29 @@ def _run_script(path: Path, body: str, server: S3TestServer) -> subprocess.Compl
 def test_decode_hook_defined_in_the_script(light_server: S3TestServer, tmp_path: Path) -> None:
     out = _run_script(tmp_path / "hook.py", HOOK_SCRIPT, light_server)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "OK True process"
+    assert out.stdout.strip() == "OK True 2"
 
 
 def test_decode_hook_in_an_unguarded_script_is_a_clear_error(
     light_server: S3TestServer, tmp_path: Path
 ) -> None:
-    """Workers import the script for its hook; a script that then makes a loader again must
-    fail with the guard hint, not start workers of workers."""
+    """Engines import the script for its hook; a script that then makes a loader again must
+    fail with the guard hint, not start engines of engines."""
     body = HOOK_SCRIPT.replace('if __name__ == "__main__":\n    ', "if True:\n    ")
     assert "__main__" not in body
     out = _run_script(tmp_path / "unguarded.py", body, light_server)
     assert out.returncode != 0
-    assert "could not start" in out.stderr  # an engine process's, or a decode worker's
+    assert "could not start" in out.stderr  # an engine process's
     assert "if __name__ == '__main__':" in out.stderr
-    # A worker importing the script refused to start workers of its own.
+    # An engine importing the script refused to start engines of its own.
     assert "bootstrapping phase" in out.stderr
 
 
-def test_decode_workers_import_the_package_the_parent_imported(
+def test_engines_import_the_package_the_parent_imported(
     light_server: S3TestServer, tmp_path: Path
 ) -> None:
     """A copy of the package put first on sys.path at run time (a checkout next to an
-    installed version) is the one decode processes import too."""
+    installed version) is the one engine processes import too."""
     copy = tmp_path / "checkout"
     shutil.copytree(Path(al.__file__).parent, copy / "asyncloader")
     with (copy / "asyncloader" / "_decode" / "_image.py").open("a") as f:
@@ -270,9 +245,10 @@ def test_decode_workers_import_the_package_the_parent_imported(
         sys.path.insert(0, {str(copy)!r})
         import asyncloader as al
         if __name__ == "__main__":
-            with al.ImageLoader("s3://b/train/", batch_size=4, decode_workers=2,
-                                decode_backend="process",
-                                store_options={{"endpoint_url": sys.argv[1]}}) as loader:
+            with al.ImageLoader("s3://b/train/", batch_size=4,
+                                decode=al.DecodeConfig(workers=2),
+                                engine=al.EngineConfig(processes=2),
+                                store=al.StoreConfig(options={{"endpoint_url": sys.argv[1]}})) as loader:
                 next(iter(loader))
                 print("PARENT", os.getpid(), flush=True)
         """
@@ -283,15 +259,15 @@ def test_decode_workers_import_the_package_the_parent_imported(
     copies = {line.split()[1] for line in lines if line.startswith("COPY")}
     parent = next(line.split()[1] for line in lines if line.startswith("PARENT"))
     assert parent in copies
-    assert len(copies) == 4  # the parent, its engine process and both decode workers
+    assert len(copies) == 3  # the parent and its two engine processes
 
 
-def test_decode_workers_that_met_a_bad_file_exit_without_a_word(
+def test_engines_that_met_a_bad_file_exit_without_a_word(
     tmp_path: Path, jpeg_folder: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    # A worker's decode error held the frames it was raised in, and with them views of the
-    # ring and of the arena: at the worker's exit each segment failed to close, and the
-    # interpreter printed "Exception ignored ... BufferError" for it (on every close of a
+    # A decode error holds the frames it was raised in, and with them views of the ring: at
+    # the engine's exit its segment must still close, without the interpreter printing
+    # "Exception ignored ... BufferError" (as decode workers once did on every close of a
     # loader whose data had a damaged file).
     data = tmp_path / "data" / "cls"
     data.mkdir(parents=True)
@@ -304,15 +280,14 @@ def test_decode_workers_that_met_a_bad_file_exit_without_a_word(
     with al.ImageLoader(
         (tmp_path / "data").as_uri() + "/",
         batch_size=4,
-        decode_workers=2,
-        decode_backend="process",
+        engine=al.EngineConfig(processes=2),
         transform=al.RandomResizedCrop(32),
-        on_error="skip",
-        max_failures=2,
+        decode=al.DecodeConfig(workers=2),
+        errors=al.ErrorConfig(on_error="skip", max_failures=2),
     ) as loader:
         assert sum(len(labels) for _, labels in loader) == 6
         assert loader.stats().skipped == {"DecodeError": 2}
-    # The workers have exited (what they printed is in this test's stderr).
+    # The engines have exited (what they printed is in this test's stderr).
     assert _children() <= children_before
     err = capfd.readouterr().err
     assert "BufferError" not in err and "Exception ignored" not in err, err

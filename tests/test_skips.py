@@ -32,9 +32,8 @@ def _loader(folder: Path, **kw: object) -> al.ImageLoader:
         str(folder),
         batch_size=16,
         shuffle=False,
-        on_error="skip",
         transform=al.CenterCrop(32),
-        **kw,  # type: ignore[arg-type]
+        errors=al.ErrorConfig(on_error="skip", **kw),  # type: ignore[arg-type]
     )
 
 
@@ -44,7 +43,10 @@ def test_skipped_samples_are_named(
     folder, bad = two_bad
     with (
         caplog.at_level(logging.WARNING, logger="asyncloader"),
-        _loader(folder, max_failures=2) as loader,
+        _loader(
+            folder,
+            max_failures=2,
+        ) as loader,
     ):
         assert sum(len(lab) for _, lab in loader) == N_IMAGES - 2
         stats = loader.stats()
@@ -64,9 +66,9 @@ def test_a_failure_budget_exceeded_is_short_and_says_what_to_do(
             pass
     message = str(info.value)
     assert f"2 of the {N_IMAGES} samples of epoch 0 failed" in message
-    assert "max_failures=0.01" in message and "the default 0.01 is 1 %" in message
+    assert "ErrorConfig(max_failures=0.01)" in message and "the default 0.01 is 1 %" in message
     assert f"{bad[0]}, {bad[1]}" in message
-    assert "Raise max_failures=" in message
+    assert "Raise ErrorConfig(max_failures=)" in message
     printed = "".join(traceback.format_exception(info.value))
     for key in bad:  # each failure once (not again inside the engine's traceback)
         assert printed.count(f"cannot decode {key}") == 1, printed

@@ -35,8 +35,8 @@ SCRIPT = textwrap.dedent(
         batches = 0
         try:
             with al.ImageLoader("s3://b/train/", batch_size=256, shuffle=False,
-                                decode_backend=sys.argv[2],
-                                store_options={"endpoint_url": endpoint}) as loader:
+                                engine=al.EngineConfig(processes=int(sys.argv[2])),
+                                store=al.StoreConfig(options={"endpoint_url": endpoint})) as loader:
                 keys = [s.obj.key for s in loader.dataset.samples]
                 seen = []
                 for images, labels in loader:
@@ -91,27 +91,27 @@ def server(jpeg_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield s
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("engines", ["1", "2"])
 def test_a_default_loader_in_a_64_mb_dev_shm_delivers_its_epoch(
-    small_shm: Path, server: S3TestServer, backend: str
+    small_shm: Path, server: S3TestServer, engines: str
 ) -> None:
-    result = _run(small_shm, server, backend, "memfd")
+    result = _run(small_shm, server, engines, "memfd")
     assert result == {"delivered": N_IMAGES * COPIES, "keys": N_IMAGES * COPIES}
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("engines", ["1", "2"])
 def test_rings_in_a_64_mb_dev_shm_say_so_before_the_first_batch(
-    small_shm: Path, server: S3TestServer, backend: str
+    small_shm: Path, server: S3TestServer, engines: str
 ) -> None:
-    result = _run(small_shm, server, backend, "posix")
+    result = _run(small_shm, server, engines, "posix")
     assert result["batches"] == 0  # before the first batch
     message = result["error"]
     assert "MB of shared memory and /dev/shm has" in message
     assert "--shm-size" in message and "medium: Memory" in message
 
 
-def _run(script: Path, server: S3TestServer, backend: str, segments: str) -> dict[str, Any]:
-    out = _namespaced(script, server.endpoint, backend, segments)
+def _run(script: Path, server: S3TestServer, engines: str, segments: str) -> dict[str, Any]:
+    out = _namespaced(script, server.endpoint, engines, segments)
     assert out.returncode == 0, out.stderr[-3000:]  # not -7 (SIGBUS), not a traceback
     assert "Bus error" not in out.stderr and "SIGBUS" not in out.stderr
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])

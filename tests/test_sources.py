@@ -70,7 +70,7 @@ def _loader(
     stores: dict[str, Any], weights: tuple[float, float] | None, **kw: Any
 ) -> al.ImageLoader:
     kw.setdefault("batch_size", 8)
-    kw.setdefault("decode_workers", 2)
+    kw.setdefault("decode", al.DecodeConfig(workers=2))
     kw.setdefault("seed", 5)
     kw.setdefault("transform", al.CenterCrop(32))
     return al.ImageLoader(_sources(stores, weights), **kw)
@@ -134,7 +134,10 @@ def test_classes_are_the_union_of_the_sources_folders(stores: dict[str, Any]) ->
     in both; each image's label is its folder's (its red says which)."""
     sources = [al.Source(stores[n][0], store_options=stores[n][1]) for n in "ab"]
     with al.ImageLoader(
-        sources, batch_size=16, transform=al.CenterCrop(32), decode_workers=2
+        sources,
+        batch_size=16,
+        transform=al.CenterCrop(32),
+        decode=al.DecodeConfig(workers=2),
     ) as loader:
         assert loader.classes == ("cat", "dog", "eel")
         seen = Counter()
@@ -197,7 +200,11 @@ def test_a_source_cached_alone_serves_the_mix(stores: dict[str, Any], tmp_path: 
     url_a, options_a = stores["a"]
     cache = str(tmp_path / "cache")
     with al.ImageLoader(
-        url_a, batch_size=16, cache_dir=cache, store_options=options_a, decode_workers=2
+        url_a,
+        batch_size=16,
+        cache_dir=cache,
+        store=al.StoreConfig(options=options_a),
+        decode=al.DecodeConfig(workers=2),
     ) as alone:
         assert sum(len(lab) for _, lab in alone) == N_A
     with _loader(stores, None, cache_dir=cache) as mixed:
@@ -234,7 +241,11 @@ def test_three_clouds_in_one_mix(stores: dict[str, Any], azurite: Azurite) -> No
         al.Source(url_c, weight=1.0, store_options=options_c),
     ]
     with al.ImageLoader(
-        sources, batch_size=8, samples_per_epoch=96, transform=al.CenterCrop(32), decode_workers=2
+        sources,
+        batch_size=8,
+        samples_per_epoch=96,
+        transform=al.CenterCrop(32),
+        decode=al.DecodeConfig(workers=2),
     ) as loader:
         assert sum(len(lab) for _, lab, *_ in loader) == 96
         by_source = loader.stats().samples_by_source
@@ -260,7 +271,11 @@ def test_warm_of_every_source_serves_the_mix(
     monkeypatch.delenv("AWS_ENDPOINT_URL")  # the loader's store_options reach every source
     options = {"endpoint_url": moto.endpoint}
     with al.ImageLoader(
-        urls, batch_size=8, cache_dir=cache, decode_workers=2, store_options=options
+        urls,
+        batch_size=8,
+        cache_dir=cache,
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options=options),
     ) as mixed:
         assert sum(len(lab) for _, lab, *_ in mixed) == N_A + 8
         stats = mixed.stats()

@@ -51,7 +51,7 @@ def test_samples_decoded_ahead_of_the_training_loop_are_said() -> None:
 
 def test_counts_by_reason_read_whole() -> None:
     none = _counters(TELL_AFTER, decoded=1, delivered=1).snapshot(decode_workers=1, max_inflight=1)
-    assert "retries 0, skipped 0, worker restarts 0" in none.summary()
+    assert "retries 0, skipped 0" in none.summary()
     some = _counters(
         TELL_AFTER,
         decoded=1,
@@ -60,5 +60,5 @@ def test_counts_by_reason_read_whole() -> None:
         skipped=Counter({"DecodeError": 1}),
     ).snapshot(decode_workers=1, max_inflight=1)
     line = some.summary().splitlines()[-1]
-    assert "retries 3 (throttled 2, transient 1), skipped 1 (DecodeError 1)," in line
+    assert line.endswith("retries 3 (throttled 2, transient 1), skipped 1 (DecodeError 1)")
     assert " ," not in some.summary()

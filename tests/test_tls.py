@@ -24,11 +24,10 @@ def _pixels(
         "s3://data/train/",
         engine=al.EngineConfig(event_loop=event_loop),  # type: ignore[arg-type]
         batch_size=16,
-        decode_workers=2,
-        decode_backend="thread",
         transform=al.RandomResizedCrop(32),
         shuffle=False,
-        store_options={"endpoint_url": endpoint, "read_timeout": 2.0, **options},
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options={"endpoint_url": endpoint, "read_timeout": 2.0, **options}),
     ) as loader:
         pixels = np.concatenate([images.numpy().copy() for images, _ in loader])
     return pixels, loader.stats()

@@ -30,7 +30,7 @@ def _dataset(server: S3TestServer) -> ImageDataset:
         batch_size=8,
         seed=5,
         labels=KeyIndex(keys),
-        store_options={"endpoint_url": server.endpoint},
+        store=al.StoreConfig(options={"endpoint_url": server.endpoint}),
     )
 
 
@@ -45,7 +45,7 @@ def test_dataloader_workers_cover_the_epoch_in_order(
         batch_size=8,
         seed=5,
         labels=ds.options["labels"],
-        store_options={"endpoint_url": light_server.endpoint},
+        store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
     ) as plain:
         plain.set_epoch(1)
         expected = [lab.tolist() for _, lab in plain]
@@ -79,7 +79,7 @@ def test_dataset_without_workers_and_shard_from_env(
         assert ds.state_dict()["world_size"] == 2
     finally:
         ds.close()
-    with pytest.raises(TypeError, match="rank is set by the dataset"):
+    with pytest.raises(TypeError, match="rank and world_size are set by the dataset"):
         ImageDataset("s3://b/train/", rank=0)
 
 

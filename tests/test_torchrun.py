@@ -147,7 +147,7 @@ TRAIN = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
-    from asyncloader import ShardConfig, Source
+    from asyncloader import ShardConfig, Source, StoreConfig
     from asyncloader.torch import ImageDataset
 
     class Key:
@@ -160,7 +160,8 @@ TRAIN = textwrap.dedent(
         result = {}
         for even in ("pad", "drop"):  # one torchrun for both: starting one takes seconds
             ds = ImageDataset("s3://data/train/", batch_size=10, seed=1, labels=Key(),
-                              shard=ShardConfig(even=even), store_options={"endpoint_url": endpoint})
+                              shard=ShardConfig(even=even),
+                              store=StoreConfig(options={"endpoint_url": endpoint}))
             ds.set_epoch(3)
             labels, batches = [], 0
             for _, lab in DataLoader(ds, batch_size=None, num_workers=2):
@@ -171,7 +172,8 @@ TRAIN = textwrap.dedent(
             result[even] = gathered
         # Two sources (two class folders), listed once each for the job, agreed by the ranks.
         sources = [Source(f"s3://data/train/class_0{c}/", labels=Key()) for c in (0, 1)]
-        ds = ImageDataset(sources, batch_size=6, seed=1, store_options={"endpoint_url": endpoint})
+        ds = ImageDataset(sources, batch_size=6, seed=1,
+                          store=StoreConfig(options={"endpoint_url": endpoint}))
         labels = [x for _, lab in DataLoader(ds, batch_size=None, num_workers=1) for x in lab.tolist()]
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, labels)
@@ -215,14 +217,15 @@ ELASTIC_JOB = JOB_COMMON + textwrap.dedent(
     import sys
     import torch
     from torchdata.stateful_dataloader import StatefulDataLoader
+    from asyncloader import DecodeConfig, StoreConfig
     from asyncloader.torch import ImageDataset
 
     def main():
         endpoint, workers, state_file, out, stop = sys.argv[1:6]
         dist.init_process_group("gloo")
-        ds = ImageDataset("s3://b/train/", batch_size=8, seed=7, decode=digest,
-                          sample_shape=(1, 1, 16), decode_workers=1,
-                          store_options={"endpoint_url": endpoint})
+        ds = ImageDataset("s3://b/train/", batch_size=8, seed=7,
+                          decode=DecodeConfig(hook=digest, sample_shape=(1, 1, 16), workers=1),
+                          store=StoreConfig(options={"endpoint_url": endpoint}))
         ds.set_epoch(2)
         if state_file != "-":  # a job restarted on another layout: rank 0's saved state
             ds.load_state_dict(torch.load(state_file, weights_only=False))
@@ -290,7 +293,7 @@ NODE = textwrap.dedent(
         endpoint, out = sys.argv[1:3]
         loader = al.ImageLoader("s3://b/train/", batch_size=8, transform=al.RandomResizedCrop(32),
                                 rank=dist.get_rank(), world_size=dist.get_world_size(),
-                                store_options={"endpoint_url": endpoint})
+                                store=al.StoreConfig(options={"endpoint_url": endpoint}))
         with loader:
             n = sum(len(labels) for _, labels in loader)
             stats = loader.stats()

@@ -32,12 +32,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
     kw.setdefault("batch_size", 16)
-    kw.setdefault("decode_workers", 2)
+    kw.setdefault("decode", al.DecodeConfig(workers=2))
     kw.setdefault("seed", 5)
     return al.ImageLoader(
         "s3://b/train/",
-        store_options={"endpoint_url": server.endpoint, "anonymous": True},
-        **kw,  # type: ignore[arg-type]
+        **kw,
+        store=al.StoreConfig(options={"endpoint_url": server.endpoint, "anonymous": True}),  # type: ignore[arg-type]
     )
 
 
@@ -239,15 +239,15 @@ def test_the_releaser_lets_a_slot_go_once_its_copy_is_done() -> None:
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("mode", ["process", "inline"])
 @pytest.mark.parametrize("pin", ["register", "staging"])
 @pytest.mark.parametrize(("dtype", "channels_last"), [("float32", False), ("float16", True)])
 def test_cuda_is_bit_exact_with_the_cpu_path(
-    server: S3TestServer, pin: str, dtype: str, channels_last: bool, backend: str
+    server: S3TestServer, pin: str, dtype: str, channels_last: bool, mode: str
 ) -> None:
-    """Both decode backends (with processes the ring is POSIX shared memory, page-locked
-    with cudaHostRegister under pin="register")."""
-    kw = {"dtype": dtype, "decode_backend": backend}
+    """Both places of the engine (with engine processes the rings are shared memory the
+    trainer maps, page-locked with cudaHostRegister under pin="register")."""
+    kw = {"dtype": dtype, "engine": al.EngineConfig(mode=mode)}  # type: ignore[arg-type]
     layout = al.OutputConfig(channels_last=channels_last)
     with _loader(server, device="cpu", output=layout, **kw) as loader:
         cpu = _epoch(loader)
@@ -269,18 +269,17 @@ def test_cuda_is_bit_exact_with_the_cpu_path(
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("mode", ["process", "inline"])
 @pytest.mark.parametrize("pin", ["register", "staging"])
 def test_cuda_slow_consumer_never_sees_a_reused_slot(
-    server: S3TestServer, pin: str, backend: str
+    server: S3TestServer, pin: str, mode: str
 ) -> None:
     """Two ring slots and a consumer slower than the producer: if a slot were refilled
     before its copy finished, a batch would carry pixels of a later one."""
     kw = {
-        "engine": al.EngineConfig(prefetch_batches=2),
-        "max_inflight": 16,
+        "engine": al.EngineConfig(prefetch_batches=2, mode=mode),  # type: ignore[arg-type]
+        "fetch": al.FetchConfig(max_inflight=16),
         "labels": None,
-        "decode_backend": backend,
     }
     with _loader(server, device="cpu", **kw) as loader:
         cpu = _epoch(loader)

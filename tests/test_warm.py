@@ -80,10 +80,10 @@ LOADER = textwrap.dedent(
     import sys, asyncloader as al
     if __name__ == "__main__":
         index = {}
-        with al.ImageLoader("s3://b/train/", batch_size=8, decode_workers=1, cache_dir=sys.argv[2],
-                            decode_backend="thread",
+        with al.ImageLoader("s3://b/train/", batch_size=8, cache_dir=sys.argv[2],
+                            decode=al.DecodeConfig(workers=1),
                             labels=lambda k: index.setdefault(k, len(index)), shuffle=False,
-                            store_options={"endpoint_url": sys.argv[1]}) as loader:
+                            store=al.StoreConfig(options={"endpoint_url": sys.argv[1]})) as loader:
             for epoch in range(2):
                 n = sum(len(lab) for _, lab in loader)
                 assert n == len(index), (n, len(index))
@@ -164,10 +164,9 @@ def test_warm_into_a_cache_too_small_keeps_the_loaders_subset(
     with al.ImageLoader(
         "s3://b/train/",
         batch_size=16,
-        decode_backend="thread",
         cache_dir=tmp_path / "c",
         cache=al.CacheConfig(size=limit),
-        store_options=opts,
+        store=al.StoreConfig(options=opts),
     ) as loader:
         n = sum(len(labels) for _, labels in loader)
         stats = loader.stats()
@@ -201,11 +200,10 @@ def test_warm_and_loaders_keep_one_subset_for_any_number_of_ranks(
             shuffle=False,
             rank=rank,
             world_size=3,
-            decode_backend="thread",
             cache_dir=folder,
             cache=al.CacheConfig(size=limit),
             shard=al.ShardConfig(local_world_size=1),
-            store_options=opts,
+            store=al.StoreConfig(options=opts),
         ) as loader:
             n = sum(len(labels) for _, labels in loader)
             stats = loader.stats()

@@ -2,4 +2,9 @@
 stage messages (``_types``), validated settings and every default once (``_config``), the
 process's environment (``_env``), counters and stats (``_stats``), manifest rows
 (``_manifest``), leases on shared memory (``_lease``) and event loops on threads of their own
-(``_own_thread``).  Nothing here imports another wing."""
+(``_own_thread``).  Nothing here imports another wing.
+
+Also here: folders made for the owner or the group only (``_folders``), request latencies and
+their quantiles (``_latency``), every start and stop bound named once (``_lifecycle``), the
+processes below one and the CPU they spent (``_proctree``), shared memory (``_shm``: memfds
+on Linux) and one source of several (``_sources``)."""

@@ -4,27 +4,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ._env import CpuBudget, cpu_budget
+from ._types import DecodeFn, ObjectInfo, ObjectStore
 
 __all__ = [
     "CACHE_SIZE",
+    "IMAGE_EXTENSIONS",
     "LIST_CONCURRENCY",
     "READ_TIMEOUT",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "LISTING_MAX_AGE",
     "MAX_PIXELS",
+    "PROCESS_BACKEND_GONE",
     "CacheConfig",
+    "DecodeConfig",
     "EngineConfig",
+    "ErrorConfig",
     "FetchConfig",
     "OnError",
     "OutputConfig",
     "RunConfig",
     "ShardConfig",
+    "StoreConfig",
     "decode_window",
     "decode_worker_count",
     "default_max_inflight",
@@ -37,6 +43,20 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 OnError = Literal["raise", "skip"]
+
+# The keys a loader keeps by default: the image formats Pillow reads.
+IMAGE_EXTENSIONS = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".webp",
+    ".bmp",
+    ".tif",
+    ".tiff",
+    ".gif",
+    ".ppm",
+    ".pgm",
+)
 
 # The most bytes an SSD cache keeps unless told (loader, warm, ls, the CLI).
 CACHE_SIZE = "100GB"
@@ -75,12 +95,13 @@ bound rose from 3 600 to 5 400 images/s.  Four cores' worth of decode (about 1 0
 images/s of 224-pixel crops) keeps a loop under a third of its core."""
 
 
-def engine_processes(given: int | None, workers: int) -> int:
+def engine_processes(given: int | None, workers: int, *, holds_gil: bool = False) -> int:
     """The one default of the engine process count: one per :data:`WORKERS_PER_ENGINE`
-    decode workers (rounded up)."""
+    decode workers (rounded up); one per decode worker where decode holds the GIL
+    (``holds_gil``: see ``_decode/_backend.py``), each engine then decoding on one thread."""
     if given is not None:
         return given
-    return max(1, -(-workers // WORKERS_PER_ENGINE))
+    return max(1, workers if holds_gil else -(-workers // WORKERS_PER_ENGINE))
 
 
 def default_max_inflight(workers: int) -> int:
@@ -200,28 +221,178 @@ class FetchConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeConfig:
+    """How samples are decoded.
+
+    Attributes:
+        workers: Decode threads (None: the CPUs this process may use — its affinity mask
+            or its container's CPU quota, whichever is smaller — divided among the ranks of
+            its node (``LOCAL_WORLD_SIZE``, SLURM's tasks per node, or
+            ``ShardConfig(local_world_size=)``), less a core for the training step where a
+            rank has 3 or more, then among its DataLoader workers; ``repr`` and ``stats()``
+            say where the count came from).  They run in the engine processes: one engine
+            per 4 of them, or one per decode worker, each with one thread, where decode
+            holds the GIL (a ``hook``, or Pillow without the region decoder and resize
+            extensions; ``EngineConfig(processes=)`` sets the count).
+        backend: ``"thread"`` (default): decode threads on the CPU.  ``"cuda"``: JPEGs are
+            decoded on the GPU of ``device=`` (nvJPEG through torchvision, batched),
+            cropped and resized there by the same plan, and land in a ring on the device;
+            ``workers`` threads read, plan and decode on the CPU what nvJPEG is not given
+            (``_decode/_gpu.py``).  Needs ``device="cuda"``.
+        hook: A decode hook ``bytes -> uint8 array of sample_shape`` for other blob types
+            (replaces the built-in JPEG decode and ``transform``).
+        sample_shape: (C, H, W) of a sample; needed with ``hook``.  Images get theirs from
+            the loader's ``transform`` (3 × its output size); a different one is an error.
+        max_pixels: Sources with more pixels are refused (decompression bombs); by default
+            Pillow's ``Image.MAX_IMAGE_PIXELS``.  A larger value raises Pillow's limit (a
+            setting of the process) to it where images are decoded.
+
+    Raises:
+        ValueError: a value out of range; ``backend="process"`` (gone: the message says
+            what runs instead).
+    """
+
+    workers: int | None = None
+    backend: Literal["thread", "cuda"] = "thread"
+    hook: DecodeFn | None = None
+    sample_shape: tuple[int, int, int] | None = None
+    max_pixels: int = MAX_PIXELS
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"DecodeConfig(workers={self.workers}): at least 1")
+        if str(self.backend) == "process":  # a string from anywhere, not the Literal's
+            raise ValueError(PROCESS_BACKEND_GONE)
+        if self.backend not in ("thread", "cuda"):
+            raise ValueError(
+                f"DecodeConfig(backend={self.backend!r}): 'thread' (the CPU) or 'cuda'"
+            )
+        if self.hook is not None and not callable(self.hook):
+            raise TypeError(f"DecodeConfig(hook=...) must be callable, not {self.hook!r}")
+        shape = self.sample_shape
+        if shape is not None and (len(shape) != 3 or min(shape) < 1):
+            raise ValueError(f"DecodeConfig(sample_shape={shape!r}): (C, H, W), each >= 1")
+        if self.hook is not None and shape is None:
+            raise ValueError("DecodeConfig(hook=...) needs sample_shape=(C, H, W)")
+        if self.max_pixels < 1:
+            raise ValueError("DecodeConfig(max_pixels=) must be at least 1")
+
+
+PROCESS_BACKEND_GONE = (
+    "decode_backend='process' is gone: decode runs on threads of the engine processes, and "
+    "where it holds the GIL (a decode hook, or JPEGs without the _jpegroi/_resize "
+    "extensions) the loader runs one engine process per decode worker, each decoding on one "
+    "thread (the default: DecodeConfig(backend='thread')); EngineConfig(processes=N) sets "
+    "how many"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    """Where the objects come from, beyond the URL.
+
+    Attributes:
+        options: Keyword options for the store (``endpoint_url``, ``anonymous``,
+            ``region``, ``profile``, ``max_connections``, ...: the stores page of the docs).
+        object_store: An :class:`~asyncloader.ObjectStore` to read instead of the URL's
+            (it lives in this process: the engine runs here, on a thread).
+        objects: The URL's object list, listed already (by the training process for its
+            DataLoader workers, by rank 0 for every rank: see ``asyncloader.torch``): the
+            store is not listed.
+        extensions: Keys to keep (ignored with a manifest); None keeps every object.
+    """
+
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    object_store: ObjectStore | None = None
+    objects: Sequence[ObjectInfo] | None = None
+    extensions: Sequence[str] | None = IMAGE_EXTENSIONS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, Mapping):
+            raise TypeError(f"StoreConfig(options=...) is a dict, not {self.options!r}")
+        if isinstance(self.extensions, str):
+            raise TypeError(f"StoreConfig(extensions=...) is a tuple, not {self.extensions!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorConfig:
+    """What happens to samples that fail.
+
+    Attributes:
+        on_error: ``"raise"``: the first failed sample stops the run with a clear error;
+            ``"skip"``: failed samples are left out of their batch and counted
+            (``stats().skipped``, and named: ``stats().skipped_keys``).
+        max_failures: Under ``"skip"``, the most failures tolerated per epoch: a count
+            (int) or a fraction of the epoch's samples (float < 1).
+    """
+
+    on_error: OnError = "raise"
+    max_failures: int | float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {self.on_error!r}")
+        if self.max_failures < 0:
+            raise ValueError("max_failures must be >= 0")
+
+    def budget(self, epoch_samples: int | None) -> float:
+        """Skips tolerated in an epoch of ``epoch_samples`` (None: not known yet, so a
+        fraction tolerates any number for now)."""
+        if isinstance(self.max_failures, float) and self.max_failures < 1:
+            if epoch_samples is None:
+                return math.inf
+            return int(self.max_failures * epoch_samples)
+        return int(self.max_failures)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardConfig:
+    """How a rank's share of each epoch is laid out beyond ``rank``/``world_size``.
+
+    Attributes:
+        local_world_size: Ranks per node (``LOCAL_WORLD_SIZE`` under torchrun), for
+            ``shuffle="node"`` (each node keeps a stable subset and shuffles within it);
+            None: one node.
+        worker, num_workers: Within the rank's shard, take only batches ``worker, worker +
+            num_workers, ...`` (one loader per DataLoader worker, whose round-robin output
+            is then the rank's batch order; ``asyncloader.torch`` sets them).
+        even: How ranks get equal sample counts (uneven counts hang DDP): ``"pad"``
+            repeats samples from the start of the epoch's order to fill the last round;
+            ``"drop"`` leaves out the last, incomplete round (at most ``world_size - 1``
+            samples per epoch).
+        drop_last: Drop the short last batch of each epoch.
+    """
+
+    local_world_size: int | None = None
+    worker: int = 0
+    num_workers: int = 1
+    even: Literal["pad", "drop"] = "pad"
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.local_world_size is not None and self.local_world_size < 1:
+            raise ValueError(f"local_world_size must be at least 1, not {self.local_world_size}")
+        if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"worker {self.worker} is not one of {self.num_workers}")
+        if self.even not in ("pad", "drop"):
+            raise ValueError(f"even must be 'pad' or 'drop', not {self.even!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
-    """What goes into each batch, and what happens to samples that fail.
+    """What goes into each batch, whose share it is, and what happens to samples that fail
+    (the loader's day-one options and its shard and error configs, checked together).
 
     Attributes:
         batch_size: Samples per batch.
         shuffle: ``True``/``"global"``: a new seeded permutation of the whole dataset each
-            epoch; ``"node"``: node-local (each node of ``local_world_size`` ranks keeps a
-            stable subset and shuffles within it; see the sampler); ``False``: listing order.
+            epoch; ``"node"``: node-local (each node of ``shard.local_world_size`` ranks
+            keeps a stable subset and shuffles within it; see the sampler); ``False``:
+            listing order.
         seed: Seed of the permutation and of the augmentations.
-        drop_last: Drop the last, short batch of an epoch.
         rank, world_size: This process's shard of each epoch.
-        local_world_size: Ranks per node, for node-local shuffling (None: one node).
-        worker, num_workers: Within the rank's shard, this worker takes batches ``worker,
-            worker + num_workers, ...`` (DataLoader workers; their round-robin output is
-            then the rank's batch order).
-        even: Equal samples per rank (uneven counts hang DDP): ``"pad"`` repeats samples
-            from the start of the epoch's order to fill the last round; ``"drop"`` leaves
-            out the last, incomplete round (at most ``world_size - 1`` samples per epoch).
-        on_error: ``"raise"``: the first failed sample stops the run with a clear error;
-            ``"skip"``: failed samples are left out of their batch and counted.
-        max_failures: Under ``"skip"``, the most failures tolerated per epoch: a count
-            (int) or a fraction of the epoch's samples (float < 1).
+        shard: The layout within it (node, DataLoader worker, even counts, drop_last).
+        errors: What happens to samples that fail.
         extras: What each sample carries besides its label, by name: columns of the
             root's ``metadata.jsonl``/``.csv``, same-stem sidecar files by suffix
             (``"txt"``, ``"json"``), ``"source"``; batches are then ``(images, labels,
@@ -233,15 +404,10 @@ class RunConfig:
     batch_size: int
     shuffle: bool | Literal["global", "node"] = True
     seed: int = 0
-    drop_last: bool = False
     rank: int = 0
     world_size: int = 1
-    local_world_size: int | None = None
-    worker: int = 0
-    num_workers: int = 1
-    even: Literal["pad", "drop"] = "pad"
-    on_error: OnError = "raise"
-    max_failures: int | float = 0.01
+    shard: ShardConfig = ShardConfig()
+    errors: ErrorConfig = ErrorConfig()
     extras: tuple[str, ...] = ()
     samples_per_epoch: int | None = None
 
@@ -258,34 +424,18 @@ class RunConfig:
             raise ValueError(f"extras must be a tuple of names, not {self.extras!r}")
         if len(set(self.extras)) != len(self.extras):
             raise ValueError(f"extras names one thing twice: {self.extras!r}")
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', not {self.on_error!r}")
         if self.shuffle not in (True, False, "global", "node"):
             raise ValueError(
                 f"shuffle must be True, False, 'global' or 'node', not {self.shuffle!r}"
             )
-        if self.local_world_size is not None and (
-            self.local_world_size < 1 or self.world_size % self.local_world_size
-        ):
+        local = self.shard.local_world_size
+        if local is not None and self.world_size % local:
             raise ValueError(
-                f"local_world_size={self.local_world_size} does not divide "
-                f"world_size={self.world_size} into whole nodes"
+                f"local_world_size={local} does not divide world_size={self.world_size} "
+                "into whole nodes"
             )
-        if self.max_failures < 0:
-            raise ValueError("max_failures must be >= 0")
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in a world of size {self.world_size}")
-        if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
-            raise ValueError(f"worker {self.worker} is not one of {self.num_workers}")
-
-    def failure_budget(self, epoch_samples: int | None) -> float:
-        """Skips tolerated in an epoch of ``epoch_samples`` (None: not known yet, so a
-        fraction tolerates any number for now)."""
-        if isinstance(self.max_failures, float) and self.max_failures < 1:
-            if epoch_samples is None:
-                return math.inf
-            return int(self.max_failures * epoch_samples)
-        return int(self.max_failures)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,31 +477,12 @@ class CacheConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ShardConfig:
-    """How a rank's share of each epoch is laid out beyond ``rank``/``world_size``.
-
-    Attributes:
-        local_world_size: Ranks per node (``LOCAL_WORLD_SIZE`` under torchrun), for
-            ``shuffle="node"``; None: one node.
-        worker, num_workers: Within the rank's shard, take only batches ``worker, worker +
-            num_workers, ...`` (one loader per DataLoader worker; ``asyncloader.torch``
-            sets them).
-        even: How ranks get equal sample counts: ``"pad"`` (repeat a few samples) or
-            ``"drop"`` (leave out the incomplete last round).
-    """
-
-    local_world_size: int | None = None
-    worker: int = 0
-    num_workers: int = 1
-    even: Literal["pad", "drop"] = "pad"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class OutputConfig:
     """How batches are converted for ``device=`` (besides ``dtype``).
 
     Attributes:
         mean, std: Per channel on the 0..1 scale (ImageNet's by default); None: 0 and 1.
+            One value, or one per channel.
         channels_last: Deliver images in ``torch.channels_last`` memory format.
         pin: CUDA: ``"register"`` page-locks the ring in place, ``"staging"`` copies
             through pinned buffers, ``"auto"`` registers and falls back to staging.
@@ -361,6 +492,15 @@ class OutputConfig:
     std: Sequence[float] | None = IMAGENET_STD
     channels_last: bool = False
     pin: Literal["auto", "register", "staging"] = "auto"
+
+    def __post_init__(self) -> None:
+        for name, values in (("mean", self.mean), ("std", self.std)):
+            if values is not None and (isinstance(values, str) or len(values) not in (1, 3)):
+                raise ValueError(f"OutputConfig({name}=...): one value or one per channel")
+        if self.std is not None and min(self.std) <= 0:
+            raise ValueError(f"OutputConfig(std={self.std!r}): every value above 0")
+        if self.pin not in ("auto", "register", "staging"):
+            raise ValueError(f"pin must be 'auto', 'register' or 'staging', not {self.pin!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -375,17 +515,15 @@ class EngineConfig:
             notebooks and debugging).  The loader runs inline by itself, with one warning,
             where engine processes cannot run (no shared memory, a hook that cannot
             be pickled), and without one inside a DataLoader worker (already a process of
-            its own), with ``decode_backend="cuda"`` (the ring is on the GPU) and with a
-            ``store=`` object (it lives in this process).
-        processes: Engine processes (None: one per 4 decode workers, rounded up); each
-            fetches and decodes every n-th batch with its share of the decode workers,
-            the requests in flight and the ring.
+            its own), with ``DecodeConfig(backend="cuda")`` (the ring is on the GPU) and
+            with ``StoreConfig(object_store=)`` (it lives in this process).
+        processes: Engine processes (None: one per 4 decode workers, rounded up, or one
+            per decode worker where decode holds the GIL); each fetches and decodes every
+            n-th batch with its share of the decode workers, the requests in flight and the
+            ring.
         prefetch_batches: Ring slots: batches filling, waiting, or still referenced by the
             consumer (None: :func:`ring_slots`, at least 5).  Memory is
             ``prefetch_batches × batch bytes``.
-        max_pixels: Sources with more pixels are refused (decompression bombs); by default
-            Pillow's ``Image.MAX_IMAGE_PIXELS``.  A larger value raises Pillow's limit (a
-            setting of the process) to it where images are decoded.
         event_loop: ``"asyncio"`` or ``"uvloop"`` (``pip install 'asyncloader[uvloop]'``):
             over HTTPS it costs ~20 % less client CPU per GET (``bench_get_cpu.py``).
         max_restarts: Engine processes replaced per epoch.  An engine process that dies
@@ -398,7 +536,6 @@ class EngineConfig:
     mode: Literal["process", "inline"] = "process"
     processes: int | None = None
     prefetch_batches: int | None = None
-    max_pixels: int = MAX_PIXELS
     event_loop: Literal["asyncio", "uvloop"] = "asyncio"
     max_restarts: int = 3
 
@@ -409,8 +546,6 @@ class EngineConfig:
             raise ValueError("processes must be at least 1 (mode='inline' runs no engine process)")
         if self.prefetch_batches is not None and self.prefetch_batches < 1:
             raise ValueError("prefetch_batches must be at least 1")
-        if self.max_pixels < 1:
-            raise ValueError("max_pixels must be at least 1")
         if self.event_loop not in ("asyncio", "uvloop"):
             raise ValueError(f"event_loop must be 'asyncio' or 'uvloop', not {self.event_loop!r}")
         if self.max_restarts < 0:

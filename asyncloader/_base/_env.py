@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "in_dataloader_worker",
     "CpuBudget",
     "agent_store",
     "cgroup_cpu_quota",
@@ -23,6 +24,15 @@ __all__ = [
     "shard_from_env",
     "usable_cpus",
 ]
+
+
+def in_dataloader_worker() -> bool:
+    """This process is a DataLoader worker (or another daemonic child of multiprocessing):
+    a process of its own already, which its parent may terminate without warning, and
+    which belongs to its parent's process group, not to one of its own."""
+    import multiprocessing
+
+    return bool(multiprocessing.current_process().daemon)
 
 
 def usable_cpus() -> int:

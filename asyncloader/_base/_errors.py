@@ -236,8 +236,8 @@ class FailureBudgetExceeded(AsyncLoaderError, ExceptionGroup):  # type: ignore[m
         named = first_keys(keys, 5)
         return cls(
             f"{len(failures)}{of} of epoch {epoch} failed, more than "
-            f"max_failures={max_failures} allows (a count, or below 1 a fraction of the "
-            f"epoch's samples; the default 0.01 is 1 %): {named}. Raise max_failures= to "
-            "skip more, or fix or remove those objects",
+            f"ErrorConfig(max_failures={max_failures}) allows (a count, or below 1 a fraction "
+            f"of the epoch's samples; the default 0.01 is 1 %): {named}. Raise "
+            "ErrorConfig(max_failures=) to skip more, or fix or remove those objects",
             list(failures),
         )

@@ -1,5 +1,5 @@
-"""Shared memory the loader's processes map: the batch rings and the decode workers' bytes
-arena (a leaf).
+"""Shared memory the loader's processes map: the batch rings, made by the training process
+and filled by its engine processes (a leaf).
 
 **On Linux a segment is an anonymous memfd** (``memfd_create``).  It lives in no file
 system, so the size of ``/dev/shm`` does not bind it (Docker's default is 64 MB, a batch of
@@ -10,9 +10,9 @@ that hold it end (SIGKILL included).  A child maps it through the descriptor it 
 at the same number (:attr:`SegmentRef.fd`, in the child's ``pass_fds``).
 
 **Elsewhere** (macOS) it is a POSIX segment in ``/dev/shm``, named ``asyncloader_<pid>_<n>``
-(``pid`` its maker's, so a leak is easy to spot and what a killed process made can be found:
-:func:`unlink_shm_of`); its maker unlinks it, and a segment registered with the maker's
-resource tracker (``tracked``) is unlinked by the tracker should the maker be killed.
+(``pid`` its maker's, so a leak is easy to spot); its maker, the training process, unlinks
+it, and its resource tracker does should the maker be killed.  An engine process only maps
+the segments it is given: what it leaves behind when killed is nothing but its mappings.
 
 Either way every page is reserved when the segment is made (``posix_fallocate``, where the
 OS has it): a segment is sparse until written, and a page that cannot be had when the
@@ -39,8 +39,6 @@ __all__ = [
     "Segment",
     "SegmentRef",
     "shm_free_bytes",
-    "unlink_shm",
-    "unlink_shm_of",
 ]
 
 SHM_PREFIX = "asyncloader_"
@@ -83,22 +81,18 @@ class Segment:
         mapping: mmap.mmap | None = None,
         shm: SharedMemory | None = None,
         owner: bool = False,
-        tracked: bool = False,
     ) -> None:
         self.ref = ref
         self.buf = buf
         self._mapping = mapping
         self._shm = shm
         self._owner = owner
-        self._tracked = tracked
         self._closed = False
 
     @classmethod
-    def new(cls, size: int, what: str, *, tracked: bool = True) -> Segment:
+    def new(cls, size: int, what: str) -> Segment:
         """A new segment of ``size`` bytes, every page reserved.  ``what`` names it in the
-        error; ``tracked``: a POSIX segment registered with this process's resource
-        tracker (an engine process, which needs no tracker process of its own, makes
-        untracked ones, and the trainer removes what it left should it be killed).
+        error; a POSIX segment is registered with this process's resource tracker.
 
         Raises:
             AsyncLoaderError: no room for it (``/dev/shm`` too small, or no memory).
@@ -115,9 +109,9 @@ class Segment:
                 raise
             return cls(SegmentRef(size, fd=fd), memoryview(mapping), mapping=mapping, owner=True)
         name = f"{SHM_PREFIX}{os.getpid()}_{next(_counter)}"
-        shm = SharedMemory(name=name, create=True, size=size) if tracked else _untracked(name, size)
+        shm = SharedMemory(name=name, create=True, size=size)
         assert shm.buf is not None
-        made = cls(SegmentRef(size, name=name), shm.buf, shm=shm, owner=True, tracked=tracked)
+        made = cls(SegmentRef(size, name=name), shm.buf, shm=shm, owner=True)
         try:
             _reserve(shm._fd, size, what, memfd=False)  # type: ignore[attr-defined]
         except BaseException:
@@ -128,12 +122,12 @@ class Segment:
     @classmethod
     def attach(cls, ref: SegmentRef) -> Segment:
         """Map the segment ``ref`` names (another process's; its maker frees it).  A memfd
-        keeps its descriptor open here too, for children of this process to inherit."""
+        keeps its descriptor open here too, closed with it."""
         if ref.fd is not None:
             mapping = mmap.mmap(ref.fd, ref.size)
             return cls(ref, memoryview(mapping), mapping=mapping)
         assert ref.name is not None
-        shm = _untracked(ref.name, 0)  # its maker unlinks it; no tracker of ours may
+        shm = _untracked(ref.name)  # its maker unlinks it; no tracker of ours may
         assert shm.buf is not None
         return cls(ref, shm.buf, shm=shm)
 
@@ -149,11 +143,8 @@ class Segment:
             return
         if self._shm is not None and self._owner:  # the name goes first: mappings stay
             self._owner = False
-            if self._tracked:
-                with contextlib.suppress(FileNotFoundError):
-                    self._shm.unlink()
-            else:
-                unlink_shm(self._shm.name)
+            with contextlib.suppress(FileNotFoundError):
+                self._shm.unlink()
         self.buf.release()
         if self._shm is not None:
             self._shm.close()
@@ -201,44 +192,17 @@ def shm_free_bytes() -> int:
     return st.f_bavail * st.f_frsize
 
 
-def unlink_shm(name: str) -> None:
-    """Remove the POSIX segment ``name`` from /dev/shm, if it is still there; mappings of
-    it stay valid until they are closed.  No resource tracker is asked
-    (``SharedMemory.unlink`` would start one to unregister it)."""
-    import _posixshmem  # type: ignore[import-not-found]
-
-    with contextlib.suppress(FileNotFoundError):
-        _posixshmem.shm_unlink("/" + name.lstrip("/"))
-
-
-def unlink_shm_of(pid: int) -> list[str]:
-    """Remove every POSIX segment process ``pid`` made and left behind (it was killed
-    before its teardown).  The names removed ([] where /dev/shm cannot be listed; memfds
-    need none of this)."""
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return []
-    mine = [n for n in names if n.startswith(f"{SHM_PREFIX}{pid}_")]
-    for name in mine:
-        unlink_shm(name)
-    return mine
-
-
-def _untracked(name: str, size: int) -> SharedMemory:
-    """A POSIX segment, made (``size`` > 0) or attached, not registered with a resource
-    tracker of this process (Python < 3.13 registers every attach, and a tracker of this
-    process's own would unlink the segment when this process exits)."""
-    create = size > 0
+def _untracked(name: str) -> SharedMemory:
+    """The POSIX segment ``name`` attached, not registered with a resource tracker of this
+    process (Python < 3.13 registers every attach, and a tracker of this process's own
+    would unlink the segment when this process exits)."""
     if sys.version_info >= (3, 13):
-        return SharedMemory(  # type: ignore[call-arg,unused-ignore]
-            name=name, create=create, size=size, track=False
-        )
+        return SharedMemory(name=name, track=False)  # type: ignore[call-arg,unused-ignore]
     from multiprocessing import resource_tracker
 
     register = resource_tracker.register
     resource_tracker.register = lambda *args: None  # type: ignore[assignment]
     try:
-        return SharedMemory(name=name, create=create, size=size)
+        return SharedMemory(name=name)
     finally:
         resource_tracker.register = register

@@ -16,7 +16,6 @@ __all__ = [
     "Blob",
     "BlobCache",
     "CacheEvent",
-    "ArenaSlice",
     "CachedAt",
     "DecodeFn",
     "DecodeJob",
@@ -125,14 +124,6 @@ class CachedAt(NamedTuple):
     length: int = -1
 
 
-class ArenaSlice(NamedTuple):
-    """An object's bytes in the decode processes' shared-memory arena: ``size`` bytes at
-    ``offset`` (see ``_decode/_arena``)."""
-
-    offset: int
-    size: int
-
-
 class BlobCache(Protocol):
     """Where decode workers read object bytes (the SSD cache); picklable."""
 
@@ -184,9 +175,8 @@ class DecodeJob:
     """One sample for a decode worker: bytes (or where the cache has them) → a ring slot.
 
     Attributes:
-        data: Fetched bytes (a view of them in a decode process); an :class:`ArenaSlice`
-            (on their way to a decode process); a :class:`CachedAt` (read the cache there);
-            or None (look the key up in the cache).
+        data: Fetched bytes; a :class:`CachedAt` (read the cache there); or None (look
+            the key up in the cache).
         slot, index: Where in the ring the pixels go.
         seed: The sample's augmentation seed.
         key: The object's key (for messages).
@@ -194,7 +184,7 @@ class DecodeJob:
         size: The listed size [bytes] (-1: unknown).
     """
 
-    data: Blob | memoryview | ArenaSlice | CachedAt | None
+    data: Blob | CachedAt | None
     slot: int
     index: int
     seed: int

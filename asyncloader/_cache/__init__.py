@@ -20,6 +20,10 @@
 
 :class:`ObjectCache` is a small picklable handle: each process (and thread) opens its own
 connection lazily, so it travels to decode worker processes as a few strings and numbers.
+
+Its modules: diskcache's table as the cache uses it (``_schema``), what a folder holds
+(``_stats``), the pack files (``_pack``), the index queries' thread (``_index_thread``), the
+writer thread (``_writer``) and the subset a too-small cache keeps (``_admission``).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._base._config import CACHE_SIZE
+from .._base._config import CACHE_SIZE, CacheConfig
 from .._base._folders import make_folder
 from .._base._types import CachedAt
 from ._index_thread import IndexThread
@@ -89,6 +93,19 @@ class ObjectCache:
         self.min_file_size = min_file_size
         self.group_shared = group_shared
         self._local = threading.local()
+
+    @classmethod
+    def opened(
+        cls, directory: str | os.PathLike[str] | None, config: CacheConfig
+    ) -> ObjectCache | None:
+        """The cache of ``directory`` kept as ``config`` says (None without a directory),
+        its folder made before anything is written there: how a loader, ``warm``, ``ls``
+        and ``bench`` open the folder they are given."""
+        if not directory:
+            return None
+        cache = cls(directory, size_limit=config.size, group_shared=config.group_shared)
+        cache.make_folder()
+        return cache
 
     def make_folder(self) -> None:
         """Make the cache folder if it is missing: its owner's only, or with

@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
-
-if TYPE_CHECKING:
-    from . import ObjectCache
+from typing import TypeVar
 
 __all__ = ["IndexThread"]
 
@@ -19,13 +16,13 @@ class IndexThread:
     """One thread of its own for a cache's index queries, off the event loop.
 
     A SQLite connection belongs to the thread that opened it, so the thread that queried
-    the index is the one that closes its connection: :meth:`close` runs ``cache.close``
-    there before the thread ends.  One thread, so queries answer in the order they were
-    asked, on one connection.
+    the index is the one that closes its connection: :meth:`close` runs ``close_cache``
+    (the cache's ``close``, which closes this thread's connection) there before the thread
+    ends.  One thread, so queries answer in the order they were asked, on one connection.
     """
 
-    def __init__(self, cache: ObjectCache, name: str) -> None:
-        self.cache = cache
+    def __init__(self, close_cache: Callable[[], None], name: str) -> None:
+        self._close_cache = close_cache
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
         self._closed = False
 
@@ -38,5 +35,5 @@ class IndexThread:
         queries asked before have answered; call off the loop).  Idempotent."""
         if not self._closed:
             self._closed = True
-            self._pool.submit(self.cache.close)
+            self._pool.submit(self._close_cache)
             self._pool.shutdown()

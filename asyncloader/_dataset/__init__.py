@@ -11,6 +11,12 @@ The listing strategy lives here, on the loader's event loop:
   the manifest names the samples and their labels (a URL too: ``s3://bucket/train.npz``).
 
 Which objects are samples and what their labels are is :mod:`asyncloader._dataset._labels` (pure).
+
+Its modules: compact object lists (``_objects``), which objects are samples and their
+labels (``_labels``), the root's metadata file and sidecars (``_metadata``), several sources'
+shares (``_mix``) and datasets as one (``_combine``), manifests by location (``_located``),
+the listing through a cache folder, once per node (``_listing``), saved listings and the
+listing turn (``_saved``).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base._config import IMAGE_EXTENSIONS
 from .._base._errors import StoreError, shown_key
 from .._base._manifest import is_manifest, read_manifest
 from .._base._types import ObjectInfo, Sample
@@ -43,19 +44,6 @@ __all__ = [
     "manifest_objects",
     "parse_manifest",
 ]
-
-IMAGE_EXTENSIONS = (
-    ".jpg",
-    ".jpeg",
-    ".png",
-    ".webp",
-    ".bmp",
-    ".tif",
-    ".tiff",
-    ".gif",
-    ".ppm",
-    ".pgm",
-)
 
 
 def no_samples(url: str, listed: int, extensions: Sequence[str] | None) -> str:

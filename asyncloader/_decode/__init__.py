@@ -3,9 +3,9 @@
 Two pools with one async interface (:class:`DecodePool`: ``await pool.decode(job)`` →
 :class:`~asyncloader._base._types.Outcome`):
 
-* :class:`ThreadDecodePool` (``_threads``) — threads of the training process;
-* :class:`ProcessDecodePool` (``_processes``, child side ``_worker``) — fresh interpreters
-  attached to the ring's shared memory;
+* :class:`ThreadDecodePool` (``_threads``) — threads of the engine's process, writing into
+  its ring (where decode holds the GIL, the loader runs more engines of one thread each:
+  ``_backend``);
 * :class:`GpuDecodePool` (``_gpu``) — JPEGs decoded by nvJPEG on the GPU, a batch at a
   time, into a ring on the device (the one module here that imports torch).
 
@@ -13,7 +13,10 @@ Two pools with one async interface (:class:`DecodePool`: ``await pool.decode(job
 where it is built: ``ROI_DECODE``; the resize straight into the slot through ``_resize``:
 ``FAST_RESIZE``) and makes the :func:`scaled_copies` of large JPEGs for the SSD cache;
 ``_job`` runs one job as a worker does (a cache read if need be, then pixels).  The names
-below are imported on first use, so that a worker process imports its side only.
+below are imported on first use: the GPU pool's torch only where it runs.
+
+Also here: crop plans (``_transforms``), results back to the loop (``_completions``) and
+the GPU path's headers and resize law (``_resample``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from ._backend import choose_backend as choose_backend
+    from ._backend import decode_holds_gil as decode_holds_gil
     from ._gpu import GpuDecodePool as GpuDecodePool
     from ._image import FAST_RESIZE as FAST_RESIZE
     from ._image import ROI_DECODE as ROI_DECODE
@@ -35,42 +38,6 @@ if TYPE_CHECKING:
     from ._image import scaled_name as scaled_name
     from ._job import DecodePool as DecodePool
     from ._job import run_job as run_job
-    from ._processes import ProcessDecodePool as ProcessDecodePool
     from ._threads import ThreadDecodePool as ThreadDecodePool
 
-_WHERE = {
-    "choose_backend": "._backend",
-    "FAST_RESIZE": "._image",
-    "ROI_DECODE": "._image",
-    "SCALED_COPY_MIN": "._image",
-    "DecodeSpec": "._image",
-    "decode_into": "._image",
-    "scaled_copies": "._image",
-    "scaled_footprint": "._image",
-    "scaled_name": "._image",
-    "GpuDecodePool": "._gpu",
-    "DecodePool": "._job",
-    "run_job": "._job",
-    "ProcessDecodePool": "._processes",
-    "ThreadDecodePool": "._threads",
-}
-
-__all__ = [
-    "FAST_RESIZE",
-    "ROI_DECODE",
-    "SCALED_COPY_MIN",
-    "DecodePool",
-    "DecodeSpec",
-    "GpuDecodePool",
-    "ProcessDecodePool",
-    "ThreadDecodePool",
-    "choose_backend",
-    "decode_into",
-    "run_job",
-    "scaled_copies",
-    "scaled_footprint",
-    "scaled_name",
-]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())
+__all__, __getattr__, __dir__ = lazy_exports(__name__, globals())

@@ -1,39 +1,25 @@
-"""The one rule that picks the decode backend for ``decode_backend="auto"``: the loader
-applies it, and ``asyncloader bench`` recommends what it gives.
+"""Whether decode holds the GIL: the one rule behind the loader's default number of engine
+processes (and the engines ``asyncloader bench`` advises).
 
-Measured on 2 cores: from the network, threads decode faster (fetched bytes need not
-travel to a process); from the SSD cache, processes did with Pillow's decode and resize
-(Python parts that hold the GIL), and threads do as well or better with the region decoder
-and the resize extension, which hold it for almost nothing (README, ``bench_cache.py``).
+Decode runs on threads of an engine: the region decoder and the resize extension
+(``_jpegroi``, ``_resize``) hold the GIL for almost nothing, so one engine feeds 4 decode
+threads (``WORKERS_PER_ENGINE``).  Where decode would hold it (those extensions not built,
+so Pillow decodes and resizes, or a ``decode=`` hook written in Python), the loader runs
+one engine process per decode worker, each with one decode thread, instead of more threads
+that would take turns: measured on 2 cores with a GIL-bound hook, 2 engines of one decode
+thread made 1.10 × the images/s of one engine with 2 decode processes at 0.91 × its CPU
+per image, and 1.50 × the images/s of one engine with 2 decode threads (``bench_scale.py``,
+``benchmarks/results/two_levels.json``).
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-from typing import Literal
-
 from ._image import FAST_RESIZE, ROI_DECODE
 
-__all__ = ["Backend", "choose_backend"]
-
-Backend = Literal["thread", "process"]
+__all__ = ["decode_holds_gil"]
 
 
-def choose_backend(*, cache: bool, decode_hook: bool, in_worker: bool | None = None) -> Backend:
-    """``"process"`` where decode reads the SSD cache and would hold the GIL (the
-    ``_jpegroi``/``_resize`` extensions not built, or a ``decode=`` hook), on POSIX (decode
-    processes get their socket by inheritance), outside a DataLoader worker (the
-    parallelism is there already, and DataLoader terminates its workers without giving a
-    loader time to close); ``"thread"`` otherwise.
-
-    Args:
-        cache: Decode reads an SSD cache (``cache_dir``).
-        decode_hook: A ``decode=`` hook replaces the built-in decode.
-        in_worker: This process is a DataLoader worker (None: a daemonic process is one).
-    """
-    if in_worker is None:
-        in_worker = multiprocessing.current_process().daemon
-    holds_gil = not (ROI_DECODE and FAST_RESIZE) or decode_hook
-    process = cache and os.name == "posix" and not in_worker and holds_gil
-    return "process" if process else "thread"
+def decode_holds_gil(*, decode_hook: bool) -> bool:
+    """Decode holds the GIL most of its time: a ``decode=`` hook (Python), or JPEGs decoded
+    and resized by Pillow because the ``_jpegroi``/``_resize`` extensions are not built."""
+    return decode_hook or not (ROI_DECODE and FAST_RESIZE)

@@ -1,9 +1,9 @@
 """Decode JPEGs on the GPU, a batch at a time, straight into a ring slot on the device.
 
-``ImageLoader(decode_backend="cuda", device="cuda")``.  Per sample, a host thread reads the
-bytes (fetched, or from the SSD cache), reads the JPEG's header, plans the crop with the
-same transform and seed as the CPU path (so the same crop boxes and flips), and works out
-the resize's filter weights: Pillow's BILINEAR law (``_resample``), the flip
+``ImageLoader(decode=DecodeConfig(backend="cuda"), device="cuda")``.  Per sample, a host
+thread reads the bytes (fetched, or from the SSD cache), reads the JPEG's header, plans the
+crop with the same transform and seed as the CPU path (so the same crop boxes and flips),
+and works out the resize's filter weights: Pillow's BILINEAR law (``_resample``), the flip
 folded in.  One GPU thread takes every sample that is ready (up to ``max_batch``), copies
 their bytes into one pinned buffer, decodes them in one nvJPEG call (torchvision's batched
 ``decode_jpeg(device=...)``), and writes each crop, resized and flipped (two small matrix
@@ -65,7 +65,7 @@ def require_torchvision() -> None:
         import torchvision.io  # noqa: F401
     except ImportError as exc:
         raise ImportError(
-            "decode_backend='cuda' decodes with torchvision's nvJPEG decoder: "
+            "DecodeConfig(backend='cuda') decodes with torchvision's nvJPEG decoder: "
             "pip install torchvision (the build that matches your torch)"
         ) from exc
 
@@ -134,7 +134,6 @@ class GpuDecodePool:
         if spec.decode_fn is not None or spec.transform is None:
             raise ValueError("decoding on the GPU needs a transform and no decode= hook")
         self.workers = workers
-        self.restarts = 0
         self.device = images.device
         self.batches = 0  # decode calls made
         self.on_cpu = 0  # samples the CPU path decoded
@@ -146,6 +145,8 @@ class GpuDecodePool:
         self._gpu: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._results = Completions()
         self._pinned: torch.Tensor | None = None
+        # Daemon: aclose() stops and joins them (the runtime's teardown, bounded); one stuck
+        # in a decode or a CUDA call past that bound must not hang interpreter exit.
         self._threads = [
             threading.Thread(target=self._host_work, name=f"asyncloader-gpu-host-{i}", daemon=True)
             for i in range(workers)

@@ -1,5 +1,5 @@
-"""A decode job as a worker runs it (cache read, then pixels), and the protocol both pools
-implement."""
+"""A decode job as a worker runs it (cache read, then pixels), and the protocol the pools
+implement (decode threads, and the GPU's)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Protocol
 
 from .._base._errors import DecodeError, shown_key
 from .._base._types import (
-    ArenaSlice,
     Blob,
     BlobCache,
     CachedAt,
@@ -49,13 +48,11 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
     return Outcome(time.perf_counter() - t0, events)
 
 
-def job_bytes(job: DecodeJob, spec: DecodeSpec) -> tuple[Blob | memoryview | None, CacheEvent]:
+def job_bytes(job: DecodeJob, spec: DecodeSpec) -> tuple[Blob | None, CacheEvent]:
     """The bytes a job decodes, read from the cache where the job says so, and what
     happened there; None (with ``MISS``) when the cache no longer has them."""
     events = CacheEvent.NONE
     data, cache_key, size = job.data, job.cache_key, job.size
-    if isinstance(data, ArenaSlice):  # the worker resolves these before running the job
-        raise DecodeError(f"bytes of {shown_key(job.key)} left in the arena", key=job.key)
     if data is None or isinstance(data, CachedAt):
         cache = spec.cache if cache_key else None
         if cache is None:
@@ -103,7 +100,6 @@ class DecodePool(Protocol):
     """Runs :func:`run_job` for one sample into ``slot``/``index`` of the ring."""
 
     workers: int
-    restarts: int
 
     async def decode(self, job: DecodeJob, priority: int = 0) -> Outcome:
         """Run one job.  Queued jobs run lowest ``priority`` first (the pipeline passes its

@@ -35,7 +35,6 @@ class ThreadDecodePool:
 
     def __init__(self, workers: int, spec: DecodeSpec, images: U8Array) -> None:
         self.workers = workers
-        self.restarts = 0
         self._spec = spec
         self._images = images
         # (priority, arrival, (target, job)), under the lock; a True token per job wakes a
@@ -44,6 +43,8 @@ class ThreadDecodePool:
         self._arrival = itertools.count()
         self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._results = Completions()
+        # Daemon: aclose() stops and joins them (the runtime's teardown, bounded); one stuck
+        # in a decode (C code, a huge image) past that bound must not hang interpreter exit.
         self._threads = [
             threading.Thread(target=self._work, name=f"asyncloader-decode-{i}", daemon=True)
             for i in range(workers)

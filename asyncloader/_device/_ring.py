@@ -1,10 +1,10 @@
 """The batch ring: a fixed number of batch buffers, the loader's bounded prefetch queue.
 
 Memory is ``slots × batch_size × C × H × W`` bytes for the images, allocated once.  Filled
-by other processes (engine processes, decode processes) the buffers live in one segment of
-shared memory (:mod:`asyncloader._base._shm`: a memfd on Linux) that those processes map;
-else they are ordinary memory.  Which slot is free or full is the pipeline's
-business, not the ring's; the ring hands out batches and knows which are still referenced.
+by another process (an engine process) the buffers live in one segment of shared memory
+(:mod:`asyncloader._base._shm`: a memfd on Linux) that both processes map; else they are
+ordinary memory.  Which slot is free or full is the pipeline's business, not the ring's;
+the ring hands out batches and knows which are still referenced.
 
 Batch lifetime: :meth:`BatchRing.lease` gives the consumer views of a slot that hold it
 (see :mod:`asyncloader._base._lease`).  The slot goes back to the pipeline (``on_release``) when
@@ -45,6 +45,8 @@ class BatchRing:
         limit: Slots in use: all of them, or fewer where an epoch has fewer batches (its
             engine does not fill a ring with epochs no one may read; see
             :meth:`BatchOrder.slots_for <asyncloader._run._batches.BatchOrder.slots_for>`).
+            Set once, by the pipeline that fills the ring; in shared memory with the
+            slots, so the process that maps the ring reads what the engine set.
         on_release: Called with a slot when the last reference to the batch leased from it
             is gone; from any thread, so it must be thread-safe (the loader hands the slot
             to the event loop).  Not called after :meth:`close`.
@@ -58,18 +60,15 @@ class BatchRing:
         *,
         shared: bool,
         attach: SegmentRef | None = None,
-        tracked: bool = True,
     ) -> None:
         if slots < 2 and attach is None:
             raise ValueError("the ring needs at least 2 slots (one filling, one consumed)")
         self.slots = slots
-        self.limit = slots
         self.batch_size = batch_size
         self.on_release: Callable[[int], None] | None = None
         shape = (slots, batch_size, *sample_shape)
         nbytes = int(np.prod(shape))
         self._segment: Segment | None = None
-        self._tracked = tracked
         # Reentrant: a lease can be freed by the garbage collector while this thread holds
         # the lock (a collection can start at any allocation).
         self._lock = threading.RLock()
@@ -77,27 +76,36 @@ class BatchRing:
         self._closed = False
         self.images: npt.NDArray[np.uint8]
         self.labels: npt.NDArray[np.int64]
+        # How many slots are in use (:attr:`limit`), one number.
+        self._in_use: npt.NDArray[np.int64]
         if shared or attach is not None:
-            # The labels follow the images in the same segment (8-byte aligned): a ring
-            # filled by another process hands over both.
+            # The labels follow the images in the same segment (8-byte aligned), then the
+            # slots in use: a ring filled by another process hands over all three.
             at = -(-nbytes // 8) * 8
-            size = at + 8 * slots * batch_size
+            end = at + 8 * slots * batch_size
             if attach is not None:
                 self._segment = seg = Segment.attach(attach)
             else:
                 what = f"a ring of {slots} batches of {batch_size} samples of {sample_shape}"
-                self._segment = seg = Segment.new(size, what, tracked=tracked)
+                self._segment = seg = Segment.new(end + 8, what)
             self.images = np.ndarray(shape, np.uint8, buffer=seg.buf)
             self.labels = np.ndarray((slots, batch_size), np.int64, buffer=seg.buf, offset=at)
+            self._in_use = np.ndarray((1,), np.int64, buffer=seg.buf, offset=end)
+            if attach is None:
+                self._in_use[0] = slots
         else:
             self.images = np.empty(shape, np.uint8)
             self.labels = np.zeros((slots, batch_size), np.int64)
+            self._in_use = np.array([slots], np.int64)
 
     @property
-    def tracked(self) -> bool:
-        """A POSIX segment of its own is registered with this process's resource tracker
-        (see :meth:`Segment.new <asyncloader._base._shm.Segment.new>`)."""
-        return self._tracked
+    def limit(self) -> int:
+        """Slots in use (see the class's docstring)."""
+        return int(self._in_use[0])
+
+    @limit.setter
+    def limit(self, slots: int) -> None:
+        self._in_use[0] = slots
 
     @property
     def ref(self) -> SegmentRef | None:
@@ -165,6 +173,7 @@ class BatchRing:
             return
         self.images = np.empty((0,), np.uint8)
         self.labels = np.empty((0,), np.int64)
+        self._in_use = np.array([self.limit], np.int64)  # a view of the segment no more
         try:
             segment.close()
         except BufferError:

@@ -100,8 +100,6 @@ class _OutputPool:
         self._free: list[npt.NDArray[np.uint8]] = []
         self._size = 0
         self._lock = threading.Lock()
-        self.held = 0  # buffers whose batch is still referenced
-        self.allocated = 0  # buffers made so far
 
     def take(self, nbytes: int) -> torch.Tensor:
         """A uint8 tensor of at least ``nbytes`` that holds its buffer while it lives."""
@@ -110,15 +108,12 @@ class _OutputPool:
                 self._size = nbytes
                 self._free.clear()  # too small for batches of this shape
             buf = self._free.pop() if self._free else None
-            self.held += 1
         if buf is None:
             buf = np.empty(self._size, np.uint8)
-            self.allocated += 1
         return torch.from_numpy(leased(buf, Lease(functools.partial(self._returned, buf))))
 
     def _returned(self, buf: npt.NDArray[np.uint8]) -> None:
         with self._lock:
-            self.held -= 1
             if len(self._free) < self._keep and buf.nbytes >= self._size:
                 self._free.append(buf)
 
@@ -131,6 +126,8 @@ class _Releaser:
     def __init__(self) -> None:
         self._held: queue.SimpleQueue[tuple[Any, tuple[object, ...]] | None] = queue.SimpleQueue()
         self.error: BaseException | None = None
+        # Daemon: a release waits on a CUDA event; one that never completes (a device
+        # lost) must not keep the interpreter from exiting.  close() ends it otherwise.
         self._thread = threading.Thread(target=self._run, name="asyncloader-releaser", daemon=True)
         self._thread.start()
 
@@ -289,11 +286,6 @@ class Uploader:
             scratch = self._scratch[: images.numel()].view(shape)
         return self.spec.convert(images, self._affine, out, scratch)
 
-    @property
-    def outputs_held(self) -> int:
-        """CPU output batches still referenced by the consumer."""
-        return self._pool.held
-
     def _stage(self, images: torch.Tensor) -> int:
         """Copy a slot into the next pinned staging buffer (once its last H2D copy is done);
         return the buffer's index.  The slot itself is free as soon as this returns."""
@@ -380,6 +372,8 @@ class Uploader:
                 if close is not None:
                     close()
 
+        # Daemon: it blocks on the source's next batch or on the GPU; one left by a consumer
+        # that never closed the iterator must not keep the interpreter from exiting.
         thread = threading.Thread(target=work, name="asyncloader-uploader", daemon=True)
         thread.start()
         try:

@@ -3,6 +3,8 @@ checks.
 
 Runs on the loader's (or ``warm``'s) event loop.  It never touches the cache's values: the
 decode workers write fetched bytes back, ``warm``'s writer thread stores them.
+
+The in-flight budget, adaptive and shared by a node's loaders, is ``_budget``'s.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The flow and its owner: epoch order and shards (``_sampler``), resume states
-(``_resume``), the cache fill on the way in (``_cache_fill``), the asyncio pipeline
-(``_pipeline``), the loop thread and teardown order (``_runtime``), the composition root
-(``_build``), ``ImageLoader`` (``_loader``) and the job's c10d store (``_dist``).
-Over every wing below it."""
+"""The flow on one event loop: epoch order and shards (``_sampler``), resume states
+(``_resume``) and where the run stands (``_position``), the job's c10d store (``_dist``),
+the batches an engine makes (``_batches``), the cache fill on the way in (``_cache_fill``)
+and the extras beside the images (``_extras``), the asyncio pipeline (``_pipeline``) and
+what it announces (``_notices``), the loop thread and teardown order (``_runtime``), and
+the composition root (``_build``).  Over every wing below it; the loader and its engine
+processes are ``_loader``'s."""

@@ -12,7 +12,6 @@ import numpy.typing as npt
 from .._base._config import RunConfig
 from .._base._errors import AsyncLoaderError
 from .._dataset import Listing
-from .._dataset._labels import Dataset
 from ._sampler import batch_owner, epoch_indices, num_batches, samples_per_epoch, unshuffled_batch
 
 __all__ = ["BatchOrder"]
@@ -52,16 +51,8 @@ class BatchOrder:
         if self.listing.dataset is None:
             return slots
         r = self.run
-        batches = num_batches(self.epoch_samples(), r.batch_size, r.drop_last)
+        batches = num_batches(self.epoch_samples(), r.batch_size, r.shard.drop_last)
         return min(slots, max(2, sum(map(self.mine, range(batches)))))
-
-    @classmethod
-    def engines_slots(cls, dataset: Dataset, run: RunConfig, slots: list[int]) -> list[int]:
-        """:meth:`slots_for` of each of ``len(slots)`` engines, ``slots[k]`` engine ``k``'s
-        ring (as the trainer counts what each engine's pipeline uses)."""
-        n = len(slots)
-        listing = Listing(dataset)
-        return [cls(listing, run, (k, n)).slots_for(s) for k, s in enumerate(slots)]
 
     def check(self) -> None:
         """Every worker sharing this rank must get a batch (the listing is complete).
@@ -71,11 +62,12 @@ class BatchOrder:
         """
         r = self.run
         n = self.epoch_samples()
-        if num_batches(n, r.batch_size, r.drop_last) < r.num_workers:
+        batches = num_batches(n, r.batch_size, r.shard.drop_last)
+        if batches < r.shard.num_workers:
             raise ValueError(
-                f"{num_batches(n, r.batch_size, r.drop_last)} batches per epoch for this rank "
-                f"({n} samples, batch_size={r.batch_size}, drop_last={r.drop_last}): fewer "
-                f"than the {r.num_workers} worker(s) sharing it"
+                f"{batches} batches per epoch for this rank ({n} samples, "
+                f"batch_size={r.batch_size}, drop_last={r.shard.drop_last}): fewer than the "
+                f"{r.shard.num_workers} worker(s) sharing it"
             )
 
     async def batches(
@@ -115,14 +107,14 @@ class BatchOrder:
                 shuffle=r.shuffle,
                 rank=r.rank,
                 world_size=r.world_size,
-                even=r.even,
-                local_world_size=r.local_world_size,
+                even=r.shard.even,
+                local_world_size=r.shard.local_world_size,
                 start=span[0] if span else 0,
                 end=span[1] if span else None,
                 mix=listing.dataset.mix if listing.dataset is not None else None,
             )
             span = None
-            nb = num_batches(len(indices), r.batch_size, r.drop_last)
+            nb = num_batches(len(indices), r.batch_size, r.shard.drop_last)
             mine = [b for b in range(first_batch, nb) if self.mine(b)]
             for b in mine:
                 sel = indices[b * r.batch_size : (b + 1) * r.batch_size]
@@ -136,4 +128,4 @@ class BatchOrder:
         """Whether batch ``b`` of the rank is made here: this DataLoader worker's, and of
         those this engine process's part."""
         k, n = self.part
-        return batch_owner(b, self.run.num_workers, n) == (self.run.worker, k)
+        return batch_owner(b, self.run.shard.num_workers, n) == (self.run.shard.worker, k)

@@ -66,10 +66,10 @@ def node_objects(objects: Sequence[ObjectInfo], run: RunConfig) -> Sequence[Obje
     unshuffled, its ranks' fixed shards, dealt as :func:`epoch_indices` deals them.
     """
     world = run.world_size
-    local = min(run.local_world_size or world, world)
+    local = min(run.shard.local_world_size or world, world)
     node = run.rank // local
     if run.shuffle == "node":
-        if run.local_world_size is None:
+        if run.shard.local_world_size is None:
             return objects
         mine = node_subset(len(objects), seed=run.seed, node=node, nodes=max(world // local, 1))
     elif run.shuffle:
@@ -275,7 +275,7 @@ class CacheFill:
         self.writer = CacheWriter(
             cache, done=done, derive=derive, derive_threads=derive_threads, remember=remember
         )
-        self.index = IndexThread(cache, name)
+        self.index = IndexThread(cache.close, name)
         self.once = OnceFetcher(fetcher, self.writer, admit, counters, wait_for_room=wait_for_room)
         self.admission: Admission | None = None  # the loader's (for_loader)
 

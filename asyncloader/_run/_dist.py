@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .._base._env import agent_store
+from .._base._env import agent_store, in_dataloader_worker
 from .._base._errors import AsyncLoaderError, ListingMismatchError
 from .._base._manifest import is_columnar, is_manifest
 from .._base._own_thread import run_on_own_thread
@@ -101,9 +101,7 @@ def store_address() -> StoreAddress | None:
         return _adopted
     if "torch" not in sys.modules:  # no process group without torch imported
         return None
-    import multiprocessing
-
-    if multiprocessing.current_process().daemon:  # a DataLoader worker: its parent's group
+    if in_dataloader_worker():  # its parent's group, not one of its own
         return None
     import torch.distributed as dist
 

@@ -1,13 +1,15 @@
-"""What the pipeline announces to the consumer, in order, on its output queue: a batch ready
-in a ring slot, the end of an epoch, or the failure that stopped production."""
+"""What the pipeline announces to the consumer, in order, to its outbox: a batch ready in a
+ring slot, the end of an epoch, or the failure that stopped production; and the outbox,
+which stamps each notice with the generation (the consumer's latest start) it was made for,
+so that the consumer's side drops what an earlier start made, in one place."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["BatchReady", "EpochEnd", "Failed", "Notice", "Skipped"]
+__all__ = ["BatchReady", "EpochEnd", "Failed", "Notice", "Outbox", "Skipped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,19 +23,25 @@ class Skipped:
 
 @dataclass(frozen=True, slots=True)
 class BatchReady:
-    """Batch ``index`` of ``epoch`` is in ring ``slot``: its first ``n`` samples; ``skipped``
-    maps error type → samples of it left out, ``skipped_keys`` names them (counted when it
-    is delivered); ``ring``: which engine process's ring (0 in the engine's own process);
-    ``extras``: each extra's values for the ``n`` samples (``extras=``), else None;
-    ``sources``: how many of them each source gave (several sources), else None."""
+    """Batch ``index`` of ``epoch`` is in ``slot`` of ``ring``: its first ``n`` samples.
+
+    Attributes:
+        ring: Which ring: the serial its engine process was given by the trainer that maps
+            its ring (set by the engine, which knows it from its order); 0 for the engine
+            in the trainer.
+        skipped: Error type → samples of it left out under ``on_error="skip"`` (counted
+            when the batch is delivered); ``skipped_keys`` names them.
+        extras: Each extra's values for the ``n`` samples (``extras=``), else None.
+        sources: How many of them each source gave (several sources), else None.
+    """
 
     epoch: int
     index: int
+    ring: int
     slot: int
     n: int
-    skipped: Counter[str]
+    skipped: Counter[str] = field(default_factory=Counter)
     skipped_keys: tuple[str, ...] = ()
-    ring: int = 0
     extras: dict[str, list[Any]] | None = None
     sources: dict[str, int] | None = None
 
@@ -55,3 +63,15 @@ class Failed:
 
 Notice = BatchReady | EpochEnd | Failed
 """What the pipeline announces on its output queue, in order."""
+
+
+class Outbox(Protocol):
+    """Where a pipeline announces its notices: a queue of this process, or the socket to
+    the trainer.  Each notice goes out stamped with :attr:`generation`, which the engine
+    sets on its loop when it restarts production, between the old production's end and
+    the new one's start."""
+
+    generation: int
+
+    def put(self, notice: Notice) -> None:
+        """Announce ``notice``, stamped with the generation now (never blocks)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 from collections import Counter, deque
 from collections.abc import AsyncIterator
 from functools import partial
@@ -38,7 +37,7 @@ from .._fetch import Fetcher
 from ._batches import BatchOrder
 from ._cache_fill import CacheFill, InHand, OnceFetcher
 from ._extras import BatchExtras, ExtrasReader
-from ._notices import BatchReady, EpochEnd, Failed, Notice, Skipped
+from ._notices import BatchReady, EpochEnd, Failed, Outbox, Skipped
 from ._sampler import mix_seed
 
 __all__ = ["Pipeline"]
@@ -59,7 +58,7 @@ async def _next(it: AsyncIterator[T]) -> T:
 
 
 class Pipeline:
-    """Produces batches into the ring and announces them on ``output`` (a thread-safe queue).
+    """Produces batches into the ring and announces them to ``output``.
 
     Args:
         listing: The samples (complete, or still growing for an unshuffled run).
@@ -68,7 +67,8 @@ class Pipeline:
         ring: The batch buffers.
         run: Batch composition and error policy.
         counters: Stats, written from the loop.
-        output: Where finished batches are announced to the consumer thread.
+        output: Where finished batches are announced (stamped with the generation: the
+            consumer's side drops what an earlier start made).
         decode_window: Most samples between the start of their fetch and the end of their
             decode (bounds the bytes held in memory).
         filling: The way into the SSD cache (:class:`~._cache_fill.CacheFill`), which
@@ -76,6 +76,7 @@ class Pipeline:
             written back, each object fetched once while other batches need it.
         part: ``(k, n)``: make only every ``n``-th of this worker's batches, from its
             ``k``-th on (the share of one of ``n`` engine processes); ``(0, 1)``: all.
+        ring_key: How its notices name ``ring`` (an engine process's serial; 0 here).
     """
 
     def __init__(
@@ -86,11 +87,12 @@ class Pipeline:
         ring: BatchRing,
         run: RunConfig,
         counters: Counters,
-        output: queue.Queue[Notice],
+        output: Outbox,
         *,
         decode_window: int,
         filling: CacheFill | None = None,
         part: tuple[int, int] = (0, 1),
+        ring_key: int = 0,
     ) -> None:
         self.listing = listing
         self.order = BatchOrder(listing, run, part)
@@ -100,6 +102,7 @@ class Pipeline:
         self.run = run
         self.counters = counters
         self.output = output
+        self._ring_key = ring_key
         self._decode_window = decode_window
         self._filling = filling
         dataset = listing.dataset
@@ -142,15 +145,10 @@ class Pipeline:
         await self.stop()
         if self._filling is not None:
             await self._filling.prepare()
-        # Nothing is filling any slot now.  Batches announced but never taken are dropped;
-        # slots whose batch the consumer still references stay out until it lets go.
-        while True:
-            try:
-                item = self.output.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, BatchReady):
-                self._out.discard(item.slot)
+        # Nothing is filling any slot now.  Slots published before stay out until they come
+        # back (:meth:`release`): batches the consumer still references when it lets go,
+        # batches announced and never taken when the consumer's side drops their stale
+        # notice (an earlier generation) and gives the slot back.
         self._free = asyncio.Queue()
         self.ring.limit = self.order.slots_for(self.ring.slots)
         for s in range(self.ring.limit):
@@ -253,13 +251,24 @@ class Pipeline:
         self.counters.batches_produced += 1
         self._out.add(slot)
         self.counters.ring_out = len(self._out)
-        made = (n, skipped.counts, skipped.keys, 0, extras, sources)  # ring 0: this engine's
-        self.output.put(BatchReady(epoch, index, slot, *made))
+        self.output.put(
+            BatchReady(
+                epoch=epoch,
+                index=index,
+                ring=self._ring_key,
+                slot=slot,
+                n=n,
+                skipped=skipped.counts,
+                skipped_keys=skipped.keys,
+                extras=extras,
+                sources=sources,
+            )
+        )
         failures = self._failures.get(epoch, [])
         # A budget that is a fraction of the epoch waits for a growing listing to complete.
         samples = self.order.epoch_samples() if self.listing.done else None
-        if len(failures) > self.run.failure_budget(samples):
-            raise FailureBudgetExceeded.of(failures, epoch, samples, self.run.max_failures)
+        if len(failures) > self.run.errors.budget(samples):
+            raise FailureBudgetExceeded.of(failures, epoch, samples, self.run.errors.max_failures)
         if last:
             self._failures.pop(epoch, None)
             self.output.put(EpochEnd(epoch))
@@ -391,7 +400,7 @@ class Pipeline:
         if not isinstance(exc, AsyncLoaderError):
             raise exc
         exc.add_note(f"asyncloader: stage={stage} key={shown_key(key)}")
-        if self.run.on_error == "raise":
+        if self.run.errors.on_error == "raise":
             raise exc
         self._failures.setdefault(epoch, []).append(exc)
         failure = _Failure()

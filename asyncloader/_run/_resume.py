@@ -133,7 +133,7 @@ def loader_state(
         next_batch=next_batch,
         batch_size=run.batch_size,
         world_size=run.world_size,
-        even=run.even,
+        even=run.shard.even,
         span=span or (0, mix.length if mix is not None else num_objects),
     )
     return {
@@ -146,13 +146,13 @@ def loader_state(
         "seed": run.seed,
         "shuffle": run.shuffle,
         "batch_size": run.batch_size,
-        "drop_last": run.drop_last,
+        "drop_last": run.shard.drop_last,
         "rank": run.rank,
         "world_size": run.world_size,
-        "local_world_size": run.local_world_size,
-        "even": run.even,
-        "worker": run.worker,
-        "num_workers": run.num_workers,
+        "local_world_size": run.shard.local_world_size,
+        "even": run.shard.even,
+        "worker": run.shard.worker,
+        "num_workers": run.shard.num_workers,
     }
 
 

@@ -56,6 +56,8 @@ class Runtime:
         self.store: ObjectStore | None = None
         self.ring: BatchRing | None = None
         self.uploader: Uploader | None = None
+        # A listing that goes on while batches are made: held here, as the loop holds
+        # tasks only weakly (one dropped would be collected mid-listing).
         self.listing_task: asyncio.Task[None] | None = None
         self._lock = threading.Lock()
         self.thread.start()

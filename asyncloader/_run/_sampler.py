@@ -242,7 +242,7 @@ def unshuffled_batch(
 def samples_per_epoch(n: int, r: RunConfig, mix: Mix | None = None) -> int:
     """Samples a rank sees per epoch of ``n`` objects (the same every epoch)."""
     if mix is not None:
-        return len(_even(np.arange(mix.length), r.world_size, r.even)[r.rank :: r.world_size])
+        return len(_even(np.arange(mix.length), r.world_size, r.shard.even)[r.rank :: r.world_size])
     return len(
         epoch_indices(
             n,
@@ -251,7 +251,7 @@ def samples_per_epoch(n: int, r: RunConfig, mix: Mix | None = None) -> int:
             shuffle="node" if r.shuffle == "node" else False,  # the same count
             rank=r.rank,
             world_size=r.world_size,
-            even=r.even,
-            local_world_size=r.local_world_size,
+            even=r.shard.even,
+            local_world_size=r.shard.local_world_size,
         )
     )

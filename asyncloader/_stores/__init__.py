@@ -6,6 +6,12 @@
   or ``https://ACCOUNT.blob.core.windows.net/container/prefix/``
 * ``https://host/path/`` (other hosts): objects named by a manifest
 * ``file:///path/`` or a plain path
+
+Its modules: one per backend (``_s3`` with ``_s3_pages`` and ``_s3_hosts``, ``_gcs``,
+``_azure``, ``_web``, ``_local``, and ``_mixed``: several sources' stores as one), their
+credentials (``_s3_auth``, ``_gcs_auth``, ``_azure_auth``, ``_bearer``), the HTTP clients
+(``_http``, ``_lean_http``, ``_tls``) and what the HTTP stores share (``_http_store``),
+sorted listing in chunks (``_listing``) and the one retry loop (``_retry``).
 """
 
 from __future__ import annotations

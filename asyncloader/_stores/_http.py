@@ -183,7 +183,8 @@ def error_for_status(
     ):
         return WrongRegion(
             f"{what} is in another region ({detail}{f', region {region}' if region else ''})"
-            ": pass the bucket's region (store_options={'region': ...}) or set AWS_REGION",
+            ": pass the bucket's region (the store option region=...: a loader's "
+            "StoreConfig(options={'region': ...})) or set AWS_REGION",
             key=key,
             status=status,
             region=region,

@@ -110,7 +110,9 @@ class HttpStore(HTTPStoreBase):
         if self._manifest is None:
             raise StoreError(
                 f"{self._base} has no listing: name its objects with a manifest "
-                "(store_options={'manifest': 'train.jsonl'}, or labels='train.jsonl')"
+                "(the store option manifest='train.jsonl': a loader's "
+                "StoreConfig(options={'manifest': 'train.jsonl'}), warm's and ls's "
+                "store_options=; or labels='train.jsonl')"
             )
         name = os.fspath(self._manifest)
         if "://" not in name and await asyncio.to_thread(os.path.isfile, name):

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._base._config import CacheConfig, decode_worker_count
+from .._base._config import CacheConfig, decode_worker_count, engine_processes
 from .._base._env import cpu_budget
 from .._base._errors import AsyncLoaderError, StoreError, Throttled
 from .._base._proctree import machine_busy_seconds
@@ -37,8 +37,7 @@ from .._cache import ObjectCache
 from .._dataset import saved_listing
 from .._dataset._labels import IMAGE_EXTENSIONS, no_samples
 from .._dataset._saved import listing_path, save_listing
-from .._decode import choose_backend
-from .._run._build import open_cache
+from .._decode import decode_holds_gil
 from .._stores import open_store
 from .._stores._retry import retrying
 from ._bench_local import MAX_SAMPLE_BYTES, decodable, decode_rates, disk_rates
@@ -163,7 +162,7 @@ async def _measure(
     seed: int,
 ) -> dict[str, Any]:
     store = open_store(url, **store_options)
-    cache = open_cache(cache_dir, CacheConfig())  # the loader's cache, as it opens it
+    cache = ObjectCache.opened(cache_dir, CacheConfig())  # the loader's cache, as it opens it
     try:
         objects, complete = await _listed(store, cache, seconds * 0.2)
         images = [o for o in objects if os.path.splitext(o.key)[1].lower() in IMAGE_EXTENSIONS]
@@ -331,8 +330,10 @@ def bench(
     settings: dict[str, Any] = {
         "max_inflight": recommended,
         "decode_workers": workers,
-        # What decode_backend="auto" picks for these settings (the one rule).
-        "decode_backend": choose_backend(cache=use_cache, decode_hook=False, in_worker=False),
+        # The engine processes a loader of these settings runs by default (the one rule).
+        "engine_processes": engine_processes(
+            None, workers, holds_gil=decode_holds_gil(decode_hook=False)
+        ),
         "cache": use_cache,
         "cache_dir": directory if use_cache else None,
     }

@@ -119,9 +119,10 @@ class BenchReport:
         lines += [
             "",
             "settings:",
-            f"  ImageLoader({self.url!r}, max_inflight={s['max_inflight']}, "
-            f"decode_workers={s['decode_workers']}, decode_backend={s['decode_backend']!r}"
-            f"{cache})",
+            f"  ImageLoader({self.url!r}{cache},",
+            f"              fetch=FetchConfig(max_inflight={s['max_inflight']}),",
+            f"              decode=DecodeConfig(workers={s['decode_workers']}))"
+            f"  # {s['engine_processes']} engine process(es)",
             f"({self.seconds:.0f} s)",
         ]
         return "\n".join(lines)

@@ -30,7 +30,6 @@ from .._dataset._labels import (
 )
 from .._dataset._located import write_file
 from .._dataset._objects import ObjectList
-from .._run._build import open_cache
 from .._stores import open_store
 from .._stores import store_options as store_options_for
 
@@ -202,7 +201,7 @@ def describe(
         try:
             return await describe_store(
                 store,
-                open_cache(cache_dir, config),
+                ObjectCache.opened(cache_dir, config),
                 extensions=extensions,
                 listing_max_age=config.max_age,
                 write_manifest=write_manifest,
@@ -247,7 +246,7 @@ def listing(
         options = store_options_for(url, labels, store_options)
         store = open_store(url, **options)
         try:
-            made = open_cache(cache_dir, config)
+            made = ObjectCache.opened(cache_dir, config)
             folder = made.directory if made is not None else None
             return await list_for(
                 store, labels, folder=folder, max_age=config.max_age, store_options=options

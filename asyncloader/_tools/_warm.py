@@ -15,12 +15,18 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
-from .._base._config import CACHE_SIZE, LISTING_MAX_AGE, CacheConfig, FetchConfig, RunConfig
+from .._base._config import (
+    CACHE_SIZE,
+    LISTING_MAX_AGE,
+    CacheConfig,
+    FetchConfig,
+    RunConfig,
+    ShardConfig,
+)
 from .._base._env import local_world_size, shard_from_env, usable_cpus
 from .._base._errors import AsyncLoaderError, shown_key
 from .._base._sources import Source, as_sources
@@ -31,7 +37,7 @@ from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import list_objects
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
 from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
-from .._run._build import make_fetcher, open_cache
+from .._run._build import make_fetcher
 from .._run._cache_fill import CacheFill, entry_key, node_admission, node_objects
 
 __all__ = ["WarmReport", "warm", "warm_cache"]
@@ -141,7 +147,7 @@ async def warm_cache(
         seed=node_seed or 0,
         rank=i,
         world_size=n,
-        local_world_size=1,
+        shard=ShardConfig(local_world_size=1),
     )
     mine = list(node_objects(ordered, node))
     # A cache too small for this shard keeps a fixed subset: the loader's, by its one rule.
@@ -251,7 +257,6 @@ def warm(
     on_listed: Callable[[int, int], None] | None = None,
     on_object: Callable[[int], None] | None = None,
     node_seed: int | None = None,
-    concurrency: int | None = None,
     scaled_jpegs: bool = False,
     group_shared: bool = False,
 ) -> WarmReport:
@@ -259,8 +264,6 @@ def warm(
 
     A missing ``cache_dir`` is made readable by its owner only, or with ``group_shared``
     by the owner's group too (see :class:`~asyncloader.ObjectCache`).
-
-    ``concurrency`` is the old spelling of ``max_inflight`` (deprecated).
 
     ``shard`` defaults to the torchrun environment: ``RANK``/``WORLD_SIZE``, or with
     ``node_seed`` (warming for ``shuffle="node"``) this node of ``WORLD_SIZE //
@@ -286,17 +289,11 @@ def warm(
                     on_listed=on_listed,
                     on_object=on_object,
                     node_seed=node_seed,
-                    concurrency=concurrency,
                     scaled_jpegs=scaled_jpegs,
                     group_shared=group_shared,
                 )
             )
         return report
-    if concurrency is not None:
-        warnings.warn(
-            "warm(concurrency=...) is now warm(max_inflight=...)", DeprecationWarning, stacklevel=2
-        )
-        max_inflight = max_inflight or concurrency
     if shard is None:
         rank, world = shard_from_env()
         if node_seed is not None:
@@ -313,7 +310,7 @@ def warm(
     async def main() -> WarmReport:
         store = open_store(url, **(store_options or {}))
         try:
-            cache = open_cache(cache_dir, config)
+            cache = ObjectCache.opened(cache_dir, config)
             assert cache is not None
             return await warm_cache(
                 store,

@@ -13,6 +13,10 @@
   :class:`~asyncloader.ObjectStore` passes.
 * :func:`make_jpeg_folder`, :func:`demo_bucket`: the demo's ImageNet-like JPEGs (made from
   real photos) and the emulator bucket that serves them (they live in the package proper).
+
+Also here: fake-gcs-server (``_gcs``), the demo's bucket (``_demo``), the start/stop shape
+of the servers (``_equipment``), and the light S3 server's protocol, answers and state
+(``_s3server``, ``_s3answers``, ``_s3state``).
 """
 
 from ._azurite import Azurite as Azurite

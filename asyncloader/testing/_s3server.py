@@ -43,24 +43,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import contextlib
-import json
 import os
-import random
 import re
 import signal
 import ssl
 import sys
-from collections.abc import Mapping
 from email.utils import formatdate
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
-from xml.sax.saxutils import escape
 
-from ._s3state import FAULT_KINDS, ServerState, Stored, Synthetic, load_folder, synthetic_bucket
+from ._s3answers import control, error_xml, list_page
+from ._s3state import ServerState, load_folder, synthetic_bucket
 
-_DATE = "2026-01-01T00:00:00.000Z"
 _SCOPE = re.compile(r"Credential=[^/,]+/[0-9]{8}/([^/,]+)/")
 
 
@@ -79,13 +74,6 @@ _REASONS = {
 
 
 _GCS_MEDIA = "/download/storage/v1/b/"
-
-
-def _error_xml(code: str, message: str) -> bytes:
-    return (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
-        f"<Message>{escape(message)}</Message></Error>"
-    ).encode()
 
 
 class _Protocol(asyncio.Protocol):
@@ -185,13 +173,13 @@ class _Protocol(asyncio.Protocol):
         path = unquote(parts.path)
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
         if path.startswith("/_control/"):
-            self._control(method, path, body)
+            self._respond(*control(self.state, method, path, body))
             return
         if path.startswith(_GCS_MEDIA) and method == "GET":
             # A GCS media download of the same object (to compare clients on one server).
             bucket, _, key = path[len(_GCS_MEDIA) :].partition("/o/")
             if not key:
-                self._respond(404, _error_xml("NoSuchKey", path))
+                self._respond(404, error_xml("NoSuchKey", path))
                 return
         else:
             bucket, _, key = path.lstrip("/").partition("/")
@@ -199,7 +187,7 @@ class _Protocol(asyncio.Protocol):
             return
         if bucket in st.requester_pays and headers.get("x-amz-request-payer") != "requester":
             st.counters["payer_refused"] += 1
-            self._respond(403, _error_xml("AccessDenied", "Access Denied"), head=method == "HEAD")
+            self._respond(403, error_xml("AccessDenied", "Access Denied"), head=method == "HEAD")
             return
         objects = st.buckets.get(bucket)
         if not key:
@@ -207,17 +195,17 @@ class _Protocol(asyncio.Protocol):
                 st.buckets.setdefault(bucket, {})
                 self._respond(200)
             elif objects is None:
-                self._respond(404, _error_xml("NoSuchBucket", bucket))
+                self._respond(404, error_xml("NoSuchBucket", bucket))
             elif method == "HEAD":
                 region = st.regions.get(bucket, "us-east-1")
                 self._respond(200, headers={"x-amz-bucket-region": region}, head=True)
             else:
                 st.counters["list"] += 1
                 fault = st.pick_fault(f"list?{parts.query}", kinds=("short",))
-                self._respond(200, self._list(bucket, objects, query), fault=fault)
+                self._respond(200, list_page(self.state, bucket, objects, query), fault=fault)
             return
         if objects is None:
-            self._respond(404, _error_xml("NoSuchBucket", bucket))
+            self._respond(404, error_xml("NoSuchBucket", bucket))
             return
         if method == "PUT":
             etag = st.put(bucket, key, body)
@@ -232,7 +220,7 @@ class _Protocol(asyncio.Protocol):
             st.gets_by_key[key] += 1
         if not st.admit(asyncio.get_running_loop().time()):
             st.counters["rate_limited"] += 1
-            self._respond(503, _error_xml("SlowDown", "rate limit"), head=method == "HEAD")
+            self._respond(503, error_xml("SlowDown", "rate limit"), head=method == "HEAD")
             return
         fault = st.pick_fault(key)
         if fault in ("slowdown", "throttle", "error"):
@@ -241,15 +229,15 @@ class _Protocol(asyncio.Protocol):
                 "throttle": (429, "TooManyRequests"),
                 "error": (500, "InternalError"),
             }[fault]
-            self._respond(status, _error_xml(code, "injected"), head=method == "HEAD")
+            self._respond(status, error_xml(code, "injected"), head=method == "HEAD")
             return
         obj = objects.get(key)
         if obj is None:
-            self._respond(404, _error_xml("NoSuchKey", key), head=method == "HEAD")
+            self._respond(404, error_xml("NoSuchKey", key), head=method == "HEAD")
             return
         if_match = headers.get("if-match", "").strip('"')
         if if_match and if_match != obj.etag:
-            self._respond(412, _error_xml("PreconditionFailed", key), head=method == "HEAD")
+            self._respond(412, error_xml("PreconditionFailed", key), head=method == "HEAD")
             return
         data = obj.data
         status = 200
@@ -260,7 +248,7 @@ class _Protocol(asyncio.Protocol):
             first = int(first_s)
             last = min(int(last_s), len(data) - 1) if last_s else len(data) - 1
             if first >= len(data):
-                self._respond(416, _error_xml("InvalidRange", key))
+                self._respond(416, error_xml("InvalidRange", key))
                 return
             extra["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
             data = data[first : last + 1]
@@ -280,7 +268,7 @@ class _Protocol(asyncio.Protocol):
         st.counters["wrong_region"] += 1
         extra = {"x-amz-bucket-region": region}
         if st.region_answer == "redirect":
-            body = _error_xml(
+            body = error_xml(
                 "PermanentRedirect",
                 "The bucket you are attempting to access must be addressed using the "
                 "specified endpoint. Please send all future requests to this endpoint.",
@@ -291,112 +279,13 @@ class _Protocol(asyncio.Protocol):
             )
             self._respond(301, body, extra, head=method == "HEAD")
         else:
-            body = _error_xml(
+            body = error_xml(
                 "AuthorizationHeaderMalformed",
                 f"The authorization header is malformed; the region '{m.group(1)}' is wrong; "
                 f"expecting '{region}'",
             ).replace(b"</Error>", f"<Region>{region}</Region></Error>".encode())
             self._respond(400, body, extra, head=method == "HEAD")
         return True
-
-    def _list(self, bucket: str, objects: Mapping[str, Stored], query: dict[str, str]) -> bytes:
-        prefix = query.get("prefix", "")
-        delimiter = query.get("delimiter", "")
-        max_keys = int(query.get("max-keys", "1000"))
-        after = query.get("continuation-token", "") or query.get("start-after", "")
-        keys = self.state.keys(bucket)
-        contents: list[str] = []
-        prefixes: list[str] = []
-        last = ""
-        truncated = False
-        i = max(bisect.bisect_left(keys, prefix), bisect.bisect_right(keys, after))
-        while i < len(keys) and keys[i].startswith(prefix):
-            k = keys[i]
-            i += 1
-            if delimiter:
-                cut = k.find(delimiter, len(prefix))
-                if cut >= 0:
-                    cp = k[: cut + len(delimiter)]
-                    if len(contents) + len(prefixes) >= max_keys:
-                        truncated = True
-                        break
-                    prefixes.append(cp)
-                    last = cp + "\U0010ffff"
-                    i = bisect.bisect_left(keys, last, i)  # past the rest of the folder
-                    continue
-            if len(contents) + len(prefixes) >= max_keys:
-                truncated = True
-                break
-            o = objects[k]
-            contents.append(
-                f"<Contents><Key>{escape(k)}</Key><LastModified>{_DATE}</LastModified>"
-                f"<ETag>&quot;{o.etag}&quot;</ETag><Size>{len(o.data)}</Size>"
-                "<StorageClass>STANDARD</StorageClass></Contents>"
-            )
-            last = k
-        xml = [
-            '<?xml version="1.0" encoding="UTF-8"?>',
-            '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">',
-            f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix>",
-            f"<KeyCount>{len(contents) + len(prefixes)}</KeyCount><MaxKeys>{max_keys}</MaxKeys>",
-            f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>",
-        ]
-        if delimiter:
-            xml.append(f"<Delimiter>{escape(delimiter)}</Delimiter>")
-        if truncated:
-            xml.append(f"<NextContinuationToken>{escape(last)}</NextContinuationToken>")
-        xml += contents
-        xml += [f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>" for p in prefixes]
-        xml.append("</ListBucketResult>")
-        return "".join(xml).encode()
-
-    def _control(self, method: str, path: str, body: bytes) -> None:
-        st = self.state
-        if path == "/_control/faults" and method == "POST":
-            cfg = json.loads(body or b"{}")
-            rates = {k: float(v) for k, v in cfg.get("rates", {}).items()}
-            unknown = set(rates) - set(FAULT_KINDS)
-            if unknown:
-                self._respond(400, json.dumps({"unknown": sorted(unknown)}).encode())
-                return
-            st.fault_rates = rates
-            st.max_faults_per_key = int(cfg.get("max_faults_per_key", 3))
-            st.stall_seconds = float(cfg.get("stall_seconds", st.stall_seconds))
-            st.latency = float(cfg.get("latency", st.latency))
-            st.rate_limit = float(cfg.get("rate_limit", st.rate_limit))
-            st.burst = float(cfg.get("burst", max(st.rate_limit / 10, 1.0)))
-            st._tokens, st._refilled = st.burst, asyncio.get_running_loop().time()
-            st.rng = random.Random(int(cfg.get("seed", 0)))
-            st.faults_by_key.clear()
-            self._respond(200, b"{}")
-        elif path == "/_control/bucket" and method == "POST":
-            cfg = json.loads(body or b"{}")
-            name = str(cfg["bucket"])
-            if "region" in cfg:
-                st.regions[name] = str(cfg["region"])
-                st.region_answer = str(cfg.get("answer", "redirect"))
-            if cfg.get("requester_pays"):
-                st.requester_pays.add(name)
-            self._respond(200, b"{}")
-        elif path == "/_control/stats":
-            out = {
-                "counters": dict(st.counters),
-                "gets_by_key": dict(st.gets_by_key),
-                "keys": sorted(
-                    k
-                    for objs in st.buckets.values()
-                    if not isinstance(objs, Synthetic)  # a million names: ask for a count
-                    for k in objs
-                ),
-                "synthetic": {b: len(o) for b, o in st.buckets.items() if isinstance(o, Synthetic)},
-            }
-            self._respond(200, json.dumps(out).encode(), {"Content-Type": "application/json"})
-        elif path == "/_control/reset-stats" and method == "POST":
-            st.counters.clear()
-            st.gets_by_key.clear()
-            self._respond(200, b"{}")
-        else:
-            self._respond(404, b"{}")
 
 
 async def _serve(args: argparse.Namespace) -> None:

@@ -1,21 +1,28 @@
-"""What crosses a process boundary: the messages every child process shares, and the one way
-an error crosses (a leaf: imports :mod:`._errors` only).
+"""What crosses the process boundary between the training process and its engine
+processes: the typed messages, and the one way an error crosses.
 
-Every child of the loader — an engine process (``_run/_engine.py``) or a decode worker
-(``_decode/_worker.py``) — is a fresh interpreter started by :func:`._child.launch` and
-spoken to on one socket in frozen dataclasses, subclasses of :class:`Message`::
+An engine process (:mod:`._child`) is a fresh interpreter started by
+:func:`._launch.launch` and spoken to on one socket in frozen dataclasses, subclasses of
+:class:`Message`::
 
-    parent                                   child
-      │── Launch(prep, main, order) ──────────►│ unpickles the order, builds its parts
-      │◄──────── ready (its kind's) ───────────│   or ChildFailed(error) and exits
-      │── work (its kind's messages) ─────────►│
-      │◄──────── results (its kind's) ─────────│   or ChildFailed(error): it cannot go on
-      │── Stop() ─────────────────────────────►│ tears down, may send final results,
-      │                                        │ exits; EOF either way means "gone"
+    trainer                                   engine k
+      │── EngineOrder (launch) ──────────────────►│ lists (the lead) or waits for
+      │── TakeDataset (to k > 0, unless known) ──►│   the lead's dataset
+      │◄──────── EngineReady | ChildFailed ───────│ built, producing epoch 0 (or
+      │                                           │   where its order's start says)
+      │◄──────── Listed (the lead, if it grew) ───│
+      │── StartEpoch ────────────────────────────►│ restarts production
+      │◄──────── Produced | ProductionFailed ─────│ one per batch, epoch end, failure
+      │── AskCounters ───────────────────────────►│
+      │◄──────── Counts ──────────────────────────│
+      │── Stop ──────────────────────────────────►│ tears down
+      │◄──────── Counts (final) ──────────────────│ exits; EOF either way means "gone"
 
-Each kind adds its own messages beside its child (the engine's in ``_run/_control.py``, the
-decode worker's in ``_decode/_worker.py``); :class:`Stop` and :class:`ChildFailed` are
-common.  Errors never cross raw: :meth:`CrossedError.of` turns an exception into a value that
+Slots go back on a pipe of their own, not the socket: :data:`SLOT`, 4 bytes, written by
+whichever thread drops a batch's last reference (one write, atomic, no lock: safe in a
+finaliser).
+
+Errors never cross raw: :meth:`CrossedError.of` turns an exception into a value that
 always pickles, and :meth:`CrossedError.rebuild` on the other side gives back the exception
 itself where it pickles both ways (type, message, attributes, notes), else an error of the
 nearest class of ours (or of Python's) with its text; either way with the child's formatted
@@ -28,17 +35,38 @@ from __future__ import annotations
 
 import builtins
 import pickle
+import struct
 import traceback
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
-from . import _errors
+from .._base import _errors
+from .._base._shm import SegmentRef
+from .._base._stats import Counters
+from .._dataset._labels import Dataset
+from .._run._notices import BatchReady, EpochEnd
+from ._surface import EngineShare, EngineSpec
+
+if TYPE_CHECKING:
+    from .._run._build import LoaderPlan
 
 __all__ = [
+    "SLOT",
+    "AskCounters",
     "ChildFailed",
+    "Counts",
     "CrossedError",
+    "EngineOrder",
+    "EngineReady",
+    "Listed",
     "Message",
+    "OrderNotPicklable",
+    "Produced",
+    "ProductionFailed",
+    "StartEpoch",
     "Stop",
+    "TakeDataset",
     "send",
     "without_frames",
 ]
@@ -231,3 +259,130 @@ def _message_only(module: str, name: str, message: str) -> BaseException | None:
         return cls(message)
     except Exception:
         return None
+
+
+# --- the engine's messages --------------------------------------------------------------
+
+SLOT = struct.Struct("=i")
+"""A slot given back: its number, on the engine's slot pipe."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakeDataset(Message):
+    """Trainer → engine ``k > 0``: the lead engine's listing, instead of listing again."""
+
+    dataset: Dataset
+
+
+@dataclass(frozen=True, slots=True)
+class StartEpoch(Message):
+    """Trainer → engine: make ``epoch`` from batch ``first`` on (``span``: positions of its
+    order left to deal); what it makes from now on carries ``generation``."""
+
+    generation: int
+    epoch: int
+    first: int
+    span: tuple[int, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class AskCounters(Message):
+    """Trainer → engine: send your counters."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReady(Message):
+    """Engine → trainer: built and producing into the ring the trainer made for it;
+    ``dataset``: the lead's listing when complete already."""
+
+    dataset: Dataset | None
+
+
+@dataclass(frozen=True, slots=True)
+class Listed(Message):
+    """Engine (the lead) → trainer: a listing that grew while batches were made is complete
+    (``dataset``), or failed (``error``)."""
+
+    dataset: Dataset | None
+    error: CrossedError | None
+
+
+@dataclass(frozen=True, slots=True)
+class Produced(Message):
+    """Engine → trainer: a batch ready, or an epoch's end, made for ``generation``."""
+
+    generation: int
+    notice: BatchReady | EpochEnd
+
+
+@dataclass(frozen=True, slots=True)
+class ProductionFailed(Message):
+    """Engine → trainer: production for ``generation`` stopped with ``error``."""
+
+    generation: int
+    error: CrossedError
+
+
+@dataclass(frozen=True, slots=True)
+class Counts(Message):
+    """Engine → trainer: its counters (asked for, or the final ones as it stops)."""
+
+    counters: Counters
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOrder:
+    """What an engine process is told to do (pickled once, at its start).
+
+    Attributes:
+        spec: What it reads and how (its share of the plan).
+        share: Its share of the batches, and where its budget and ring live.
+        await_dataset: Wait for the lead engine's dataset (:class:`TakeDataset`) instead of
+            listing (every engine but the first, when the list is not known yet).
+        release_fd: The pipe the trainer gives slots back on.
+        start: Where production starts, and the generation it is made for (a replacement
+            starts where its dead predecessor stopped); None: epoch 0 from its first batch.
+    """
+
+    spec: EngineSpec
+    share: EngineShare
+    await_dataset: bool
+    release_fd: int
+    start: StartEpoch | None = None
+
+    @classmethod
+    def parts(
+        cls, spec: EngineSpec, plans: Sequence[LoaderPlan], budget_folder: str | None
+    ) -> list[EngineOrder]:
+        """The orders of ``len(plans)`` engine processes sharing ``spec``: engine ``k`` its
+        plan and its batches; all but the first wait for the lead's dataset unless the
+        objects are known; streaming with one engine only.  Each names its slot pipe and
+        ring when it is pickled (:meth:`pickled`)."""
+        n = len(plans)
+        return [
+            cls(
+                spec=replace(spec, plan=plans[k], stream=spec.stream and n == 1),
+                share=EngineShare(part=(k, n), budget_folder=budget_folder),
+                await_dataset=k > 0 and spec.objects is None,
+                release_fd=-1,
+            )
+            for k in range(n)
+        ]
+
+    def pickled(self, release_fd: int, ring: SegmentRef, serial: int) -> bytes:
+        """This order for the engine that reads its slots from ``release_fd`` and fills
+        ``ring``, known to the trainer by ``serial``, pickled.
+
+        Raises:
+            OrderNotPicklable: an option cannot be sent to an engine process.
+        """
+        share = replace(self.share, ring=ring, serial=serial)
+        order = replace(self, release_fd=release_fd, share=share)
+        try:
+            return pickle.dumps(order)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise OrderNotPicklable(str(exc)) from exc
+
+
+class OrderNotPicklable(Exception):
+    """An option of the loader (a hook, a labels function) cannot go to another process."""

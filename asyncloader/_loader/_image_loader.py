@@ -1,5 +1,6 @@
-"""ImageLoader: options → a plan, its engine (processes of its own, :mod:`._engines`, or a
-thread of this process, :mod:`._inline`), the sync consumer, resume state.
+"""ImageLoader: about 14 everyday options and one config per concern → a plan, its engine
+(engine processes of its own, :mod:`._parent`, or a thread of this process, :mod:`._local`),
+the sync consumer, resume state.
 
 The consumer (the user's thread) waits for batches in short slices and checks liveness each
 time, so end of epoch, a dead engine, a closed loader, a time-out and a consumer that holds
@@ -7,48 +8,80 @@ every ring slot are different outcomes, each with its own message.  Where the ru
 (epoch, next batch, span) is kept here, whoever makes the batches.
 
 Lifetime: ``close()`` (or ``with``, or garbage collection, or interpreter exit) closes the
-engine: production, the decode workers and the loop stop, and the shared memory goes last
+engine: production, the decode threads and the loop stop, and the shared memory goes last
 (once no batch handed out references it any more).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast
 
 from .._base._config import (
     CacheConfig,
+    DecodeConfig,
     EngineConfig,
+    ErrorConfig,
     FetchConfig,
-    OnError,
     OutputConfig,
     RunConfig,
     ShardConfig,
+    StoreConfig,
 )
+from .._base._env import local_world_size
 from .._base._errors import ClosedError
+from .._base._own_thread import run_on_own_thread
 from .._base._sources import Source
 from .._base._stats import Counters, Stats
-from .._base._types import DecodeFn, ObjectInfo, ObjectStore
-from .._dataset._labels import IMAGE_EXTENSIONS, Dataset, LabelSpec
+from .._base._types import ObjectInfo, ObjectStore
+from .._cache import ObjectCache
+from .._dataset._labels import Dataset, LabelSpec
 from .._decode._transforms import Transform
-from ._assembly import start_engine
-from ._build import DecodeBackend, engine_placement, fold_moved, open_cache, open_the_store, plan
+from .._run._build import open_the_store, plan
+from .._run._dist import Agreement, list_each_once
+from .._run._position import Position
+from .._run._sampler import num_batches
 from ._consumer import Batch, Consumer
-from ._control import Engine, EngineSpec, NoEngine, close_engine
-from ._dist import Agreement, list_each_once
-from ._position import Position
-from ._sampler import num_batches
+from ._start import engine_placement, start_engine
+from ._surface import Engine, EngineSpec, NoEngine, close_engine
 
 if TYPE_CHECKING:
     import torch
 
     from .._device._upload import Uploader
 
-__all__ = ["ImageLoader"]
+__all__ = ["ImageLoader", "LoaderOptions"]
 
-T = TypeVar("T")
+C = TypeVar("C")
+
+
+class LoaderOptions(TypedDict, total=False):
+    """:class:`ImageLoader`'s keywords but its shard's ``rank`` and ``world_size``, typed:
+    what ``asyncloader.torch.ImageDataset`` takes (``**options: Unpack[LoaderOptions]``),
+    the rank coming from ``torch.distributed``.  See :class:`ImageLoader` for each."""
+
+    batch_size: int
+    transform: Transform | None
+    shuffle: bool | Literal["global", "node"]
+    seed: int
+    labels: LabelSpec
+    extras: Sequence[str]
+    samples_per_epoch: int | None
+    cache_dir: str | os.PathLike[str] | None
+    device: str | None
+    dtype: str
+    timeout: float | None
+    decode: DecodeConfig | None
+    fetch: FetchConfig | None
+    store: StoreConfig | None
+    errors: ErrorConfig | None
+    cache: CacheConfig | None
+    shard: ShardConfig | None
+    output: OutputConfig | None
+    engine: EngineConfig | None
 
 
 class ImageLoader:
@@ -75,12 +108,16 @@ class ImageLoader:
     :class:`~asyncloader.BatchesHeldError` after a few seconds; ``clone()`` what you keep
     for long.
 
+    The everyday options are keywords; everything else is one frozen config per concern
+    (decode, fetch, store, errors, cache, shard, output, engine), each field spelled once.
+
     Args:
-        url: ``s3://bucket/prefix/``, ``file:///path/`` or a path; or several sources,
-            mixed by weight: a list of URLs and :class:`~asyncloader.Source` (docs:
-            data.md).  Ignored when ``store`` is given.
+        url: ``s3://bucket/prefix/``, ``gs://``, ``az://``, ``https://`` (with a
+            manifest), ``file:///path/`` or a path; or several sources, mixed by weight: a
+            list of URLs and :class:`~asyncloader.Source` (docs: data.md).  Ignored with
+            ``StoreConfig(object_store=)``.
         batch_size: Samples per batch.
-        transform: Geometry (default ``RandomResizedCrop(224)``); with ``decode=`` None.
+        transform: Geometry (default ``RandomResizedCrop(224)``); None with a decode hook.
         shuffle: ``True``/``"global"``: a new seeded permutation of the whole dataset each
             epoch; ``"node"``: node-local — each node keeps a stable 1/nodes of the data
             across epochs (so its SSD cache holds only that) and shuffles inside it;
@@ -95,29 +132,9 @@ class ImageLoader:
             sidecar files by suffix (``"txt"``: ``x.txt`` beside ``x.jpg``; ``"json"``
             parsed; missing: None), ``"source"``.  Batches are then ``(images, labels,
             extras)``, ``extras`` a dict of lists in batch order (docs: data.md).
-        extensions: Keys to keep (ignored with a manifest); None keeps every object.
-        decode: A hook ``bytes -> uint8 array of sample_shape`` for other blob types.
-        sample_shape: (C, H, W) of a sample; needed with ``decode=``.  Images get theirs
-            from ``transform`` (3 × its output size); a different one is an error.
-        decode_workers: Decode threads/processes (default: the CPUs this process may use —
-            affinity or container quota — per rank of its node, less one for the training
-            step from 3 a rank, per DataLoader worker; ``repr`` and ``stats()`` say whence).
-        decode_backend: ``"thread"``, ``"process"`` or ``"auto"`` (default): threads,
-            except with a ``cache_dir`` where JPEGs would be decoded by Pillow (the
-            ``_jpegroi``/``_resize`` extensions not built) or by a ``decode=`` hook:
-            processes; inside a DataLoader worker, and off POSIX systems, always threads
-            (the one rule, ``_decode/_backend.py``, which ``asyncloader bench`` also asks).
-            ``"cuda"``: JPEGs are decoded on the GPU of ``device=`` (nvJPEG through
-            torchvision, batched), cropped and resized there by the same plan, and land in
-            a ring on the device; ``decode_workers`` threads read, plan and decode on the
-            CPU what nvJPEG is not given (``_decode/_gpu.py``).  Needs ``device="cuda"``.
-        max_inflight: Requests in flight (overrides ``fetch.max_inflight``; default 64 per
-            decode worker, at least 64: hides 50 ms of storage latency at the decode rate).
-        on_error: ``"raise"`` or ``"skip"`` (counted in ``stats().skipped``).
-        max_failures: Skips tolerated per epoch: a count, or a fraction if < 1.
-        drop_last: Drop the short last batch of each epoch.
         samples_per_epoch: Samples an epoch (default: all), shared by the sources' weights.
-        rank, world_size: This process's shard (default: the whole dataset).
+        rank, world_size: This process's shard (default: the whole dataset); the rest of
+            the shard's layout is ``shard=``.
         cache_dir: A local (NVMe) folder caching object bytes across epochs and runs; shared
             safely by every process on the node (see ``asyncloader warm``); kept as
             ``cache=`` says.
@@ -129,32 +146,30 @@ class ImageLoader:
             Without CUDA, ``"cuda"`` falls back to the CPU with a warning.
         dtype: ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"uint8"`` (no normalisation).
         timeout: Give up when no batch arrives for this long (None: wait) [seconds].
-        store: An :class:`~asyncloader.ObjectStore` to use instead of ``url``.
-        store_options: Keyword options for the store (``endpoint_url``, ``anonymous``, ...).
-        objects: The URL's object list, listed already (by the training process for its
-            DataLoader workers, by rank 0 for every rank: see ``asyncloader.torch``): the
-            store is not listed.
-        fetch: Retry, range, hedging and in-flight settings
+        decode: Decode threads, the GPU backend, a decode hook for other blob types, the
+            decompression-bomb limit (:class:`~asyncloader.DecodeConfig`).
+        fetch: Requests in flight, retries, ranges and hedging
             (:class:`~asyncloader.FetchConfig`).
+        store: The store's options (``endpoint_url``, credentials' profile, ...), an
+            object store to read instead, an object list listed already, the extensions
+            kept (:class:`~asyncloader.StoreConfig`).
+        errors: ``on_error`` (``"raise"`` or ``"skip"``) and the failures tolerated per
+            epoch (:class:`~asyncloader.ErrorConfig`).
         cache: The cache's size, scaled JPEG copies, saved listings and folder permissions
             (:class:`~asyncloader.CacheConfig`).
-        shard: Ranks per node, DataLoader workers, equal counts per rank
+        shard: Ranks per node, DataLoader workers, equal counts per rank, ``drop_last``
             (:class:`~asyncloader.ShardConfig`).
         output: Normalisation, layout and pinning of ``device=`` batches
             (:class:`~asyncloader.OutputConfig`).
         engine: Where the engine runs (engine processes, or ``mode="inline"``), ring
-            slots, the decompression-bomb limit, the event loop
-            (:class:`~asyncloader.EngineConfig`).
-        **moved: The keywords that moved into those configs (``cache_size``,
-            ``cache_scaled_jpegs``, ``listing_max_age``, ``refresh_listing``,
-            ``local_world_size``, ``worker``, ``num_workers``, ``even``, ``mean``, ``std``,
-            ``channels_last``, ``pin``, ``prefetch_batches``, ``max_pixels``,
-            ``event_loop``) still work for a release, each with a ``DeprecationWarning``
-            that names its new spelling.
+            slots, the event loop, restarts (:class:`~asyncloader.EngineConfig`).
 
     Raises:
         ImportError: ``EngineConfig(event_loop="uvloop")`` without uvloop installed.
-        TypeError: a keyword the loader does not have.
+        TypeError: a config that is not of its kind (a decode hook given as ``decode=``:
+            it is ``DecodeConfig(hook=...)``).
+        ValueError: options that contradict each other.
+        AsyncLoaderError: the store cannot be listed, or holds no samples.
     """
 
     def __init__(
@@ -167,15 +182,6 @@ class ImageLoader:
         seed: int = 0,
         labels: LabelSpec = "folder",
         extras: Sequence[str] = (),
-        extensions: Sequence[str] | None = IMAGE_EXTENSIONS,
-        decode: DecodeFn | None = None,
-        sample_shape: tuple[int, int, int] | None = None,
-        decode_workers: int | None = None,
-        decode_backend: DecodeBackend = "auto",
-        max_inflight: int | None = None,
-        on_error: OnError = "raise",
-        max_failures: int | float = 0.01,
-        drop_last: bool = False,
         samples_per_epoch: int | None = None,
         rank: int = 0,
         world_size: int = 1,
@@ -183,62 +189,53 @@ class ImageLoader:
         device: str | None = None,
         dtype: str = "float32",
         timeout: float | None = None,
-        store: ObjectStore | None = None,
-        store_options: dict[str, Any] | None = None,
-        objects: Sequence[ObjectInfo] | None = None,
+        decode: DecodeConfig | None = None,
         fetch: FetchConfig | None = None,
+        store: StoreConfig | None = None,
+        errors: ErrorConfig | None = None,
         cache: CacheConfig | None = None,
         shard: ShardConfig | None = None,
         output: OutputConfig | None = None,
         engine: EngineConfig | None = None,
-        **moved: Any,
     ) -> None:
-        given = {"cache": cache, "shard": shard, "output": output, "engine": engine}
-        configs = fold_moved("ImageLoader", moved, given)
-        cache_config: CacheConfig = configs["cache"]
-        sh: ShardConfig = configs["shard"]
-        out: OutputConfig = configs["output"]
-        eng: EngineConfig = configs["engine"]
+        decoding = _config("decode", decode, DecodeConfig)
+        layout = _config("shard", shard, ShardConfig)
+        if shuffle == "node" and layout.local_world_size is None:
+            # The node's ranks, as torchrun (or SLURM) says, where not given.
+            layout = dataclasses.replace(layout, local_world_size=local_world_size())
+        where = _config("store", store, StoreConfig)
+        cache_config = _config("cache", cache, CacheConfig)
+        out = _config("output", output, OutputConfig)
         run = RunConfig(
             batch_size=batch_size,
             shuffle=shuffle,
             seed=seed,
-            drop_last=drop_last,
             rank=rank,
             world_size=world_size,
-            local_world_size=sh.local_world_size,
-            worker=sh.worker,
-            num_workers=sh.num_workers,
-            even=sh.even,
-            on_error=on_error,
-            max_failures=max_failures,
+            shard=layout,
+            errors=_config("errors", errors, ErrorConfig),
             extras=tuple(extras),
             samples_per_epoch=samples_per_epoch,
         )
-        self.cache = open_cache(cache_dir, cache_config)
+        self.cache = ObjectCache.opened(cache_dir, cache_config)
         self._plan = p = plan(
             run=run,
             transform=transform,
-            decode=decode,
-            sample_shape=sample_shape,
-            workers=decode_workers,
-            backend=decode_backend,
-            max_inflight=max_inflight,
-            fetch=fetch,
+            decode=decoding,
+            fetch=_config("fetch", fetch, FetchConfig),
             cache=cache_config,
-            engine=eng,
+            engine=_config("engine", engine, EngineConfig),
             object_cache=self.cache,
             device=device,
         )
-        self._fetch_config = p.fetch
         self._run_config = run
-        self._workers = p.workers
-        self._cpu_budget = "" if decode_workers else p.budget.describe()  # whence, if not given
-        self._backend: DecodeBackend = p.backend
+        # Where the decode worker count came from, in words, where it was not given.
+        self._cpu_budget = "" if decoding.workers else p.budget.describe()
         self._timeout = timeout
-        self._counters = Counters()  # the consumer's, and the inline engine's
+        self._counters = Counters()  # the consumer's, and the local engine's
         self._position = Position()
-        self.url = one = store.url if store is not None else url if isinstance(url, str) else ""
+        given = where.object_store
+        self.url = one = given.url if given is not None else url if isinstance(url, str) else ""
         self._consumer: Consumer | None = None
         self._uploader: Uploader | None = None
         self._agreement: Agreement | None = None
@@ -249,23 +246,25 @@ class ImageLoader:
 
             spec = DeviceSpec.make(device, dtype, out.mean, out.std, out.channels_last)
             self._uploader = Uploader(spec, depth=2, pin=out.pin)
-        processes, why = engine_placement(p, store_given=store is not None)
+        processes, why = engine_placement(p, store_given=given is not None)
         self._engine: Engine = cast(Engine, NoEngine())
         self._finalizer = weakref.finalize(self, close_engine, self._engine)
+        the_store: ObjectStore | None = None
         try:
-            the_store, options, sources = open_the_store(url, store, labels, store_options, run)
+            the_store, options, sources = open_the_store(url, where, labels, run)
             self.url = the_store.url  # canonical: account, bucket, trailing slash
             # Sharded under torch.distributed: one listing per job, every rank checks it (_dist).
             self._agreement = agreement = Agreement.open(one or self.url, labels, rank, world_size)
             if agreement is not None:
                 agreement.announce()
-            if agreement is not None and objects is None and store is None:
+            objects = where.objects
+            if agreement is not None and objects is None and given is None:
                 objects = list_each_once(
                     one,
                     sources,
                     the_store,
                     labels,
-                    store_options,
+                    dict(where.options),
                     folder=self.cache.directory if self.cache is not None else None,
                     max_age=cache_config.max_age,
                     job=agreement.store,
@@ -276,9 +275,8 @@ class ImageLoader:
                 url=self.url,
                 store_options=options,
                 labels=labels,
-                extensions=extensions,
+                extensions=where.extensions,
                 objects=objects,
-                cache=self.cache,
                 # A sharded run checks the whole list before its first batch: no streaming.
                 stream=run.shuffle is False and agreement is None,
                 sources=sources,
@@ -303,7 +301,17 @@ class ImageLoader:
                 self._engine.set_uploader(self._uploader)
         except BaseException:
             self.close()
+            self._close_unowned(the_store, given)
             raise
+        self._close_unowned(the_store, given)
+
+    def _close_unowned(self, store: ObjectStore | None, given: ObjectStore | None) -> None:
+        """Close ``store``, opened here, unless the engine in this process owns it (its
+        runtime closes it with the rest): engine processes open stores of their own, so
+        this one served its URL (and the job's listing of several sources) only."""
+        owned = not self.engine_processes and not isinstance(self._engine, NoEngine)
+        if store is not None and store is not given and not owned:
+            run_on_own_thread(store.close())
 
     def _set_engine(self, engine: Engine) -> None:
         self._engine = engine
@@ -315,7 +323,7 @@ class ImageLoader:
             self._counters,
             url=self.url,
             timeout=self._timeout,
-            max_inflight=self._fetch_config.inflight,
+            max_inflight=self._plan.fetch.inflight,
             cpu_budget=self._cpu_budget,
             agreement=self._agreement,
             unchecked=self._unchecked,
@@ -332,10 +340,9 @@ class ImageLoader:
         return self._engine.dataset()
 
     @property
-    def decode_backend(self) -> DecodeBackend:
-        """``"thread"``, ``"process"`` or ``"cuda"``: what ``decode_backend`` (``"auto"``)
-        chose, or was given."""
-        return self._backend
+    def decode_backend(self) -> Literal["thread", "cuda"]:
+        """``"thread"`` or ``"cuda"``: where samples are decoded (``DecodeConfig.backend``)."""
+        return self._plan.backend
 
     @property
     def engine_processes(self) -> int:
@@ -365,7 +372,7 @@ class ImageLoader:
     def __len__(self) -> int:
         """Batches per epoch."""
         r = self._run_config
-        return num_batches(self.num_samples, r.batch_size, r.drop_last)
+        return num_batches(self.num_samples, r.batch_size, r.shard.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration runs (its order and augmentations).
@@ -426,7 +433,8 @@ class ImageLoader:
             raise ClosedError("the loader is closed")
 
     def close(self) -> None:
-        """Stop the pipeline, decode workers and loop thread; unlink shared memory.
+        """Stop the engine: production, decode threads and loop thread, engine processes;
+        unlink shared memory.
 
         Idempotent.  Batches already handed out stay readable; the shared memory behind
         them is freed with the last of them.
@@ -443,8 +451,27 @@ class ImageLoader:
         state = "closed" if self._engine.closed else "open"
         return (
             f"ImageLoader({self.url!r}, batch_size={self._run_config.batch_size}, "
-            f"decode_workers={self._workers}"
+            f"decode_workers={self._plan.workers}"
             + (f" (of {self._cpu_budget})" if self._cpu_budget else "")
-            + f", backend={self._backend!r}, "
+            + f", backend={self._plan.backend!r}, "
             f"engine_processes={self.engine_processes}, {state})"
         )
+
+
+def _config(name: str, value: C | None, kind: type[C]) -> C:
+    """``value`` of the loader's ``name=`` config, or the config's defaults (None).
+
+    Raises:
+        TypeError: ``value`` is not a ``kind`` (a hook or a store object given where their
+            config goes: the message names it).
+    """
+    if value is None:
+        return kind()
+    if isinstance(value, kind):
+        return value
+    hint = ""
+    if name == "decode" and callable(value):
+        hint = ": a decode hook is DecodeConfig(hook=..., sample_shape=(C, H, W))"
+    elif name == "store":
+        hint = ": a store object is StoreConfig(object_store=...)"
+    raise TypeError(f"{name}= takes a {kind.__name__}, not {value!r}{hint}")

@@ -1,8 +1,8 @@
 """An engine process: the child side of :mod:`._engines`.
 
-A fresh interpreter (:func:`~asyncloader._base._child.launch`) that opens its own store and
-runs an :class:`~._inline.InlineEngine` over its part of the batches, into a ring of its own
-in shared memory that the training process maps.  Its main thread serves the trainer's
+A fresh interpreter (:func:`~asyncloader._loader._launch.launch`) that opens its own store and
+runs a :class:`~._local.LocalEngine` over its part of the batches, into a ring of its own in
+shared memory that the training process made and maps.  Its main thread serves the trainer's
 socket (start an epoch, the dataset, counters, stop); the event loop reads the slots the
 trainer gives back from a pipe of their own and sends one notice per batch.
 
@@ -16,53 +16,56 @@ import asyncio
 import contextlib
 import copy
 import os
-import queue
 import shutil
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._base._child import receive_order, unpickle_order
 from .._base._errors import PipelineDeadError
 from .._base._stats import Counters
-from .._base._wire import ChildFailed, CrossedError, Message, Stop, send
+from .._run._notices import Failed, Notice
+from .._run._pipeline import Pipeline
 from .._stores import open_sources, open_store
-from ._control import (
+from ._launch import receive_order, unpickle_order
+from ._local import LocalEngine
+from ._wire import (
     SLOT,
     AskCounters,
+    ChildFailed,
     Counts,
+    CrossedError,
     EngineOrder,
     EngineReady,
     Listed,
+    Message,
     Produced,
     ProductionFailed,
     StartEpoch,
+    Stop,
     TakeDataset,
+    send,
 )
-from ._inline import InlineEngine
-from ._notices import Failed, Notice
-from ._pipeline import Pipeline
 
 __all__ = ["engine_main"]
 
 Send = Callable[[Message], None]
 
 
-class _Sender(queue.Queue[Notice]):
-    """The pipeline's output in an engine process: each notice goes to the trainer at once,
+class _Sender:
+    """The pipeline's outbox in an engine process: each notice goes to the trainer at once,
     stamped with the generation (the trainer's latest start) it was made for."""
 
     def __init__(self, send: Send, where: str) -> None:
-        super().__init__()
         self._send = send
         self._where = where
         self.generation = 0  # set on the loop, where notices are put
 
-    def put(self, item: Notice, block: bool = True, timeout: float | None = None) -> None:
-        if isinstance(item, Failed):
-            self._send(ProductionFailed(self.generation, CrossedError.of(item.error, self._where)))
+    def put(self, notice: Notice) -> None:
+        if isinstance(notice, Failed):
+            error = CrossedError.of(notice.error, self._where)
+            self._send(ProductionFailed(self.generation, error))
         else:
-            self._send(Produced(self.generation, item))
+            self._send(Produced(self.generation, notice))
 
 
 def _main_script_advice(exc: BaseException) -> str:
@@ -112,7 +115,7 @@ def engine_main(fd: int) -> None:
 def _serve(conn: Any, order: EngineOrder, send: Send, where: str) -> None:
     output = _Sender(send, where)
     spec = order.spec
-    engine = InlineEngine(spec.plan, Counters(), output)
+    engine = LocalEngine(spec.plan, Counters(), output)
     try:
         dataset = None
         if order.await_dataset:
@@ -153,14 +156,14 @@ def _serve(conn: Any, order: EngineOrder, send: Send, where: str) -> None:
                 send(Counts(engine.engine_counters()))
                 return
             if isinstance(msg, StartEpoch):
-                engine.call(_restart(pipeline, output, msg))
+                engine.call(engine.restart(msg.generation, msg.epoch, msg.first, msg.span))
             elif isinstance(msg, AskCounters):
                 send(Counts(engine.call(_counters(engine))))
     finally:
         engine.close()
 
 
-def _announce_listing(engine: InlineEngine, send: Send, where: str) -> None:
+def _announce_listing(engine: LocalEngine, send: Send, where: str) -> None:
     """On the loop: tell the trainer the dataset once a growing listing is complete."""
     listing = engine.pipeline.listing
 
@@ -190,15 +193,6 @@ def _released(fd: int, pipeline: Pipeline) -> None:
         pipeline.release(slot)
 
 
-async def _restart(pipeline: Pipeline, output: _Sender, order: StartEpoch) -> None:
-    """Production restarts at ``order.epoch``/``order.first``: what the old one announces
-    until it has stopped carries the old generation (the trainer drops it and gives its
-    slots back)."""
-    await pipeline.stop()
-    output.generation = order.generation
-    await pipeline.start(order.epoch, order.first, order.span)
-
-
-async def _counters(engine: InlineEngine) -> Counters:
+async def _counters(engine: LocalEngine) -> Counters:
     """A copy of the counters, taken on the loop that writes them."""
     return copy.deepcopy(engine.engine_counters())

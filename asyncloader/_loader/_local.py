@@ -1,11 +1,13 @@
-"""The engine in the training process (``EngineConfig(mode="inline")``): the event-loop
-thread of a :class:`~._runtime.Runtime`, with the listing, fetch, cache fill, decode pool,
-ring and pipeline built from one plan (:mod:`._build`).
+"""One engine on an event-loop thread of the process that holds it: the listing, fetch, cache
+fill, decode pool, ring and pipeline built from one plan (:mod:`asyncloader._run._build`) on
+a :class:`~asyncloader._run._runtime.Runtime`.
 
-It is also what each engine process runs (:mod:`._engine`), there with a share of the
-batches (``part``) and its notices sent to the trainer instead of queued here.  The loader
-talks to it, or to the engine processes (:mod:`._engines`), through the same surface
-(:class:`~._control.Engine`).
+The training process holds one in the inline mode (``EngineConfig(mode="inline")``, and in
+DataLoader workers), its notices on a queue here; each engine process holds one
+(:mod:`._child`), with a share of the batches (``part``) and its notices sent to the
+trainer.  Either way production restarts one way (:meth:`LocalEngine.restart`) and every
+notice carries the generation it was made for.  The loader talks to it, or to the engine
+processes (:mod:`._parent`), through the same surface (:class:`~._surface.Engine`).
 """
 
 from __future__ import annotations
@@ -23,41 +25,59 @@ from .._base._types import ObjectInfo, ObjectStore
 from .._dataset import Listing, open_listing, open_mixed_listing
 from .._dataset._labels import Dataset
 from .._device._ring import BatchRing
+from .._run._build import (
+    LoaderPlan,
+    loop_factory,
+    make_fetcher,
+    make_pipeline,
+    make_pool,
+    make_ring,
+)
+from .._run._notices import BatchReady, Notice, Outbox
+from .._run._pipeline import Pipeline
+from .._run._runtime import Runtime
 from .._stores._mixed import MixedStore
-from ._build import LoaderPlan, loop_factory, make_fetcher, make_pipeline, make_pool, make_ring
-from ._control import EngineShare, EngineSpec
-from ._notices import BatchReady, Notice
-from ._pipeline import Pipeline
-from ._runtime import Runtime
+from ._surface import EngineShare, EngineSpec
 
 if TYPE_CHECKING:
     import torch
 
     from .._device._upload import Uploader
 
-__all__ = ["InlineEngine"]
+__all__ = ["LocalEngine", "Notices"]
 
 T = TypeVar("T")
 
 
-class InlineEngine:
+class Notices:
+    """The outbox of the engine in this process: a queue of ``(generation, notice)`` the
+    consumer's thread reads (see :class:`~asyncloader._run._notices.Outbox`)."""
+
+    def __init__(self) -> None:
+        self.generation = 0  # set on the loop, where notices are put
+        self.queue: queue.Queue[tuple[int, Notice]] = queue.Queue()
+
+    def put(self, notice: Notice) -> None:
+        self.queue.put((self.generation, notice))
+
+
+class LocalEngine:
     """The whole engine on an event-loop thread of this process.
 
     Args:
         p: The loader's plan.
         counters: Where the engine counts (the consumer's counters too, in this mode).
-        output: Where batches are announced (default: a queue the consumer reads).
+        output: Where batches are announced (default: :class:`Notices`, which the consumer
+            reads through :meth:`next_notice`).
     """
 
-    def __init__(
-        self, p: LoaderPlan, counters: Counters, output: queue.Queue[Notice] | None = None
-    ) -> None:
+    def __init__(self, p: LoaderPlan, counters: Counters, output: Outbox | None = None) -> None:
         self.plan = p
         self.counters = counters
-        self.output: queue.Queue[Notice] = output if output is not None else queue.Queue()
+        self.output: Outbox = output if output is not None else Notices()
         self.rt = Runtime(loop_factory(p.engine.event_loop))
         self.workers = p.workers
-        self.dataset_given: Dataset | None = None
+        self._generation = 0  # of the last start asked for here
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the engine's loop and wait for it."""
@@ -76,9 +96,9 @@ class InlineEngine:
     ) -> None:
         """List (or take ``dataset``, the lead engine's), build every part of ``spec`` over
         ``store`` for ``share`` of the batches, and start producing: epoch 0 from its first
-        batch, or ``start`` (epoch, first batch, span: see :meth:`Pipeline.start`).
-        ``listed``: told the object list once complete; ``device``: the GPU of a GPU
-        decode's ring.
+        batch, or ``start`` (epoch, first batch, span: see :meth:`Pipeline.start`), for
+        the outbox's generation as it stands.  ``listed``: told the object list once
+        complete; ``device``: the GPU of a GPU decode's ring.
         """
         self.rt.store = store
         c = self.counters
@@ -128,11 +148,11 @@ class InlineEngine:
                 c.unnamed_images = listing.dataset.unnamed
             self.rt.ring = ring = make_ring(p, device, attach=share.ring)
             c.ring_slots = ring.slots
-            self.rt.pool = pool = await make_pool(p, ring)
+            self.rt.pool = pool = make_pool(p, ring)
             budget = share.budget_folder if share.budget_folder is not None else spec.folder
             fetcher = make_fetcher(store, c, p.fetch, budget, decode_workers=p.workers)
             self.rt.pipeline = pipeline = make_pipeline(
-                p, listing, fetcher, pool, ring, c, self.output, spec.cache, part=part
+                p, listing, fetcher, pool, ring, c, self.output, part=part, ring_key=share.serial
             )
             # Captures the runtime, never the loader: the loader must stay collectable.
             rt = self.rt
@@ -162,22 +182,48 @@ class InlineEngine:
     def rings(self) -> list[BatchRing]:
         return [self.rt.ring] if self.rt.ring is not None else []
 
+    async def restart(
+        self, generation: int, epoch: int, first: int, span: tuple[int, int] | None
+    ) -> None:
+        """On the loop: production restarts at ``epoch``/``first`` (``span``: positions of
+        its order left to deal) for ``generation``.  What the old production announces
+        until it has stopped carries the old generation: the consumer's side drops it and
+        gives its slots back."""
+        pipeline = self.pipeline
+        await pipeline.stop()
+        self.output.generation = generation
+        await pipeline.start(epoch, first, span)
+
     def start(self, epoch: int, first: int, span: tuple[int, int] | None) -> None:
-        self.rt.call(self.pipeline.start(epoch, first, span))
+        self._generation += 1
+        self.call(self.restart(self._generation, epoch, first, span))
 
     def next_notice(self, timeout: float) -> Notice:
-        """The next notice, in order.
+        """The next notice of the last start, in order (older ones are dropped, their slots
+        given back).
 
         Raises:
             queue.Empty: none within ``timeout`` seconds.
             PipelineDeadError: the event-loop thread is gone.
         """
-        try:
-            return self.output.get(timeout=timeout)
-        except queue.Empty:
-            if not self.rt.thread.is_alive():
-                raise PipelineDeadError("the event-loop thread died") from None
-            raise
+        assert isinstance(self.output, Notices)  # the trainer's engine, not a process's
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                generation, notice = self.output.queue.get(
+                    timeout=max(deadline - time.monotonic(), 0)
+                )
+            except queue.Empty:
+                if not self.rt.thread.is_alive():
+                    raise PipelineDeadError("the event-loop thread died") from None
+                raise
+            if generation == self._generation:
+                return notice
+            if isinstance(notice, BatchReady):  # made before the last start
+                self.rt.call_soon(self.pipeline.release, notice.slot)
+
+    def tend(self) -> None:
+        """Nothing to replace: the loop thread's death is :meth:`next_notice`'s to tell."""
 
     def lease(self, ready: BatchReady) -> tuple[Any, np.ndarray[Any, Any]]:
         assert self.rt.ring is not None
@@ -197,9 +243,6 @@ class InlineEngine:
         return self.pipeline.order.epoch_samples()
 
     def engine_counters(self) -> Counters:
-        pool = self.rt.pool
-        if pool is not None:
-            self.counters.worker_restarts = pool.restarts
         return self.counters
 
     def ring_held(self) -> int:

@@ -18,10 +18,10 @@ from .._base._errors import AsyncLoaderError, BatchesHeldError, ClosedError, Pip
 from .._base._lifecycle import HELD_GRACE, WAIT_SLICE
 from .._base._stats import Counters, Stats
 from .._base._types import ObjectInfo
-from ._control import Engine
-from ._dist import Agreement
-from ._notices import BatchReady, EpochEnd, Failed, Notice
-from ._position import Position
+from .._run._dist import Agreement
+from .._run._notices import BatchReady, EpochEnd, Failed, Notice
+from .._run._position import Position
+from ._surface import Engine
 
 if TYPE_CHECKING:
     import torch
@@ -183,6 +183,7 @@ class Consumer:
                 except queue.Empty:
                     if engine.closed:
                         raise ClosedError("the loader is closed") from None
+                    engine.tend()  # an engine process that died is replaced here
                     now = time.perf_counter()
                     if self._timeout is not None and now - t0 > self._timeout:
                         raise AsyncLoaderError(

@@ -16,8 +16,8 @@ from typing import Any
 
 from .._base import _lifecycle as life
 from .._base._errors import PipelineDeadError
-from ._control import Listed
 from ._link import EngineLink
+from ._wire import Listed
 
 __all__ = ["Reader"]
 
@@ -41,6 +41,9 @@ class Reader:
         # New engines come through this queue, and a byte on the pipe wakes the thread.
         self._joining: queue.SimpleQueue[EngineLink] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
+        # Daemon: close() stops it once every socket is closed; a loader never closed leaves
+        # it waiting on sockets, and it must not keep the interpreter from exiting (the
+        # engines end with the trainer's sockets).
         self._thread = threading.Thread(target=self._run, name="asyncloader-engines", daemon=True)
         self._thread.start()
 

@@ -13,19 +13,26 @@ import threading
 from dataclasses import dataclass, field
 
 from .._base import _lifecycle as life
-from .._base._child import how_it_ended, launch
 from .._base._errors import PipelineDeadError
 from .._base._proctree import process_rss_bytes
-from .._base._shm import unlink_shm_of
 from .._base._stats import Counters
-from .._base._wire import ChildFailed, Message
 from .._device._ring import BatchRing
-from ._control import SLOT, Counts, EngineReady, Listed, Produced, ProductionFailed
-from ._notices import BatchReady, EpochEnd, Failed, Notice
+from .._run._notices import BatchReady, EpochEnd, Failed, Notice
+from ._launch import how_it_ended, launch
+from ._wire import (
+    SLOT,
+    ChildFailed,
+    Counts,
+    EngineReady,
+    Listed,
+    Message,
+    Produced,
+    ProductionFailed,
+)
 
 __all__ = ["EVERY_GENERATION", "EngineLink"]
 
-_ENTRY = "asyncloader._run._engine:engine_main"
+_ENTRY = "asyncloader._loader._child:engine_main"
 EVERY_GENERATION = -1
 """The generation of a failure of the engine itself: whatever start it was made for."""
 
@@ -153,13 +160,10 @@ class EngineLink:
             raise self.died("while starting")
         return self.ready
 
-    def remove_remains(self, *, keep_ring: bool) -> str:
-        """It died: remove what it left in ``/dev/shm`` where segments have names (its
-        decode workers' arena), before its exit code is read (until then its pid is no
-        other process's); its ring is freed once no batch of it is referenced here
-        (``keep_ring``: not before the trainer closes, an uploader page-locked it).  How it
-        ended, in words (:meth:`ending`)."""
-        unlink_shm_of(self.proc.pid)
+    def retire(self, *, keep_ring: bool) -> str:
+        """It died: its ring is freed once no batch of it is referenced here (``keep_ring``:
+        not before the trainer closes, an uploader page-locked it).  How it ended, in words
+        (:meth:`ending`)."""
         if not keep_ring:
             self.ring.close()
         return self.ending()
