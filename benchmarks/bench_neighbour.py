@@ -121,8 +121,9 @@ def run_case(case: str, endpoint: str, images: int, batch: int, n: int) -> dict[
     common: dict[str, Any] = {
         "batch_size": batch,
         "transform": al.RandomResizedCrop(224),
-        "store_options": {"endpoint_url": endpoint},
-        "decode_workers": max(1, (os.cpu_count() or 2) - 1),  # the cores besides the trainer's
+        "store": al.StoreConfig(options={"endpoint_url": endpoint}),
+        # The cores besides the trainer's.
+        "decode": al.DecodeConfig(workers=max(1, (os.cpu_count() or 2) - 1)),
     }
     steps: list[float] = []
     step_cpu = 0.0

@@ -86,7 +86,7 @@ def _loader(
     options: dict[str, Any] = {
         "batch_size": BATCH,
         "transform": al.RandomResizedCrop(224),
-        "store_options": {"endpoint_url": endpoint},
+        "store": al.StoreConfig(options={"endpoint_url": endpoint}),
     }
     if case == "loader":
         source: Any = al.ImageLoader("s3://b/train/", rank=rank, world_size=world, **options)
@@ -141,7 +141,8 @@ def _ceiling(folder: Path, rank: int, world: int, epochs: int) -> dict[str, Any]
     loader = DataLoader(InRam(), batch_size=BATCH, shuffle=True, num_workers=workers)
     start = time.perf_counter()
     first = 0.0
-    for _ in loader:  # workers started, pages warm
+    for batch in loader:  # workers started, pages warm
+        del batch  # none kept: each slot goes back at once
         first = first or time.perf_counter() - start
     dist.barrier()
     t0, c0 = time.perf_counter(), time.process_time()

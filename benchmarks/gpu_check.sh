@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one command, for a lent GPU machine with no package registry (Python
 # 3.12 with torch + CUDA and torchvision): the wheels the project needs besides those, and
-# libjpeg-turbo's headers as Debian packages, travel in .whl/.  Logs go to $OUT (or
-# ./gpu-out).
+# libjpeg-turbo's headers as Debian packages, travel in .whl/.  Logs and tables go to $OUT
+# (or ./gpu-out); $OUT/steps.log says how each step ended.
 #
 # Prepare .whl/ on a machine with pip (x86-64, Python 3.12 wheels):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -10,72 +10,124 @@
 #     aiobotocore botocore diskcache jmespath aioitertools aiohttp \
 #     nvidia-nvimgcodec-cu13 nvidia-nvjpeg
 #   (cd .whl && mkdir -p deb && cd deb && apt-get download libjpeg62-turbo libjpeg62-turbo-dev)
+# and carry it: run(command="bash benchmarks/gpu_check.sh", carry=[".whl"]).
 #
-# Run: bash benchmarks/gpu_check.sh [tests|gpu-decode-tests|upload|decode|neighbour|scale|node ...]
-# (default: tests upload decode; neighbour: bench_neighbour.py on the machine's cores;
-# scale: bench_scale.py with 1-4 engine processes and bench_loader.py against the RAM
-# decode ceiling of all the cores, engine processes and inline interleaved; node:
-# bench_node.py with 8 ranks against the node's stock ceiling)
+# Run: bash benchmarks/gpu_check.sh [--dry] [tests|gpu-decode-tests|upload|decode|neighbour|scale|node ...]
+# (default: tests upload decode node scale, within 560 s together, each step bounded;
+# neighbour: bench_neighbour.py on the machine's cores; scale: bench_scale.py with 1-4
+# engine processes; loader: bench_loader.py against the RAM decode ceiling of all the cores,
+# engine processes and inline interleaved; node: bench_node.py with 8 ranks against the
+# node's stock ceiling).
+#
+# --dry: on any machine (the CPU development machine, CI), with the environment as it is
+# (nothing installed from .whl/, nothing built): every step starts at a tiny size, the
+# steps that need CUDA say they skip; the script itself is what is checked
+# (tests/test_gpu_check.py runs it).  Exit status: 0 when no step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+DRY=0
+if [ "${1:-}" = "--dry" ]; then
+    DRY=1
+    shift
+fi
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-steps=${*:-tests upload decode}
+: >"$OUT/steps.log"
+steps=${*:-tests upload decode node scale}
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD
-# libjpeg-turbo for the region decoder (_jpegroi), unpacked beside the system.
-mkdir -p /tmp/jpeg
-for f in .whl/deb/*.deb; do dpkg -x "$f" /tmp/jpeg; done
-export LD_LIBRARY_PATH=/tmp/jpeg/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-CFLAGS="-I/tmp/jpeg/usr/include -I/tmp/jpeg/usr/include/x86_64-linux-gnu" \
-    LDFLAGS="-L/tmp/jpeg/usr/lib/x86_64-linux-gnu" \
-    python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || cat "$OUT/build.log"
+if [ "$DRY" = 1 ]; then
+    # Tiny sizes: the script and the benchmarks' arguments are what a dry run checks.
+    IMAGES=64 REPEAT=1 RANKS=2 ENGINES=1
+else
+    IMAGES=3000 REPEAT=2 RANKS=8 ENGINES=inline,1,2,4
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+    export PYTHONPATH=/tmp/site:$PWD
+    # libjpeg-turbo for the region decoder (_jpegroi), unpacked beside the system.
+    mkdir -p /tmp/jpeg
+    for f in .whl/deb/*.deb; do dpkg -x "$f" /tmp/jpeg; done
+    export LD_LIBRARY_PATH=/tmp/jpeg/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+    CFLAGS="-I/tmp/jpeg/usr/include -I/tmp/jpeg/usr/include/x86_64-linux-gnu" \
+        LDFLAGS="-L/tmp/jpeg/usr/lib/x86_64-linux-gnu" \
+        python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || cat "$OUT/build.log"
+fi
 {
-    nvidia-smi -L
-    python3 -c 'import torch, torchvision, PIL, sys; print(sys.version.split()[0], "torch", torch.__version__, "torchvision", torchvision.__version__, "Pillow", PIL.__version__)'
+    nvidia-smi -L 2>/dev/null || echo "no nvidia-smi here"
+    python3 -c 'import torch, PIL, sys; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available(), "Pillow", PIL.__version__)'
+    python3 -c 'import torchvision; print("torchvision", torchvision.__version__)' 2>/dev/null ||
+        echo "no torchvision here"
     python3 -c 'import asyncloader._decode._image as i; print("ROI_DECODE", i.ROI_DECODE, "FAST_RESIZE", i.FAST_RESIZE)'
     nproc
 } 2>&1 | tee "$OUT/env.log"
+CUDA=$(python3 -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
+failed=0
+
+# run STEP NEEDS_CUDA TIMEOUT LOG COMMAND...: the step's command, its end in steps.log.
+run() {
+    local step=$1 cuda=$2 limit=$3 log=$4
+    shift 4
+    echo "== $step" | tee -a "$OUT/steps.log"
+    if [ "$cuda" = 1 ] && [ "$CUDA" = 0 ] && [ "$DRY" = 0 ]; then
+        echo "STEP $step: FAILED (no CUDA device)" | tee -a "$OUT/steps.log"
+        failed=1
+        return
+    fi
+    timeout "$limit" "$@" >"$OUT/$log" 2>&1
+    local rc=$?
+    tail -30 "$OUT/$log"
+    if [ $rc = 0 ]; then
+        echo "STEP $step: ok" | tee -a "$OUT/steps.log"
+    elif [ "$cuda" = 1 ] && [ "$CUDA" = 0 ] && grep -q "needs a CUDA device" "$OUT/$log"; then
+        echo "STEP $step: skipped (no CUDA device)" | tee -a "$OUT/steps.log"
+    else
+        echo "STEP $step: FAILED (exit $rc, $OUT/$log)" | tee -a "$OUT/steps.log"
+        failed=1
+    fi
+}
+
 for step in $steps; do
     case $step in
     tests)
-        timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda \
-            tests/test_upload.py tests/test_torch.py tests/test_gpu_decode.py 2>&1 |
-            tee "$OUT/tests.log" | tail -25
-        timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_decode.py \
-            tests/test_batch_lifetime.py 2>&1 | tail -3
+        # The CUDA tests with the default engine processes (skipped without a device: the
+        # step then checks that they are collected).
+        run tests 0 100 tests.log python3 -m pytest -q -p no:cacheprovider -m cuda \
+            tests/test_upload.py tests/test_torch.py tests/test_gpu_decode.py
         ;;
     gpu-decode-tests)
-        timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_decode.py 2>&1 |
-            tee "$OUT/gpu-decode-tests.log" | tail -8
+        run gpu-decode-tests 0 120 gpu-decode-tests.log python3 -m pytest -q \
+            -p no:cacheprovider tests/test_gpu_decode.py
         ;;
     upload)
-        timeout 200 python3 benchmarks/bench_upload.py --images 1500 2>&1 |
-            tee "$OUT/upload.log" | tail -30
+        run upload 0 80 upload.log python3 benchmarks/bench_upload.py --images "$IMAGES"
         ;;
     decode)
-        timeout 300 python3 benchmarks/bench_gpu_decode.py --images 4000 --cores 4 2>&1 |
-            tee "$OUT/decode.log" | tail -45
+        run decode 1 160 decode.log python3 benchmarks/bench_gpu_decode.py \
+            --images "$IMAGES" --cores 4
         ;;
     neighbour)
-        timeout 300 python3 benchmarks/bench_neighbour.py --images 3000 --repeat 3 2>&1 |
-            tee "$OUT/neighbour.log" | tail -12
+        run neighbour 0 300 neighbour.log python3 benchmarks/bench_neighbour.py \
+            --images "$IMAGES" --repeat "$REPEAT"
         ;;
     scale)
-        timeout 200 python3 benchmarks/bench_scale.py --images 4000 --repeat 1 \
-            --engines inline,1,2,4 2>&1 | tee "$OUT/scale.log" | tail -12
-        timeout 240 python3 benchmarks/bench_loader.py --images 4000 --latencies 0,0.02 \
-            --skip-dataloader --inline --repeat 2 --epochs 1 2>&1 |
-            tee "$OUT/loader.log" | tail -12
+        run scale 0 80 scale.log python3 benchmarks/bench_scale.py --images "$IMAGES" \
+            --repeat 1 --engines "$ENGINES" --json "$OUT/scale.json"
+        ;;
+    loader)
+        run loader 0 240 loader.log python3 benchmarks/bench_loader.py --images "$IMAGES" \
+            --latencies 0,0.02 --skip-dataloader --inline --repeat "$REPEAT" --epochs 1 \
+            --json "$OUT/loader.json"
         ;;
     node)
-        # 8 ranks on the machine's cores, each a default loader (the node's CPU budget
-        # shared), against 8 stock DataLoaders decoding from RAM; total threads at most.
-        timeout 300 python3 benchmarks/bench_node.py --nproc 8 --images 4000 --repeat 2 \
-            --json "$OUT/node.json" 2>&1 | tee "$OUT/node.log" | tail -10
+        # RANKS ranks on the machine's cores, each a default loader (the node's CPU budget
+        # shared), against RANKS stock DataLoaders decoding from RAM; total threads at most.
+        run node 0 140 node.log python3 benchmarks/bench_node.py --nproc "$RANKS" \
+            --images "$IMAGES" --repeat "$REPEAT" --json "$OUT/node.json"
+        ;;
+    *)
+        echo "STEP $step: FAILED (no such step)" | tee -a "$OUT/steps.log"
+        failed=1
         ;;
     esac
 done
+exit $failed

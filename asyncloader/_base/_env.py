@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._binding import Binding, cpus_said, job_of_node, node_masks
+
 __all__ = [
     "in_dataloader_worker",
     "CpuBudget",
@@ -83,8 +85,10 @@ def local_world_size() -> int | None:
 
 
 def local_rank() -> int | None:
-    """This rank's index on its node (``LOCAL_RANK`` under torchrun), or None."""
-    return _int("LOCAL_RANK")
+    """This rank's index on its node (``LOCAL_RANK`` under torchrun, ``SLURM_LOCALID``
+    under ``srun``), or None."""
+    found = _int("LOCAL_RANK")
+    return found if found is not None else _int("SLURM_LOCALID")
 
 
 def ranks_per_node() -> tuple[int | None, str]:
@@ -186,12 +190,16 @@ class CpuBudget:
         quota: Its container's CPU quota [CPUs], or None.
         ranks: Ranks on this node (1 where nothing says).
         ranks_from: Who says so (``"LOCAL_WORLD_SIZE"``, ``"ShardConfig"``, ...; "" for 1).
+        binding: How its mask relates to the other local ranks' masks (a launcher that
+            binds each rank to CPUs of its own), where they could be known; None: not
+            known, the CPUs are split evenly among the ranks.
     """
 
     affinity: int
     quota: float | None
     ranks: int
     ranks_from: str
+    binding: Binding | None = None
 
     @property
     def cpus(self) -> int:
@@ -203,8 +211,15 @@ class CpuBudget:
 
     @property
     def per_rank(self) -> int:
-        """This rank's share of the node's CPUs, at least 1."""
-        return max(1, self.cpus // self.ranks)
+        """This rank's share of the node's CPUs, at least 1: its mask's CPUs, each split
+        among the local ranks whose masks hold it (:class:`~._binding.Binding`), within its
+        share of the container's quota; without the other ranks' masks, the CPUs divided by
+        the ranks."""
+        b = self.binding
+        if b is None or b.kind == "unknown":
+            return max(1, self.cpus // self.ranks)
+        share = b.share if self.quota is None else min(b.share, self.quota / self.ranks)
+        return max(1, math.floor(share + 1e-9))
 
     def decode_workers(self, dataloader_workers: int = 1) -> int:
         """The default decode workers of a loader: this rank's share, less a core of its own
@@ -218,10 +233,18 @@ class CpuBudget:
 
     def describe(self) -> str:
         """Where the numbers come from, in a few words."""
+        b = self.binding
+        if b is not None and b.kind in ("own", "overlapping") and self.ranks > 1:
+            said = b.describe(self.affinity, self.ranks, self.ranks_from)
+            quota = self.quota is not None and self.quota / self.ranks < b.share
+            return said + (f", within the container's quota of {self.quota:g}" if quota else "")
         if self.quota is not None and self.quota < self.affinity:
-            cpus = f"{self.cpus} CPUs (the container's quota of {self.quota:g} of {self.affinity})"
+            cpus = (
+                f"{cpus_said(self.cpus)} (the container's quota of {self.quota:g} of "
+                f"{self.affinity})"
+            )
         else:
-            cpus = f"{self.cpus} CPUs"
+            cpus = cpus_said(self.cpus)
         if self.ranks == 1:
             return cpus
         return f"{cpus} shared by {self.ranks} ranks on this node ({self.ranks_from})"
@@ -229,8 +252,25 @@ class CpuBudget:
 
 def cpu_budget(ranks: int | None = None) -> CpuBudget:
     """This process's CPU budget; ``ranks``: the node's rank count when the caller knows it
-    (``ShardConfig(local_world_size=)``), else the environment says it."""
+    (``ShardConfig(local_world_size=)``), else the environment says it.  With several
+    ranks on the node, a job that names itself (torchrun, SLURM) and a local rank, the
+    ranks tell each other their masks (:mod:`._binding`): a launcher's binding counts."""
     if ranks is not None:
-        return CpuBudget(usable_cpus(), cgroup_cpu_quota(), max(ranks, 1), "ShardConfig")
-    found, source = ranks_per_node()
-    return CpuBudget(usable_cpus(), cgroup_cpu_quota(), found or 1, source)
+        found, source = max(ranks, 1), "ShardConfig"
+    else:
+        counted, source = ranks_per_node()
+        found = counted or 1
+    binding = None
+    job, me = job_of_node(), local_rank()
+    if found > 1 and job is not None and me is not None and 0 <= me < found:
+        mine = _affinity()
+        binding = Binding(me, node_masks(job, me, found, mine), found)
+    return CpuBudget(usable_cpus(), cgroup_cpu_quota(), found, source, binding)
+
+
+def _affinity() -> set[int]:
+    """The CPUs of this process's affinity mask (all of them where it cannot be read)."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return set(range(os.cpu_count() or 1))

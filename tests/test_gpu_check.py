@@ -1,0 +1,48 @@
+"""The prepared device script (``benchmarks/gpu_check.sh``) works on any machine in its dry
+mode: every step starts at a tiny size and ends ok, the steps that need CUDA skip where
+there is none, and the benchmarks take the arguments the script gives them — so the script
+is ready when a GPU machine is lent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = ("tests", "upload", "decode", "node", "scale")
+
+
+@pytest.mark.slow
+def test_the_device_script_runs_in_its_dry_mode(tmp_path: Path) -> None:
+    import torch
+
+    out = tmp_path / "gpu-out"
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry"],
+        env={**os.environ, "OUT": str(out)},
+        capture_output=True,
+        text=True,
+        timeout=480,
+        check=False,
+    )
+    steps = (out / "steps.log").read_text()
+    assert done.returncode == 0, steps + done.stdout[-4000:] + done.stderr[-2000:]
+    ended = {
+        line.split(":")[0].removeprefix("STEP "): line.split(": ", 1)[1]
+        for line in steps.splitlines()
+        if line.startswith("STEP ")
+    }
+    assert set(ended) == set(STEPS)
+    cuda = torch.cuda.is_available()
+    for step, how in ended.items():
+        if step == "decode" and not cuda:
+            assert how == "skipped (no CUDA device)"
+        else:
+            assert how == "ok", (step, how)
+    assert "ROI_DECODE" in (out / "env.log").read_text()
+    # Every benchmark wrote its table or JSON.
+    assert (out / "node.json").is_file() and (out / "scale.json").is_file()
+    assert "images/s" in (out / "upload.log").read_text()
