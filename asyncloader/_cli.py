@@ -76,11 +76,10 @@ def _demo(args: argparse.Namespace) -> int:
         moto_cpu = process_cpu_seconds(bucket.pid) - moto_cpu0
     print()
     print(stats.summary())
+    # One rate: the summary's first line says samples/s and MB/s over the loader's life.
     print(
-        f"throughput: {samples / wall:.0f} images/s, "
-        f"{stats.bytes_fetched / wall / 1e6:.1f} MB/s fetched from the store, "
-        f"{cpu / samples * 1e3:.2f} ms of loader CPU per image, all its processes "
-        f"({args.epochs} epochs, {len(files)} images, {os.cpu_count()} cores)"
+        f"loader CPU: {cpu / samples * 1e3:.2f} ms per image, all its processes "
+        f"({args.epochs} epochs of {len(files)} images, {os.cpu_count()} cores)"
     )
     per_get = moto_cpu / max(stats.requests, 1) * 1e3
     emulator_bound = moto_cpu > 0.5 * wall and stats.batches >= 20
@@ -244,7 +243,7 @@ def _cache_cmd(args: argparse.Namespace) -> int:
         # Opening it would make an index inside someone's data: refuse, write nothing.
         print(
             f"asyncloader cache: {args.dir} is not a cache folder (no objects/cache.db in "
-            "it): give the folder a loader's CacheConfig(dir=) or --cache-dir names",
+            "it): give the folder a loader's cache_dir= or --cache-dir names",
             file=sys.stderr,
         )
         return 1

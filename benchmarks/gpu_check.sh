@@ -91,12 +91,12 @@ for step in $steps; do
     tests)
         # The CUDA tests with the default engine processes (skipped without a device: the
         # step then checks that they are collected).
-        run tests 0 100 tests.log python3 -m pytest -q -p no:cacheprovider -m cuda \
+        run tests 0 100 tests.log python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m cuda \
             tests/test_upload.py tests/test_torch.py tests/test_gpu_decode.py
         ;;
     gpu-decode-tests)
         run gpu-decode-tests 0 120 gpu-decode-tests.log python3 -m pytest -q \
-            -p no:cacheprovider tests/test_gpu_decode.py
+            -p no:cacheprovider -p no:benchmark tests/test_gpu_decode.py
         ;;
     upload)
         run upload 0 80 upload.log python3 benchmarks/bench_upload.py --images "$IMAGES"

@@ -1,8 +1,10 @@
 """A DDP training job that checkpoints with torch.distributed.checkpoint and resumes on
 another number of ranks:
 
-    torchrun --nproc_per_node=2 examples/train_dcp.py --steps 6 --checkpoint ckpt
-    torchrun --nproc_per_node=1 examples/train_dcp.py --steps 12 --checkpoint ckpt
+    python -m torch.distributed.run --nproc_per_node=2 examples/train_dcp.py \
+        --steps 6 --checkpoint ckpt
+    python -m torch.distributed.run --nproc_per_node=1 examples/train_dcp.py \
+        --steps 12 --checkpoint ckpt
 
 Every ``--save-every`` steps (and at the last) the model, the optimizer and the data
 position go into one checkpoint, ``dcp.save({"train": ..., "data": ds})``, a folder of its

@@ -1,6 +1,6 @@
 """The small CNN under DDP: one process per rank, the dataset shards itself.
 
-    torchrun --nproc_per_node=2 examples/train_ddp.py --steps 50
+    python -m torch.distributed.run --nproc_per_node=2 examples/train_ddp.py --steps 50
 
 Rank 0 starts the demo's moto_server and shares its endpoint; with --url every rank
 reads that URL directly.  With --manifest (a key beside the images, ``train.npz``, or a

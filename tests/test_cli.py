@@ -86,9 +86,28 @@ def test_demo_arguments_are_checked_before_any_work(
     for option, value in (("--batch-size", "0"), ("--images", "-3"), ("--epochs", "x")):
         with pytest.raises(SystemExit) as info:
             main(["demo", "--data-dir", str(tmp_path / "data"), option, value])
-        assert info.value.code == 2
+        assert info.value.code == 1  # a mistake the user can fix, as the CLI page says
         assert f"argument {option}" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()  # no JPEG made, no emulator started
+
+
+def test_a_misspelled_option_is_exit_status_1(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["ls", "s3://b/x/", "--refrsh-listing"], ["cahce", "stats", "x"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 1
+        assert "error:" in capsys.readouterr().err
+
+
+def test_the_not_a_cache_error_names_options_that_exist(
+    jpeg_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["cache", "stats", str(jpeg_folder)]) == 1
+    err = capsys.readouterr().err
+    assert "CacheConfig(dir=)" not in err and "cache_dir=" in err
+    with pytest.raises(SystemExit):
+        main(["cache", "--help"])
+    assert "CacheConfig(dir=)" not in capsys.readouterr().out
 
 
 def test_ls_of_a_prefix_that_names_nothing_says_where_to_look(

@@ -83,3 +83,19 @@ def test_one_home_per_fact_between_readme_and_the_docs() -> None:
     readme = _sentences((ROOT / "README.md").read_text())
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert readme.isdisjoint(_sentences(page.read_text())), page.name
+
+
+def test_commands_run_the_environment_s_own_torch() -> None:
+    """A command to copy says ``python -m torch.distributed.run``: the ``torchrun`` first on
+    the PATH may belong to another environment than the one asyncloader is installed in."""
+    import re
+
+    places = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    places += sorted((ROOT / "examples").glob("*.py"))
+    bare = [
+        f"{p.relative_to(ROOT)}: {line.strip()}"
+        for p in places
+        for line in p.read_text().splitlines()
+        if re.search(r"(^|[\s`])torchrun --", line)
+    ]
+    assert bare == []

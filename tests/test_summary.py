@@ -62,3 +62,18 @@ def test_counts_by_reason_read_whole() -> None:
     line = some.summary().splitlines()[-1]
     assert line.endswith("retries 3 (throttled 2, transient 1), skipped 1 (DecodeError 1)")
     assert " ," not in some.summary()
+
+
+def test_a_run_waiting_on_the_cache_is_bound_by_the_cache_not_the_store() -> None:
+    """Every sample from the SSD cache, no request, the loop waiting and decode idle: the
+    disk kept it waiting, not the store (a cache-only run was called fetch-bound)."""
+    c = _counters(TELL_AFTER, decoded=400, delivered=400, cache_hits=400)
+    c.started -= 10.0
+    c.consumer_wait_seconds = 5.0
+    stats = c.snapshot(decode_workers=2, max_inflight=64)
+    assert stats.requests == 0
+    assert stats.bound == "cache"
+    assert "bound by: cache" in stats.summary()
+    assert stats.bound_in_words().startswith("reading the SSD cache")
+    c.objects_fetched = 400  # the same wait with every sample fetched: the store
+    assert c.snapshot(decode_workers=2, max_inflight=64).bound == "fetch"

@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 import asyncloader as al
 from asyncloader.testing import S3TestServer
 
@@ -137,6 +139,21 @@ def test_failed_objects_give_a_nonzero_exit(light_server: S3TestServer, tmp_path
     assert "1 failed" in again.stdout
     assert "class_01/img_000005.jpg" in again.stderr
     assert "not found" in again.stderr
+
+
+def test_warm_of_a_wrong_bucket_leaves_no_folder_behind(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """A warm that fails before anything is cached writes nothing: no empty cache folder
+    (the listing failed), as a read-only command writes nothing."""
+    opts = {"endpoint_url": light_server.endpoint}
+    with pytest.raises(al.AsyncLoaderError):
+        al.warm("s3://no-such-bucket/train/", tmp_path / "c", store_options=opts)
+    assert not (tmp_path / "c").exists()
+    (tmp_path / "kept").mkdir()  # a folder that was there before stays
+    with pytest.raises(al.AsyncLoaderError):
+        al.warm("s3://no-such-bucket/train/", tmp_path / "kept", store_options=opts)
+    assert (tmp_path / "kept").is_dir()
 
 
 def test_bad_shard_is_refused() -> None:

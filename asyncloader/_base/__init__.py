@@ -7,4 +7,5 @@ process's environment (``_env``), counters and stats (``_stats``), manifest rows
 Also here: folders made for the owner or the group only (``_folders``), request latencies and
 their quantiles (``_latency``), every start and stop bound named once (``_lifecycle``), the
 processes below one and the CPU they spent (``_proctree``), shared memory (``_shm``: memfds
-on Linux) and one source of several (``_sources``)."""
+on Linux), one source of several (``_sources``) and the CPUs each rank of a node is bound
+to (``_binding``)."""

@@ -21,7 +21,7 @@ from ._types import CacheEvent, Outcome
 
 __all__ = ["Counters", "LatencyWindow", "Stats"]
 
-Bound = Literal["fetch", "decode", "consumer", "unknown"]
+Bound = Literal["fetch", "cache", "decode", "consumer", "unknown"]
 
 
 log = logging.getLogger("asyncloader")
@@ -198,6 +198,10 @@ class Counters:
             bound = "consumer"
         elif decode_util >= 0.80:
             bound = "decode"
+        elif self.cache_hits > self.objects_fetched:
+            # Waiting with decode idle, most samples read from the SSD cache: its disk (or
+            # its index), not the store, kept the decode workers waiting.
+            bound = "cache"
         else:
             bound = "fetch"
         return Stats(
@@ -315,8 +319,9 @@ class Stats:
         consumer_wait_seconds: Time the consumer spent waiting for a batch [seconds].
         first_batch_seconds: From start to the first batch delivered [seconds].
         bound: Which stage limits throughput: ``"consumer"`` (the loader keeps ahead: the
-            training loop is the bound), ``"decode"`` (decode workers busy ≥ 80 %) or
-            ``"fetch"`` (the consumer waits while decode workers idle: storage-bound).
+            training loop is the bound), ``"decode"`` (decode workers busy ≥ 80 %),
+            ``"fetch"`` (the consumer waits while decode workers idle: storage-bound) or
+            ``"cache"`` (the same, with most samples read from the SSD cache: its disk).
         decode_workers: The loader's decode workers.
         cpu_budget: The CPUs they were counted from, and who shares them ("" where the
             count was given).
@@ -391,6 +396,8 @@ class Stats:
             "decode": "decoding and resizing images: the decode workers were busy nearly "
             "all the time",
             "fetch": "waiting for the store: the decode workers were often idle, waiting for bytes",
+            "cache": "reading the SSD cache: the decode workers were often idle, waiting for the "
+            "disk (most samples came from the cache, not the store)",
             "consumer": "the training loop: the loader kept ahead of it",
         }.get(
             self.bound,

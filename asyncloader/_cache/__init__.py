@@ -96,15 +96,17 @@ class ObjectCache:
 
     @classmethod
     def opened(
-        cls, directory: str | os.PathLike[str] | None, config: CacheConfig
+        cls, directory: str | os.PathLike[str] | None, config: CacheConfig, *, make: bool = True
     ) -> ObjectCache | None:
         """The cache of ``directory`` kept as ``config`` says (None without a directory),
-        its folder made before anything is written there: how a loader, ``warm``, ``ls``
-        and ``bench`` open the folder they are given."""
+        its folder made before anything is written there (``make=False``: by the caller,
+        later): how a loader, ``warm``, ``ls`` and ``bench`` open the folder they are
+        given."""
         if not directory:
             return None
         cache = cls(directory, size_limit=config.size, group_shared=config.group_shared)
-        cache.make_folder()
+        if make:
+            cache.make_folder()
         return cache
 
     def make_folder(self) -> None:

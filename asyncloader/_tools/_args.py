@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from typing import NoReturn
 
 __all__ = [
     "add_store_options",
@@ -79,10 +81,20 @@ def add_store_options(command: argparse.ArgumentParser) -> None:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but an argument error (an unknown option, a missing value) exits
+    with status 1, as every error the user can fix does (the CLI page), not argparse's 2;
+    its subcommands' parsers are of this kind too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
 def command_line(description: str, version: str, docs: str) -> argparse.ArgumentParser:
     """The parser of ``asyncloader``'s command line: ``demo``, ``warm``, ``ls``, ``bench``
     and ``cache``, each with its options (``docs``: where the pages are, for the help)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="asyncloader",
         description=description,
         epilog=f"Each command's options: asyncloader COMMAND --help.  Docs: the CLI page "
@@ -202,7 +214,7 @@ def command_line(description: str, version: str, docs: str) -> argparse.Argument
         "cache",
         help="inspect, check or empty a cache folder",
         description="Inspect, check or empty a cache folder (one that a loader's "
-        "CacheConfig(dir=) or warm --cache-dir filled).  A folder that is not a cache is "
+        "cache_dir= or warm --cache-dir filled).  A folder that is not a cache is "
         "an error; nothing is written to it.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="actions:\n"

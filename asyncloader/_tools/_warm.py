@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -135,8 +136,14 @@ async def warm_cache(
     i, n = shard
     if n < 1 or not 0 <= i < n:
         raise AsyncLoaderError(f"shard {i}/{n} does not exist: use i/n with 0 <= i < n")
-    cache.make_folder()  # its owner's only (or its group's), before anything is written
-    objects = await list_objects(store, cache.directory, listing_max_age)
+    # Its owner's only (or its group's), before anything is written.
+    new_folder = await asyncio.to_thread(_make_folder, cache)
+    try:
+        objects = await list_objects(store, cache.directory, listing_max_age)
+    except BaseException:
+        if new_folder:  # a wrong bucket or URL leaves no folder behind: nothing was written
+            await asyncio.to_thread(shutil.rmtree, cache.directory, True)
+        raise
     wanted = KeyFilter(extensions)
     ordered = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
     # Node i of n, as its loaders read: rank i of n in listing order, or node i of n's
@@ -310,7 +317,8 @@ def warm(
     async def main() -> WarmReport:
         store = open_store(url, **(store_options or {}))
         try:
-            cache = ObjectCache.opened(cache_dir, config)
+            # Its folder is made once the store has listed: a failed warm writes nothing.
+            cache = ObjectCache.opened(cache_dir, config, make=False)
             assert cache is not None
             return await warm_cache(
                 store,
@@ -328,3 +336,10 @@ def warm(
             await store.close()
 
     return asyncio.run(main())
+
+
+def _make_folder(cache: ObjectCache) -> bool:
+    """Make the cache's folder; whether it was missing (made here)."""
+    missing = not os.path.isdir(cache.directory)
+    cache.make_folder()
+    return missing
