@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import logging
 import posixpath
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
@@ -60,6 +61,25 @@ def no_samples(url: str, listed: int, extensions: Sequence[str] | None) -> str:
         f"extension ({', '.join(extensions or ())}). `asyncloader ls --all-objects` counts "
         "every object; a loader's extensions= picks others"
     )
+
+
+log = logging.getLogger("asyncloader")
+_said_flat = False  # the word on a flat folder, said once per process
+
+
+def _folder_classes(classes: tuple[str, ...]) -> tuple[str, ...]:
+    """``classes`` of ``labels="folder"``, with a word where every sample is at the root (a
+    flat folder, Hugging Face's imagefolder layout): one class ``''``, every label 0 — not
+    an error, but never silent."""
+    global _said_flat
+    if classes == ("",) and not _said_flat:
+        _said_flat = True
+        log.warning(
+            "asyncloader: every image is at the root, in no class folder: labels='folder' "
+            "(the default) gives them all label 0 (class ''). Pass labels=None for no "
+            "labels, a metadata column (labels='label') or a manifest."
+        )
+    return classes
 
 
 LabelSpec = str | Callable[[str], int] | None
@@ -309,7 +329,7 @@ def _labelled(chosen: ObjectList, names: list[str], labels: LabelSpec) -> Datase
     """The samples ``chosen`` (keys ``names``) labelled by folder, callable or None."""
     if labels == "folder":
         parents = [posixpath.dirname(k) for k in names]
-        classes = tuple(sorted(set(parents)))
+        classes = _folder_classes(tuple(sorted(set(parents))))
         index = {c: i for i, c in enumerate(classes)}
         return Dataset(SampleList(chosen, [index[p] for p in parents]), classes)
     if labels is None:
@@ -387,7 +407,7 @@ class DatasetBuilder:
 
     def finish(self) -> Dataset:
         """The whole dataset; the same as :func:`build_dataset` over the whole listing."""
-        classes = tuple(self._parents) if self._labels == "folder" else ()
+        classes = _folder_classes(tuple(self._parents)) if self._labels == "folder" else ()
         self._check({p: i for i, p in enumerate(classes)})
         objects = ObjectList.of(s.obj for s in self.samples)
         return Dataset(SampleList(objects, [s.label for s in self.samples]), classes)

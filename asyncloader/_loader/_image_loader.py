@@ -72,7 +72,7 @@ class LoaderOptions(TypedDict, total=False):
     samples_per_epoch: int | None
     cache_dir: str | os.PathLike[str] | None
     device: str | None
-    dtype: str
+    dtype: str | None
     timeout: float | None
     decode: DecodeConfig | None
     fetch: FetchConfig | None
@@ -143,8 +143,11 @@ class ImageLoader:
             torchrun), ``"cuda:1"`` or ``"cpu"`` give ``dtype`` tensors normalised as
             ``output=`` says, made by an uploader thread two batches ahead (on a GPU: copied
             on its own CUDA stream, converted there, the training stream waiting on an event).
-            Without CUDA, ``"cuda"`` falls back to the CPU with a warning.
-        dtype: ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"uint8"`` (no normalisation).
+            Without CUDA, ``"cuda"`` falls back to the CPU with a warning.  A ``dtype`` or
+            an ``output=`` given without a device are done on the CPU (``"cpu"``), never
+            ignored.
+        dtype: ``"float32"`` (the default with a device), ``"float16"``, ``"bfloat16"`` or
+            ``"uint8"`` (no normalisation).
         timeout: Give up when no batch arrives for this long (None: wait) [seconds].
         decode: Decode threads, the GPU backend, a decode hook for other blob types, the
             decompression-bomb limit (:class:`~asyncloader.DecodeConfig`).
@@ -187,7 +190,7 @@ class ImageLoader:
         world_size: int = 1,
         cache_dir: str | os.PathLike[str] | None = None,
         device: str | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         timeout: float | None = None,
         decode: DecodeConfig | None = None,
         fetch: FetchConfig | None = None,
@@ -240,11 +243,13 @@ class ImageLoader:
         self._uploader: Uploader | None = None
         self._agreement: Agreement | None = None
         self._unchecked: Sequence[ObjectInfo] | None = None  # the list the ranks agree on
+        if device is None and (dtype is not None or output is not None):
+            device = "cpu"  # a conversion asked for is done, on the CPU: never ignored
         if device is not None:
             from .._device._device_spec import DeviceSpec
             from .._device._upload import Uploader
 
-            spec = DeviceSpec.make(device, dtype, out.mean, out.std, out.channels_last)
+            spec = DeviceSpec.make(device, dtype or "float32", out.mean, out.std, out.channels_last)
             self._uploader = Uploader(spec, depth=2, pin=out.pin)
         processes, why = engine_placement(p, store_given=given is not None)
         self._engine: Engine = cast(Engine, NoEngine())
