@@ -241,3 +241,26 @@ class FailureBudgetExceeded(AsyncLoaderError, ExceptionGroup):  # type: ignore[m
             "ErrorConfig(max_failures=) to skip more, or fix or remove those objects",
             list(failures),
         )
+
+
+# The public classes are the package's: a traceback's last line reads
+# ``asyncloader.ObjectNotFound: ...``, as the user imports and catches it (and it pickles
+# by that name: ``asyncloader`` resolves it on first use).
+for _public in (
+    AccessDenied,
+    AsyncLoaderError,
+    BatchesHeldError,
+    CacheFormatError,
+    ClosedError,
+    DecodeError,
+    FailureBudgetExceeded,
+    IntegrityError,
+    LengthMismatch,
+    ListingMismatchError,
+    ObjectNotFound,
+    PipelineDeadError,
+    StoreError,
+    Throttled,
+    TransientStoreError,
+):
+    _public.__module__ = "asyncloader"

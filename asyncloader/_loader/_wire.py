@@ -34,6 +34,8 @@ that as a :class:`ChildFailed` instead, so the parent always hears, never hangs.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import os
 import pickle
 import struct
 import traceback
@@ -68,6 +70,7 @@ __all__ = [
     "Stop",
     "TakeDataset",
     "send",
+    "users_mistake",
     "without_frames",
 ]
 
@@ -146,10 +149,20 @@ class CrossedError:
         return crossed
 
     def rebuild(self) -> BaseException:
-        """The exception again, as near to the child's as this process can make it."""
+        """The exception again, as near to the child's as this process can make it; the
+        child's traceback as a note — or, for a mistake of the user's
+        (:func:`users_mistake`), kept as its ``engine_traceback`` attribute and not shown,
+        unless ``ASYNCLOADER_DEBUG`` is set: its message says what to fix, and forty lines
+        of the engine's frames between the loader's and that message said nothing."""
         exc = self._one()
         if self.trace:
-            exc.add_note(f"in {self.where}:\n{self.trace}")
+            told = f"in {self.where}:\n{self.trace}"
+            if users_mistake(exc) and not os.environ.get("ASYNCLOADER_DEBUG"):
+                with contextlib.suppress(AttributeError):  # a class with __slots__: shown
+                    exc.engine_traceback = told  # type: ignore[attr-defined]
+                    told = ""
+            if told:
+                exc.add_note(told)
         crossed, e = self, exc
         while crossed.cause is not None:
             rebuilt = crossed.cause._one()
@@ -187,6 +200,17 @@ class ChildFailed(Message):
     """Child → parent: it could not start, or cannot go on (a message it could not send)."""
 
     error: CrossedError
+
+
+def users_mistake(exc: BaseException) -> bool:
+    """Whether ``exc`` is the user's to fix, its message enough: an error of ours (a store
+    that answered no, a bad sample, a listing with no samples, a failure budget) but a
+    background part that broke (:class:`PipelineDeadError`), or a ``ValueError`` /
+    ``TypeError`` (an option that cannot work).  Anything else is a fault of the loader's
+    own, and keeps the child's traceback in sight."""
+    if isinstance(exc, _errors.PipelineDeadError):
+        return False
+    return isinstance(exc, _errors.AsyncLoaderError | ValueError | TypeError)
 
 
 def send(conn: _Sends, msg: Message, where: str) -> None:
@@ -247,7 +271,7 @@ _OURS = {
 
 def _message_only(module: str, name: str, message: str) -> BaseException | None:
     cls: object = None
-    if module == _errors.__name__:
+    if module in (_errors.__name__, "asyncloader"):  # our public ones say "asyncloader"
         cls = _OURS.get(name)
     elif module == "builtins":
         cls = getattr(builtins, name, None)
