@@ -37,8 +37,19 @@ def test_an_error_that_pickles_crosses_as_itself() -> None:
     back = _crossed(exc)
     assert type(back) is al.ObjectNotFound
     assert (str(back), back.key, back.status) == ("no such key: a.jpg", "a.jpg", 404)
-    assert back.__notes__[0] == "asyncloader: stage=fetch key=a.jpg"
-    assert back.__notes__[1].startswith("in child 1:\nTraceback")
+    # A mistake of the user's: its notes as it had them, the child's frames kept aside.
+    assert back.__notes__ == ["asyncloader: stage=fetch key=a.jpg"]
+    assert back.engine_traceback.startswith("in child 1:\nTraceback")  # type: ignore[attr-defined]
+
+
+def test_the_child_s_traceback_is_shown_for_faults_and_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fault = _crossed(KeyError("a bug"))
+    assert fault.__notes__[-1].startswith("in child 1:\nTraceback")
+    monkeypatch.setenv("ASYNCLOADER_DEBUG", "1")
+    asked = _crossed(al.ObjectNotFound("no such key: a.jpg", key="a.jpg"))
+    assert asked.__notes__[-1].startswith("in child 1:\nTraceback")
 
 
 @pytest.mark.parametrize("kind", ["unpicklable", "ununpicklable", "ununpicklable-decode"])
@@ -47,8 +58,9 @@ def test_an_error_that_cannot_cross_comes_as_its_text_and_traceback(kind: str) -
     name = type(hostile(kind, "here")).__name__
     assert f"{name}: hostile {kind} error from here" in str(back)
     assert "raised in child 1" in str(back)
-    assert "in child 1:\nTraceback" in back.__notes__[-1]
-    assert "test_crossing.py" in back.__notes__[-1]  # where it was raised
+    trace = getattr(back, "engine_traceback", None) or back.__notes__[-1]
+    assert "in child 1:\nTraceback" in trace
+    assert "test_crossing.py" in trace  # where it was raised
     # The nearest class this side knows: ours for a decode error, else Python's.
     assert type(back) is (al.DecodeError if kind == "ununpicklable-decode" else Exception)
 
