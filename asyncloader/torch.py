@@ -72,6 +72,7 @@ from asyncloader._run._dist import (
     list_once,
     store_address,
 )
+from asyncloader._run._job import Dataset, job_dataset, rank_batches
 from asyncloader._run._resume import epoch_start, every_key, has_position
 
 __all__ = ["DataLoaderState", "ImageDataset", "dist_shard", "rank_state", "to_device"]
@@ -164,6 +165,7 @@ class ImageDataset(IterableDataset[Batch]):
         self._resume: dict[str, Any] | None = None
         self._loader: ImageLoader | None = None
         self._pid = -1
+        self._dataset: Dataset | None = None  # the samples, once asked for (classes, len)
         # In shared memory, so that DataLoader workers (forked or spawned: the tensor travels
         # by handle) can tell the training process that they delivered batches of an epoch:
         # epoch + 1, 0 before any.  Its state_dict() cannot see how far they got.
@@ -175,7 +177,54 @@ class ImageDataset(IterableDataset[Batch]):
         state = self.__dict__.copy()
         state["_loader"] = None
         state["_pid"] = -1
+        state["_dataset"] = None  # the training process's: a worker's loader lists its own
         return state
+
+    def _samples(self) -> Dataset:
+        """The samples its loaders read (as their engines build them from the job's
+        listing), made once in this process when asked for."""
+        if self._dataset is None:
+            o = self.options
+            config = o.get("cache") or CacheConfig()
+            store = o.get("store") or StoreConfig()
+            cache = ObjectCache.opened(o.get("cache_dir"), config)
+            self._dataset = job_dataset(
+                self.url,
+                o.get("labels", "folder"),
+                dict(store.options),
+                store.extensions,
+                extras=tuple(o.get("extras", ())),
+                samples_per_epoch=o.get("samples_per_epoch"),
+                folder=cache.directory if cache is not None else None,
+                max_age=config.max_age,
+                objects=store.objects,
+            )
+        return self._dataset
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """Class names, index = label, as its loaders label the samples (ImageFolder's
+        folders, a manifest's or a column's sorted text labels; ``()`` for numbers): the
+        size of a classifier's head is ``len(ds.classes)``."""
+        return self._samples().classes
+
+    def __len__(self) -> int:
+        """The batches this rank's ``DataLoader(ds, batch_size=None)`` yields per epoch —
+        what ``len(dataloader)`` and a schedule's ``steps_per_epoch`` need — whatever the
+        DataLoader's worker count (its workers deal the rank's batches): this rank's share
+        of the epoch (``samples_per_epoch`` or every sample; equal for every rank under
+        ``ShardConfig(even=)``), cut into batches (``drop_last``)."""
+        o = self.options
+        rank, world = dist_shard()
+        return rank_batches(
+            self._samples(),
+            batch_size=o.get("batch_size", 256),
+            shuffle=o.get("shuffle", True),
+            rank=rank,
+            world_size=world,
+            shard=o.get("shard") or ShardConfig(),
+            samples_per_epoch=o.get("samples_per_epoch"),
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration runs (order and augmentation)."""

@@ -71,6 +71,7 @@ RUN_ROOMS: list[dict[str, set[str]]] = [
         "_position": {"_resume"},
         "_notices": set(),
         "_dist": set(),
+        "_job": {"_sampler"},
     },
     {  # the flow on one loop: batch order, cache fill, pipeline, runtime, composition root
         "_batches": {"_sampler"},
@@ -255,6 +256,8 @@ FACE_EXCEPTIONS = {
     # The job's store (one listing per job, the ranks' agreement) and the state's keys.
     ("torch.py", "asyncloader._run._dist"),
     ("torch.py", "asyncloader._run._resume"),
+    # The job's dataset as a rank counts it: ImageDataset.classes and len().
+    ("torch.py", "asyncloader._run._job"),
     # The command line's own argument types (its helpers, in a module of their own).
     ("_cli.py", "asyncloader._tools._args"),
 }

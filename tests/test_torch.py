@@ -66,6 +66,34 @@ def test_dataloader_workers_cover_the_epoch_in_order(
     assert sorted(x for b in got for x in b) == list(range(N_IMAGES))
 
 
+def test_a_dataset_has_classes_and_a_length(
+    light_server: S3TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head's size and a schedule's steps_per_epoch, from the dataset: its classes as
+    its loaders label them, and the batches a rank's DataLoader yields per epoch, with no
+    loader started."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    opts = al.StoreConfig(options={"endpoint_url": light_server.endpoint})
+    ds = ImageDataset("s3://b/train/", batch_size=10, transform=al.CenterCrop(16), store=opts)
+    with al.ImageLoader("s3://b/train/", batch_size=10, store=opts) as plain:
+        assert ds.classes == plain.classes and len(ds.classes) > 1
+    assert ds._loader is None  # counted, nothing started
+    for workers in (0, 2):
+        dl = DataLoader(ds, batch_size=None, num_workers=workers)
+        assert len(dl) == len(ds) == sum(1 for _ in dl) == -(-(N_IMAGES // 2) // 10)
+    ds.close()
+    short = ImageDataset(
+        "s3://b/train/",
+        batch_size=10,
+        samples_per_epoch=35,
+        shard=al.ShardConfig(drop_last=True),
+        store=opts,
+    )
+    assert len(short) == 1 == sum(1 for _ in short)  # 18 samples a rank: one whole batch
+    short.close()
+
+
 def test_dataset_without_workers_and_shard_from_env(
     light_server: S3TestServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

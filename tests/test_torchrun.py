@@ -158,18 +158,26 @@ TRAIN = textwrap.dedent(
         dist.init_process_group("gloo")
         endpoint, out = sys.argv[1:3]
         result = {}
-        for even in ("pad", "drop"):  # one torchrun for both: starting one takes seconds
+        # One torchrun for every case: starting one takes seconds.  A case: the even
+        # rule, samples_per_epoch (57: odd, so pad and drop differ), drop_last.
+        cases = {"pad": ("pad", None, False), "drop": ("drop", None, False),
+                 "pad-57": ("pad", 57, False), "drop-57-last": ("drop", 57, True)}
+        for name, (even, per_epoch, last) in cases.items():
             ds = ImageDataset("s3://data/train/", batch_size=10, seed=1, labels=Key(),
-                              shard=ShardConfig(even=even),
+                              shard=ShardConfig(even=even, drop_last=last),
+                              samples_per_epoch=per_epoch,
                               store=StoreConfig(options={"endpoint_url": endpoint}))
             ds.set_epoch(3)
+            dl = DataLoader(ds, batch_size=None, num_workers=2)
             labels, batches = [], 0
-            for _, lab in DataLoader(ds, batch_size=None, num_workers=2):
+            for _, lab in dl:
                 labels += lab.tolist()
                 batches += 1
             gathered = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, {"labels": labels, "batches": batches})
-            result[even] = gathered
+            mine = {"labels": labels, "batches": batches, "len": len(ds), "dl_len": len(dl),
+                    "classes": list(ds.classes)}
+            dist.all_gather_object(gathered, mine)
+            result[name] = gathered
         # Two sources (two class folders), listed once each for the job, agreed by the ranks.
         sources = [Source(f"s3://data/train/class_0{c}/", labels=Key()) for c in (0, 1)]
         ds = ImageDataset(sources, batch_size=6, seed=1,
@@ -199,17 +207,26 @@ def test_torchrun_two_ranks(moto: MotoServer, moto_dataset: str, tmp_path: Path)
     mix = result.pop("mix")  # class folders 0 and 1: every image i with i % 4 < 2, once
     assert len(mix[0]) == len(mix[1])
     assert sorted(mix[0] + mix[1]) == [i for i in range(N_IMAGES) if i % N_CLASSES < 2]
-    for even, ranks in result.items():
+    for case, ranks in result.items():
         assert len(ranks) == 2
         assert ranks[0]["batches"] == ranks[1]["batches"]  # no DDP hang
         assert len(ranks[0]["labels"]) == len(ranks[1]["labels"])
+        # len(ImageDataset) and len(DataLoader): the batches each rank's DataLoader of 2
+        # workers delivered.
+        for r in ranks:
+            assert r["len"] == r["dl_len"] == r["batches"], (case, r["len"], r["batches"])
+            assert r["classes"] == []  # labels from a callable: numbers, no class names
         seen = ranks[0]["labels"] + ranks[1]["labels"]
-        if even == "pad":
+        if case == "pad":
             assert set(seen) == set(range(N_IMAGES))  # N_IMAGES is even: nothing padded
             assert len(seen) == N_IMAGES
-        else:
+        elif case == "drop":
             assert len(seen) == len(set(seen)) == N_IMAGES
-    assert sorted(result) == ["drop", "pad"]
+        elif case == "pad-57":
+            assert len(seen) == 58 and ranks[0]["batches"] == 3  # 57 padded to 29 a rank
+        else:
+            assert len(seen) == 40 and ranks[0]["batches"] == 2  # 28 a rank, 2 whole batches
+    assert sorted(result) == ["drop", "drop-57-last", "pad", "pad-57"]
 
 
 ELASTIC_JOB = JOB_COMMON + textwrap.dedent(

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._env import CpuBudget, cpu_budget
+from ._env import CpuBudget, cpu_budget, local_world_size
 from ._types import DecodeFn, ObjectInfo, ObjectStore
 
 __all__ = [
@@ -368,6 +368,13 @@ class ShardConfig:
     num_workers: int = 1
     even: Literal["pad", "drop"] = "pad"
     drop_last: bool = False
+
+    def for_shuffle(self, shuffle: bool | str) -> ShardConfig:
+        """This layout, with the node's ranks from the environment (``LOCAL_WORLD_SIZE``,
+        SLURM's) where a node-local shuffle needs them and none were given."""
+        if shuffle != "node" or self.local_world_size is not None:
+            return self
+        return dataclasses.replace(self, local_world_size=local_world_size())
 
     def __post_init__(self) -> None:
         if self.local_world_size is not None and self.local_world_size < 1:

@@ -52,6 +52,7 @@ __all__ = [
     "Listing",
     "list_for",
     "list_objects",
+    "open_dataset",
     "open_listing",
     "open_mixed_listing",
     "saved_listing",
@@ -325,3 +326,50 @@ async def open_mixed_listing(
 def of_length(dataset: Dataset, url: str, samples_per_epoch: int | None) -> Dataset:
     """One source's dataset, with ``samples_per_epoch`` samples an epoch where given."""
     return dataset if samples_per_epoch is None else with_length(dataset, url, samples_per_epoch)
+
+
+async def open_dataset(
+    store: ObjectStore,
+    sources: Sequence[Source] | None,
+    labels: LabelSpec,
+    extensions: Sequence[str] | None,
+    *,
+    folder: str | None,
+    max_age: float,
+    stream: bool,
+    listed: Callable[[Sequence[ObjectInfo]], None],
+    objects: Sequence[ObjectInfo] | None = None,
+    store_options: Mapping[str, Any] | None = None,
+    extras: Sequence[str] = (),
+    samples_per_epoch: int | None = None,
+) -> tuple[Listing, asyncio.Task[None] | None]:
+    """A loader's samples, of one source (:func:`open_listing`) or of several
+    (``sources``, ``store`` their :class:`MixedStore`: :func:`open_mixed_listing`, which
+    never streams): what an engine reads, and what the job's dataset is counted from."""
+    if sources:
+        assert isinstance(store, MixedStore)
+        mixed = await open_mixed_listing(
+            store,
+            sources,
+            extensions,
+            folder=folder,
+            max_age=max_age,
+            listed=listed,
+            extras=extras,
+            samples_per_epoch=samples_per_epoch,
+            objects=objects,
+        )
+        return mixed, None
+    return await open_listing(
+        store,
+        labels,
+        extensions,
+        folder=folder,
+        max_age=max_age,
+        stream=stream,
+        listed=listed,
+        objects=objects,
+        store_options=store_options,
+        extras=extras,
+        samples_per_epoch=samples_per_epoch,
+    )

@@ -14,7 +14,6 @@ engine: production, the decode threads and the loop stop, and the shared memory 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import weakref
 from collections.abc import Iterator, Sequence
@@ -31,7 +30,6 @@ from .._base._config import (
     ShardConfig,
     StoreConfig,
 )
-from .._base._env import local_world_size
 from .._base._errors import ClosedError
 from .._base._own_thread import run_on_own_thread
 from .._base._sources import Source
@@ -202,10 +200,7 @@ class ImageLoader:
         engine: EngineConfig | None = None,
     ) -> None:
         decoding = _config("decode", decode, DecodeConfig)
-        layout = _config("shard", shard, ShardConfig)
-        if shuffle == "node" and layout.local_world_size is None:
-            # The node's ranks, as torchrun (or SLURM) says, where not given.
-            layout = dataclasses.replace(layout, local_world_size=local_world_size())
+        layout = _config("shard", shard, ShardConfig).for_shuffle(shuffle)
         where = _config("store", store, StoreConfig)
         cache_config = _config("cache", cache, CacheConfig)
         out = _config("output", output, OutputConfig)

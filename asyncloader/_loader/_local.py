@@ -22,7 +22,7 @@ import numpy as np
 from .._base._errors import ClosedError, PipelineDeadError
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
-from .._dataset import Listing, open_listing, open_mixed_listing
+from .._dataset import Listing, open_dataset
 from .._dataset._labels import Dataset
 from .._device._ring import BatchRing
 from .._run._build import (
@@ -36,7 +36,6 @@ from .._run._build import (
 from .._run._notices import BatchReady, Notice, Outbox
 from .._run._pipeline import Pipeline
 from .._run._runtime import Runtime
-from .._stores._mixed import MixedStore
 from ._surface import EngineShare, EngineSpec
 
 if TYPE_CHECKING:
@@ -116,22 +115,10 @@ class LocalEngine:
             if dataset is not None:
                 listing = Listing(dataset)
                 c.objects_listed = len(dataset.samples)
-            elif spec.sources:
-                assert isinstance(store, MixedStore)
-                listing = await open_mixed_listing(
+            else:
+                listing, task = await open_dataset(
                     store,
                     spec.sources,
-                    spec.extensions,
-                    folder=spec.folder,
-                    max_age=spec.max_age,
-                    listed=done,
-                    extras=p.run.extras,
-                    samples_per_epoch=p.run.samples_per_epoch,
-                    objects=spec.objects,
-                )
-            else:
-                listing, task = await open_listing(
-                    store,
                     spec.labels,
                     spec.extensions,
                     folder=spec.folder,

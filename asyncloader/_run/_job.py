@@ -1,0 +1,96 @@
+"""The job's dataset as a rank counts it before any loader runs: the samples its loaders
+will read (the same listing, labels, metadata file and mix an engine builds:
+``_dataset.open_dataset``), and the batches each rank makes of them per epoch — what
+``ImageDataset.classes`` and ``len(ImageDataset)`` give a model's head and a schedule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .._base._config import RunConfig, ShardConfig
+from .._base._own_thread import run_on_own_thread
+from .._base._sources import Source, as_sources
+from .._base._types import ObjectInfo
+from .._dataset import open_dataset
+from .._dataset._labels import Dataset
+from .._stores import open_sources, open_store
+from .._stores import store_options as store_options_for
+from ._sampler import num_batches
+from ._sampler import samples_per_epoch as epoch_samples
+
+__all__ = ["Dataset", "job_dataset", "rank_batches"]
+
+
+def job_dataset(
+    url: str | Source | Sequence[str | Source],
+    labels: Any,
+    given_options: dict[str, Any] | None,
+    extensions: Sequence[str] | None,
+    *,
+    extras: Sequence[str],
+    samples_per_epoch: int | None,
+    folder: str | None,
+    max_age: float,
+    objects: Sequence[ObjectInfo] | None,
+) -> Dataset:
+    """The samples a loader of these options reads — the same listing, labels, metadata
+    file and mix (``_dataset.open_dataset``, as its engine builds them), from ``objects``
+    where the job's listing is known — on a store of its own, on a thread of its own: what
+    a dataset of the job is counted from before any loader runs (its classes, its length).
+
+    Raises:
+        StoreError: the store could not be listed, or a manifest or metadata file read.
+        AsyncLoaderError, ValueError: no samples, a bad option (as a loader raises them).
+    """
+    sources = as_sources(url, labels, given_options)
+    one = url if isinstance(url, str) else ""
+    options = store_options_for(one, labels, given_options) if not sources else {}
+
+    async def main() -> Dataset:
+        store = open_sources(sources) if sources else open_store(one, **options)
+        try:
+            listing, _ = await open_dataset(
+                store,
+                sources,
+                labels,
+                extensions,
+                folder=folder,
+                max_age=max_age,
+                stream=False,
+                listed=lambda _: None,
+                objects=objects,
+                store_options=options,
+                extras=extras,
+                samples_per_epoch=samples_per_epoch,
+            )
+            return listing.dataset if listing.dataset is not None else await listing.complete()
+        finally:
+            await store.close()
+
+    return run_on_own_thread(main())
+
+
+def rank_batches(
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    shuffle: Any,
+    rank: int,
+    world_size: int,
+    shard: ShardConfig,
+    samples_per_epoch: int | None,
+) -> int:
+    """The batches rank ``rank`` of ``world_size`` makes of ``dataset`` per epoch, as its
+    loader (or its DataLoader's workers together: they deal the rank's batches) makes them:
+    the rank's share under ``shard``'s even rule, cut into batches by its ``drop_last``."""
+    run = RunConfig(
+        batch_size=batch_size,
+        shuffle=shuffle,
+        rank=rank,
+        world_size=world_size,
+        shard=shard.for_shuffle(shuffle),
+        samples_per_epoch=samples_per_epoch,
+    )
+    n = epoch_samples(len(dataset.samples), run, dataset.mix)
+    return num_batches(n, batch_size, shard.drop_last)
