@@ -36,6 +36,10 @@ BLOCKS = _blocks()
 def test_the_pages_have_runnable_blocks() -> None:
     pages = {where.split(":")[0] for where, _, _ in BLOCKS}
     assert {"README.md", "docs/getting-started.md", "docs/cli.md"} <= pages
+    # The test kit's page starts each emulator, fills a bucket and reads it, as a user would.
+    kit = [code for where, _, code in BLOCKS if where.startswith("docs/testing.md")]
+    for server in ("MotoServer()", "Azurite()", "GCSEmulator()"):
+        assert any(server in code and "upload_folder(" in code for code in kit), server
 
 
 @pytest.fixture(scope="module")
