@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ._base._errors import StoreError as StoreError
     from ._base._errors import Throttled as Throttled
     from ._base._errors import TransientStoreError as TransientStoreError
+    from ._base._scalars import SCALARS as SCALARS
     from ._base._sources import Source as Source
     from ._base._stats import Stats as Stats
     from ._base._types import ObjectInfo as ObjectInfo
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from ._decode._transforms import RandomResizedCrop as RandomResizedCrop
     from ._decode._transforms import Resize as Resize
     from ._decode._transforms import Transform as Transform
+    from ._loader._health import LoaderLogger as LoaderLogger
+    from ._loader._health import job_scalars as job_scalars
     from ._loader._image_loader import ImageLoader as ImageLoader
     from ._loader._image_loader import LoaderOptions as LoaderOptions
     from ._run._resume import merge_worker_states as merge_worker_states

@@ -63,8 +63,10 @@ from asyncloader import (
     merge_worker_states,
     shard_from_env,
 )
+from asyncloader._base._scalars import Point
 from asyncloader._device._device_spec import DeviceSpec
 from asyncloader._device._upload import Uploader
+from asyncloader._loader._health import WorkerPoints
 from asyncloader._run._dist import (
     Agreement,
     adopt_store_address,
@@ -171,6 +173,7 @@ class ImageDataset(IterableDataset[Batch]):
         # epoch + 1, 0 before any.  Its state_dict() cannot see how far they got.
         flag = torch.zeros(1, dtype=torch.int64)
         self._workers_in = flag.share_memory_()  # type: ignore[no-untyped-call]
+        self._worker_points = WorkerPoints()  # their loaders' counts, for LoaderLogger
 
     def __getstate__(self) -> dict[str, Any]:
         # Workers get the recipe, never a live loader (threads and sockets do not travel).
@@ -258,11 +261,14 @@ class ImageDataset(IterableDataset[Batch]):
             self._resume = None
         else:
             loader.set_epoch(self.epoch)
-        in_worker = get_worker_info() is not None
+        info = get_worker_info()
         epoch = self.epoch  # load_state_dict set it to the state's
+        points = self._worker_points
         for got in loader:
-            if in_worker:
+            if info is not None:
                 self._workers_in[0] = epoch + 1  # the same value from every worker
+                if points.due():
+                    points.write(info.id, loader.health_point())
                 # A DataLoader worker hands results to its parent process: copy them once,
                 # straight into shared memory (torch would copy a private tensor into shared
                 # memory again when it pickles it), and let go of the ring slot at once.
@@ -272,6 +278,16 @@ class ImageDataset(IterableDataset[Batch]):
             batch = [got]
             del got
             yield batch.pop()
+        if info is not None:
+            points.write(info.id, loader.health_point())  # the epoch's last counts
+
+    def health_point(self) -> Point:
+        """What this rank's loaders have counted now: its own loader's (iterated in this
+        process), or its DataLoader workers' together (what they last left in shared
+        memory, at most half a second old); what :class:`~asyncloader.LoaderLogger` reads."""
+        if self._loader is not None and self._pid == os.getpid():
+            return self._loader.health_point()
+        return self._worker_points.combined()
 
     def state_dict(self) -> dict[str, Any]:
         """This process's position (a DataLoader worker's own, under StatefulDataLoader).

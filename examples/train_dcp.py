@@ -17,7 +17,6 @@ URL directly).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 from typing import Any
@@ -28,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from train_cnn import small_cnn
-from train_ddp import job_data
+from train_ddp import job_arguments, job_data
 
 import asyncloader as al
 from asyncloader.torch import ImageDataset
@@ -60,11 +59,7 @@ def last_checkpoint(folder: str) -> str | None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--url")
-    p.add_argument("--endpoint-url")
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--images", type=int, default=384)
+    p = job_arguments(__doc__, steps=12, images=384)
     p.add_argument("--checkpoint", default="ckpt", help="a folder of checkpoints, one a save")
     p.add_argument("--save-every", type=int, default=3)
     args = p.parse_args()

@@ -41,12 +41,19 @@ def job_data(
     return str(where[0]), {"endpoint_url": str(where[1])} if where[1] else {}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def job_arguments(doc: str, steps: int, images: int) -> argparse.ArgumentParser:
+    """The arguments every job example takes: ``--url`` and ``--endpoint-url`` (a bucket
+    of your own; else the demo's emulator), ``--steps``, ``--images`` (of the demo)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--url")
     p.add_argument("--endpoint-url")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--images", type=int, default=images)
+    return p
+
+
+def main() -> None:
+    p = job_arguments(__doc__, steps=50, images=2000)
     p.add_argument("--manifest", help="publish the listing there (.npz or .jsonl), then read it")
     args = p.parse_args()
     dist.init_process_group("gloo")

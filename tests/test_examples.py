@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +21,12 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env["TMPDIR"] = str(cwd)  # what a run leaves there (torchrun's log folder) goes with it
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _torchrun(nproc: int) -> list[str]:
+    """The launcher of ``nproc`` ranks on 127.0.0.1, as the docs run it."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    return [*launcher, "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
 
 
 @pytest.mark.slow
@@ -55,14 +61,9 @@ def test_warm_then_train(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_train_ddp_under_torchrun(tmp_path: Path) -> None:
-    torchrun = shutil.which("torchrun")
-    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
     out = _run(
         [
-            *cmd,
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
+            *_torchrun(2),
             str(EXAMPLES / "train_ddp.py"),
             "--steps",
             "2",
@@ -82,15 +83,10 @@ def test_train_ddp_under_torchrun(tmp_path: Path) -> None:
 def test_train_dcp_resumes_on_another_number_of_ranks(tmp_path: Path) -> None:
     """README's checkpoint recipe: 2 ranks save with torch.distributed.checkpoint, a job
     of 1 rank loads the last checkpoint and goes on from its step."""
-    torchrun = shutil.which("torchrun")
-    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
     for nproc, steps in ((2, 4), (1, 6)):
         out = _run(
             [
-                *cmd,
-                f"--nproc_per_node={nproc}",
-                "--master_addr=127.0.0.1",
-                f"--master_port={free_port()}",
+                *_torchrun(nproc),
                 str(EXAMPLES / "train_dcp.py"),
                 "--steps",
                 str(steps),
@@ -113,3 +109,37 @@ def test_train_captions(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "first caption: 'a " in out.stdout
     assert "step 4 epoch 1 loss" in out.stdout
+
+
+@pytest.mark.slow
+def test_train_logged_writes_the_job_s_loader_figures_to_tensorboard(tmp_path: Path) -> None:
+    """The TensorBoard example under torchrun, 2 ranks: rank 0's event file holds the
+    loader's scalars as the job's max and mean over the ranks, and the slowest rank."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = _run(
+        [
+            *_torchrun(2),
+            str(EXAMPLES / "train_logged.py"),
+            *("--steps", "8", "--images", "128", "--batch-size", "16", "--every", "4"),
+            *("--logdir", "tb"),
+        ],
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step 8: loader scalars logged to tb" in out.stdout
+    assert re.search(r"slowest rank: [01]\n", out.stdout)
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert "train/loss" in tags and "loader/wait_seconds/slowest_rank" in tags
+    for name in ("samples", "wait_seconds", "decode_utilization", "requests"):
+        assert {f"loader/{name}/max", f"loader/{name}/mean"} <= tags
+        top = [e.value for e in acc.Scalars(f"loader/{name}/max")]
+        mean = [e.value for e in acc.Scalars(f"loader/{name}/mean")]
+        assert len(top) == 2 and all(t >= m >= 0 for t, m in zip(top, mean, strict=True))
+    # Each rank took 4 batches of 16 in each stretch of 4 steps.
+    assert [e.value for e in acc.Scalars("loader/samples/mean")] == [64.0, 64.0]
+    assert [e.value for e in acc.Scalars("loader/samples/max")] == [64.0, 64.0]
+    assert [e.step for e in acc.Scalars("loader/samples/max")] == [4, 8]
+    assert all(e.value in (0, 1) for e in acc.Scalars("loader/wait_seconds/slowest_rank"))

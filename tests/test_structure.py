@@ -103,9 +103,10 @@ LOADER_ROOMS: list[dict[str, set[str]]] = [
         "_parent": {"_launch", "_link", "_reader", "_surface", "_wire"},
         "_start": {"_local", "_parent", "_surface", "_wire"},
     },
-    {  # the loader: the consumer's waits and ImageLoader
+    {  # the loader: the consumer's waits, ImageLoader, its health where trainers look
         "_consumer": {"_surface"},
         "_image_loader": {"_consumer", "_start", "_surface"},
+        "_health": set(),
     },
 ]
 
@@ -258,6 +259,9 @@ FACE_EXCEPTIONS = {
     ("torch.py", "asyncloader._run._resume"),
     # The job's dataset as a rank counts it: ImageDataset.classes and len().
     ("torch.py", "asyncloader._run._job"),
+    # The counts a rank's DataLoader workers leave for LoaderLogger, and their type.
+    ("torch.py", "asyncloader._loader._health"),
+    ("torch.py", "asyncloader._base._scalars"),
     # The command line's own argument types (its helpers, in a module of their own).
     ("_cli.py", "asyncloader._tools._args"),
 }

@@ -347,3 +347,52 @@ def test_default_loaders_of_a_node_share_its_cpus(
         assert r["budget"] == f"{cpus} CPUs shared by 2 ranks on this node (LOCAL_WORLD_SIZE)"
         assert f"decode_workers={r['workers']} (of {r['budget']})" in r["repr"]
         assert r["engines"] == 1
+
+
+JOB_VIEW = textwrap.dedent(
+    """
+    import json, sys
+    import torch.distributed as dist
+    import asyncloader as al
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        # Rank 1 waited longer; rank 0 delivered more.
+        mine = {"wait_seconds": 0.5 + 2.0 * rank, "samples": 30.0 - 10.0 * rank, "skipped": 0.0}
+        job = al.job_scalars(mine)
+        # A group of rank 1 alone: its figures, and its global rank as the slowest.
+        alone = dist.new_group([1])
+        lone = al.job_scalars(mine, group=alone) if rank == 1 else None
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, {"mine": mine, "job": job, "lone": lone})
+        if rank == 0:
+            json.dump(gathered, open(sys.argv[1], "w"))
+        dist.barrier()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def test_the_job_s_view_of_each_figure_over_two_ranks(tmp_path: Path) -> None:
+    """job_scalars under torchrun: every rank gets each figure's max and mean over the
+    ranks and the rank that waited longest, the same on every rank."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB_VIEW)
+    out = tmp_path / "ranks.json"
+    _torchrun(script, 2, str(out))
+    ranks = json.loads(out.read_text())
+    mine = [r["mine"] for r in ranks]
+    for name in ("wait_seconds", "samples", "skipped"):
+        values = [m[name] for m in mine]
+        for r in ranks:
+            assert r["job"][f"{name}/max"] == max(values)
+            assert r["job"][f"{name}/mean"] == sum(values) / 2
+    assert all(r["job"]["wait_seconds/slowest_rank"] == 1 for r in ranks)
+    assert ranks[0]["job"] == ranks[1]["job"]
+    lone = ranks[1]["lone"]
+    assert lone["wait_seconds/max"] == lone["wait_seconds/mean"] == mine[1]["wait_seconds"]
+    assert lone["wait_seconds/slowest_rank"] == 1  # the global rank, not 0 of its group

@@ -158,7 +158,7 @@ def test_warm_of_a_wrong_bucket_leaves_no_folder_behind(
 
 def test_bad_shard_is_refused() -> None:
     out = _cli("warm", "s3://b/x/", "--cache-dir", "/tmp/never", "--shard", "2/2")
-    assert out.returncode == 2
+    assert out.returncode == 1  # a usage error, as every user's mistake (docs/cli.md)
     assert "does not exist" in out.stderr
 
 

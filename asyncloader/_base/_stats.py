@@ -19,9 +19,11 @@ from ._errors import first_keys
 from ._latency import LatencyWindow
 from ._types import CacheEvent, Outcome
 
-__all__ = ["Counters", "LatencyWindow", "Stats"]
+__all__ = ["BOUNDS", "Bound", "Counters", "LatencyWindow", "Stats", "verdict"]
 
 Bound = Literal["fetch", "cache", "decode", "consumer", "unknown"]
+BOUNDS: tuple[Bound, ...] = ("consumer", "decode", "fetch", "cache")
+"""The stages a verdict can name (besides ``"unknown"``)."""
 
 
 log = logging.getLogger("asyncloader")
@@ -48,6 +50,31 @@ _FIRST = frozenset(
 )
 # What a counter holds now rather than what it counted: a replaced engine's is gone with it.
 _GAUGES = ("inflight", "inflight_limit", "decode_queue", "ring_out", "ring_slots")
+
+
+def verdict(
+    *,
+    batches: int,
+    wait_fraction: float,
+    decode_utilization: float,
+    cache_hits: int,
+    objects_fetched: int,
+) -> Bound:
+    """Which stage bounds a run (or a stretch of one) that delivered ``batches``, in which
+    the consumer waited ``wait_fraction`` of the time and the decode workers were busy
+    ``decode_utilization`` of it; ``cache_hits`` and ``objects_fetched`` tell the SSD cache
+    from the store."""
+    if batches < TELL_AFTER:
+        return "unknown"  # start-up weighs as much as streaming
+    if wait_fraction < 0.10:
+        return "consumer"  # the consumer hardly ever waited: the loader is ahead of it
+    if decode_utilization >= 0.80:
+        return "decode"
+    if cache_hits > objects_fetched:
+        # Waiting with decode idle, most samples read from the SSD cache: its disk (or its
+        # index), not the store, kept the decode workers waiting.
+        return "cache"
+    return "fetch"
 
 
 @dataclass(slots=True)
@@ -189,21 +216,13 @@ class Counters:
         """The frozen view; ``ring_held`` comes from the ring (any thread may change it)."""
         wall = max(time.perf_counter() - self.started, 1e-9)
         decode_util = self.decode_seconds / (wall * max(decode_workers, 1))
-        wait_frac = self.consumer_wait_seconds / wall
-        bound: Bound
-        if self.consumer_batches < TELL_AFTER:
-            bound = "unknown"  # start-up weighs as much as streaming
-        elif wait_frac < 0.10:
-            # The consumer hardly ever waited: the loader is ahead of it.
-            bound = "consumer"
-        elif decode_util >= 0.80:
-            bound = "decode"
-        elif self.cache_hits > self.objects_fetched:
-            # Waiting with decode idle, most samples read from the SSD cache: its disk (or
-            # its index), not the store, kept the decode workers waiting.
-            bound = "cache"
-        else:
-            bound = "fetch"
+        bound = verdict(
+            batches=self.consumer_batches,
+            wait_fraction=self.consumer_wait_seconds / wall,
+            decode_utilization=decode_util,
+            cache_hits=self.cache_hits,
+            objects_fetched=self.objects_fetched,
+        )
         return Stats(
             wall_seconds=wall,
             requests=self.requests,
@@ -225,6 +244,7 @@ class Counters:
             request_p99=self.latency.quantile(0.99),
             decoded=self.decoded,
             decode_utilization=decode_util,
+            decode_seconds=self.decode_seconds,
             decode_queue=self.decode_queue,
             engine_restarts=self.engine_restarts,
             skipped=dict(self.skipped),
@@ -284,6 +304,7 @@ class Stats:
             sending to the whole verified answer [seconds].
         decoded: Samples decoded into batch slots.
         decode_utilization: Busy fraction of the decode workers since start (0..1).
+        decode_seconds: The decode workers' busy time since start, summed [seconds].
         decode_queue: Decode jobs handed to the pool and not finished.
         samples_by_source: Samples delivered from each source (its URL), with several.
         engine_restarts: Engine processes that died and were replaced (see
@@ -377,6 +398,7 @@ class Stats:
     engine_restarts: int = 0
     skipped_keys: tuple[str, ...] = ()
     samples_by_source: dict[str, int] = field(default_factory=dict)
+    decode_seconds: float = 0.0
 
     @property
     def samples_per_second(self) -> float:

@@ -32,6 +32,7 @@ from .._base._config import (
 )
 from .._base._errors import ClosedError
 from .._base._own_thread import run_on_own_thread
+from .._base._scalars import Point, scalars
 from .._base._sources import Source
 from .._base._stats import Counters, Stats
 from .._base._types import ObjectInfo, ObjectStore
@@ -232,6 +233,7 @@ class ImageLoader:
         self._timeout = timeout
         self._counters = Counters()  # the consumer's, and the local engine's
         self._position = Position()
+        self._marks: dict[str, Point] = {}  # where scalars(since=) counts from
         given = where.object_store
         self.url = one = given.url if given is not None else url if isinstance(url, str) else ""
         self._consumer: Consumer | None = None
@@ -393,9 +395,30 @@ class ImageLoader:
             raise ClosedError("the loader is closed")
         return self._consumer.stats()
 
+    def scalars(self, since: Literal["call", "epoch", "start"] = "call") -> dict[str, float]:
+        """The loader's health as flat scalars (names and meanings:
+        :data:`asyncloader.SCALARS`), for a trainer's plots: counts, times and rates of
+        the stretch since the last ``scalars()`` call (``"call"``; the first: since the
+        start), since the current epoch's iteration began (``"epoch"``) or since the loader
+        started (``"start"``); gauges as they stand.  :class:`~asyncloader.LoaderLogger`
+        logs them every N steps."""
+        if since not in ("call", "epoch", "start"):
+            raise ValueError(f"since must be 'call', 'epoch' or 'start', not {since!r}")
+        now = Point.of(self.stats())
+        earlier = self._marks.get(since) if since != "start" else None
+        if since == "call":
+            self._marks["call"] = now
+        return scalars(now, earlier)
+
+    def health_point(self) -> Point:
+        """What the loader has counted now, as a :class:`~asyncloader._base._scalars.Point`
+        (what :class:`~asyncloader.LoaderLogger` differences)."""
+        return Point.of(self.stats())
+
     def __iter__(self) -> Iterator[Batch]:
         self._check_open()
         assert self._consumer is not None
+        self._marks["epoch"] = Point.of(self.stats())
         epoch, first, span = self._position.begin()
         batches = self._consumer.batches(epoch, first, span)
         if self._uploader is not None:
