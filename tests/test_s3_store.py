@@ -274,3 +274,38 @@ def test_aws_endpoints_as_the_aws_tools_resolve_them(
             await store.close()
 
     assert run(resolved()) == base
+
+
+@pytest.mark.parametrize(
+    ("style", "endpoint", "bucket", "base"),
+    [
+        ("virtual", "http://minio.test:9000", "b", "http://b.minio.test:9000"),
+        ("virtual", "http://gw.test/s3/", "b", "http://b.gw.test/s3"),
+        ("path", None, "b", "https://s3.us-east-1.amazonaws.com/b"),
+        ("auto", "http://127.0.0.1:9000/s3", "b", "http://127.0.0.1:9000/s3/b"),
+        (None, "http://127.0.0.1:9000/a/b/", "bk", "http://127.0.0.1:9000/a/b/bk"),
+    ],
+)
+def test_the_addressing_style_and_an_endpoint_s_path_as_boto3_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    style: str | None,
+    endpoint: str | None,
+    bucket: str,
+    base: str,
+) -> None:
+    """The AWS config's ``s3 = addressing_style = ...`` of the profile, on AWS and on a
+    custom endpoint; a custom endpoint's path kept before the bucket.  Nothing is sent."""
+    config = tmp_path / "config"
+    config.write_text(f"[default]\ns3 =\n    addressing_style = {style}\n" if style else "")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+
+    async def resolved() -> str:
+        store = S3Store(bucket, "train/", endpoint_url=endpoint)
+        try:
+            await store._ensure()
+            return store._base + store._base_path
+        finally:
+            await store.close()
+
+    assert run(resolved()) == base

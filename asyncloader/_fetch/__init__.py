@@ -20,6 +20,7 @@ from .._base._env import usable_cpus
 from .._base._errors import LengthMismatch, StoreError, Throttled, shown_key
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore
+from .._stores._http import whole_answer
 from .._stores._retry import retrying
 from ._budget import InflightBudget, NodeShare
 
@@ -78,6 +79,10 @@ class Fetcher:
         else:
             self.budget = InflightBudget(cfg.inflight, floor=cfg.inflight)
         self._rng = random.Random()
+        # Whether the store honours Range (None: not known yet), learned from the first
+        # ranged read, which goes alone (``_probe``, while others wait for its answer).
+        self._ranges: bool | None = None
+        self._probe: asyncio.Future[None] | None = None
         self._hedges_inflight = 0
         self._max_hedges_inflight = max(self.config.hedge_min_inflight, self.config.inflight // 16)
 
@@ -110,23 +115,75 @@ class Fetcher:
         return data
 
     async def _fetch_ranges(self, obj: ObjectInfo) -> Blob:
+        """A large object in parts of ``part_size``, in parallel, where the store honours
+        ``Range``; in one GET where it answers a range with the whole object (a 200: nginx
+        with ``max_ranges 0``, many CDNs and proxies).  Which it does is learned once, from
+        the first part of the first large object, asked for alone: a server that ignores
+        ranges sends that object once, not once per part."""
+        while self._ranges is None:
+            probe = self._probe
+            if probe is None:
+                return await self._probe_ranges(obj)
+            await asyncio.shield(probe)  # another object's first part is asking
+        if not self._ranges:
+            return await self._request(obj.key, 0, None, obj.etag, obj.size)
+        return await self._parts(obj)
+
+    async def _probe_ranges(self, obj: ObjectInfo) -> Blob:
+        """``obj`` read by its first part alone, which tells whether the store honours
+        ``Range``, then by the rest (or whole, as that part came)."""
+        probe = self._probe = asyncio.get_running_loop().create_future()
+        try:
+            end = min(self.config.part_size, obj.size)
+            first = await self._request(obj.key, 0, end, obj.etag, whole=obj.size)
+            self._ranges = not whole_answer(first, 0, end, obj.size)
+        finally:  # answered or failed (another object then asks again)
+            self._probe = None
+            probe.set_result(None)
+        return await self._parts(obj, first) if self._ranges else first
+
+    async def _parts(self, obj: ObjectInfo, first: Blob | None = None) -> Blob:
+        """``obj``'s parts in parallel (but ``first``, had already).  A part that fails
+        for good fails the object with that part's error, as a whole object's would (a
+        missing object is skipped under ``on_error="skip"``, never the run's end)."""
         part = self.config.part_size
         buf = bytearray(obj.size)
+        whole: list[Blob] = []
 
         async def one(start: int) -> None:
             end = min(start + part, obj.size)
-            buf[start:end] = await self._request(obj.key, start, end, obj.etag)
+            data = await self._request(obj.key, start, end, obj.etag, whole=obj.size)
+            if whole_answer(data, start, end, obj.size):  # the server stopped honouring Range
+                whole.append(data)
+                raise _WholeObject
+            buf[start:end] = data
 
-        # A TaskGroup cancels the other parts as soon as one fails for good.
-        async with asyncio.TaskGroup() as tg:
-            for start in range(0, obj.size, part):
-                tg.create_task(one(start))
+        if first is not None:
+            buf[: len(first)] = first
+        try:
+            # A TaskGroup cancels the other parts as soon as one fails for good.
+            async with asyncio.TaskGroup() as tg:
+                for start in range(len(first) if first is not None else 0, obj.size, part):
+                    tg.create_task(one(start))
+        except BaseExceptionGroup as group:
+            if whole:
+                self._ranges = False
+                return whole[0]
+            raise _first_store_error(group) from None
         return buf
 
     async def _request(
-        self, key: str, start: int, end: int | None, etag: str, size: int | None = None
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        etag: str,
+        size: int | None = None,
+        *,
+        whole: int | None = None,
     ) -> Blob:
-        """One object or range, retried; ``size``: the whole object's listed length."""
+        """One object or range, retried; ``size``: the whole object's listed length, asked
+        for whole; ``whole``: its length, a range asked for (the answer may be all of it)."""
         c = self._c
 
         budget = self.budget
@@ -138,9 +195,9 @@ class Fetcher:
             answered = False
             try:
                 if not self.config.hedge:
-                    data = await self._one(key, start, end, etag, size)
+                    data = await self._one(key, start, end, etag, size, whole=whole)
                 else:
-                    data = await self._hedged(key, start, end, etag, size)
+                    data = await self._hedged(key, start, end, etag, size, whole=whole)
                 answered = True
                 return data
             finally:
@@ -167,6 +224,7 @@ class Fetcher:
         etag: str,
         size: int | None,
         *,
+        whole: int | None = None,
         hedge: bool = False,
     ) -> Blob:
         """One request, counted, its answer's length checked and its latency learned.  A
@@ -192,6 +250,11 @@ class Fetcher:
         if size is not None and len(data) != size:
             raise LengthMismatch(
                 f"{shown_key(key)}: received {len(data)} bytes, listed size is {size}",
+                key=key,
+            )
+        if whole is not None and end is not None and len(data) not in (end - start, whole):
+            raise LengthMismatch(  # neither the range asked for nor the whole object
+                f"{shown_key(key)}: received {len(data)} bytes for {end - start} of {whole}",
                 key=key,
             )
         c.latency.add(loop.time() - t0)
@@ -220,7 +283,14 @@ class Fetcher:
         return c.hedges_sent < cfg.hedge_share * c.requests + cfg.hedge_min_inflight
 
     async def _hedged(
-        self, key: str, start: int, end: int | None, etag: str, size: int | None
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        etag: str,
+        size: int | None,
+        *,
+        whole: int | None = None,
     ) -> Blob:
         """The request, and a second one if the first is not answered by the hedge
         deadline: the first complete, verified answer wins, the other is cancelled.
@@ -230,7 +300,7 @@ class Fetcher:
         """
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        first = loop.create_task(self._one(key, start, end, etag, size))
+        first = loop.create_task(self._one(key, start, end, etag, size, whole=whole))
         tasks = [first]
         timer: list[asyncio.TimerHandle] = []
         try:
@@ -265,7 +335,9 @@ class Fetcher:
             c = self._c
             c.hedges_sent += 1
             self._hedges_inflight += 1
-            second = loop.create_task(self._one(key, start, end, etag, size, hedge=True))
+            second = loop.create_task(
+                self._one(key, start, end, etag, size, whole=whole, hedge=True)
+            )
             second.add_done_callback(self._hedge_done)
             tasks.append(second)
             pending: set[asyncio.Future[Blob]] = {first, second}
@@ -291,6 +363,21 @@ class Fetcher:
 
     def _hedge_done(self, _task: asyncio.Future[Blob]) -> None:
         self._hedges_inflight -= 1
+
+
+class _WholeObject(Exception):
+    """A part was answered with the whole object: the other parts are not needed."""
+
+
+def _first_store_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error of an object's failed parts to raise as the object's: the first store
+    error among them (nested groups too), else the group itself."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            exc = _first_store_error(exc)
+        if isinstance(exc, StoreError):
+            return exc
+    return group
 
 
 def _settle(wake: asyncio.Future[None], _: object) -> None:

@@ -51,7 +51,9 @@ __all__ = [
     "object_headers",
     "object_info",
     "parse_xml",
+    "parse_content_range",
     "range_header",
+    "whole_answer",
     "request",
 ]
 
@@ -431,12 +433,56 @@ async def get_object(
     ``version_header`` (lower-case), to be the version ``etag`` (for servers that ignore
     the precondition).  Every store's GET goes through here.
 
+    A range (``start``, ``end``) is checked against the answer's ``Content-Range``.  A
+    server that ignores ``Range`` (nginx's ``max_ranges 0``, many CDNs and proxies, GCS for
+    gzip-transcoded objects) answers 200 with the whole object and no ``Content-Range``:
+    that body is returned whole, for the caller to use (see :func:`whole_answer`).
+
     Raises:
-        The errors of :func:`request`, and IntegrityError for a body of the wrong length or
-        version.
+        The errors of :func:`request`, IntegrityError for a body of the wrong length or
+        version, and TransientStoreError (retried) for a ``Content-Range`` that is not the
+        range asked for.
     """
     expected = None if end is None else end - start
     answer, body = await send(lean, session, base, "GET", target, headers, what=what, key=key)
     answer_etag = answer.get(version_header, "")
+    if range_header(start, end) is not None:
+        got = answer.get("content-range")
+        if got is None:
+            expected = None  # the whole object: the caller knows its size
+        elif (span := parse_content_range(got))[0] != start or (
+            end is not None and span[1] != end - 1
+        ):
+            raise TransientStoreError(
+                f"{what}: asked for bytes {start}-{'' if end is None else end - 1}, the answer "
+                f"holds {got!r}",
+                key=key,
+            )
     check_body(body, answer_etag, what=what, key=key, expected_len=expected, etag=etag)
     return body
+
+
+def parse_content_range(value: str) -> tuple[int, int, int | None]:
+    """``bytes FIRST-LAST/TOTAL`` as (first, last, total); a total of ``*`` is None.
+
+    Raises:
+        TransientStoreError: not a byte range.
+    """
+    unit, _, spec = value.strip().partition(" ")
+    span, _, total = spec.partition("/")
+    first, _, last = span.partition("-")
+    try:
+        if unit.lower() != "bytes" or not first.isdigit() or not last.isdigit():
+            raise ValueError(value)
+        return int(first), int(last), None if total.strip() == "*" else int(total)
+    except ValueError:
+        raise TransientStoreError(
+            f"an answer's Content-Range is not a byte range: {value!r}"
+        ) from None
+
+
+def whole_answer(data: Blob, start: int, end: int | None, size: int) -> bool:
+    """Whether ``data``, the answer to a GET of bytes ``[start, end)`` of an object of
+    ``size`` bytes, is the whole object instead (a server that ignores ``Range``)."""
+    asked = (size if end is None else end) - start
+    return len(data) != asked and len(data) == size and range_header(start, end) is not None

@@ -214,6 +214,7 @@ class S3Store(HTTPStoreBase, RangedListing):
             aws=self._endpoint_url is None,
             fips=bool(session.get_config_variable("use_fips_endpoint")),
             dualstack=bool(session.get_config_variable("use_dualstack_endpoint")),
+            style=_addressing_style(session),
         )
         if not self._anonymous:
             self._botocore_creds = creds
@@ -423,3 +424,10 @@ class S3Store(HTTPStoreBase, RangedListing):
                 await old_lean.close()
         if stack is not None:
             await stack.aclose()
+
+
+def _addressing_style(session: Any) -> str:
+    """The AWS config's ``s3 = addressing_style = ...`` of the profile in use (``auto``
+    where it says nothing), as botocore reads it for boto3."""
+    s3 = session.get_scoped_config().get("s3")
+    return str(s3.get("addressing_style", "auto")) if isinstance(s3, dict) else "auto"

@@ -14,21 +14,39 @@ __all__ = ["aws_host_in", "bucket_address", "parse_s3_url"]
 
 
 def bucket_address(
-    bucket: str, endpoint: URL, region: str, *, aws: bool, fips: bool, dualstack: bool
+    bucket: str,
+    endpoint: URL,
+    region: str,
+    *,
+    aws: bool,
+    fips: bool,
+    dualstack: bool,
+    style: str = "auto",
 ) -> tuple[str, str, str]:
     """``(host, base URL, base path)`` of ``bucket`` behind ``endpoint``.  On AWS itself
     (``aws``: no endpoint was given, and botocore's is AWS's), the regional endpoint with
     FIPS and dual-stack as configured (``AWS_USE_FIPS_ENDPOINT``,
     ``AWS_USE_DUALSTACK_ENDPOINT``, or the profile's), virtual-hosted as AWS prefers unless
-    a dotted name would not match the wildcard certificate; path style elsewhere."""
+    a dotted name would not match the wildcard certificate; path style elsewhere.
+
+    ``style`` is the AWS config's ``s3.addressing_style``: ``"virtual"`` puts the bucket in
+    the host (``bucket.minio.example``) on any endpoint, ``"path"`` in the path on AWS too,
+    ``"auto"`` as above.  A path on a custom endpoint (a gateway behind a reverse proxy,
+    ``http://host/s3``) is kept before the bucket's, as boto3 keeps it."""
     host = endpoint.host or ""
+    if style not in ("auto", "virtual", "path"):
+        raise ValueError(f"s3 addressing_style must be auto, virtual or path, not {style!r}")
     if aws and host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
         regional = _aws_host(region, fips=fips, dualstack=dualstack)
-        if "." not in bucket:
+        if style == "virtual" or ("." not in bucket and style == "auto"):
             return f"{bucket}.{regional}", f"https://{bucket}.{regional}", ""
         return regional, f"https://{regional}", "/" + uri_encode_path(bucket)
+    base_path = endpoint.raw_path.rstrip("/")  # encoded as given
+    if style == "virtual":
+        authority = f"{bucket}.{endpoint.raw_authority}"
+        return authority, f"{endpoint.scheme}://{authority}", base_path
     authority = endpoint.raw_authority
-    return authority, f"{endpoint.scheme}://{authority}", "/" + uri_encode_path(bucket)
+    return authority, f"{endpoint.scheme}://{authority}", base_path + "/" + uri_encode_path(bucket)
 
 
 def _aws_host(region: str, *, fips: bool, dualstack: bool) -> str:

@@ -2,6 +2,8 @@
 
 * Servers on 127.0.0.1 (``_servers``): :class:`S3TestServer` (our light S3 server with
   injected latency and faults), :class:`MotoServer`; :class:`Azurite` (``_azurite``).
+* :class:`Nginx` (``_nginx``): nginx serving a folder in the configuration a test asks
+  for (ranges ignored, gzip, rate limits, ...), its answers read back from its access log.
 * :class:`FaultProxy` (``_faultproxy``): a TCP proxy that injects resets, truncation and
   stalls in front of any of them, and refuses tokens it is told are revoked.
 * :class:`TokenServer` (``_tokens``): a local OAuth token service (a Google service
@@ -36,6 +38,8 @@ from ._memory import MEMORY_FAULTS as MEMORY_FAULTS
 from ._memory import FaultyStore as FaultyStore
 from ._memory import MemoryBucket as MemoryBucket
 from ._memory import MemoryStore as MemoryStore
+from ._nginx import Nginx as Nginx
+from ._nginx import find_nginx as find_nginx
 from ._s3state import FAULT_KINDS as FAULT_KINDS
 from ._servers import TEST_ENV as TEST_ENV
 from ._servers import MotoServer as MotoServer
@@ -57,6 +61,7 @@ __all__ = [
     "MemoryBucket",
     "MemoryStore",
     "MotoServer",
+    "Nginx",
     "S3TestServer",
     "StoreFixture",
     "TokenServer",
@@ -67,6 +72,7 @@ __all__ = [
     "tree_cpu_seconds",
     "find_azurite",
     "find_fake_gcs_server",
+    "find_nginx",
     "free_port",
     "make_jpeg_folder",
 ]

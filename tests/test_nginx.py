@@ -1,0 +1,209 @@
+"""Servers as they are: nginx (Debian's, started by the tests) in the configurations a
+dataset meets behind it, read by the loader and its fetcher; what nginx sent is read back
+from its access log.  Skipped, saying so, where nginx is not installed (``.ci/run``
+installs it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import asyncloader as al
+from asyncloader._base._stats import Counters
+from asyncloader._fetch import Fetcher
+from asyncloader._stores._http import parse_content_range
+from asyncloader.testing import MotoServer, Nginx, find_nginx
+
+from .conftest import N_IMAGES
+
+pytestmark = pytest.mark.skipif(
+    find_nginx() is None and not os.environ.get("ASYNCLOADER_REQUIRE_NGINX"),
+    reason="nginx is not installed (apt-get install nginx-light; .ci/run installs it)",
+)
+
+# Parts small enough that the photos of the test folder (50-200 KB) take the ranged path.
+PARTS = al.FetchConfig(range_threshold=96 << 10, part_size=32 << 10)
+IGNORE_RANGES = "max_ranges 0;"
+
+
+@pytest.fixture(scope="module")
+def site(jpeg_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The JPEG folder with a manifest beside it (keys only: sizes come from HEADs)."""
+    root = tmp_path_factory.mktemp("site")
+    (root / "train").symlink_to(jpeg_folder, target_is_directory=True)
+    keys = sorted(p.relative_to(jpeg_folder).as_posix() for p in jpeg_folder.rglob("*.jpg"))
+    (root / "train.jsonl").write_text("".join(json.dumps({"key": k}) + "\n" for k in keys))
+    return root
+
+
+def _images(jpeg_folder: Path) -> dict[str, int]:
+    return {
+        f"/train/{p.relative_to(jpeg_folder).as_posix()}": p.stat().st_size
+        for p in jpeg_folder.rglob("*.jpg")
+    }
+
+
+def _read_all(endpoint: str, cache: Path, **options: object) -> al.Stats:
+    """One epoch over the site, with an SSD cache (the next epoch, prefetched while this
+    one ends, reads the cache, not the server)."""
+    options = {"manifest": f"{endpoint}/train.jsonl", **options}
+    store = al.StoreConfig(options=options)
+    with al.ImageLoader(
+        f"{endpoint}/train/",
+        batch_size=16,
+        transform=al.Resize(32),
+        store=store,
+        fetch=PARTS,
+        shuffle=False,
+        errors=al.ErrorConfig(on_error="skip", max_failures=2),
+        cache_dir=cache,
+    ) as loader:
+        labels = Counter(int(x) for _, batch in loader for x in batch)
+        assert sum(labels.values()) + sum(loader.stats().skipped.values()) >= N_IMAGES
+        return loader.stats()
+
+
+@pytest.mark.parametrize("server", ["", IGNORE_RANGES], ids=["ranges", "max_ranges-0"])
+def test_each_image_streams_once_whether_or_not_the_server_honours_ranges(
+    site: Path, jpeg_folder: Path, server: str, tmp_path: Path
+) -> None:
+    """Against nginx answering a range with the whole file (200), every image is fetched
+    in one GET, once; where it honours ranges, the large ones in parts.  Either way no
+    more than 1.1 x the images' bytes move."""
+    with Nginx(site, server=server) as nginx:
+        stats = _read_all(nginx.endpoint, tmp_path)
+        gets = [a for a in nginx.answers() if a.method == "GET" and a.path.endswith(".jpg")]
+    images = _images(jpeg_folder)
+    assert stats.samples == N_IMAGES and not stats.skipped
+    moved = sum(a.body_bytes for a in gets)
+    assert moved <= 1.1 * sum(images.values())
+    per_image = Counter(a.path for a in gets)
+    assert set(per_image) == set(images)
+    large = [path for path, size in images.items() if size > PARTS.range_threshold]
+    assert large  # the folder has images that take the ranged path
+    if server == IGNORE_RANGES:
+        assert all(n == 1 for n in per_image.values()), per_image.most_common(3)
+        assert all(a.status == 200 for a in gets)
+    else:
+        for path in large:  # ranges: a part each
+            size = images[path]
+            assert per_image[path] == -(-size // PARTS.part_size)
+        assert {a.status for a in gets if a.path in large} == {206}
+
+
+@pytest.mark.parametrize("server", ["", IGNORE_RANGES], ids=["ranges", "max_ranges-0"])
+def test_a_missing_large_object_is_a_counted_skip(site: Path, server: str, tmp_path: Path) -> None:
+    """A listed object over the range threshold that the server does not have: its parts'
+    404s fail the sample, skipped and counted under on_error="skip", not the run."""
+    rows = [json.loads(line) for line in (site / "train.jsonl").read_text().splitlines()]
+    missing = [
+        {"key": "class_00/gone.jpg", "size": 300_000},
+        {"key": "zz/gone.jpg", "size": 300_000},
+    ]
+    manifest = tmp_path / "with-missing.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in missing + rows))
+    with Nginx(site, server=server) as nginx:
+        stats = _read_all(nginx.endpoint, tmp_path / "cache", manifest=str(manifest))
+    assert stats.samples == N_IMAGES
+    assert stats.skipped == {"ObjectNotFound": 2}
+    assert sorted(stats.skipped_keys) == ["class_00/gone.jpg", "zz/gone.jpg"]
+
+
+@pytest.fixture(scope="module")
+def large_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three files of 20-40 MB (random bytes) and a small one."""
+    root = tmp_path_factory.mktemp("large")
+    for name, size in (
+        ("a.bin", 20 << 20),
+        ("b.bin", 29 << 20),
+        ("c.bin", 40 << 20),
+        ("d.bin", 5000),
+    ):
+        (root / name).write_bytes(os.urandom(size))
+    return root
+
+
+def test_large_objects_at_once_from_a_server_that_ignores_ranges(large_files: Path) -> None:
+    """The loader's default parts (8 MiB above 16 MiB), three large objects asked for at
+    once: the first part of the first alone learns that the server sends whole files, the
+    others wait for it; each file moves once, byte for byte."""
+    with Nginx(large_files, server=IGNORE_RANGES) as nginx:
+
+        async def main() -> list[bytes]:
+            store = al.HttpStore(f"{nginx.endpoint}/")
+            fetcher = Fetcher(store, Counters(), al.FetchConfig())
+            try:
+                infos = [await store.stat(n) for n in ("a.bin", "b.bin", "c.bin", "d.bin")]
+                return [bytes(b) for b in await asyncio.gather(*map(fetcher.fetch, infos))]
+            finally:
+                fetcher.close()
+                await store.close()
+
+        got = asyncio.run(main())
+        answers = [a for a in nginx.answers() if a.method == "GET"]
+    for name, data in zip(("a.bin", "b.bin", "c.bin", "d.bin"), got, strict=True):
+        assert data == (large_files / name).read_bytes(), name
+    assert sorted(a.path for a in answers) == ["/a.bin", "/b.bin", "/c.bin", "/d.bin"]
+    total = sum(f.stat().st_size for f in large_files.iterdir())
+    assert sum(a.body_bytes for a in answers) == total
+
+
+@given(st.integers(0, 2**40), st.integers(0, 2**40), st.one_of(st.none(), st.integers(0, 2**41)))
+def test_content_range_is_read_as_written(first: int, length: int, total: int | None) -> None:
+    last = first + length
+    written = f"bytes {first}-{last}/{'*' if total is None else total}"
+    assert parse_content_range(written) == (first, last, total)
+
+
+@pytest.mark.parametrize("bad", ["bytes */100", "items 0-1/2", "bytes 1-/3", "bytes a-b/3", ""])
+def test_a_content_range_that_is_no_byte_range_is_a_transient_error(bad: str) -> None:
+    with pytest.raises(al.TransientStoreError, match="Content-Range"):
+        parse_content_range(bad)
+
+
+def test_an_s3_endpoint_with_a_path_behind_a_reverse_proxy(
+    moto: MotoServer, moto_dataset: str, tmp_path: Path
+) -> None:
+    """moto behind nginx at ``/s3/`` (a gateway as deployed): the endpoint's path is kept
+    before the bucket's, as boto3 keeps it, by the loader and by ``asyncloader ls``."""
+    port = moto.endpoint.rsplit(":", 1)[1]
+    proxy = f"location /s3/ {{ proxy_pass http://127.0.0.1:{port}/; proxy_set_header Host $http_host; }}"
+    with Nginx(tmp_path, server=proxy) as nginx:
+        endpoint = f"{nginx.endpoint}/s3"
+        import boto3
+
+        keys = boto3.client("s3", endpoint_url=endpoint).list_objects_v2(
+            Bucket="data", Prefix="train/"
+        )["KeyCount"]
+        assert keys == N_IMAGES  # boto3 reaches the bucket there
+        store = al.StoreConfig(options={"endpoint_url": endpoint})
+        with al.ImageLoader(moto_dataset, batch_size=32, store=store) as loader:
+            assert sum(len(labels) for _, labels in loader) == N_IMAGES
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "asyncloader",
+                "ls",
+                moto_dataset,
+                "-o",
+                f"endpoint_url={endpoint}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert f"{N_IMAGES} objects" in out.stdout
+        paths = {a.path.split("?")[0] for a in nginx.answers()}
+    assert any(p.startswith("/s3/data/train/") for p in paths)
+    assert not any(p.startswith("/data/") for p in paths)
