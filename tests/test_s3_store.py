@@ -265,15 +265,7 @@ def test_aws_endpoints_as_the_aws_tools_resolve_them(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
 
-    async def resolved() -> str:
-        store = S3Store(bucket, "train/")
-        try:
-            await store._ensure()
-            return store._base + store._base_path
-        finally:
-            await store.close()
-
-    assert run(resolved()) == base
+    assert run(_resolved(bucket)) == base
 
 
 @pytest.mark.parametrize(
@@ -300,12 +292,15 @@ def test_the_addressing_style_and_an_endpoint_s_path_as_boto3_reads_them(
     config.write_text(f"[default]\ns3 =\n    addressing_style = {style}\n" if style else "")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
 
-    async def resolved() -> str:
-        store = S3Store(bucket, "train/", endpoint_url=endpoint)
-        try:
-            await store._ensure()
-            return store._base + store._base_path
-        finally:
-            await store.close()
+    assert run(_resolved(bucket, endpoint)) == base
 
-    assert run(resolved()) == base
+
+async def _resolved(bucket: str, endpoint: str | None = None) -> str:
+    """Where the store of ``bucket`` sends its requests (base URL and path), as resolved
+    from the environment and the AWS config; nothing is sent."""
+    store = S3Store(bucket, "train/", endpoint_url=endpoint)
+    try:
+        await store._ensure()
+        return store._base + store._base_path
+    finally:
+        await store.close()
