@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from hypothesis import given
@@ -20,10 +21,10 @@ from hypothesis import strategies as st
 import asyncloader as al
 from asyncloader._base._stats import Counters
 from asyncloader._fetch import Fetcher
-from asyncloader._stores._http import parse_content_range
+from asyncloader._stores._http_objects import parse_content_range
 from asyncloader.testing import MotoServer, Nginx, find_nginx
 
-from .conftest import N_IMAGES
+from .conftest import N_IMAGES, Backend
 
 pytestmark = pytest.mark.skipif(
     find_nginx() is None and not os.environ.get("ASYNCLOADER_REQUIRE_NGINX"),
@@ -207,3 +208,93 @@ def test_an_s3_endpoint_with_a_path_behind_a_reverse_proxy(
         paths = {a.path.split("?")[0] for a in nginx.answers()}
     assert any(p.startswith("/s3/data/train/") for p in paths)
     assert not any(p.startswith("/data/") for p in paths)
+
+
+def _forward_proxy(tmp_path: Path, origin: str) -> Nginx:
+    """nginx as the forward proxy that alone reaches ``origin`` (``http://127.0.0.1:PORT``):
+    the clients name the origin ``data.invalid:PORT``, a host no resolver knows."""
+    port = urlsplit(origin).port
+    return Nginx(tmp_path, server=f"location / {{ proxy_pass http://127.0.0.1:{port}; }}")
+
+
+def _unreachable(endpoint: str) -> str:
+    return endpoint.replace("127.0.0.1", "data.invalid")
+
+
+def test_every_store_through_the_environment_s_proxy_alone(
+    backend: Backend,
+    dataset: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store's origin reachable only through HTTP_PROXY (a forward proxy the test
+    starts): the loader reads every image, and the proxy saw the requests."""
+    with _forward_proxy(tmp_path, backend.server.endpoint) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.endpoint)
+        options = backend.options_at(_unreachable(backend.server.endpoint))
+        with al.ImageLoader(
+            dataset, batch_size=32, store=al.StoreConfig(options=options)
+        ) as loader:
+            assert sum(len(labels) for _, labels in loader) == N_IMAGES
+        assert len(proxy.answers()) >= N_IMAGES
+        # NO_PROXY names the host: the request goes direct, and finds no such host.
+        monkeypatch.setenv("NO_PROXY", "localhost,.invalid")
+        with pytest.raises(al.AsyncLoaderError):
+            al.listing(dataset, store_options=options)
+
+
+def test_ls_and_warm_of_a_web_folder_through_a_proxy_with_a_store_option(
+    site: Path, tmp_path: Path
+) -> None:
+    """``-o proxy=`` on the command line: ls and warm of a web folder whose server only
+    the proxy reaches (its credentials in the URL, never shown)."""
+    with Nginx(site) as origin, _forward_proxy(tmp_path, origin.endpoint) as proxy:
+        base = _unreachable(origin.endpoint)
+        via = proxy.endpoint.replace("http://", "http://user:s3cr3t@")
+        common = ["-o", f"proxy={via}", "-o", f"manifest={base}/train.jsonl"]
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            argv = [sys.executable, "-m", "asyncloader", *args, *common]
+            return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+        ls = cli("ls", f"{base}/train/")
+        assert ls.returncode == 0, ls.stderr
+        assert f"{N_IMAGES} objects" in ls.stdout
+        warm = cli("warm", f"{base}/train/", "--cache-dir", str(tmp_path / "cache"))
+        assert warm.returncode == 0, warm.stderr
+        assert f"{N_IMAGES} objects warmed" in warm.stdout
+        assert "s3cr3t" not in ls.stdout + ls.stderr + warm.stdout + warm.stderr
+        assert len([a for a in proxy.answers() if a.method == "GET"]) >= N_IMAGES
+
+
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+def test_a_server_that_compresses_what_it_may(site: Path, tmp_path: Path, client: str) -> None:
+    """nginx with ``gzip on`` for every type: objects are asked for as stored (identity),
+    and the served manifest is read whatever the server does with it."""
+    gzip = "gzip on; gzip_types *; gzip_min_length 0; gzip_proxied any;"
+    with Nginx(site, server=gzip) as nginx:
+        stats = _read_all(nginx.endpoint, tmp_path, http_client=client)
+    assert stats.samples == N_IMAGES and not stats.skipped and not stats.retries
+
+
+def test_a_web_folder_over_https_with_a_private_ca(site: Path, tmp_path: Path) -> None:
+    """A manifest and images over HTTPS from a server whose CA only ``ca_bundle=`` names:
+    read with it; without it, a clear error that says what to pass, at once."""
+    with Nginx(site, tls=True) as nginx:
+        stats = _read_all(nginx.endpoint, tmp_path / "c1", ca_bundle=nginx.ca_file)
+        assert stats.samples == N_IMAGES
+        with pytest.raises(al.StoreError, match="ca_bundle="):
+            al.listing(f"{nginx.endpoint}/train/", store_options={"manifest": "../train.jsonl"})
+
+
+def test_sizes_by_a_ranged_get_where_head_is_refused(site: Path, tmp_path: Path) -> None:
+    """A server that refuses HEAD (405): the manifest's objects are sized by a GET of their
+    first byte (its Content-Range), and read."""
+    no_head = "if ($request_method = HEAD) { return 405; }"
+    with Nginx(site, server=no_head) as nginx:
+        stats = _read_all(nginx.endpoint, tmp_path)
+        answers = nginx.answers()
+    assert stats.samples == N_IMAGES
+    assert sum(a.method == "HEAD" and a.status == 405 for a in answers) == N_IMAGES
+    assert sum(a.range == "bytes=0-0" and a.status == 206 for a in answers) == N_IMAGES

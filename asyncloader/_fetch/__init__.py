@@ -20,7 +20,7 @@ from .._base._env import usable_cpus
 from .._base._errors import LengthMismatch, StoreError, Throttled, shown_key
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore
-from .._stores._http import whole_answer
+from .._stores._http_objects import whole_answer
 from .._stores._retry import retrying
 from ._budget import InflightBudget, NodeShare
 

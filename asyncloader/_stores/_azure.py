@@ -40,15 +40,8 @@ from ._azure_auth import (
     parse_connection_string,
 )
 from ._bearer import BearerToken, with_token
-from ._http import (
-    gc_paused,
-    get_object,
-    normalize_etag,
-    object_headers,
-    object_info,
-    parse_xml,
-    send,
-)
+from ._http import gc_paused, normalize_etag, parse_xml, send
+from ._http_objects import get_object, object_headers, object_info
 from ._http_store import OriginStore
 from ._listing import FolderListing, Page
 from ._retry import retrying
@@ -117,9 +110,12 @@ class AzureStore(OriginStore, FolderListing):
         read_timeout: Longest wait for an answer to start, and then between two reads
             of it: a stalled connection is abandoned (and the request retried), a slow but
             moving one is not [seconds].
-        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway behind a proxy).
+        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway through a proxy).
         list_concurrency: Sub-folders listed at once.
         page_size: Blobs per listing page (Azure allows up to 5000).
+        proxy: The HTTP(S) proxy to go through (``http://[user:password@]host:port``;
+            ``""``: none).  Default: the environment's (``HTTPS_PROXY``, ``HTTP_PROXY``,
+            ``ALL_PROXY``, ``NO_PROXY``), as curl, requests and boto3 read it.
     """
 
     def __init__(
@@ -140,6 +136,7 @@ class AzureStore(OriginStore, FolderListing):
         http_client: str = "lean",
         list_concurrency: int = LIST_CONCURRENCY,
         page_size: int = 5000,
+        proxy: str | None = None,
     ) -> None:
         if not container:
             raise ValueError("an Azure URL needs a container: az://account/container/prefix")
@@ -163,13 +160,14 @@ class AzureStore(OriginStore, FolderListing):
         self._sas = bool(self.creds.sas)
         self._sas_suffix = "?" + self.creds.sas if self.creds.sas else ""
         endpoint = URL(self.creds.endpoint)
-        # Every request on the lean client (aiohttp behind a proxy).
+        # Every request on the lean client (aiohttp through a proxy).
         self._init_origin(
             f"{endpoint.scheme}://{endpoint.raw_authority}",
             http_client=http_client,
             max_connections=max_connections,
             read_timeout=read_timeout,
             ca_bundle=ca_bundle,
+            proxy=proxy,
         )
         self._container_path = endpoint.raw_path.rstrip("/") + "/" + quote(container, safe="")
         self._list_concurrency = list_concurrency

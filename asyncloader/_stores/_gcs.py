@@ -39,7 +39,8 @@ from .._base._errors import (
 from .._base._types import Blob, ObjectInfo
 from ._bearer import BearerToken, with_token
 from ._gcs_auth import READ_WRITE_SCOPE, emulator_host, google_token_source
-from ._http import gc_paused, get_object, object_headers, send
+from ._http import gc_paused, send
+from ._http_objects import get_object, object_headers
 from ._http_store import OriginStore
 from ._listing import Page, RangedListing
 from ._retry import retrying
@@ -75,10 +76,13 @@ class GCSStore(OriginStore, RangedListing):
         max_connections: Connection pool size with aiohttp (``http_client="aiohttp"``).
         read_timeout: Longest wait for an answer to start, and then between two reads of it:
             a stalled connection is abandoned and the request retried [seconds].
-        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway behind a proxy).
+        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway through a proxy).
         list_concurrency: Sub-folders listed at once.
         page_size: Objects per listing page (GCS allows up to 1000).
         ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's.
+        proxy: The HTTP(S) proxy to go through (``http://[user:password@]host:port``;
+            ``""``: none).  Default: the environment's (``HTTPS_PROXY``, ``HTTP_PROXY``,
+            ``ALL_PROXY``, ``NO_PROXY``), as curl, requests and boto3 read it.
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class GCSStore(OriginStore, RangedListing):
         list_concurrency: int = LIST_CONCURRENCY,
         page_size: int = 1000,
         ca_bundle: str | None = None,
+        proxy: str | None = None,
     ) -> None:
         if not bucket:
             raise ValueError("a GCS URL needs a bucket: gs://bucket/prefix/")
@@ -126,6 +131,7 @@ class GCSStore(OriginStore, RangedListing):
             max_connections=max_connections,
             read_timeout=read_timeout,
             ca_bundle=ca_bundle,
+            proxy=proxy,
         )
         root = base.raw_path.rstrip("/")
         quoted = quote(bucket, safe="")

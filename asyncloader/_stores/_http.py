@@ -1,9 +1,11 @@
-"""The HTTP every backend shares: one object GET (:func:`get_object`, on the lean client or
-aiohttp), HEAD, the control requests, and the mapping of answers to our error tree.
+"""The HTTP every backend shares: its clients (the lean one, or an aiohttp session, which a
+proxy gets), sending one request on either (:func:`send`), and the mapping of answers to
+our error tree.
 
 Backends build the target and headers (signature, range, precondition); this module sends
-the request, reads the body, checks its length and version, and maps every HTTP status and
-transport exception to :mod:`asyncloader._base._errors` in one place.
+the request, reads the body, and maps every HTTP status and transport exception to
+:mod:`asyncloader._base._errors` in one place.  Reading an object (the range and encoding
+asked for, the answer checked) is :mod:`._http_objects`'.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import gc
-import os
 import re
 import ssl
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import urlsplit
 
 from yarl import URL
 
@@ -25,35 +27,27 @@ from .._base._config import READ_TIMEOUT
 from .._base._errors import (
     AccessDenied,
     IntegrityError,
-    LengthMismatch,
     ObjectNotFound,
     StoreError,
     Throttled,
     TransientStoreError,
     WrongRegion,
 )
-from .._base._types import Blob, ObjectInfo
+from .._base._types import Blob
 from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError, tls_context
 
 if TYPE_CHECKING:
     import aiohttp  # imported where a session is made: it takes 0.2 s to import
 
 __all__ = [
-    "check_body",
     "open_clients",
     "error_for_status",
     "retry_after",
-    "get_object",
     "send",
     "make_session",
-    "proxy_configured",
+    "proxy_for",
     "normalize_etag",
-    "object_headers",
-    "object_info",
     "parse_xml",
-    "parse_content_range",
-    "range_header",
-    "whole_answer",
     "request",
 ]
 
@@ -67,8 +61,12 @@ def make_session(
     *,
     read_timeout: float = READ_TIMEOUT,
     ssl_context: ssl.SSLContext | None = None,
+    proxy: str | None = None,
 ) -> aiohttp.ClientSession:
-    """A session tuned for many small GETs to few hosts: keep-alive, no decompression."""
+    """A session tuned for many small GETs to few hosts: keep-alive, ``Accept-Encoding:
+    identity`` (what S3 clients send: an object's bytes as stored, whatever a server would
+    compress) and no decompression of its own; through ``proxy`` where given (its
+    credentials, if any, in its URL)."""
     import aiohttp
 
     connector = aiohttp.TCPConnector(
@@ -80,7 +78,12 @@ def make_session(
     )
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout)
     return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False, raise_for_status=False
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        raise_for_status=False,
+        headers={"Accept-Encoding": "identity"},
+        proxy=proxy,
     )
 
 
@@ -92,12 +95,17 @@ def open_clients(
     max_connections: int,
     read_timeout: float,
     ca_bundle: str | None,
+    proxy: str | None = None,
 ) -> tuple[LeanHTTPClient | None, aiohttp.ClientSession | None]:
     """A store's HTTP clients for ``endpoint`` (``scheme://host[:port]``): the lean client
-    when ``lean``, else (or also, with ``aiohttp_too``) an aiohttp session; over HTTPS both
-    trust ``ca_bundle`` (else the system's CAs), loaded once."""
+    when ``lean`` and no proxy is on the way (:func:`proxy_for` of ``proxy``, a store
+    option, or the environment), else (or also, with ``aiohttp_too``) an aiohttp session,
+    through that proxy; over HTTPS both trust ``ca_bundle`` (else the system's CAs), loaded
+    once."""
     base = URL(endpoint)
     https = base.scheme == "https"
+    via = proxy_for(endpoint, proxy)
+    lean = lean and via is None  # only aiohttp speaks to a proxy
     tls = tls_context(ca_bundle) if https else None
     client = None
     if lean:
@@ -112,7 +120,9 @@ def open_clients(
         )
     session = None
     if aiohttp_too or not lean:
-        session = make_session(max_connections, read_timeout=read_timeout, ssl_context=tls)
+        session = make_session(
+            max_connections, read_timeout=read_timeout, ssl_context=tls, proxy=via
+        )
     return client, session
 
 
@@ -123,13 +133,6 @@ def _untrusted(what: str, key: str | None, exc: Exception) -> StoreError:
         "CA, pass its PEM file as ca_bundle= (S3: or set AWS_CA_BUNDLE)",
         key=key,
     )
-
-
-def range_header(start: int, end: int | None) -> str | None:
-    """``Range`` value for bytes ``[start, end)``; ``None`` when the whole object is wanted."""
-    if start == 0 and end is None:
-        return None
-    return f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
@@ -264,21 +267,6 @@ async def request(
         ) from exc
 
 
-def check_body(
-    data: Blob, answer_etag: str, *, what: str, key: str, expected_len: int | None, etag: str
-) -> None:
-    """Refuse a complete answer of the wrong size or version: not the object listed.
-
-    (A body shorter than its own Content-Length is a transport failure, caught earlier.)
-    """
-    if expected_len is not None and len(data) != expected_len:
-        raise LengthMismatch(
-            f"{what}: received {len(data)} bytes, expected {expected_len}", key=key
-        )
-    if etag and answer_etag and normalize_etag(answer_etag) != etag:
-        raise IntegrityError(f"{what} changed since it was listed (ETag differs)", key=key)
-
-
 def parse_xml(body: Blob, *, what: str, key: str | None) -> ET.Element:
     """A listing page's XML.
 
@@ -320,10 +308,47 @@ def normalize_etag(value: str) -> str:
     return value.strip('"')
 
 
-def proxy_configured() -> bool:
-    """Whether the environment asks for an HTTP(S) proxy (only aiohttp speaks to proxies)."""
-    names = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
-    return any(os.environ.get(n) or os.environ.get(n.lower()) for n in names)
+def proxy_for(url: str, proxy: str | None = None) -> str | None:
+    """The proxy that requests to ``url`` go through, or None: ``proxy`` where given (a
+    store option; ``""``: none), else the environment's as curl, requests and boto3 read
+    it (``HTTPS_PROXY`` for https, ``HTTP_PROXY`` for http, ``ALL_PROXY``, lower-case
+    names too), unless ``NO_PROXY`` names the host.  Only aiohttp speaks to proxies."""
+    if proxy is not None:
+        return proxy or None
+    import urllib.request
+
+    parts = urlsplit(url)
+    found = urllib.request.getproxies_environment()
+    via = found.get(parts.scheme) or found.get("all")
+    if not via or _bypassed(parts.hostname or "", parts.port, found.get("no", "")):
+        return None
+    return via
+
+
+def _bypassed(host: str, port: int | None, no_proxy: str) -> bool:
+    """Whether ``NO_PROXY`` (comma-separated: ``*``, hosts and domains with or without a
+    leading dot, ``host:port``, IP addresses and CIDR blocks) names ``host``, as curl and
+    requests read it."""
+    import ipaddress
+
+    host = host.lower().strip("[]")
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        name, _, want = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+        if want and (not want.isdigit() or int(want) != port):
+            continue
+        name = name.lstrip(".").strip("[]")
+        if host == name or host.endswith("." + name):
+            return True
+        try:
+            if ipaddress.ip_address(host) in ipaddress.ip_network(name, strict=False):
+                return True
+        except ValueError:
+            pass
+    return False
 
 
 async def _lean_request(
@@ -385,104 +410,3 @@ async def send(
     assert session is not None
     url = URL(base + target, encoded=True)
     return await request(session, method, url, headers, what=what, key=key, body=body)
-
-
-def object_info(key: str, headers: Mapping[str, str], *, what: str) -> ObjectInfo:
-    """An object's size and ETag from the headers of a HEAD answer (either client's).
-
-    Raises:
-        StoreError: the answer has no Content-Length.
-    """
-    size = headers.get("content-length")
-    if size is None:
-        raise StoreError(f"{what}: the answer gave no Content-Length", key=key)
-    return ObjectInfo(key, int(size), normalize_etag(headers.get("etag", "")))
-
-
-def object_headers(
-    start: int, end: int | None, etag: str, *, range_name: str = "Range"
-) -> dict[str, str]:
-    """The headers of a GET of bytes ``[start, end)`` of the version ``etag``: a range (S3
-    and HTTP name it ``Range``, Azure's signed one ``x-ms-range``) and ``If-Match``."""
-    headers = {}
-    rng = range_header(start, end)
-    if rng:
-        headers[range_name] = rng
-    if etag:
-        headers["If-Match"] = f'"{etag}"'
-    return headers
-
-
-async def get_object(
-    lean: LeanHTTPClient | None,
-    session: aiohttp.ClientSession | None,
-    base: str,
-    target: str,
-    headers: dict[str, str],
-    *,
-    what: str,
-    key: str,
-    start: int = 0,
-    end: int | None = None,
-    etag: str = "",
-    version_header: str = "etag",
-) -> Blob:
-    """GET ``target`` (path and query, encoded) below ``base`` — on the lean client when
-    there is one, else on aiohttp — and return the body, verified to be ``end - start``
-    bytes long (when ``end`` is given) and, when the answer names one in its
-    ``version_header`` (lower-case), to be the version ``etag`` (for servers that ignore
-    the precondition).  Every store's GET goes through here.
-
-    A range (``start``, ``end``) is checked against the answer's ``Content-Range``.  A
-    server that ignores ``Range`` (nginx's ``max_ranges 0``, many CDNs and proxies, GCS for
-    gzip-transcoded objects) answers 200 with the whole object and no ``Content-Range``:
-    that body is returned whole, for the caller to use (see :func:`whole_answer`).
-
-    Raises:
-        The errors of :func:`request`, IntegrityError for a body of the wrong length or
-        version, and TransientStoreError (retried) for a ``Content-Range`` that is not the
-        range asked for.
-    """
-    expected = None if end is None else end - start
-    answer, body = await send(lean, session, base, "GET", target, headers, what=what, key=key)
-    answer_etag = answer.get(version_header, "")
-    if range_header(start, end) is not None:
-        got = answer.get("content-range")
-        if got is None:
-            expected = None  # the whole object: the caller knows its size
-        elif (span := parse_content_range(got))[0] != start or (
-            end is not None and span[1] != end - 1
-        ):
-            raise TransientStoreError(
-                f"{what}: asked for bytes {start}-{'' if end is None else end - 1}, the answer "
-                f"holds {got!r}",
-                key=key,
-            )
-    check_body(body, answer_etag, what=what, key=key, expected_len=expected, etag=etag)
-    return body
-
-
-def parse_content_range(value: str) -> tuple[int, int, int | None]:
-    """``bytes FIRST-LAST/TOTAL`` as (first, last, total); a total of ``*`` is None.
-
-    Raises:
-        TransientStoreError: not a byte range.
-    """
-    unit, _, spec = value.strip().partition(" ")
-    span, _, total = spec.partition("/")
-    first, _, last = span.partition("-")
-    try:
-        if unit.lower() != "bytes" or not first.isdigit() or not last.isdigit():
-            raise ValueError(value)
-        return int(first), int(last), None if total.strip() == "*" else int(total)
-    except ValueError:
-        raise TransientStoreError(
-            f"an answer's Content-Range is not a byte range: {value!r}"
-        ) from None
-
-
-def whole_answer(data: Blob, start: int, end: int | None, size: int) -> bool:
-    """Whether ``data``, the answer to a GET of bytes ``[start, end)`` of an object of
-    ``size`` bytes, is the whole object instead (a server that ignores ``Range``)."""
-    asked = (size if end is None else end) - start
-    return len(data) != asked and len(data) == size and range_header(start, end) is not None

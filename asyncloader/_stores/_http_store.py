@@ -1,5 +1,5 @@
 """The shape the HTTP stores share (S3, GCS, Azure, plain HTTP): the client choice made once
-(``http_client``: our lean HTTP/1.1 client, or aiohttp, which a configured proxy always
+(``http_client``: our lean HTTP/1.1 client, or aiohttp, which a proxy on the way always
 gets), the closed check, ``repr``; and for the stores that talk to one origin (GCS,
 Azure), opening their clients on first use and closing them with their bearer tokens."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._base._errors import ClosedError
-from ._http import open_clients, proxy_configured
+from ._http import open_clients
 
 if TYPE_CHECKING:
     import aiohttp
@@ -20,15 +20,15 @@ __all__ = ["HTTPStoreBase", "OriginStore", "use_lean_client"]
 
 
 def use_lean_client(http_client: str) -> bool:
-    """Whether requests go through the lean client: ``http_client="lean"`` (the default)
-    and no proxy configured (only aiohttp goes through one).
+    """Whether requests are to go through the lean client: ``http_client="lean"`` (the
+    default).  Where a proxy is on the way, aiohttp takes them anyway (``open_clients``).
 
     Raises:
         ValueError: ``http_client`` is neither ``"lean"`` nor ``"aiohttp"``.
     """
     if http_client not in ("lean", "aiohttp"):
         raise ValueError(f"http_client must be 'lean' or 'aiohttp', not {http_client!r}")
-    return http_client == "lean" and not proxy_configured()
+    return http_client == "lean"
 
 
 class HTTPStoreBase:
@@ -59,6 +59,7 @@ class OriginStore(HTTPStoreBase):
     _max_connections: int
     _read_timeout: float
     _ca_bundle: str | None
+    _proxy: str | None = None
     _session: aiohttp.ClientSession | None = None
     _lean: LeanHTTPClient | None = None
 
@@ -70,8 +71,10 @@ class OriginStore(HTTPStoreBase):
         max_connections: int,
         read_timeout: float,
         ca_bundle: str | None,
+        proxy: str | None = None,
     ) -> None:
-        """Set the origin (``scheme://host[:port]``) and how to reach it; opens nothing.
+        """Set the origin (``scheme://host[:port]``) and how to reach it (``proxy``: a
+        store option, else the environment's); opens nothing.
 
         Raises:
             ValueError: an unknown ``http_client``.
@@ -81,6 +84,7 @@ class OriginStore(HTTPStoreBase):
         self._max_connections = max_connections
         self._read_timeout = read_timeout
         self._ca_bundle = ca_bundle
+        self._proxy = proxy
         self._session = None
         self._lean = None
         self._closed = False
@@ -100,6 +104,7 @@ class OriginStore(HTTPStoreBase):
             max_connections=self._max_connections,
             read_timeout=self._read_timeout,
             ca_bundle=self._ca_bundle,
+            proxy=self._proxy,
         )
         return True
 

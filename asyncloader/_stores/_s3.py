@@ -31,14 +31,8 @@ from .._base._errors import (
     WrongRegion,
 )
 from .._base._types import Blob, ObjectInfo
-from ._http import (
-    get_object,
-    normalize_etag,
-    object_headers,
-    object_info,
-    open_clients,
-    send,
-)
+from ._http import normalize_etag, open_clients, send
+from ._http_objects import get_object, object_headers, object_info
 from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient
 from ._listing import Page, RangedListing
@@ -77,13 +71,16 @@ class S3Store(HTTPStoreBase, RangedListing):
             of it: a stalled connection is abandoned (and the request retried), a slow but
             moving one is not [seconds].
         http_client: ``"lean"`` (default: our keep-alive HTTP/1.1 client, about half the
-            CPU of aiohttp per GET) or ``"aiohttp"`` (used anyway when a proxy is set).
+            CPU of aiohttp per GET) or ``"aiohttp"`` (used anyway through a proxy).
         list_concurrency: Sub-folders listed at once.
         ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's (a
             private endpoint's own CA).  Default: ``AWS_CA_BUNDLE``, as the AWS tools.
         requester_pays: Read a requester-pays bucket, the requests billed to this account
             (every request carries ``x-amz-request-payer: requester``, signed; boto3's
             ``RequestPayer="requester"``).  Needs credentials.
+        proxy: The HTTP(S) proxy to go through (``http://[user:password@]host:port``;
+            ``""``: none).  Default: the environment's (``HTTPS_PROXY``, ``HTTP_PROXY``,
+            ``ALL_PROXY``, ``NO_PROXY``), as curl, requests and boto3 read it.
     """
 
     def __init__(
@@ -101,6 +98,7 @@ class S3Store(HTTPStoreBase, RangedListing):
         list_concurrency: int = LIST_CONCURRENCY,
         ca_bundle: str | None = None,
         requester_pays: bool = False,
+        proxy: str | None = None,
     ) -> None:
         use_lean = use_lean_client(http_client)
         if not bucket:
@@ -108,6 +106,7 @@ class S3Store(HTTPStoreBase, RangedListing):
         if requester_pays and anonymous:
             raise ValueError("requester_pays bills the requester: it needs credentials")
         self._requester_pays = requester_pays
+        self._proxy = proxy
         self.bucket = bucket
         self.prefix = prefix
         self._endpoint_url = endpoint_url
@@ -233,6 +232,7 @@ class S3Store(HTTPStoreBase, RangedListing):
             max_connections=self._max_connections,
             read_timeout=self._read_timeout,
             ca_bundle=self._ca_bundle,
+            proxy=self._proxy,
         )
 
     async def _in_bucket_region(self, request: Callable[..., Awaitable[T]], *args: Any) -> T:

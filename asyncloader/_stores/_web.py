@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,16 +23,10 @@ from .._base._config import READ_TIMEOUT
 from .._base._errors import ObjectNotFound, StoreError, shown_key
 from .._base._manifest import read_manifest
 from .._base._types import Blob, ObjectInfo
-from ._http import (
-    get_object,
-    make_session,
-    normalize_etag,
-    object_headers,
-    object_info,
-    request,
-)
+from ._http import make_session, normalize_etag, proxy_for, request
+from ._http_objects import decoded, get_object, object_headers, object_info, parse_content_range
 from ._http_store import HTTPStoreBase, use_lean_client
-from ._lean_http import LeanHTTPClient
+from ._lean_http import LeanHTTPClient, tls_context
 from ._retry import retrying
 
 if TYPE_CHECKING:
@@ -53,8 +48,14 @@ class HttpStore(HTTPStoreBase):
         read_timeout: Longest wait for an answer to start, and then between two reads
             of it: a stalled connection is abandoned (and the request retried), a slow but
             moving one is not [seconds].
-        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway behind a proxy).
+        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway through a proxy).
         head_concurrency: HEAD requests at once while listing objects of unknown size.
+        ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's (a
+            private CA).  Default: ``SSL_CERT_FILE`` (and ``SSL_CERT_DIR``), as Python's
+            own ``ssl`` reads them, else the system's.
+        proxy: The HTTP(S) proxy to go through (``http://[user:password@]host:port``;
+            ``""``: none).  Default: the environment's (``HTTPS_PROXY``, ``HTTP_PROXY``,
+            ``ALL_PROXY``, ``NO_PROXY``), as curl, requests and boto3 read it.
     """
 
     def __init__(
@@ -67,6 +68,8 @@ class HttpStore(HTTPStoreBase):
         read_timeout: float = READ_TIMEOUT,
         http_client: str = "lean",
         head_concurrency: int = 32,
+        ca_bundle: str | None = None,
+        proxy: str | None = None,
     ) -> None:
         use_lean = use_lean_client(http_client)
         parts = urlsplit(base_url)
@@ -81,7 +84,11 @@ class HttpStore(HTTPStoreBase):
         self._read_timeout = read_timeout
         self._use_lean = use_lean
         self._head_concurrency = head_concurrency
-        self._session: aiohttp.ClientSession | None = None
+        self._ca_bundle = ca_bundle
+        self._tls: ssl.SSLContext | None = None  # made on first use
+        self._proxy = proxy
+        # aiohttp sessions by the proxy they go through (None: direct).
+        self._sessions: dict[str | None, aiohttp.ClientSession] = {}
         self._lean: dict[tuple[str, str, int], LeanHTTPClient] = {}
         self._closed = False
 
@@ -89,11 +96,25 @@ class HttpStore(HTTPStoreBase):
     def url(self) -> str:
         return self._base
 
-    def _session_or_open(self) -> aiohttp.ClientSession:
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = tls_context(self._ca_bundle)
+        return self._tls
+
+    def _session_for(self, url: URL) -> aiohttp.ClientSession:
+        """The aiohttp session for ``url``: through its proxy, if one is on the way."""
         self._check_open()
-        if self._session is None:
-            self._session = make_session(self._max_connections, read_timeout=self._read_timeout)
-        return self._session
+        via = proxy_for(str(url), self._proxy)
+        session = self._sessions.get(via)
+        if session is None:
+            session = make_session(
+                self._max_connections,
+                read_timeout=self._read_timeout,
+                ssl_context=self._tls_context(),
+                proxy=via,
+            )
+            self._sessions[via] = session
+        return session
 
     def _target(self, key: str) -> URL:
         """The object's URL: ``key`` itself when absolute, else below the base URL."""
@@ -116,19 +137,14 @@ class HttpStore(HTTPStoreBase):
             )
         name = os.fspath(self._manifest)
         if "://" not in name and await asyncio.to_thread(os.path.isfile, name):
-            data: bytes = await asyncio.to_thread(Path(name).read_bytes)
+            data: Blob = await asyncio.to_thread(Path(name).read_bytes)
         else:
-            session = self._session_or_open()
-            _, data = await retrying(
-                lambda: request(
-                    session,
-                    "GET",
-                    self._target(name),
-                    self._headers,
-                    what=shown_key(name),
-                    key=None,
-                )
+            url = self._target(name)
+            session = self._session_for(url)
+            answer, data = await retrying(
+                lambda: request(session, "GET", url, self._headers, what=shown_key(name), key=None)
             )
+            data = _as_utf8(decoded(data, answer, what=shown_key(name), key=None), answer)
         return read_manifest(data, name)
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]
@@ -155,32 +171,54 @@ class HttpStore(HTTPStoreBase):
                 yield obj
 
     async def stat(self, key: str) -> ObjectInfo:
-        session = self._session_or_open()
-        headers, _ = await retrying(
-            lambda: request(
-                session, "HEAD", self._target(key), self._headers, what=self._what(key), key=key
+        """The object's size and ETag from a HEAD; where the answer gives no length (a
+        chunked answer, a server that refuses HEAD), from a GET of its first byte (its
+        ``Content-Range`` holds the size)."""
+        url = self._target(key)
+        session = self._session_for(url)
+        what = self._what(key)
+        try:
+            headers, _ = await retrying(
+                lambda: request(session, "HEAD", url, self._headers, what=what, key=key)
             )
+            if "content-length" in headers:
+                return object_info(key, headers, what=what)
+        except StoreError as exc:
+            if exc.status not in (405, 501):  # HEAD not allowed: ask by GET
+                raise
+        first = {**self._headers, **object_headers(0, 1, "")}
+        headers, body = await retrying(
+            lambda: request(session, "GET", url, first, what=what, key=key)
         )
-        return object_info(key, headers, what=self._what(key))
+        span = headers.get("content-range")
+        total = parse_content_range(span)[2] if span else len(body)  # a 200: the whole
+        if total is None:
+            raise StoreError(f"{what}: the server gives no size for it", key=key)
+        return ObjectInfo(key, total, normalize_etag(headers.get("etag", "")))
 
-    def _lean_client(self, url: URL) -> LeanHTTPClient:
+    def _lean_client(self, url: URL) -> LeanHTTPClient | None:
+        """The lean client of ``url``'s origin, or None where aiohttp takes the request
+        (``http_client="aiohttp"``, or a proxy on the way)."""
+        if not self._use_lean or proxy_for(str(url), self._proxy) is not None:
+            return None
         assert url.host is not None
         assert url.port is not None
         origin = (url.scheme, url.host, url.port)
         client = self._lean.get(origin)
         if client is None:
-            client = LeanHTTPClient(*origin, read_timeout=self._read_timeout)
+            tls = self._tls_context() if url.scheme == "https" else None
+            client = LeanHTTPClient(*origin, read_timeout=self._read_timeout, ssl_context=tls)
             self._lean[origin] = client
         return client
 
     async def get(
         self, key: str, *, start: int = 0, end: int | None = None, etag: str = ""
     ) -> Blob:
-        session = self._session_or_open()
         url = self._target(key)
+        session = self._session_for(url)
         headers = {**self._headers, **object_headers(start, end, etag)}
         return await get_object(
-            self._lean_client(url) if self._use_lean else None,
+            self._lean_client(url),
             session,
             f"{url.scheme}://{url.raw_authority}",
             url.raw_path_qs,
@@ -194,9 +232,28 @@ class HttpStore(HTTPStoreBase):
 
     async def close(self) -> None:
         self._closed = True
-        session, self._session = self._session, None
+        sessions, self._sessions = self._sessions, {}
         lean, self._lean = self._lean, {}
-        if session is not None:
+        for session in sessions.values():
             await session.close()
         for client in lean.values():
             await client.close()
+
+
+def _as_utf8(data: Blob, headers: Mapping[str, str]) -> Blob:
+    """A served manifest's text as UTF-8: decoded as its ``Content-Type`` labels it (a
+    ``charset=`` other than UTF-8), else taken as UTF-8 (what JSONL is)."""
+    ctype = headers.get("content-type", "")
+    charset = ""
+    for param in ctype.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower()
+    if charset in ("", "utf-8", "utf8", "us-ascii", "ascii"):
+        return data
+    try:
+        return bytes(data).decode(charset).encode("utf-8")
+    except (LookupError, UnicodeDecodeError) as exc:
+        raise StoreError(
+            f"a manifest labelled {ctype!r} that does not decode as such: {exc}"
+        ) from exc
