@@ -4,12 +4,21 @@ keep coming; a slow but moving answer is never cut, a stalled one always is."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from asyncloader._stores._lean_http import LeanHTTPClient
+from asyncloader._stores._lean_http import (
+    CLOSING_CONNECTIONS,
+    LeanHTTPClient,
+    LeanResponse,
+    ProtocolError,
+    _Conn,
+)
 
 BODY = bytes(range(256)) * 64  # 16 KiB
 
@@ -99,3 +108,204 @@ def test_a_refused_connection_is_a_transient_error_that_says_so(
 
     with pytest.raises(al.TransientStoreError, match="ConnectionRefusedError"):
         asyncio.run(main())
+
+
+# --- the parser, fed an answer in arbitrary pieces --------------------------------------
+
+
+class _Wire:
+    """A transport that takes what the connection writes and notes whether it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+async def _parsed(pieces: list[bytes], want_body: bool = True) -> tuple[_Conn, LeanResponse]:
+    """Feed ``pieces`` to a connection as a socket would (into the buffers it offers)."""
+    conn = _Conn()
+    conn.connection_made(_Wire())  # type: ignore[arg-type]
+    answer = conn.request(b"GET / HTTP/1.1\r\n\r\n", want_body, 5.0)
+    for piece in pieces:
+        while piece and not answer.done():
+            buf = conn.get_buffer(-1)
+            n = min(len(buf), len(piece))
+            buf[:n] = piece[:n]
+            conn.buffer_updated(n)
+            piece = piece[n:]
+    assert answer.done(), "the answer did not end"
+    return conn, answer.result()
+
+
+def _pieces(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+
+
+@given(
+    body=st.binary(max_size=3000),
+    chunks=st.one_of(st.none(), st.lists(st.integers(1, 700), min_size=1, max_size=8)),
+    interim=st.lists(st.sampled_from([100, 102, 103]), max_size=2),
+    version=st.sampled_from(["HTTP/1.1", "HTTP/1.0"]),
+    connection=st.sampled_from(["", "keep-alive", "close"]),
+    trailers=st.lists(st.sampled_from(["X-Checksum: abc", "Server-Timing: x;dur=1"]), max_size=2),
+    cuts=st.lists(st.integers(0, 10_000), max_size=12),
+)
+def test_an_answer_in_any_pieces_is_read_as_sent(
+    body: bytes,
+    chunks: list[int] | None,
+    interim: list[int],
+    version: str,
+    connection: str,
+    trailers: list[str],
+    cuts: list[int],
+) -> None:
+    """Interim 1xx answers are passed over, chunked bodies (with extensions and trailers)
+    joined, and whether the connection may be used again follows its version and
+    ``Connection`` header: HTTP/1.0 closes unless it says keep-alive."""
+    head = "".join(f"HTTP/1.1 {code} Info\r\nLink: </a>\r\n\r\n" for code in interim)
+    head += f"{version} 200 OK\r\n" + (f"Connection: {connection}\r\n" if connection else "")
+    if chunks is None:
+        wire = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    else:
+        wire, at, sizes = (head + "Transfer-Encoding: chunked\r\n\r\n").encode(), 0, iter(chunks)
+        while at < len(body):
+            n = next(sizes, 700)
+            part = body[at : at + n]
+            wire += f"{len(part):x};ext=1\r\n".encode() + part + b"\r\n"
+            at += n
+        wire += b"0\r\n" + "".join(t + "\r\n" for t in trailers).encode() + b"\r\n"
+    conn, resp = asyncio.run(_parsed(_pieces(wire, cuts)))
+    assert resp.status == 200 and bytes(resp.body) == body
+    kept = connection != "close" and (version == "HTTP/1.1" or connection == "keep-alive")
+    assert conn.keep_alive == kept and conn.closed == (not kept)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HTTP/1.1 2x0 OK\r\nContent-Length: 1\r\n\r\nx",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 12x\r\n\r\nx",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nx",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n0\r\n\r\n",
+        b"SMTP 220 hello\r\n\r\n",
+    ],
+    ids=["status", "length", "negative", "too-long", "chunk-size", "not-http"],
+)
+def test_a_malformed_answer_fails_the_request_at_once(wire: bytes) -> None:
+    async def main() -> None:
+        with pytest.raises(ProtocolError):
+            await _parsed([wire])
+
+    asyncio.run(main())
+
+
+def test_malformed_over_tls_fails_at_once_not_at_the_read_timeout() -> None:
+    """The same malformed length from an HTTPS server: the request fails within a second
+    (the parser's error is the request's, not the TLS transport's callback's)."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+
+    async def main() -> float:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1z\r\n\r\nx")
+            await writer.drain()
+            await asyncio.sleep(30)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        client = LeanHTTPClient("https", "127.0.0.1", port, read_timeout=20, ssl_context=client_ctx)
+        t0 = time.perf_counter()
+        try:
+            with pytest.raises(ProtocolError, match="Content-Length"):
+                await client.get("/x", {})
+            return time.perf_counter() - t0
+        finally:
+            await client.close()
+            server.close()
+
+    assert asyncio.run(main()) < 5.0
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_at_once() -> None:
+    """The server answers keep-alive, then closes the idle connection (its idle time-out):
+    the next GET goes again on a new connection, without an error or a back-off."""
+    opened = []
+
+    async def main() -> list[bytes]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            opened.append(1)
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(_head(2) + b"ok")
+            await writer.drain()
+            writer.close()  # says keep-alive (HTTP/1.1, no Connection: close), closes anyway
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = LeanHTTPClient("http", "127.0.0.1", port, read_timeout=5)
+        try:
+            got = [bytes((await client.get("/x", {})).body)]
+            await asyncio.sleep(0.2)
+            got.append(bytes((await client.get("/x", {})).body))
+            return got
+        finally:
+            await client.close()
+            server.close()
+
+    assert asyncio.run(main()) == [b"ok", b"ok"]
+    assert len(opened) == 2
+
+
+def test_a_server_that_closes_every_connection_gets_a_few_at_once() -> None:
+    """HTTP/1.0 answers, one connection each: after a few, the client opens at most
+    CLOSING_CONNECTIONS at once, where it would open one per request in flight."""
+    live, most = [0], [0]
+
+    async def main() -> int:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+                await asyncio.sleep(0.01)
+                writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+            finally:
+                writer.close()
+                live[0] -= 1
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=256)
+        port = server.sockets[0].getsockname()[1]
+        client = LeanHTTPClient("http", "127.0.0.1", port, read_timeout=10)
+        try:
+            for _ in range(10):  # learn
+                await client.get("/x", {})
+            most[0] = 0
+            bodies = await asyncio.gather(*(client.get("/x", {}) for _ in range(100)))
+            return sum(len(b.body) for b in bodies)
+        finally:
+            await client.close()
+            server.close()
+
+    assert asyncio.run(main()) == 200
+    assert most[0] <= CLOSING_CONNECTIONS

@@ -25,6 +25,13 @@ from ._tls import connect_tls
 __all__ = ["LeanHTTPClient", "LeanResponse", "ProtocolError", "tls_context"]
 
 _MAX_HEAD = 64 * 1024
+_MAX_BODY = 1 << 34
+"""The longest answer body read (16 GiB): a Content-Length or chunks past it fail the
+request before anything that size is allocated."""
+_CLOSING = 8
+"""Answers after which a server that closes every connection (HTTP/1.0, ``Connection:
+close``) is known as one: requests to it then open at most ``CLOSING_CONNECTIONS`` at once."""
+CLOSING_CONNECTIONS = 16
 
 
 def tls_context(ca_bundle: str | None = None) -> ssl.SSLContext:
@@ -70,6 +77,8 @@ class _Conn(asyncio.BufferedProtocol):
         self._headers: dict[str, str] = {}
         self._waiter: asyncio.Future[LeanResponse] | None = None
         self._want_body = True
+        self.heard = False  # any byte of the answer to the request in hand arrived
+        self.keep_alive = True  # the last answer let the connection be used again
 
     # --- asyncio callbacks ---------------------------------------------------------------
 
@@ -112,6 +121,7 @@ class _Conn(asyncio.BufferedProtocol):
         return memoryview(self._scratch)
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.heard = True
         if self._waiter is not None:
             self._progress = self._waiter.get_loop().time()
         if self._body is not None and not self._chunked:
@@ -120,10 +130,13 @@ class _Conn(asyncio.BufferedProtocol):
                 self._finish()
             return
         self._head += self._scratch[:nbytes]
-        if self._body is None:
-            self._parse_head()
-        if self._chunked:
-            self._parse_chunked()
+        try:
+            if self._body is None:
+                self._parse_head()
+            if self._chunked:
+                self._parse_chunked()
+        except ValueError as exc:  # a malformed status, length or chunk size: fail now
+            self._abort(ProtocolError(f"a malformed answer: {exc}"))
 
     # --- parsing -------------------------------------------------------------------------
 
@@ -135,7 +148,7 @@ class _Conn(asyncio.BufferedProtocol):
             return
         lines = bytes(self._head[:end]).decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
             self._abort(ProtocolError(f"not an HTTP/1.x answer: {lines[0][:80]!r}"))
             return
         self._status = int(parts[1])
@@ -143,10 +156,21 @@ class _Conn(asyncio.BufferedProtocol):
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-        self._headers = headers
         rest = self._head[end + 4 :]
+        if 100 <= self._status < 200 and self._status != 101:
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows.
+            self._head = rest
+            if rest:
+                self._parse_head()
+            return
+        self._headers = headers
+        # HTTP/1.0 closes after each answer unless it says keep-alive; 1.1 when it says so.
+        connection = headers.get("connection", "").lower()
+        self.keep_alive = connection != "close" and (
+            parts[0] != "HTTP/1.0" or connection == "keep-alive"
+        )
         self._head = bytearray()
-        if not self._want_body or self._status in (204, 304) or 100 <= self._status < 200:
+        if not self._want_body or self._status in (204, 304) or self._status == 101:
             self._body = bytearray()
             self._finish()
             return
@@ -158,7 +182,11 @@ class _Conn(asyncio.BufferedProtocol):
         if "content-length" not in headers:
             self._abort(ProtocolError("answer without Content-Length"))
             return
-        self._body_len = int(headers["content-length"])
+        length = headers["content-length"]
+        if not length.isdigit() or int(length) > _MAX_BODY:
+            self._abort(ProtocolError(f"an answer's Content-Length of {length[:40]!r}"))
+            return
+        self._body_len = int(length)
         self._body = bytearray(self._body_len)
         n = min(len(rest), self._body_len)
         self._body[:n] = rest[:n]
@@ -174,10 +202,18 @@ class _Conn(asyncio.BufferedProtocol):
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 break
-            size = int(bytes(buf[pos:eol]).split(b";")[0] or b"0", 16)
+            field = bytes(buf[pos:eol]).split(b";")[0].strip()
+            size = int(field, 16)  # ValueError for a malformed size: the answer fails
+            if size < 0 or len(self._body) + size > _MAX_BODY:
+                raise ValueError(f"a chunk of {size} bytes")
             if size == 0:
-                if buf.find(b"\r\n", eol + 2) < 0:
-                    break  # trailers not complete
+                # The trailer section (header lines, often none) ends at an empty line.
+                done = eol + 4 if buf[eol + 2 : eol + 4] == b"\r\n" else -1
+                if done < 0:
+                    done = buf.find(b"\r\n\r\n", eol + 2)
+                    if done < 0:
+                        break  # trailers not complete
+                    done += 4
                 self._head = bytearray()
                 self._finish()
                 return
@@ -193,7 +229,7 @@ class _Conn(asyncio.BufferedProtocol):
         body, self._body = self._body, None
         self._chunked = False
         self._got = self._body_len = 0
-        if self._headers.get("connection", "").lower() == "close":
+        if not self.keep_alive:
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
@@ -233,6 +269,7 @@ class _Conn(asyncio.BufferedProtocol):
         self._want_body = want_body
         self._head = bytearray()
         self._body = None
+        self.heard = False
         self.transport.write(data)
         return fut
 
@@ -278,6 +315,8 @@ class LeanHTTPClient:
         self._connect_timeout = connect_timeout
         self._idle: deque[_Conn] = deque()
         self._closed = False
+        self._closes = 0  # answers after which the server closed the connection, in a row
+        self._gate: asyncio.Semaphore | None = None  # set once the server closes every one
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -306,14 +345,6 @@ class LeanHTTPClient:
         """
         if self._closed:
             raise ProtocolError("client is closed")
-        conn = None
-        while self._idle:
-            c = self._idle.pop()
-            if not c.closed:
-                conn = c
-                break
-        if conn is None:
-            conn = await self._connect()
         lines = [f"{method} {target} HTTP/1.1\r\nHost: {self.host_header}\r\n"]
         lines += [f"{k}: {v}\r\n" for k, v in headers.items()]
         if body is not None and not any(k.lower() == "content-length" for k in headers):
@@ -322,16 +353,52 @@ class LeanHTTPClient:
         data = "".join(lines).encode("latin-1")
         if body is not None:
             data += body
+        gate = self._gate
+        if gate is None:
+            return await self._send(data, method)
+        async with gate:  # a server that closes every connection: a few at once
+            return await self._send(data, method)
+
+    async def _send(self, data: bytes, method: str) -> LeanResponse:
+        """``data`` (a request) on a kept-alive connection, or a new one.  A kept-alive
+        connection the server closed meanwhile (its idle time-out, a last request) fails
+        before any byte of an answer: a GET or HEAD is then sent again at once on a new
+        connection, not left to the caller's back-off."""
+        conn = None
+        while self._idle:
+            c = self._idle.pop()
+            if not c.closed:
+                conn = c
+                break
+        reused = conn is not None
+        if conn is None:
+            conn = await self._connect()
         ok = False
         try:
             resp = await conn.request(data, method != "HEAD", self._read_timeout)
             ok = True
-            return resp
+        except ProtocolError:
+            if not (reused and not conn.heard and method in ("GET", "HEAD")):
+                raise
+            conn.close()
+            conn = await self._connect()
+            resp = await conn.request(data, method != "HEAD", self._read_timeout)
+            ok = True
         finally:
             if ok and not conn.closed and not self._closed:
                 self._idle.append(conn)
             else:
                 conn.close()
+        self._learn(conn.keep_alive)
+        return resp
+
+    def _learn(self, kept: bool) -> None:
+        """Count the answers after which the server closed the connection; past
+        ``_CLOSING`` in a row (an HTTP/1.0 server: each request a new connection, its
+        accept queue small), requests open at most ``CLOSING_CONNECTIONS`` at once."""
+        self._closes = 0 if kept else self._closes + 1
+        if self._closes >= _CLOSING and self._gate is None:
+            self._gate = asyncio.Semaphore(CLOSING_CONNECTIONS)
 
     async def close(self) -> None:
         self._closed = True

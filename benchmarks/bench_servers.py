@@ -1,0 +1,210 @@
+"""asyncloader against web servers as they are deployed, each against ``requests`` with 16
+threads on the same server in the same run (what a user would try first).
+
+* ``limit-req`` — nginx with ``limit_req`` at ``--rate`` requests/s and no burst (a strict
+  leaky bucket, ``nodelay``: a request over the rate is refused at once with 503).  The
+  figure that matters is goodput: images delivered per second against the limit, and
+  the share of requests refused.
+* ``http-server`` — Python's ``http.server`` (HTTP/1.0: a connection per request, a small
+  accept queue).  The figures: images/s, and requests that waited a second or more.
+
+Both serve the demo's JPEG folder with a manifest naming every image with its size (no
+HEADs).  Each case runs in its own process, asyncloader (``ImageLoader`` with a resize to
+64: the fetch is what is measured; a warm-up epoch, then one measured, no cache) and the
+``requests`` baseline (16 threads, a session each: every image once) alternating; rounds
+interleave; medians over rounds.  Printed per case:
+images/s and its ratio to the baseline, refused requests as a share of all, CPU seconds
+per image (the loader's process tree) and peak RSS.
+
+Run: ``python benchmarks/bench_servers.py [--cases limit-req,http-server] [--rate 150]
+[--images 1500] [--rounds 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import asyncloader as al
+from asyncloader.testing import Nginx, make_jpeg_folder, tree_cpu_seconds
+
+
+def _site(images: int, root: Path) -> Path:
+    folder = make_jpeg_folder(root / "jpegs", images=images, classes=10)
+    site = root / "site"
+    site.mkdir(exist_ok=True)
+    if not (site / "train").exists():
+        (site / "train").symlink_to(folder, target_is_directory=True)
+    rows = [
+        {"key": p.relative_to(folder).as_posix(), "size": p.stat().st_size}
+        for p in sorted(folder.rglob("*.jpg"))
+    ]
+    (site / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return site
+
+
+def run_loader(endpoint: str) -> dict[str, float]:
+    """Two epochs of the site by asyncloader (in this process and its engines), the second
+    measured: the loader started and listed, every image fetched again (no cache)."""
+    store = al.StoreConfig(options={"manifest": f"{endpoint}/train.jsonl"})
+    with al.ImageLoader(
+        f"{endpoint}/train/", batch_size=64, transform=al.Resize(64), store=store
+    ) as loader:
+        for _ in loader:  # the warm-up epoch
+            pass
+        before = loader.stats()
+        t0 = time.perf_counter()
+        cpu0 = tree_cpu_seconds()
+        n = sum(len(labels) for _, labels in loader)
+        wall = time.perf_counter() - t0
+        cpu = tree_cpu_seconds() - cpu0
+        stats = loader.stats()
+    requests = stats.requests - before.requests
+    refused = stats.retries.get("throttled", 0) - before.retries.get("throttled", 0)
+    return {
+        "images": n,
+        "img_s": n / wall,
+        "requests": requests,
+        "refused": refused / max(requests, 1),
+        "p99_ms": 1e3 * stats.request_p99,
+        "cpu_ms": 1e3 * cpu / n,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def run_requests(endpoint: str, threads: int = 16) -> dict[str, float]:
+    """The same images by ``requests``, ``threads`` threads, a session each, retrying a
+    refused request after 50 ms (what a user's loop does)."""
+    import threading
+
+    import requests
+
+    rows = [json.loads(line) for line in (Path(_ROOT) / "site" / "train.jsonl").open()]
+    local = threading.local()
+    counts = {"requests": 0, "refused": 0}
+    lock = threading.Lock()
+
+    def get(key: str) -> int:
+        session = getattr(local, "s", None) or requests.Session()
+        local.s = session
+        while True:
+            resp = session.get(f"{endpoint}/train/{key}", timeout=60)
+            with lock:
+                counts["requests"] += 1
+                counts["refused"] += resp.status_code in (429, 503)
+            if resp.status_code == 200:
+                return len(resp.content)
+            time.sleep(0.05)
+
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    with ThreadPoolExecutor(threads) as ex:
+        n = len(list(ex.map(get, (r["key"] for r in rows))))
+    wall = time.perf_counter() - t0
+    return {
+        "images": n,
+        "img_s": n / wall,
+        "requests": counts["requests"],
+        "refused": counts["refused"] / max(counts["requests"], 1),
+        "cpu_ms": 1e3 * (time.process_time() - cpu0) / n,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+_ROOT = ""
+
+
+def _http_server(site: Path) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=site,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def one(case: str, who: str, endpoint: str) -> dict[str, float]:
+    """One measurement in a process of its own (its CPU and memory its own)."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import bench_servers as b; "
+        "b._ROOT = sys.argv[2]; print(json.dumps(getattr(b, 'run_' + sys.argv[3])(sys.argv[4])))"
+    )
+    here = str(Path(__file__).resolve().parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code, here, _ROOT, who, endpoint],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if out.returncode:
+        raise SystemExit(f"{case} {who} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    global _ROOT
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cases", default="limit-req,http-server")
+    p.add_argument("--rate", type=int, default=150)
+    p.add_argument("--images", type=int, default=1500)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-servers-") as tmp:
+        _ROOT = tmp
+        site = _site(args.images, Path(tmp))
+        results: dict[str, dict[str, list[dict[str, float]]]] = {}
+        for case in args.cases.split(","):
+            results[case] = {"asyncloader": [], "requests": []}
+            for _ in range(args.rounds):
+                for who in ("loader", "requests"):
+                    if case == "limit-req":
+                        zone = f"zone=one:1m rate={args.rate}r/s"
+                        http = f"limit_req_zone $binary_remote_addr {zone};"
+                        with Nginx(site, http=http, server="limit_req zone=one nodelay;") as n:
+                            got = one(case, who, n.endpoint)
+                    else:
+                        proc, endpoint = _http_server(site)
+                        try:
+                            got = one(case, who, endpoint)
+                        finally:
+                            proc.terminate()
+                            proc.wait(10)
+                    name = "asyncloader" if who == "loader" else "requests"
+                    results[case][name].append(got)
+        print(f"{'case':12} {'who':12} {'img/s':>8} {'ratio':>6} {'refused':>8} "
+              f"{'CPU ms/img':>10} {'RSS MB':>7}")
+        for case, by in results.items():
+            base = statistics.median(r["img_s"] for r in by["requests"])
+            for who, rows in by.items():
+                med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+                extra = f"  ({med['img_s'] / args.rate:.2f} x the limit)" if case == "limit-req" else ""
+                print(f"{case:12} {who:12} {med['img_s']:8.1f} {med['img_s'] / base:6.2f} "
+                      f"{med['refused']:8.1%} {med['cpu_ms']:10.2f} {med['rss_mb']:7.0f}{extra}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
