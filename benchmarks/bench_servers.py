@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import socket
 import statistics
@@ -193,15 +192,20 @@ def main() -> None:
                             proc.wait(10)
                     name = "asyncloader" if who == "loader" else "requests"
                     results[case][name].append(got)
-        print(f"{'case':12} {'who':12} {'img/s':>8} {'ratio':>6} {'refused':>8} "
-              f"{'CPU ms/img':>10} {'RSS MB':>7}")
+        print(
+            f"{'case':12} {'who':12} {'img/s':>8} {'ratio':>6} {'refused':>8} "
+            f"{'CPU ms/img':>10} {'RSS MB':>7}"
+        )
         for case, by in results.items():
             base = statistics.median(r["img_s"] for r in by["requests"])
             for who, rows in by.items():
                 med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-                extra = f"  ({med['img_s'] / args.rate:.2f} x the limit)" if case == "limit-req" else ""
-                print(f"{case:12} {who:12} {med['img_s']:8.1f} {med['img_s'] / base:6.2f} "
-                      f"{med['refused']:8.1%} {med['cpu_ms']:10.2f} {med['rss_mb']:7.0f}{extra}")
+                limit = med["img_s"] / args.rate
+                extra = f"  ({limit:.2f} x the limit)" if case == "limit-req" else ""
+                print(
+                    f"{case:12} {who:12} {med['img_s']:8.1f} {med['img_s'] / base:6.2f} "
+                    f"{med['refused']:8.1%} {med['cpu_ms']:10.2f} {med['rss_mb']:7.0f}{extra}"
+                )
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asyncloader as al
-from asyncloader._fetch._budget import MIN_NEED, InflightBudget, Permit
+from asyncloader._base._budget import MIN_NEED, InflightBudget, Permit
 from asyncloader.testing import S3TestServer
 
 from .conftest import N_IMAGES
@@ -281,7 +281,7 @@ def test_the_loaders_of_a_node_back_off_together_and_share_the_growth(tmp_path: 
     """Two budgets sharing a node file: a throttle in one is a back-off of both (the other
     follows at its next look), a second throttle of the same round is not a second
     back-off, and after it each grows by half the step a lone budget grows by."""
-    from asyncloader._fetch._budget import NODE_POLL, NodeShare
+    from asyncloader._base._budget import NODE_POLL, NodeShare
 
     async def body() -> None:
         clock, wall = Clock(), Clock()
@@ -330,7 +330,7 @@ def test_the_loaders_of_a_node_back_off_together_and_share_the_growth(tmp_path: 
 
 
 def test_a_node_member_that_stopped_beating_no_longer_counts(tmp_path: Path) -> None:
-    from asyncloader._fetch._budget import NodeShare
+    from asyncloader._base._budget import NodeShare
 
     wall = Clock()
     wall.now = 1e9
@@ -362,10 +362,10 @@ def test_fetchers_reading_one_url_into_one_cache_folder_share_their_back_offs(
 ) -> None:
     """The real fetchers, through the node file in the cache folder: a throttled answer
     in one is a back-off in the other; with ``node_budget=False`` it is not."""
+    from asyncloader._base._budget import NODE_POLL
     from asyncloader._base._stats import Counters
     from asyncloader._dataset._saved import budget_path
     from asyncloader._fetch import Fetcher
-    from asyncloader._fetch._budget import NODE_POLL
     from asyncloader.testing import FaultyStore, MemoryBucket, MemoryStore
 
     bucket = MemoryBucket({f"k{i}": bytes([i]) * 100 for i in range(32)})

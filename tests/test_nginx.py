@@ -298,3 +298,17 @@ def test_sizes_by_a_ranged_get_where_head_is_refused(site: Path, tmp_path: Path)
     assert stats.samples == N_IMAGES
     assert sum(a.method == "HEAD" and a.status == 405 for a in answers) == N_IMAGES
     assert sum(a.range == "bytes=0-0" and a.status == 206 for a in answers) == N_IMAGES
+
+
+def test_a_strict_rate_limiter_is_paced_not_given_up_on(site: Path, tmp_path: Path) -> None:
+    """nginx's limit_req at 150 requests/s without a burst (a request sooner than 1/150 s
+    after the last is refused, 503): every image arrives, none given up after its
+    retries, and the loader paces itself (most requests are answered)."""
+    zone = "limit_req_zone $binary_remote_addr zone=one:1m rate=150r/s;"
+    with Nginx(site, http=zone, server="limit_req zone=one nodelay;") as nginx:
+        stats = _read_all(nginx.endpoint, tmp_path)
+        answers = [a for a in nginx.answers() if a.path.endswith(".jpg")]
+    assert stats.samples == N_IMAGES and not stats.skipped
+    gets = [a for a in answers if a.method == "GET"]  # (the listing's HEADs are paced too)
+    refused = sum(a.status == 503 for a in gets)
+    assert stats.retries["throttled"] == refused and refused < len(gets) / 2

@@ -4,7 +4,7 @@ list it (:class:`ListingTurn`), so that the processes of a node list it once.
 
 Files go in ``DIR/listings/``, named by a digest of the URL: ``.npz`` (the list), ``.lock``
 (the turn) and ``.budget`` (the node's shared in-flight budget,
-:mod:`asyncloader._fetch._budget`).  Everything here takes the folder's path.
+:mod:`asyncloader._base._budget`).  Everything here takes the folder's path.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def listing_path(directory: str | os.PathLike[str], url: str) -> Path:
 
 def budget_path(directory: str | os.PathLike[str], url: str) -> Path:
     """The file through which the loaders of a node reading ``url`` into the cache folder
-    ``directory`` share one in-flight budget (:class:`asyncloader._fetch._budget.NodeShare`);
+    ``directory`` share one in-flight budget (:class:`asyncloader._base._budget.NodeShare`);
     its folder is made."""
     path = listing_path(directory, url).with_suffix(".budget")
     make_listings_folder(path)

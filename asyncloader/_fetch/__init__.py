@@ -4,7 +4,7 @@ checks.
 Runs on the loader's (or ``warm``'s) event loop.  It never touches the cache's values: the
 decode workers write fetched bytes back, ``warm``'s writer thread stores them.
 
-The in-flight budget, adaptive and shared by a node's loaders, is ``_budget``'s.
+The in-flight budget, adaptive and shared by a node's loaders, is ``_base._budget``'s.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import random
 import warnings
 from functools import partial
 
+from .._base._budget import InflightBudget, NodeShare
 from .._base._config import FetchConfig
 from .._base._env import usable_cpus
 from .._base._errors import LengthMismatch, StoreError, Throttled, shown_key
@@ -22,7 +23,6 @@ from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore
 from .._stores._http_objects import whole_answer
 from .._stores._retry import retrying
-from ._budget import InflightBudget, NodeShare
 
 __all__ = ["Fetcher"]
 
@@ -37,11 +37,11 @@ class Fetcher:
     own (a share of the requests sent, and a count in flight) outside ``max_inflight``, so a
     slow store is never hit with twice the load.  Ranged parts are hedged one by one.
 
-    Requests in flight: an :class:`~asyncloader._fetch._budget.InflightBudget` with
+    Requests in flight: an :class:`~asyncloader._base._budget.InflightBudget` with
     ``max_inflight`` as its ceiling (exactly ``max_inflight`` when not ``adaptive``).  Given
     ``decode_workers``, its need follows Little's law from the rate they decode at.  Given
     ``node`` (a file in the cache folder), it is one member of the node's shared budget
-    (:class:`~asyncloader._fetch._budget.NodeShare`); :meth:`close` leaves it.
+    (:class:`~asyncloader._base._budget.NodeShare`); :meth:`close` leaves it.
     """
 
     def __init__(
@@ -278,8 +278,8 @@ class Fetcher:
 
     def _may_hedge(self) -> bool:
         c, cfg = self._c, self.config
-        if self._hedges_inflight >= self._max_hedges_inflight:
-            return False
+        if self._hedges_inflight >= self._max_hedges_inflight or self.budget.pace > 0:
+            return False  # (a store paced for its rate limit: a hedge is one request more)
         return c.hedges_sent < cfg.hedge_share * c.requests + cfg.hedge_min_inflight
 
     async def _hedged(

@@ -19,8 +19,9 @@ from urllib.parse import quote, urlsplit
 
 from yarl import URL
 
+from .._base._budget import InflightBudget
 from .._base._config import READ_TIMEOUT
-from .._base._errors import ObjectNotFound, StoreError, shown_key
+from .._base._errors import ObjectNotFound, StoreError, Throttled, shown_key
 from .._base._manifest import read_manifest
 from .._base._types import Blob, ObjectInfo
 from ._http import make_session, normalize_etag, proxy_for, request
@@ -151,19 +152,20 @@ class HttpStore(HTTPStoreBase):
         """The manifest's objects under ``prefix``; sizes not in it are HEAD-requested (an
         object the server does not have is listed with size -1)."""
         rows = [r for r in await self._read_manifest() if r["key"].startswith(prefix)]
-        sem = asyncio.Semaphore(self._head_concurrency)
+        # The HEADs go through an adaptive budget of their own, as a fetcher's GETs do: a
+        # server that throttles (a rate limiter) is paced, not hammered until retries end.
+        budget = InflightBudget(self._head_concurrency, floor=1)
 
         async def info(row: dict[str, str]) -> ObjectInfo:
             key = row["key"]
             if "size" in row:
                 return ObjectInfo(key, int(row["size"]), normalize_etag(row.get("etag", "")))
-            async with sem:
-                try:
-                    return await self.stat(key)
-                except ObjectNotFound:
-                    # Listed as of unknown size: the loader then reports it missing (an
-                    # error, or a counted skip) like any object that vanished.
-                    return ObjectInfo(key, -1, "")
+            try:
+                return await retrying(lambda: self._sized(key, budget))
+            except ObjectNotFound:
+                # Listed as of unknown size: the loader then reports it missing (an
+                # error, or a counted skip) like any object that vanished.
+                return ObjectInfo(key, -1, "")
 
         # Bounded batches keep a million-row manifest from creating a million tasks.
         for i in range(0, len(rows), 4096):
@@ -174,22 +176,37 @@ class HttpStore(HTTPStoreBase):
         """The object's size and ETag from a HEAD; where the answer gives no length (a
         chunked answer, a server that refuses HEAD), from a GET of its first byte (its
         ``Content-Range`` holds the size)."""
+        return await retrying(lambda: self._sized(key))
+
+    async def _sized(self, key: str, budget: InflightBudget | None = None) -> ObjectInfo:
+        """One try of :meth:`stat`, holding a slot of ``budget`` (if any) while asking."""
+        if budget is None:
+            return await self._size_of(key)
+        permit = await budget.acquire()
+        answered = False
+        try:
+            info = await self._size_of(key)
+            answered = True
+            return info
+        except Throttled:
+            budget.throttled(permit.generation)
+            raise
+        finally:
+            budget.release(permit, answered=answered)
+
+    async def _size_of(self, key: str) -> ObjectInfo:
         url = self._target(key)
         session = self._session_for(url)
         what = self._what(key)
         try:
-            headers, _ = await retrying(
-                lambda: request(session, "HEAD", url, self._headers, what=what, key=key)
-            )
+            headers, _ = await request(session, "HEAD", url, self._headers, what=what, key=key)
             if "content-length" in headers:
                 return object_info(key, headers, what=what)
         except StoreError as exc:
             if exc.status not in (405, 501):  # HEAD not allowed: ask by GET
                 raise
         first = {**self._headers, **object_headers(0, 1, "")}
-        headers, body = await retrying(
-            lambda: request(session, "GET", url, first, what=what, key=key)
-        )
+        headers, body = await request(session, "GET", url, first, what=what, key=key)
         span = headers.get("content-range")
         total = parse_content_range(span)[2] if span else len(body)  # a 200: the whole
         if total is None:

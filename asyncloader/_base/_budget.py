@@ -17,6 +17,16 @@ Two bounds, the smaller wins, always between ``floor`` and ``ceiling``:
   full step over about ten windows of answers (a store that throttled at a window is
   probed gently there, one that stopped throttling is soon climbed fast again, as CUBIC
   does).  The window grows only while it is what limits.
+* **How fast the store takes them** (a pace): a store that limits the request *rate*
+  without a burst (nginx's ``limit_req``, a leaky bucket) refuses a request sent sooner
+  than ``1 / rate`` after the last, whatever the window.  On a back-off, requests are
+  paced at ``PACE_DECREASE`` × the pace (the first time: × the rate the store answered at
+  over the last second).  Each answer then raises the pace: quickly back to just below
+  where the store last refused (``PACE_NEAR`` of it, within about a second), then by
+  ``PACE_GROWTH`` of itself per second, a probe that doubles every few seconds without a
+  refusal (as CUBIC does): a strict limiter is held just below its rate and refused now
+  and then, and a store that stopped limiting is soon climbed again.  A pace that stays
+  twice what is sent for ``PACE_IDLE`` seconds (it is not what limits) is dropped.
 
 **One budget per node** (:class:`NodeShare`): the loaders of one node that read one store
 into one cache folder — its ranks and their DataLoader workers — are, to the store, one
@@ -40,7 +50,7 @@ import random
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +58,11 @@ __all__ = ["MIN_NEED", "InflightBudget", "NodeShare", "Permit"]
 
 MIN_NEED = 16
 PROBE = 0.1
+PACE_DECREASE = 0.9
+PACE_FORGET = 0.97
+PACE_NEAR = 0.97
+PACE_GROWTH = 0.01
+PACE_IDLE = 5.0
 NODE_POLL = 0.05  # seconds between two looks at the node (while requests are answered)
 
 
@@ -194,6 +209,9 @@ class InflightBudget:
             the window bounds the limit).
         samples: How many recent slot-hold times the mean is taken over.
         clock: Seconds, monotonic.
+        sleep: Waits a number of ``clock``'s seconds (a paced request's wait); default:
+            ``asyncio.sleep`` with the default clock, none with a clock of the caller's
+            own (its time passes as the caller says).
         node: The node this budget is one member of (its back-offs shared, its growth and
             its floor divided among the active members); None: on its own.
     """
@@ -210,6 +228,7 @@ class InflightBudget:
         samples: int = 256,
         clock: Callable[[], float] = time.monotonic,
         node: NodeShare | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         if ceiling < 1 or floor < 1:
             raise ValueError("need ceiling >= 1 and floor >= 1")
@@ -221,6 +240,7 @@ class InflightBudget:
         self._headroom = headroom
         self._rate = rate
         self._clock = clock
+        self._sleep = sleep or (asyncio.sleep if clock is time.monotonic else _no_wait)
         self.window = float(min(ceiling, max(start or ceiling, self.floor)))  # AIMD
         self._slow_start = True  # until the first back-off
         self._wmax = 0.0  # the window when the store last throttled
@@ -238,6 +258,12 @@ class InflightBudget:
         self.members = 1  # active members of the node (this one included)
         self.followed = 0  # back-offs made for another member's throttled answer
         self._polled = clock()
+        self.pace = 0.0  # requests per second sent at most (0: not paced)
+        self._pace_refused = 0.0  # the pace at the last back-off
+        self._pace_probe = PACE_GROWTH  # the pace's growth per answer, past it
+        self._next_send = 0.0  # when the last paced request's turn was
+        self._answered: deque[float] = deque(maxlen=4096)  # when the last answers came
+        self._pace_slack_since: float | None = None  # since when the pace has not limited
 
     @property
     def limit(self) -> int:
@@ -269,7 +295,25 @@ class InflightBudget:
             self._wake()  # those queued behind this one while it was granted
         else:
             self.inflight += 1
+        if self.pace > 0:
+            try:
+                await self._paced()
+            except BaseException:
+                self.inflight -= 1  # cancelled while paced: the slot goes back
+                self._wake()
+                raise
         return Permit(self._clock(), self.generation)
+
+    async def _paced(self) -> None:
+        """Wait until ``1 / pace`` after the last request's turn.  A turn taken late (a
+        timer's overshoot, a busy loop) counts from when it was due, so the pace does not
+        drift below itself, but never from more than half a turn back: requests woken
+        late together do not go out on each other's heels."""
+        planned = max(self._next_send + 1.0 / self.pace, self._clock() - 0.5 / self.pace)
+        self._next_send = planned  # this request's turn, taken now (others queue behind)
+        left = planned - self._clock()
+        if left > 0:
+            await self._sleep(left)
 
     def release(self, permit: Permit, *, answered: bool) -> None:
         """Give the slot back; ``answered``: the store answered (not throttled, not a
@@ -290,6 +334,10 @@ class InflightBudget:
                 step = self._probe / (self.window * self.members)
                 self._probe = min(1.0, self._probe * (1.0 + 0.25 / self.window))
             self.window = min(float(self.ceiling), self.window + step)
+        if answered:
+            self._answered.append(self._clock())
+            if self.pace > 0:
+                self._grow_pace()
         self._since_sized += 1
         if self._since_sized >= 16:
             self._size()
@@ -327,7 +375,48 @@ class InflightBudget:
             self.followed += 1
             self._back_off()
 
+    def _answer_rate(self) -> float:
+        """Answers per second over the last second (over the last few, where fewer came)."""
+        answered = self._answered
+        if len(answered) < 2:
+            return 0.0
+        now = self._clock()
+        recent = [t for t in answered if now - t <= 1.0]
+        if len(recent) >= 8:
+            return len(recent) / 1.0
+        span = answered[-1] - answered[max(0, len(answered) - 16)]
+        return (min(len(answered), 16) - 1) / span if span > 0 else 0.0
+
+    def _grow_pace(self) -> None:
+        """One answer while paced: the pace grows (see the module's docstring); dropped
+        once it has not limited for ``PACE_IDLE`` seconds."""
+        near = PACE_NEAR * self._pace_refused
+        if self.pace < near:  # back to below where the store last refused, in ~1 s
+            step = max((near - self.pace) * 2.0 / max(self.pace, 1.0), PACE_GROWTH)
+            self.pace = min(near, self.pace + step)
+        else:  # past it: probe, faster the longer no refusal comes
+            self.pace += self._pace_probe
+            self._pace_probe *= 1.0 + 0.25 / max(self.pace, 1.0)
+        now = self._clock()
+        if self._answer_rate() * 2 < self.pace:
+            if self._pace_slack_since is None:
+                self._pace_slack_since = now
+            elif now - self._pace_slack_since >= PACE_IDLE:
+                self.pace = 0.0
+                self._pace_slack_since = None
+        else:
+            self._pace_slack_since = None
+
     def _back_off(self) -> None:
+        served = self._answer_rate()
+        if self.pace > 0 or served > 0:  # pace below the pace, or what the store answered at
+            # Where it refused: the pace now, or a little below where it last did (a
+            # refusal of a request that arrived late on its heels is no lower limit).
+            refused = self.pace if self.pace > 0 else served
+            self._pace_refused = max(refused, PACE_FORGET * self._pace_refused)
+            self.pace = max(1.0, PACE_DECREASE * refused)
+            self._pace_probe = PACE_GROWTH
+            self._pace_slack_since = None
         self.generation += 1
         self._slow_start = False
         self._wmax = min(self.window, self.inflight)
@@ -349,3 +438,7 @@ class InflightBudget:
                 self.inflight += 1
                 self._granted += 1
                 fut.set_result(None)
+
+
+async def _no_wait(_seconds: float) -> None:
+    """A wait in a clock of the caller's own: its time passes as the caller says."""
