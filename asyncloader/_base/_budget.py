@@ -26,7 +26,10 @@ Two bounds, the smaller wins, always between ``floor`` and ``ceiling``:
   ``PACE_GROWTH`` of itself per second, a probe that doubles every few seconds without a
   refusal (as CUBIC does): a strict limiter is held just below its rate and refused now
   and then, and a store that stopped limiting is soon climbed again.  A pace that stays
-  twice what is sent for ``PACE_IDLE`` seconds (it is not what limits) is dropped.
+  twice what is sent for ``PACE_IDLE`` seconds (it is not what limits) is dropped.  The pace
+  never goes below ``PACE_FLOOR`` of the most the store answered at lately (that most
+  halving every ``PACE_MEMORY`` seconds): refusals that do not follow the rate (faults, the
+  store's own trouble) cannot spiral it down.
 
 **One budget per node** (:class:`NodeShare`): the loaders of one node that read one store
 into one cache folder — its ranks and their DataLoader workers — are, to the store, one
@@ -63,6 +66,8 @@ PACE_FORGET = 0.97
 PACE_NEAR = 0.97
 PACE_GROWTH = 0.01
 PACE_IDLE = 5.0
+PACE_FLOOR = 0.5
+PACE_MEMORY = 30.0
 NODE_POLL = 0.05  # seconds between two looks at the node (while requests are answered)
 
 
@@ -264,6 +269,8 @@ class InflightBudget:
         self._next_send = 0.0  # when the last paced request's turn was
         self._answered: deque[float] = deque(maxlen=4096)  # when the last answers came
         self._pace_slack_since: float | None = None  # since when the pace has not limited
+        self._best_served = 0.0  # the most answers per second lately (see _back_off)
+        self._best_at = clock()
 
     @property
     def limit(self) -> int:
@@ -409,12 +416,18 @@ class InflightBudget:
 
     def _back_off(self) -> None:
         served = self._answer_rate()
-        if self.pace > 0 or served > 0:  # pace below the pace, or what the store answered at
+        now = self._clock()
+        # The most the store answered at lately (halved every PACE_MEMORY seconds): the
+        # pace never goes below PACE_FLOOR of it, so refusals that do not follow the rate
+        # (faults, the store's own trouble) cannot spiral it down.
+        decay = 0.5 ** ((now - self._best_at) / PACE_MEMORY)
+        self._best_served, self._best_at = max(served, self._best_served * decay), now
+        if self.pace > 0 or served > 0:
             # Where it refused: the pace now, or a little below where it last did (a
             # refusal of a request that arrived late on its heels is no lower limit).
             refused = self.pace if self.pace > 0 else served
             self._pace_refused = max(refused, PACE_FORGET * self._pace_refused)
-            self.pace = max(1.0, PACE_DECREASE * refused)
+            self.pace = max(1.0, PACE_DECREASE * refused, PACE_FLOOR * self._best_served)
             self._pace_probe = PACE_GROWTH
             self._pace_slack_since = None
         self.generation += 1
