@@ -249,7 +249,10 @@ def test_engines_import_the_package_the_parent_imported(
                                 decode=al.DecodeConfig(workers=2),
                                 engine=al.EngineConfig(processes=2),
                                 store=al.StoreConfig(options={{"endpoint_url": sys.argv[1]}})) as loader:
-                next(iter(loader))
+                # Batch i is engine i % 2's: two batches mean both engines decoded (and
+                # imported the decoder) before the loader closes them.
+                batches = iter(loader)
+                next(batches), next(batches)
                 print("PARENT", os.getpid(), flush=True)
         """
     )
