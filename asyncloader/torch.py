@@ -198,6 +198,7 @@ class ImageDataset(IterableDataset[Batch]):
                 store.extensions,
                 extras=tuple(o.get("extras", ())),
                 samples_per_epoch=o.get("samples_per_epoch"),
+                filters=o.get("filters"),
                 folder=cache.directory if cache is not None else None,
                 max_age=config.max_age,
                 objects=store.objects,

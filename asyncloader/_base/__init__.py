@@ -9,4 +9,5 @@ Also here: folders made for the owner or the group only (``_folders``), request 
 their quantiles (``_latency``), every start and stop bound named once (``_lifecycle``), the
 processes below one and the CPU they spent (``_proctree``), shared memory (``_shm``: memfds
 on Linux), one source of several (``_sources``), the CPUs each rank of a node is bound to
-(``_binding``) and the adaptive budget of requests in flight and their pace (``_budget``)."""
+(``_binding``), the adaptive budget of requests in flight and their pace (``_budget``) and
+which samples ``filters=`` keeps (``_filters``)."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._env import CpuBudget, cpu_budget, local_world_size
+from ._filters import Normal, normalize
 from ._types import DecodeFn, ObjectInfo, ObjectStore
 
 __all__ = [
@@ -406,6 +407,10 @@ class RunConfig:
             extras)``.
         samples_per_epoch: Samples in each epoch (None: the dataset's size); with several
             sources shared among them by weight (``asyncloader.Source``).
+        filters: The samples kept, in pyarrow's form over the metadata file's columns and
+            the listing's (``[("aesthetic", ">=", 5)]``; see
+            :mod:`asyncloader._base._filters`), applied at listing time: a sample left out
+            is never requested.  Kept in canonical form (:func:`~._filters.normalize`).
     """
 
     batch_size: int
@@ -417,8 +422,10 @@ class RunConfig:
     errors: ErrorConfig = ErrorConfig()
     extras: tuple[str, ...] = ()
     samples_per_epoch: int | None = None
+    filters: Normal | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "filters", normalize(self.filters))
         if self.samples_per_epoch is not None and self.samples_per_epoch < 1:
             raise ValueError(f"samples_per_epoch must be at least 1, not {self.samples_per_epoch}")
         if self.samples_per_epoch is not None and self.shuffle == "node":

@@ -43,6 +43,7 @@ _FIRST = frozenset(
         "listing_seconds",
         "objects_listed",
         "unnamed_images",
+        "filtered_out",
         "cache_share",
         "node_loaders",
         "consumer_first_batch_seconds",
@@ -106,6 +107,7 @@ class Counters:
     listing_seconds: float = 0.0
     objects_listed: int = 0
     unnamed_images: int = 0  # left out: images the root's metadata file does not name
+    filtered_out: int = 0  # left out by filters=, never requested
     cache_hits: int = 0
     cache_scaled_hits: int = 0
     cache_misses: int = 0
@@ -256,6 +258,7 @@ class Counters:
             ring_slots=self.ring_slots,
             objects_listed=self.objects_listed,
             unnamed_images=self.unnamed_images,
+            filtered_out=self.filtered_out,
             listing_seconds=self.listing_seconds,
             cache_hits=self.cache_hits,
             cache_scaled_hits=self.cache_scaled_hits,
@@ -334,6 +337,7 @@ class Stats:
         cache_damaged: Cache entries that failed their length/CRC check, dropped and fetched.
         unnamed_images: Images left out because the root's metadata file does not name
             them (``extras=`` or a labels column read it; see docs/data.md).
+        filtered_out: Samples ``filters=`` left out at listing time (never requested).
         sidecars_cached, sidecars_fetched: Sidecar files (``extras=``) read from the SSD
             cache, and fetched from the store.
         batches, samples: Delivered to the consumer.
@@ -376,6 +380,7 @@ class Stats:
     ring_slots: int
     objects_listed: int
     unnamed_images: int
+    filtered_out: int
     listing_seconds: float
     cache_hits: int
     cache_scaled_hits: int
@@ -471,6 +476,8 @@ class Stats:
             )
         if self.unnamed_images:
             lines.append(f"images left out, not named by the metadata file: {self.unnamed_images}")
+        if self.filtered_out:
+            lines.append(f"samples left out by filters=: {self.filtered_out}")
         if self.sidecars_fetched or self.sidecars_cached:
             lines.append(
                 f"sidecar files: {self.sidecars_fetched} fetched, {self.sidecars_cached} "

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any
 
 from .._base._errors import AsyncLoaderError
+from .._base._filters import Normal
 from .._base._manifest import is_columnar, is_manifest, read_manifest
 from .._base._sources import Source
 from .._base._types import ObjectInfo, ObjectStore, Sample
@@ -169,6 +170,7 @@ async def open_listing(
     store_options: Mapping[str, Any] | None = None,
     extras: Sequence[str] = (),
     samples_per_epoch: int | None = None,
+    filters: Normal | None = None,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """The run's samples: complete, or (``stream``: an unshuffled run) growing in key order
     while a task, returned with it, still lists.  ``listed(objects)`` is told of the whole
@@ -176,7 +178,9 @@ async def open_listing(
     ``store_options``: how to reach a manifest URL outside the store's root.  ``extras``:
     what each sample carries besides its label; with them, or with a labels column, the
     root's metadata file is read (:mod:`._metadata`), and the listing never streams.
-    ``samples_per_epoch``: an epoch of that many samples (see :mod:`._mix`).
+    ``samples_per_epoch``: an epoch of that many samples (see :mod:`._mix`).  ``filters``:
+    the samples kept (:mod:`asyncloader._base._filters`), before anything is fetched;
+    with them the listing never streams.
 
     Raises:
         AsyncLoaderError: no samples under the URL (when complete; a growing listing raises
@@ -191,9 +195,10 @@ async def open_listing(
 
     if is_columnar(labels):  # the samples, labels and objects as arrays: no LIST, no rows
         assert isinstance(labels, str)
-        if extras:
+        if extras or filters is not None:
+            what = f"extras={tuple(extras)!r}" if extras else "filters="
             raise ValueError(
-                f"extras={tuple(extras)!r} reads the listing (sidecars, the metadata file): "
+                f"{what} reads the listing (sidecars, the metadata file): "
                 f"a columnar manifest ({labels}) has the samples only"
             )
         data = await read_manifest_file(store, labels, store_options)
@@ -213,7 +218,7 @@ async def open_listing(
         saved, turn = await listing_turn(store, folder, max_age)
     try:
         list_sorted = getattr(store, "list_sorted", None)
-        wants_metadata = bool(extras) or is_column(labels)
+        wants_metadata = bool(extras) or is_column(labels) or filters is not None
         streams = stream and not wants_metadata and samples_per_epoch is None
         if saved is None and not is_manifest(labels) and streams and list_sorted:
             listing = Listing()
@@ -257,6 +262,7 @@ async def open_listing(
         metadata=metadata,
         extras=extras,
         source=store.url,
+        filters=filters,
     )
     check(all_listed, dataset)
     return Listing(of_length(dataset, store.url, samples_per_epoch)), None
@@ -273,6 +279,7 @@ async def open_mixed_listing(
     extras: Sequence[str] = (),
     samples_per_epoch: int | None = None,
     objects: Sequence[ObjectInfo] | None = None,
+    filters: Normal | None = None,
 ) -> Listing:
     """The samples of several ``sources`` (``store``'s stores, in order; resolved, each
     with its labels and store options: :func:`~asyncloader._base._sources.as_sources`),
@@ -311,6 +318,7 @@ async def open_mixed_listing(
             store_options=source.store_options,
             extras=extras,
             objects=given[s] if given is not None else None,
+            filters=filters,
         )
         assert listing.dataset is not None
         return listing.dataset
@@ -342,6 +350,7 @@ async def open_dataset(
     store_options: Mapping[str, Any] | None = None,
     extras: Sequence[str] = (),
     samples_per_epoch: int | None = None,
+    filters: Normal | None = None,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """A loader's samples, of one source (:func:`open_listing`) or of several
     (``sources``, ``store`` their :class:`MixedStore`: :func:`open_mixed_listing`, which
@@ -358,6 +367,7 @@ async def open_dataset(
             extras=extras,
             samples_per_epoch=samples_per_epoch,
             objects=objects,
+            filters=filters,
         )
         return mixed, None
     return await open_listing(
@@ -372,4 +382,5 @@ async def open_dataset(
         store_options=store_options,
         extras=extras,
         samples_per_epoch=samples_per_epoch,
+        filters=filters,
     )

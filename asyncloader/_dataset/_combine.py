@@ -58,14 +58,17 @@ def combine(
     sizes = tuple(len(d.samples) for d in datasets)
     mix = Mix(tuple(urls), sizes, quotas(sizes, weights, samples_per_epoch))
     extras = _extras([d.extras for d in datasets], urls)
-    return Dataset(samples, classes, extras, sum(d.unnamed for d in datasets), mix)
+    unnamed, filtered = sum(d.unnamed for d in datasets), sum(d.filtered for d in datasets)
+    return Dataset(samples, classes, extras, unnamed, mix, filtered)
 
 
 def with_length(dataset: Dataset, url: str, samples_per_epoch: int) -> Dataset:
     """One source's dataset with ``samples_per_epoch`` samples an epoch (a mix of one)."""
     n = len(dataset.samples)
     mix = Mix((url,), (n,), quotas([n], None, samples_per_epoch))
-    return Dataset(dataset.samples, dataset.classes, dataset.extras, dataset.unnamed, mix)
+    return Dataset(
+        dataset.samples, dataset.classes, dataset.extras, dataset.unnamed, mix, dataset.filtered
+    )
 
 
 def _extras(each: Sequence[Extras | None], urls: Sequence[str]) -> Extras | None:

@@ -26,6 +26,7 @@ import numpy as np
 
 from .._base._config import IMAGE_EXTENSIONS
 from .._base._errors import StoreError, shown_key
+from .._base._filters import Normal, keep_mask
 from .._base._manifest import is_manifest, read_manifest
 from .._base._types import ObjectInfo, Sample
 from ._metadata import METADATA_NAMES, Extras, Metadata, resolve_extras
@@ -91,13 +92,15 @@ class Dataset:
     ``samples`` is compact (a :class:`SampleList`: arrays, not an object per sample).
     ``extras``: what ``extras=`` asks for, per sample; ``unnamed``: images left out because
     the root's metadata file does not name them; ``mix``: the sources the samples come
-    from and their share of an epoch (several sources, or a ``samples_per_epoch``)."""
+    from and their share of an epoch (several sources, or a ``samples_per_epoch``);
+    ``filtered``: samples ``filters=`` left out."""
 
     samples: SampleList
     classes: tuple[str, ...]
     extras: Extras | None = None
     unnamed: int = 0
     mix: Mix | None = None
+    filtered: int = 0
 
 
 Rows = list[dict[str, str]]
@@ -216,6 +219,7 @@ def build_dataset(
     metadata: Metadata | None = None,
     extras: Sequence[str] = (),
     source: str = "",
+    filters: Normal | None = None,
 ) -> Dataset:
     """Turn a listing into the dataset.
 
@@ -230,23 +234,61 @@ def build_dataset(
             :mod:`._metadata`).
         extras: What each sample carries besides its label (:func:`resolve_extras`).
         source: The samples' source URL (the ``"source"`` extra).
+        filters: Which samples to keep (:mod:`asyncloader._base._filters`), over the
+            metadata's columns and the listing's; labels are given before (a class
+            filtered away keeps its index).
 
     Raises:
         ValueError: a labels column without a metadata file, or that the file lacks, or
-            that a sample's row leaves empty; an extra that names nothing.
+            that a sample's row leaves empty; an extra that names nothing; a filter over a
+            column there is not, or whose values cannot be compared.
     """
     listed = ObjectList.of(objects)
     dataset = _samples(listed, labels, extensions, manifest, metadata)
-    if not extras:
+    if not extras and filters is None:
         return dataset
     keys = dataset.samples.objects.keys()
     rows = None
     if metadata is not None:
         row_of = {name: r for r, name in enumerate(metadata.file_names)}
         rows = [row_of.get(k, -1) for k in keys]
+    if filters is not None:
+        dataset, keys, rows = _filtered(dataset, keys, rows, metadata, filters)
+    if not extras:
+        return dataset
     by_key = dict(zip(listed.keys(), listed, strict=True))
     found = resolve_extras(extras, keys, by_key, source=source, metadata=metadata, rows=rows)
-    return Dataset(dataset.samples, dataset.classes, found, dataset.unnamed)
+    return Dataset(
+        dataset.samples, dataset.classes, found, dataset.unnamed, filtered=dataset.filtered
+    )
+
+
+def _filtered(
+    dataset: Dataset,
+    keys: list[str],
+    rows: list[int] | None,
+    metadata: Metadata | None,
+    filters: Normal,
+) -> tuple[Dataset, list[str], list[int] | None]:
+    """The samples of ``dataset`` (keys ``keys``, metadata rows ``rows``) that pass
+    ``filters``, with their keys and rows; those left out are counted (``filtered``)."""
+    objects = dataset.samples.objects
+    columns: dict[str, Sequence[Any]] = {
+        "size": [s if s >= 0 else None for s in objects.sizes().tolist()],
+        "file_name": keys,
+    }
+    table = "the listing (size, file_name)"
+    if metadata is not None:
+        assert rows is not None
+        for name, values in metadata.columns.items():
+            columns[name] = [values[r] if r >= 0 else None for r in rows]
+        table = f"{metadata.name} and the listing"
+    mask = keep_mask(filters, columns, len(keys), keys, table=table)
+    at = np.flatnonzero(mask)
+    samples = SampleList(objects.take(at), dataset.samples.labels[at])
+    left = len(keys) - len(at)
+    kept = Dataset(samples, dataset.classes, unnamed=dataset.unnamed, filtered=left)
+    return kept, [keys[i] for i in at], None if rows is None else [rows[i] for i in at]
 
 
 def _samples(

@@ -3,7 +3,8 @@
 Two conventions users keep their folders in:
 
 * **A metadata file at the source's root** — Hugging Face's ``imagefolder``:
-  ``metadata.jsonl`` (a JSON object per line) or ``metadata.csv`` (a header), each row
+  ``metadata.jsonl`` (a JSON object per line), ``metadata.csv`` (a header) or
+  ``metadata.parquet`` (read with pyarrow: ``pip install asyncloader[parquet]``), each row
   naming an image by ``file_name``, relative to the root, and giving it columns
   (``caption``, ``label``, …).  With one, the images it names are the samples (an image it
   does not name is left out, counted; a name no object has is kept and reported missing
@@ -40,7 +41,7 @@ __all__ = [
     "resolve_extras",
 ]
 
-METADATA_NAMES = ("metadata.jsonl", "metadata.csv")
+METADATA_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
 """The metadata files looked for at a source's root, in this order."""
 SOURCE = "source"
 """The extra that names each sample's source (its URL)."""
@@ -63,13 +64,17 @@ def find_metadata(keys: Sequence[str]) -> str | None:
 
 
 def read_metadata(data: bytes | bytearray, name: str) -> Metadata:
-    """Parse ``metadata.jsonl`` (values keep their JSON types) or ``metadata.csv`` (text;
-    an empty field is ``None``).
+    """Parse ``metadata.jsonl`` (values keep their JSON types), ``metadata.csv`` (text;
+    an empty field is ``None``) or ``metadata.parquet`` (values as pyarrow gives them in
+    Python: numbers, text, lists; null is ``None``).
 
     Raises:
         ValueError: a malformed line, a row without ``file_name``, a name given twice;
-            naming the file and line.
+            naming the file and line (a Parquet file's row counts from 1).
+        ImportError: a Parquet file without pyarrow installed, saying how to install it.
     """
+    if name.endswith(".parquet"):
+        return _named_rows(name, _parquet_rows(data, name))
     try:
         text = bytes(data).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -92,6 +97,29 @@ def read_metadata(data: bytes | bytearray, name: str) -> Metadata:
             if not isinstance(obj, dict):
                 raise ValueError(f"{name}:{lineno}: expected a JSON object per line")
             rows.append((lineno, obj))
+    return _named_rows(name, rows)
+
+
+def _parquet_rows(data: bytes | bytearray, name: str) -> list[tuple[int, dict[str, Any]]]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(
+            f"{name} is read with pyarrow, which is not installed: "
+            "pip install 'asyncloader[parquet]'"
+        ) from None
+    try:
+        table = pq.read_table(pa.BufferReader(bytes(data)))
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{name}: not a Parquet file ({exc})") from None
+    if "file_name" not in table.column_names:
+        raise ValueError(f"{name}: the table needs a 'file_name' column")
+    return list(enumerate(table.to_pylist(), start=1))
+
+
+def _named_rows(name: str, rows: list[tuple[int, dict[str, Any]]]) -> Metadata:
+    """The metadata of a file's ``rows`` (each with its line)."""
     file_names: list[str] = []
     seen: set[str] = set()
     for lineno, row in rows:

@@ -223,6 +223,12 @@ class ObjectList(_Items, Sequence[ObjectInfo]):
         """Every key (one pass, for building a dataset)."""
         return self._keys.all()
 
+    def sizes(self) -> _I64:
+        """Every size [bytes; -1: unknown], as an array (read-only)."""
+        view = self._sizes.view()
+        view.flags.writeable = False
+        return view
+
     def take(self, order: Sequence[int] | _I64) -> ObjectList:
         """The objects at ``order``, in that order."""
         idx = np.asarray(order, dtype=np.int64)

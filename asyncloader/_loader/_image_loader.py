@@ -31,6 +31,7 @@ from .._base._config import (
     StoreConfig,
 )
 from .._base._errors import ClosedError
+from .._base._filters import Filters, normalize
 from .._base._own_thread import run_on_own_thread
 from .._base._scalars import Point, scalars
 from .._base._sources import Source
@@ -69,6 +70,7 @@ class LoaderOptions(TypedDict, total=False):
     labels: LabelSpec
     extras: Sequence[str]
     samples_per_epoch: int | None
+    filters: Filters | None
     cache_dir: str | os.PathLike[str] | None
     device: str | None
     dtype: str | None
@@ -132,6 +134,11 @@ class ImageLoader:
             parsed; missing: None), ``"source"``.  Batches are then ``(images, labels,
             extras)``, ``extras`` a dict of lists in batch order (docs: data.md).
         samples_per_epoch: Samples an epoch (default: all), shared by the sources' weights.
+        filters: The samples kept, in pyarrow's form over the columns of the root's
+            metadata file and the listing's (``size``, ``file_name``):
+            ``[("aesthetic", ">=", 5), ("width", ">=", 512)]`` (AND), a list of such lists
+            (OR).  Applied at listing time: a sample left out is never requested, and
+            ``stats().filtered_out`` counts it (docs: data.md).
         rank, world_size: This process's shard (default: the whole dataset); the rest of
             the shard's layout is ``shard=``.
         cache_dir: A local (NVMe) folder caching object bytes across epochs and runs; shared
@@ -185,6 +192,7 @@ class ImageLoader:
         labels: LabelSpec = "folder",
         extras: Sequence[str] = (),
         samples_per_epoch: int | None = None,
+        filters: Filters | None = None,
         rank: int = 0,
         world_size: int = 1,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -215,6 +223,7 @@ class ImageLoader:
             errors=_config("errors", errors, ErrorConfig),
             extras=tuple(extras),
             samples_per_epoch=samples_per_epoch,
+            filters=normalize(filters),
         )
         self.cache = ObjectCache.opened(cache_dir, cache_config)
         self._plan = p = plan(

@@ -129,10 +129,12 @@ class LocalEngine:
                     store_options=spec.store_options,
                     extras=p.run.extras,
                     samples_per_epoch=p.run.samples_per_epoch,
+                    filters=p.run.filters,
                 )
                 self.rt.listing_task = task
             if listing.dataset is not None:
                 c.unnamed_images = listing.dataset.unnamed
+                c.filtered_out = listing.dataset.filtered
             self.rt.ring = ring = make_ring(p, device, attach=share.ring)
             c.ring_slots = ring.slots
             self.rt.pool = pool = make_pool(p, ring)

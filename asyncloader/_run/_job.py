@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._base._config import RunConfig, ShardConfig
+from .._base._filters import Filters, normalize
 from .._base._own_thread import run_on_own_thread
 from .._base._sources import Source, as_sources
 from .._base._types import ObjectInfo
@@ -30,6 +31,7 @@ def job_dataset(
     *,
     extras: Sequence[str],
     samples_per_epoch: int | None,
+    filters: Filters | None = None,
     folder: str | None,
     max_age: float,
     objects: Sequence[ObjectInfo] | None,
@@ -63,6 +65,7 @@ def job_dataset(
                 store_options=options,
                 extras=extras,
                 samples_per_epoch=samples_per_epoch,
+                filters=normalize(filters),
             )
             return listing.dataset if listing.dataset is not None else await listing.complete()
         finally:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._base._config import RunConfig
+from .._base._filters import describe
 from .._dataset._mix import Mix
 from ._sampler import consumed_prefix, covered
 
@@ -43,7 +44,7 @@ __all__ = [
 VERSION = 2
 
 # A state saved with other values of these would repeat or skip samples.
-_SAME = ("num_objects", "mix", "seed", "shuffle", "batch_size", "drop_last", "even")
+_SAME = ("filters", "num_objects", "mix", "seed", "shuffle", "batch_size", "drop_last", "even")
 _LAYOUT = ("world_size", "local_world_size", "num_workers")
 # Every key of a state, in the order loader_state gives them.
 KEYS = (
@@ -55,6 +56,7 @@ KEYS = (
     "consumed",
     "num_objects",
     "mix",
+    "filters",
     "seed",
     "shuffle",
     "batch_size",
@@ -127,7 +129,8 @@ def loader_state(
     """The state of a loader of ``run`` over ``num_objects`` objects whose next batch is
     ``next_batch`` of ``epoch`` (that epoch dealing positions ``span`` of its order; None:
     all of them).  ``mix``: the sources' shares of an epoch (its order is ``mix.length``
-    long), kept as text (``"sizes 30,10 quotas 20,20"``): another mix is another order."""
+    long), kept as text (``"sizes 30,10 quotas 20,20"``): another mix is another order; so
+    are ``filters`` (their canonical text: another filter is another dataset)."""
     where = progress(
         shuffle=run.shuffle,
         next_batch=next_batch,
@@ -143,6 +146,7 @@ def loader_state(
         **where,
         "num_objects": num_objects,
         "mix": None if mix is None else mix.describe(),
+        "filters": describe(run.filters),
         "seed": run.seed,
         "shuffle": run.shuffle,
         "batch_size": run.batch_size,

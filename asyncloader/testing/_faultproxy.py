@@ -52,6 +52,7 @@ class FaultProxy(Equipment):
         self._lock = threading.Lock()
         self.injected = 0
         self.requests = 0
+        self.targets: Counter[str] = Counter()  # "GET /bucket/key?query" of every request
         self.authorizations: Counter[str] = Counter()  # Authorization values seen
         self._revoked: set[str] = set()
         self._read_only: set[str] = set()
@@ -153,6 +154,7 @@ class FaultProxy(Equipment):
     def _pick(self, path: str, authorization: str, method: str = "GET") -> _Rule | None:
         with self._lock:
             self.requests += 1
+            self.targets[f"{method} {path}"] += 1
             self.authorizations[authorization] += 1
             if authorization in self._revoked:
                 self.injected += 1
