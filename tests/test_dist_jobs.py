@@ -202,7 +202,7 @@ DCP_JOB = JOB_COMMON + textwrap.dedent(
     import sys
     import torch.distributed.checkpoint as dcp
     from torchdata.stateful_dataloader import StatefulDataLoader
-    from asyncloader import DecodeConfig, StoreConfig
+    from asyncloader import DecodeConfig, EngineConfig, StoreConfig
     from asyncloader.torch import DataLoaderState, ImageDataset
 
     def main():
@@ -211,8 +211,11 @@ DCP_JOB = JOB_COMMON + textwrap.dedent(
         dist.init_process_group("gloo")
         result = {}
         for face in faces:
+            # Inline engines: what is saved and resumed is the loader's position, the same
+            # in either mode (engine processes resume in test_resume and test_torchrun).
             ds = ImageDataset("s3://b/train/", batch_size=8, seed=5,
                               decode=DecodeConfig(hook=digest, sample_shape=(1, 1, 16), workers=1),
+                              engine=EngineConfig(mode="inline"),
                               store=StoreConfig(options={"endpoint_url": endpoint}))
             if face == "dataset":  # iterated in the training process: ds is Stateful
                 batches_of, state = ds, ds

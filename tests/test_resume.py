@@ -25,6 +25,11 @@ def _index(server: S3TestServer) -> dict[str, int]:
 
 
 def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
+    """A loader of the light server's folder, each sample labelled by its index; its engine
+    inline unless ``engine=`` says otherwise: resume is the trainer's arithmetic (the
+    position, the start it gives the engines), the same in either mode, and the tests that
+    cross the process boundary say so (engine processes start in ~1 s each on 2 cores)."""
+    kw.setdefault("engine", al.EngineConfig(mode="inline"))
     index = _index(server)
     kw.setdefault("batch_size", 8)
     kw.setdefault("decode", al.DecodeConfig(workers=1))
@@ -79,9 +84,10 @@ RESUME = textwrap.dedent(
 
 
 def test_resume_mid_epoch_in_a_new_process(light_server: S3TestServer, tmp_path: Path) -> None:
-    with _loader(light_server) as loader:
+    processes = al.EngineConfig()  # the default: engine processes
+    with _loader(light_server, engine=processes) as loader:
         full = _batches(loader, 2)
-    with _loader(light_server) as loader:
+    with _loader(light_server, engine=processes) as loader:
         loader.set_epoch(2)
         seen = []
         for i, (_, lab) in enumerate(loader):
@@ -138,24 +144,28 @@ def _first_batches(loader: al.ImageLoader, k: int) -> tuple[list[int], dict[str,
 
 
 @pytest.mark.parametrize(
-    ("old", "new", "k", "shuffle", "even"),
+    ("old", "new", "k", "shuffle", "even", "mode"),
     [
-        (2, 3, 3, True, "pad"),  # 48 consumed, 48 left: 16 per new rank
-        (3, 2, 2, True, "pad"),
-        (2, 3, 2, True, "pad"),  # 64 left for 3 ranks: two repeats make them even
-        (4, 1, 1, False, "pad"),
-        (2, 3, 2, True, "drop"),  # 64 left: 63 dealt, one left out, as an even world does
+        (2, 3, 3, True, "pad", "process"),  # 48 consumed, 48 left: 16 per new rank
+        (3, 2, 2, True, "pad", "inline"),
+        (2, 3, 2, True, "pad", "inline"),  # 64 left for 3 ranks: two repeats make them even
+        (4, 1, 1, False, "pad", "inline"),
+        (2, 3, 2, True, "drop", "inline"),  # 64 left: 63 dealt, one left out, as an even world does
     ],
 )
 @pytest.mark.slow
 def test_elastic_resume_on_another_world_size(
-    light_server: S3TestServer, old: int, new: int, k: int, shuffle: bool, even: str
+    light_server: S3TestServer, old: int, new: int, k: int, shuffle: bool, even: str, mode: str
 ) -> None:
     """Rank 0's state after ``k`` batches of an ``old``-rank run, loaded by every rank of
     a ``new``-rank run: together they finish the epoch with every sample not yet seen,
-    equal batch counts per rank, and the next epoch is that of an uninterrupted run."""
+    equal batch counts per rank, and the next epoch is that of an uninterrupted run.  The
+    arithmetic is the trainer's (the position, the span it starts the engines on): one case
+    runs engine processes, which get that start across the process boundary, the others
+    run inline engines, which get the same start on a thread."""
     shard = al.ShardConfig(even=even)  # type: ignore[arg-type]
     kw: dict[str, object] = {"shuffle": shuffle, "shard": shard}
+    kw["engine"] = al.EngineConfig(mode=mode)  # type: ignore[arg-type]
     consumed, saved = _interrupted(light_server, old, k, **kw)
     assert saved["consumed"] == len(consumed) == k * 8 * old
     assert len(set(consumed)) == len(consumed)

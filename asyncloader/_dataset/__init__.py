@@ -29,6 +29,7 @@ from .._base._errors import AsyncLoaderError
 from .._base._filters import Normal
 from .._base._manifest import is_columnar, is_manifest, read_manifest
 from .._base._sources import Source
+from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore, Sample
 from .._stores._mixed import MixedStore
 from ._combine import combine, prefixed, with_length
@@ -43,7 +44,7 @@ from ._labels import (
     parse_manifest,
     read_columnar_manifest,
 )
-from ._listing import list_and_save, list_objects, listing_turn, saved_listing
+from ._listing import list_and_save, list_objects, listing_turn, metadata_file, saved_listing
 from ._located import read_manifest_file
 from ._metadata import find_metadata, read_metadata
 from ._objects import ObjectList
@@ -53,6 +54,7 @@ __all__ = [
     "Listing",
     "list_for",
     "list_objects",
+    "metadata_file",
     "open_dataset",
     "open_listing",
     "open_mixed_listing",
@@ -171,6 +173,7 @@ async def open_listing(
     extras: Sequence[str] = (),
     samples_per_epoch: int | None = None,
     filters: Normal | None = None,
+    counters: Counters | None = None,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """The run's samples: complete, or (``stream``: an unshuffled run) growing in key order
     while a task, returned with it, still lists.  ``listed(objects)`` is told of the whole
@@ -180,7 +183,9 @@ async def open_listing(
     root's metadata file is read (:mod:`._metadata`), and the listing never streams.
     ``samples_per_epoch``: an epoch of that many samples (see :mod:`._mix`).  ``filters``:
     the samples kept (:mod:`asyncloader._base._filters`), before anything is fetched;
-    with them the listing never streams.
+    with them the listing never streams.  The metadata file comes from the cache folder
+    where a copy of its listed ETag is kept (:func:`metadata_file`); ``counters``: its
+    request, or its bytes read from the node's disk.
 
     Raises:
         AsyncLoaderError: no samples under the URL (when complete; a growing listing raises
@@ -252,7 +257,9 @@ async def open_listing(
     metadata = None
     found = find_metadata(all_listed.keys()) if wants_metadata and manifest is None else None
     if found is not None:
-        metadata = await asyncio.to_thread(read_metadata, await store.get(found), found)
+        obj = next(o for o in all_listed if o.key == found)
+        data = await metadata_file(store, folder, obj, counters)
+        metadata = await asyncio.to_thread(read_metadata, data, found)
     dataset = await asyncio.to_thread(
         build_dataset,
         all_listed,
@@ -280,6 +287,7 @@ async def open_mixed_listing(
     samples_per_epoch: int | None = None,
     objects: Sequence[ObjectInfo] | None = None,
     filters: Normal | None = None,
+    counters: Counters | None = None,
 ) -> Listing:
     """The samples of several ``sources`` (``store``'s stores, in order; resolved, each
     with its labels and store options: :func:`~asyncloader._base._sources.as_sources`),
@@ -319,6 +327,7 @@ async def open_mixed_listing(
             extras=extras,
             objects=given[s] if given is not None else None,
             filters=filters,
+            counters=counters,
         )
         assert listing.dataset is not None
         return listing.dataset
@@ -351,6 +360,7 @@ async def open_dataset(
     extras: Sequence[str] = (),
     samples_per_epoch: int | None = None,
     filters: Normal | None = None,
+    counters: Counters | None = None,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """A loader's samples, of one source (:func:`open_listing`) or of several
     (``sources``, ``store`` their :class:`MixedStore`: :func:`open_mixed_listing`, which
@@ -368,6 +378,7 @@ async def open_dataset(
             samples_per_epoch=samples_per_epoch,
             objects=objects,
             filters=filters,
+            counters=counters,
         )
         return mixed, None
     return await open_listing(
@@ -383,4 +394,5 @@ async def open_dataset(
         extras=extras,
         samples_per_epoch=samples_per_epoch,
         filters=filters,
+        counters=counters,
     )

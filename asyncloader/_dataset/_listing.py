@@ -1,17 +1,28 @@
 """A store's object list through a cache folder: the listing saved there if young enough,
 else listed (in parallel where the store can) and saved for the next run, once per node
-(the processes of a node that share the folder take turns: :func:`listing_turn`)."""
+(the processes of a node that share the folder take turns: :func:`listing_turn`); and the
+root's metadata file the same way (:func:`metadata_file`): kept on the node's disk with its
+ETag, fetched again only when the listing says it changed."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from .._base._types import ObjectStore
+from .._base._stats import Counters
+from .._base._types import ObjectInfo, ObjectStore
 from ._objects import ObjectList, ObjectListBuilder
-from ._saved import ListingTurn, listing_path, load_listing, save_listing
+from ._saved import (
+    ListingTurn,
+    listing_path,
+    load_listing,
+    load_metadata_copy,
+    metadata_path,
+    save_listing,
+    save_metadata_copy,
+)
 
-__all__ = ["list_and_save", "list_objects", "listing_turn", "saved_listing"]
+__all__ = ["list_and_save", "list_objects", "listing_turn", "metadata_file", "saved_listing"]
 
 
 async def saved_listing(
@@ -76,3 +87,30 @@ async def listing_turn(
         turn.release()
         return saved, None
     return None, turn
+
+
+async def metadata_file(
+    store: ObjectStore, folder: str | None, obj: ObjectInfo, counters: Counters | None = None
+) -> bytes:
+    """The bytes of the metadata file ``obj`` (as listed: its key, size and ETag): the copy
+    kept in the cache ``folder`` if it is of that ETag, else fetched (the store checks the
+    ETag) and kept there for the next run and for the loaders of a run started offline.
+    ``counters``: the request and its bytes, or the bytes read from the node's disk.
+
+    Raises:
+        StoreError: the file could not be fetched (it changed since the listing, say).
+    """
+    path = metadata_path(folder, store.url, obj.key) if folder is not None and obj.etag else None
+    if path is not None:
+        kept = await asyncio.to_thread(load_metadata_copy, path, obj.etag)
+        if kept is not None:
+            if counters is not None:
+                counters.bytes_from_cache += len(kept)
+            return kept
+    data = bytes(await store.get(obj.key, etag=obj.etag))
+    if counters is not None:
+        counters.requests += 1
+        counters.bytes_fetched += len(data)
+    if path is not None:
+        await asyncio.to_thread(save_metadata_copy, path, obj.etag, data)
+    return data

@@ -3,8 +3,10 @@ so that a million objects are not listed again on every start, and the node-wide
 list it (:class:`ListingTurn`), so that the processes of a node list it once.
 
 Files go in ``DIR/listings/``, named by a digest of the URL: ``.npz`` (the list), ``.lock``
-(the turn) and ``.budget`` (the node's shared in-flight budget,
-:mod:`asyncloader._base._budget`).  Everything here takes the folder's path.
+(the turn), ``.budget`` (the node's shared in-flight budget,
+:mod:`asyncloader._base._budget`) and ``.meta`` (a copy of the root's metadata file with
+its ETag, so that captions and columns come from the node's disk like the listing).
+Everything here takes the folder's path.
 """
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ __all__ = [
     "budget_path",
     "listing_path",
     "load_listing",
+    "load_metadata_copy",
+    "metadata_path",
     "make_listings_folder",
     "save_listing",
+    "save_metadata_copy",
 ]
 
 
@@ -89,6 +94,42 @@ def load_listing(path: Path, url: str, max_age: float) -> ObjectList | None:
             return ObjectList.from_arrays(doc)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
+
+
+_META_MAGIC = b"asyncloader metadata copy 1\n"
+
+
+def metadata_path(directory: str | os.PathLike[str], url: str, name: str) -> Path:
+    """Where the copy of ``url``'s metadata file ``name`` is kept in the cache folder
+    ``directory``."""
+    digest = hashlib.sha256(f"{url}\0{name}".encode()).hexdigest()[:32]
+    return Path(directory) / "listings" / f"{digest}.meta"
+
+
+def save_metadata_copy(path: Path, etag: str, data: bytes | bytearray | memoryview) -> None:
+    """Keep ``data``, the metadata file whose ETag is ``etag``, at ``path`` (atomically)."""
+    make_listings_folder(path)
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(_META_MAGIC + etag.encode() + b"\n")
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def load_metadata_copy(path: Path, etag: str) -> bytes | None:
+    """The copy kept at ``path`` if it is of the object whose ETag is ``etag`` (a copy of
+    another version, a damaged one or none: None)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if not data.startswith(_META_MAGIC):
+        return None
+    kept, sep, body = data[len(_META_MAGIC) :].partition(b"\n")
+    if not sep or kept.decode(errors="replace") != etag:
+        return None
+    return body
 
 
 class ListingTurn:

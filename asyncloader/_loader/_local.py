@@ -130,6 +130,7 @@ class LocalEngine:
                     extras=p.run.extras,
                     samples_per_epoch=p.run.samples_per_epoch,
                     filters=p.run.filters,
+                    counters=c,
                 )
                 self.rt.listing_task = task
             if listing.dataset is not None:

@@ -35,8 +35,9 @@ from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore, derived_key
 from .._cache import ObjectCache
 from .._cache._admission import ADMIT_ALL, admitted
-from .._dataset import list_objects
+from .._dataset import list_objects, metadata_file
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
+from .._dataset._metadata import find_metadata
 from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
 from .._run._build import make_fetcher
 from .._run._cache_fill import CacheFill, entry_key, node_admission, node_objects
@@ -144,6 +145,18 @@ async def warm_cache(
         if new_folder:  # a wrong bucket or URL leaves no folder behind: nothing was written
             await asyncio.to_thread(shutil.rmtree, cache.directory, True)
         raise
+    counters = Counters()
+    # The root's metadata file (captions, columns), kept beside the listing as a loader keeps
+    # it: a run with extras= then starts from the node's disk, the store unreachable.
+    failed: list[tuple[str, str]] = []
+    meta = find_metadata(objects.keys())
+    if meta is not None:
+        try:
+            await metadata_file(
+                store, cache.directory, objects[objects.keys().index(meta)], counters
+            )
+        except AsyncLoaderError as exc:
+            failed.append((shown_key(meta), str(exc).splitlines()[0]))
     wanted = KeyFilter(extensions)
     ordered = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
     # Node i of n, as its loaders read: rank i of n in listing order, or node i of n's
@@ -161,13 +174,12 @@ async def warm_cache(
     threshold, _ = await asyncio.to_thread(
         node_admission, ordered, node, cache.size_limit, scaled=scaled_jpegs
     )
-    report = WarmReport(listed=len(mine))
+    report = WarmReport(listed=len(mine), failed=failed)
     if threshold < ADMIT_ALL:
         kept = [o for o in mine if admitted(o.key, threshold)]
         report.not_admitted = len(mine) - len(kept)
         mine = kept
     keys = {o.key: entry_key(store, o.key, o.etag) for o in mine}
-    counters = Counters()
     fetcher = make_fetcher(store, counters, FetchConfig(max_inflight=max_inflight), cache.directory)
     refreshed: set[str] = set()  # objects read from the cache for their copies (added first)
 

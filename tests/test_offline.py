@@ -1,0 +1,129 @@
+"""Captions offline: the root's metadata file is kept on the node's disk beside the saved
+listing (with its ETag), warmed by ``warm``, counted in ``stats()``; a run with a warm cache
+starts and finishes with the store unreachable, captions and filters included; a metadata
+file replaced in the store is fetched again once the listing says so."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+import asyncloader as al
+from asyncloader._base._stats import Counters
+from asyncloader._dataset import metadata_file
+from asyncloader._stores import open_store
+from asyncloader.testing import FaultProxy, MotoServer
+
+N = 12
+
+
+def _jpeg(i: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30 + 4 * i), (20 * i, 100, 50)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def _rows(tag: str) -> bytes:
+    rows = [{"file_name": f"{i:02d}.jpg", "idx": i, "caption": f"{tag} {i}"} for i in range(N)]
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def _captions(url: str, endpoint: str, folder: Path, **kw: Any) -> tuple[dict[int, str], al.Stats]:
+    with al.ImageLoader(
+        url,
+        batch_size=4,
+        labels="idx",
+        extras=("caption",),
+        cache_dir=str(folder),
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
+        **kw,
+    ) as loader:
+        got = {
+            i: c
+            for _, labels, extras in loader  # type: ignore[misc]
+            for i, c in zip(labels.tolist(), extras["caption"], strict=True)
+        }
+        return got, loader.stats()
+
+
+def test_a_warm_cache_runs_captions_with_the_store_stopped(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    bucket = "offline"
+    moto.create_bucket(bucket)
+    for i in range(N):
+        moto.put(bucket, f"set/{i:02d}.jpg", _jpeg(i))
+    moto.put(bucket, "set/metadata.jsonl", _rows("first"))
+    url, cache = f"s3://{bucket}/set/", tmp_path / "cache"
+    with FaultProxy(moto.endpoint) as proxy:
+        report = al.warm(url, cache, store_options={"endpoint_url": proxy.endpoint})
+        assert report.failed == [] and report.warmed == N
+        assert proxy.targets[f"GET /{bucket}/set/metadata.jsonl"] == 1
+        endpoint = proxy.endpoint
+    # The store is gone: the listing, the metadata file and the images come from the disk.
+    got, stats = _captions(url, endpoint, cache, filters=[("idx", "<", 8)])
+    assert got == {i: f"first {i}" for i in range(8)}
+    assert stats.requests == 0 and stats.bytes_from_cache > 0
+    assert stats.filtered_out == N - 8
+
+    # Back online, with the metadata file replaced: a run on the saved listing reads the
+    # copy without a request; a fresh listing sees the new ETag and fetches it once.
+    moto.put(bucket, "set/metadata.jsonl", _rows("second"))
+    with FaultProxy(moto.endpoint) as proxy:
+        got, stats = _captions(url, proxy.endpoint, cache)
+        assert got == {i: f"first {i}" for i in range(N)}
+        assert stats.requests == 0 and proxy.requests == 0
+        fresh = al.CacheConfig(refresh_listing=True)
+        got, stats = _captions(url, proxy.endpoint, cache, cache=fresh)
+        assert got == {i: f"second {i}" for i in range(N)}
+        assert proxy.targets[f"GET /{bucket}/set/metadata.jsonl"] == 1
+        assert stats.requests == 1  # the metadata file: the images are cached
+        got, _ = _captions(url, proxy.endpoint, cache)
+        assert got == {i: f"second {i}" for i in range(N)}
+        assert proxy.targets[f"GET /{bucket}/set/metadata.jsonl"] == 1
+
+
+def test_the_metadata_file_is_counted_kept_and_checked_against_its_etag(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """Fetched: a request and its bytes; kept: the bytes read from the disk, no request; a
+    listing with another ETag fetches again; without a folder every read is a request; a
+    file replaced since the listing fails its ETag check, never mixed."""
+    bucket = "offline-count"
+    moto.create_bucket(bucket)
+    moto.put(bucket, "set/metadata.jsonl", _rows("one"))
+
+    async def main() -> None:
+        store = open_store(f"s3://{bucket}/set/", endpoint_url=moto.endpoint)
+        try:
+            info = await store.stat("metadata.jsonl")
+            for folder, fetched in ((str(tmp_path), 1), (str(tmp_path), 0), (None, 1)):
+                c = Counters()
+                assert await metadata_file(store, folder, info, c) == _rows("one")
+                assert (c.requests, c.bytes_fetched) == (fetched, fetched * info.size)
+                assert c.bytes_from_cache == (1 - fetched) * info.size
+            moto.put(bucket, "set/metadata.jsonl", _rows("two!"))
+            assert await metadata_file(store, str(tmp_path), info) == _rows("one")  # kept
+            with pytest.raises(al.StoreError):  # not kept: the ETag check
+                await metadata_file(store, None, info)
+            new = await store.stat("metadata.jsonl")
+            c = Counters()
+            assert await metadata_file(store, str(tmp_path), new, c) == _rows("two!")
+            assert c.requests == 1
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
