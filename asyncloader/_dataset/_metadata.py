@@ -14,7 +14,8 @@ Two conventions users keep their folders in:
   ``.json``, parsed); a missing one is ``None``.
 
 ``extras`` names are resolved once per dataset by :func:`resolve_extras`: ``"source"`` is the
-URL of the sample's source; a column of the metadata file is that column; any other name is a
+URL of the sample's source; ``"seed"`` the sample's seed for the epoch (filled in per batch,
+``_run/_extras.py``); a column of the metadata file is that column; any other name is a
 sidecar's extension.
 """
 
@@ -32,6 +33,7 @@ from .._base._types import ObjectInfo
 
 __all__ = [
     "METADATA_NAMES",
+    "SEED",
     "SOURCE",
     "Extras",
     "Metadata",
@@ -45,6 +47,9 @@ METADATA_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
 """The metadata files looked for at a source's root, in this order."""
 SOURCE = "source"
 """The extra that names each sample's source (its URL)."""
+SEED = "seed"
+"""The extra that gives each sample's seed for the epoch (the loader's seed, the epoch and
+the sample: the one the built-in transforms draw from), filled in per batch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,13 +191,15 @@ def resolve_extras(
         rows: For each sample, its row in ``metadata`` (-1: none).
 
     Raises:
-        ValueError: a name that is neither the source, a column of the metadata file nor
-            the suffix of any listed sidecar.
+        ValueError: a name that is neither the source, the seed, a column of the metadata
+            file nor the suffix of any listed sidecar.
     """
     columns: dict[str, list[Any]] = {}
     sidecars: dict[str, list[ObjectInfo | None]] = {}
     suffixes: dict[str, str] = {}
     for name in names:
+        if name == SEED:
+            continue  # per epoch: the batch's reader fills it in
         if name == SOURCE:
             columns[name] = [source] * len(samples)
         elif metadata is not None and name in metadata.columns:

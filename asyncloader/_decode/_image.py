@@ -23,10 +23,13 @@ which copy a sample's crop can use.
 
 from __future__ import annotations
 
+import inspect
 import io
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -104,6 +107,8 @@ class DecodeSpec:
         roi: Decode JPEGs by region where the extension is built (False: whole, by Pillow).
         scaled_copies: Read a large JPEG's hit from its scaled copy in the cache where the
             crop's DCT scale has one (:func:`scaled_copies`).
+        hook_seed: ``decode_fn`` takes the sample's seed (``decode_fn(data, seed=...)``:
+            :func:`takes_seed`).
     """
 
     sample_shape: tuple[int, int, int]
@@ -113,6 +118,24 @@ class DecodeSpec:
     cache: BlobCache | None = None
     roi: bool = True
     scaled_copies: bool = False
+    hook_seed: bool = False
+
+
+def takes_seed(fn: Callable[..., Any] | None) -> bool:
+    """Whether the decode hook ``fn`` takes a ``seed`` keyword (a parameter of that name,
+    or ``**kwargs``): then it gets each sample's seed, the one the built-in transforms
+    draw from — made from the loader's seed, the epoch and the sample, the same under any
+    engine or worker count and after resume."""
+    if fn is None:
+        return False
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: bytes only
+        return False
+    return any(
+        (p.name == "seed" and p.kind is not p.POSITIONAL_ONLY) or p.kind is p.VAR_KEYWORD
+        for p in params
+    )
 
 
 def open_image(data: Blob | memoryview, max_pixels: int) -> Image.Image:
@@ -167,7 +190,10 @@ def decode_into(
     if spec.decode_fn is not None:
         what = shown_key(key)
         try:
-            arr = np.asarray(spec.decode_fn(bytes(data) if isinstance(data, memoryview) else data))
+            blob = bytes(data) if isinstance(data, memoryview) else data
+            arr = np.asarray(
+                spec.decode_fn(blob, seed=seed) if spec.hook_seed else spec.decode_fn(blob)  # type: ignore[call-arg]
+            )
         except Exception as exc:
             raise DecodeError(f"decode hook failed on {what}: {exc!r}", key=key) from exc
         if arr.shape != out.shape or arr.dtype != np.uint8:

@@ -35,6 +35,7 @@ from .._cache import ObjectCache
 from .._dataset import Listing
 from .._dataset._saved import budget_path
 from .._decode import DecodePool, DecodeSpec, decode_holds_gil
+from .._decode._image import takes_seed
 from .._decode._transforms import RandomResizedCrop, Transform
 from .._device._ring import BatchRing, DeviceBatchRing
 from .._fetch import Fetcher
@@ -151,6 +152,7 @@ def plan(
         decode.max_pixels,
         object_cache,
         scaled_copies=object_cache is not None and hook is None,
+        hook_seed=takes_seed(hook),
     )
     return LoaderPlan(
         spec=spec,

@@ -1,7 +1,8 @@
-"""A batch's extras (``extras=``): metadata columns taken from the dataset, sidecar files
-fetched by the engine beside their images — through the SSD cache where there is one (one
-index-thread read for the batch's sidecars, misses fetched once and written back), their
-requests in the same fetcher and budget as the images'.
+"""A batch's extras (``extras=``): metadata columns taken from the dataset, each sample's
+seed for the epoch (``"seed"``), sidecar files fetched by the engine beside their images —
+through the SSD cache where there is one (one index-thread read for the batch's sidecars,
+misses fetched once and written back), their requests in the same fetcher and budget as the
+images'.
 
 The values go to the consumer with the batch's notice (one message per batch), in batch
 order; a sidecar that cannot be fetched or parsed fails its sample under ``on_error``.
@@ -17,9 +18,10 @@ from .._base._errors import AsyncLoaderError, DecodeError, shown_key
 from .._base._stats import Counters
 from .._base._types import ObjectInfo
 from .._cache import ObjectCache
-from .._dataset._metadata import Extras, parse_sidecar
+from .._dataset._metadata import SEED, Extras, parse_sidecar
 from .._fetch import Fetcher
 from ._cache_fill import CacheFill, OnceFetcher, entry_key
+from ._sampler import mix_seed
 
 __all__ = ["ExtrasReader"]
 
@@ -35,6 +37,7 @@ class ExtrasReader:
         fetcher: Fetches sidecars (the images' fetcher: the same budget and store).
         filling: The SSD cache's way in, or None.
         counters: ``sidecars_cached`` and ``sidecars_fetched`` count sidecars.
+        seed: The loader's seed (each sample's ``"seed"`` is made from it).
     """
 
     def __init__(
@@ -43,20 +46,27 @@ class ExtrasReader:
         fetcher: Fetcher,
         filling: CacheFill | None,
         counters: Counters,
+        seed: int = 0,
     ) -> None:
         self.extras = extras
+        self._seed = seed
         self._fetcher = fetcher
         self._filling = filling
         self._counters = counters
 
     async def batch(
-        self, indices: Sequence[int], failed: Callable[[AsyncLoaderError, str], BaseException]
+        self,
+        epoch: int,
+        indices: Sequence[int],
+        failed: Callable[[AsyncLoaderError, str], BaseException],
     ) -> tuple[BatchExtras, dict[int, BaseException]]:
-        """The extras of the samples ``indices`` (a batch), and the batch positions whose
-        sidecar failed: ``failed(error, key)`` decides (it raises under ``"raise"``, else
-        returns what the batch counts)."""
+        """The extras of the samples ``indices`` (a batch of ``epoch``), and the batch
+        positions whose sidecar failed: ``failed(error, key)`` decides (it raises under
+        ``"raise"``, else returns what the batch counts)."""
         ex = self.extras
         values: BatchExtras = {n: [col[i] for i in indices] for n, col in ex.columns.items()}
+        if SEED in ex.names:  # what the decode draws from: _pipeline gives it the same
+            values[SEED] = [mix_seed(self._seed, epoch, i) for i in indices]
         wanted: list[tuple[str, int, ObjectInfo]] = []
         for name, objs in ex.sidecars.items():
             values[name] = [None] * len(indices)

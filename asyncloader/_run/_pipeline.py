@@ -108,7 +108,7 @@ class Pipeline:
         dataset = listing.dataset
         self._mix = dataset.mix if dataset is not None else None
         self._extras = (
-            ExtrasReader(dataset.extras, fetcher, filling, counters)
+            ExtrasReader(dataset.extras, fetcher, filling, counters, run.seed)
             if dataset is not None and dataset.extras is not None
             else None
         )
@@ -342,7 +342,7 @@ class Pipeline:
         if self._extras is None:
             return None, {}
         return await self._extras.batch(
-            sel.tolist(), lambda exc, key: self._failed(exc, epoch, "sidecar", key)
+            epoch, sel.tolist(), lambda exc, key: self._failed(exc, epoch, "sidecar", key)
         )
 
     async def _hits(
