@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ._base._buckets import Buckets as Buckets
+    from ._base._buckets import make_buckets as make_buckets
     from ._base._config import IMAGENET_MEAN as IMAGENET_MEAN
     from ._base._config import IMAGENET_STD as IMAGENET_STD
     from ._base._config import CacheConfig as CacheConfig

@@ -52,6 +52,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from asyncloader import (
     IMAGENET_MEAN,
     IMAGENET_STD,
+    Buckets,
     CacheConfig,
     ImageLoader,
     LoaderOptions,
@@ -199,6 +200,7 @@ class ImageDataset(IterableDataset[Batch]):
                 extras=tuple(o.get("extras", ())),
                 samples_per_epoch=o.get("samples_per_epoch"),
                 filters=o.get("filters"),
+                buckets=o.get("buckets") is not None,
                 folder=cache.directory if cache is not None else None,
                 max_age=config.max_age,
                 objects=store.objects,
@@ -228,6 +230,9 @@ class ImageDataset(IterableDataset[Batch]):
             world_size=world,
             shard=o.get("shard") or ShardConfig(),
             samples_per_epoch=o.get("samples_per_epoch"),
+            buckets=Buckets.of(o.get("buckets")),
+            seed=o.get("seed", 0),
+            epoch=self.epoch,
         )
 
     def set_epoch(self, epoch: int) -> None:

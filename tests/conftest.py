@@ -37,6 +37,32 @@ def stacks_if_hung(worker_id: int) -> None:
     faulthandler.dump_traceback_later(WORKER_HANG, exit=True)
 
 
+# The longest files on 2 cores (seconds, measured with --durations=0): started first.
+LONGEST = ("test_gpu_check.py", "test_dist_jobs.py", "test_examples.py", "test_torchrun.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first (:data:`LONGEST`, then those with the most slow tests; each
+    file's tests in their order): with ``-n 2 --dist loadfile`` a long file collected last
+    runs alone at the end on one of the two workers; started first, the short files fill in
+    beside it."""
+
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[file_of(item)] = slow.get(file_of(item), 0) + bool(item.get_closest_marker("slow"))
+    first = {name: i for i, name in enumerate(slow)}
+
+    def rank(name: str) -> tuple[int, int, int]:
+        base = name.rsplit("/", 1)[-1]
+        at = LONGEST.index(base) if base in LONGEST else len(LONGEST)
+        return at, -slow[name], first[name]
+
+    items.sort(key=lambda item: rank(file_of(item)))
+
+
 @pytest.fixture(autouse=True)
 def _aws_test_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # Never pick up real credentials or config from the machine running the tests.

@@ -579,6 +579,7 @@ if __name__ == "__main__":
     with al.ImageLoader(
         "s3://b/train/", batch_size=8, decode=al.DecodeConfig(workers=1),
         transform=al.RandomResizedCrop(32),  # the listing is the subject, not the decode
+        engine=al.EngineConfig(mode="inline"),  # nor engine processes: four loaders list
         shuffle=not stream, cache_dir=cache_dir,
         store=al.StoreConfig(options={"endpoint_url": endpoint}),
     ) as loader:

@@ -153,7 +153,6 @@ def _first_batches(loader: al.ImageLoader, k: int) -> tuple[list[int], dict[str,
         (2, 3, 2, True, "drop", "inline"),  # 64 left: 63 dealt, one left out, as an even world does
     ],
 )
-@pytest.mark.slow
 def test_elastic_resume_on_another_world_size(
     light_server: S3TestServer, old: int, new: int, k: int, shuffle: bool, even: str, mode: str
 ) -> None:

@@ -76,7 +76,7 @@ RUN_ROOMS: list[dict[str, set[str]]] = [
     {  # the flow on one loop: batch order, cache fill, pipeline, runtime, composition root
         "_batches": {"_sampler"},
         "_cache_fill": {"_sampler"},
-        "_extras": {"_cache_fill"},
+        "_extras": {"_batches", "_cache_fill", "_sampler"},
         "_pipeline": {"_batches", "_cache_fill", "_extras", "_notices", "_sampler"},
         "_runtime": {"_pipeline"},
         "_build": {"_cache_fill", "_notices", "_pipeline"},

@@ -10,4 +10,4 @@ their quantiles (``_latency``), every start and stop bound named once (``_lifecy
 processes below one and the CPU they spent (``_proctree``), shared memory (``_shm``: memfds
 on Linux), one source of several (``_sources``), the CPUs each rank of a node is bound to
 (``_binding``), the adaptive budget of requests in flight and their pace (``_budget``) and
-which samples ``filters=`` keeps (``_filters``)."""
+which samples ``filters=`` keeps (``_filters``), and aspect-ratio buckets (``_buckets``)."""

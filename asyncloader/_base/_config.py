@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._buckets import Buckets
 from ._env import CpuBudget, cpu_budget, local_world_size
 from ._filters import Normal, normalize
 from ._types import DecodeFn, ObjectInfo, ObjectStore
@@ -407,6 +408,9 @@ class RunConfig:
             extras)``.
         samples_per_epoch: Samples in each epoch (None: the dataset's size); with several
             sources shared among them by weight (``asyncloader.Source``).
+        buckets: Aspect-ratio buckets (:class:`~._buckets.Buckets`): each image resized to
+            cover the bucket nearest its shape and cropped to it, every batch one bucket
+            (``[B, 3, h, w]``); None: every image to ``transform``'s size.
         filters: The samples kept, in pyarrow's form over the metadata file's columns and
             the listing's (``[("aesthetic", ">=", 5)]``; see
             :mod:`asyncloader._base._filters`), applied at listing time: a sample left out
@@ -423,9 +427,15 @@ class RunConfig:
     extras: tuple[str, ...] = ()
     samples_per_epoch: int | None = None
     filters: Normal | None = None
+    buckets: Buckets | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "filters", normalize(self.filters))
+        if self.buckets is not None and self.shuffle == "node":
+            raise ValueError(
+                "buckets= deals whole batches of the epoch's order: a global shuffle "
+                "(shuffle=True) or none, not shuffle='node'"
+            )
         if self.samples_per_epoch is not None and self.samples_per_epoch < 1:
             raise ValueError(f"samples_per_epoch must be at least 1, not {self.samples_per_epoch}")
         if self.samples_per_epoch is not None and self.shuffle == "node":

@@ -182,6 +182,8 @@ class DecodeJob:
         key: The object's key (for messages).
         cache_key: The cache entry's key; ``""`` without a cache.
         size: The listed size [bytes] (-1: unknown).
+        mark: A bucketed batch's sample: its bucket's height and width and the image's
+            recorded height and width (the decode checks the image has them), else None.
     """
 
     data: Blob | CachedAt | None
@@ -191,6 +193,7 @@ class DecodeJob:
     key: str
     cache_key: str = ""
     size: int = -1
+    mark: tuple[int, int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

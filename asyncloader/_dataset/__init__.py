@@ -16,12 +16,13 @@ Its modules: compact object lists (``_objects``), which objects are samples and 
 labels (``_labels``), the root's metadata file and sidecars (``_metadata``), several sources'
 shares (``_mix``) and datasets as one (``_combine``), manifests by location (``_located``),
 the listing through a cache folder, once per node (``_listing``), saved listings and the
-listing turn (``_saved``).
+listing turn (``_saved``), each sample's pixel size for aspect-ratio buckets (``_sizes``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -46,9 +47,10 @@ from ._labels import (
 )
 from ._listing import list_and_save, list_objects, listing_turn, metadata_file, saved_listing
 from ._located import read_manifest_file
-from ._metadata import find_metadata, read_metadata
+from ._metadata import Metadata, find_metadata, read_metadata
 from ._objects import ObjectList
 from ._saved import listing_path, save_listing
+from ._sizes import metadata_sizes, sample_sizes
 
 __all__ = [
     "Listing",
@@ -174,6 +176,7 @@ async def open_listing(
     samples_per_epoch: int | None = None,
     filters: Normal | None = None,
     counters: Counters | None = None,
+    sizes: bool = False,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """The run's samples: complete, or (``stream``: an unshuffled run) growing in key order
     while a task, returned with it, still lists.  ``listed(objects)`` is told of the whole
@@ -185,7 +188,8 @@ async def open_listing(
     the samples kept (:mod:`asyncloader._base._filters`), before anything is fetched;
     with them the listing never streams.  The metadata file comes from the cache folder
     where a copy of its listed ETag is kept (:func:`metadata_file`); ``counters``: its
-    request, or its bytes read from the node's disk.
+    request, or its bytes read from the node's disk.  ``sizes``: each sample's pixel size
+    is wanted (aspect-ratio buckets: :mod:`._sizes`); the listing then never streams.
 
     Raises:
         AsyncLoaderError: no samples under the URL (when complete; a growing listing raises
@@ -209,6 +213,8 @@ async def open_listing(
         data = await read_manifest_file(store, labels, store_options)
         dataset = await asyncio.to_thread(read_columnar_manifest, data, labels)
         check(dataset.samples.objects, dataset)
+        if sizes:
+            dataset = await with_sizes(store, dataset, None, folder, counters)
         return Listing(of_length(dataset, store.url, samples_per_epoch)), None
     manifest_data = None
     if is_manifest(labels):
@@ -223,8 +229,9 @@ async def open_listing(
         saved, turn = await listing_turn(store, folder, max_age)
     try:
         list_sorted = getattr(store, "list_sorted", None)
-        wants_metadata = bool(extras) or is_column(labels) or filters is not None
-        streams = stream and not wants_metadata and samples_per_epoch is None
+        # Sizes read it too: its width and height columns spare a header read each.
+        wants_metadata = bool(extras) or is_column(labels) or filters is not None or sizes
+        streams = stream and not wants_metadata and samples_per_epoch is None and not sizes
         if saved is None and not is_manifest(labels) and streams and list_sorted:
             listing = Listing()
 
@@ -272,6 +279,8 @@ async def open_listing(
         filters=filters,
     )
     check(all_listed, dataset)
+    if sizes:
+        dataset = await with_sizes(store, dataset, metadata, folder, counters)
     return Listing(of_length(dataset, store.url, samples_per_epoch)), None
 
 
@@ -288,6 +297,7 @@ async def open_mixed_listing(
     objects: Sequence[ObjectInfo] | None = None,
     filters: Normal | None = None,
     counters: Counters | None = None,
+    sizes: bool = False,
 ) -> Listing:
     """The samples of several ``sources`` (``store``'s stores, in order; resolved, each
     with its labels and store options: :func:`~asyncloader._base._sources.as_sources`),
@@ -328,6 +338,7 @@ async def open_mixed_listing(
             objects=given[s] if given is not None else None,
             filters=filters,
             counters=counters,
+            sizes=sizes,
         )
         assert listing.dataset is not None
         return listing.dataset
@@ -361,6 +372,7 @@ async def open_dataset(
     samples_per_epoch: int | None = None,
     filters: Normal | None = None,
     counters: Counters | None = None,
+    sizes: bool = False,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """A loader's samples, of one source (:func:`open_listing`) or of several
     (``sources``, ``store`` their :class:`MixedStore`: :func:`open_mixed_listing`, which
@@ -379,6 +391,7 @@ async def open_dataset(
             objects=objects,
             filters=filters,
             counters=counters,
+            sizes=sizes,
         )
         return mixed, None
     return await open_listing(
@@ -395,4 +408,25 @@ async def open_dataset(
         samples_per_epoch=samples_per_epoch,
         filters=filters,
         counters=counters,
+        sizes=sizes,
     )
+
+
+async def with_sizes(
+    store: ObjectStore,
+    dataset: Dataset,
+    metadata: Metadata | None,
+    folder: str | None,
+    counters: Counters | None,
+) -> Dataset:
+    """``dataset`` with each sample's pixel size: the metadata file's ``width`` and
+    ``height`` where it gives them, else its header's (:func:`._sizes.sample_sizes`)."""
+    objects = dataset.samples.objects
+    keys = objects.keys()
+    known: list[tuple[int, int] | None] = (
+        metadata_sizes(metadata.file_names, metadata.columns, keys)
+        if metadata is not None
+        else [None] * len(keys)
+    )
+    pixels = await sample_sizes(store, objects, known, folder=folder, counters=counters)
+    return dataclasses.replace(dataset, sizes=pixels)

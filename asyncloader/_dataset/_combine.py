@@ -3,6 +3,7 @@ and the epoch's shares (:class:`~._mix.Mix`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -59,16 +60,16 @@ def combine(
     mix = Mix(tuple(urls), sizes, quotas(sizes, weights, samples_per_epoch))
     extras = _extras([d.extras for d in datasets], urls)
     unnamed, filtered = sum(d.unnamed for d in datasets), sum(d.filtered for d in datasets)
-    return Dataset(samples, classes, extras, unnamed, mix, filtered)
+    pixels = [d.sizes for d in datasets if d.sizes is not None]
+    sized = np.concatenate(pixels) if len(pixels) == len(datasets) and pixels else None
+    return Dataset(samples, classes, extras, unnamed, mix, filtered, sized)
 
 
 def with_length(dataset: Dataset, url: str, samples_per_epoch: int) -> Dataset:
     """One source's dataset with ``samples_per_epoch`` samples an epoch (a mix of one)."""
     n = len(dataset.samples)
     mix = Mix((url,), (n,), quotas([n], None, samples_per_epoch))
-    return Dataset(
-        dataset.samples, dataset.classes, dataset.extras, dataset.unnamed, mix, dataset.filtered
-    )
+    return dataclasses.replace(dataset, mix=mix)
 
 
 def _extras(each: Sequence[Extras | None], urls: Sequence[str]) -> Extras | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .._base._config import IMAGE_EXTENSIONS
 from .._base._errors import StoreError, shown_key
@@ -93,7 +94,8 @@ class Dataset:
     ``extras``: what ``extras=`` asks for, per sample; ``unnamed``: images left out because
     the root's metadata file does not name them; ``mix``: the sources the samples come
     from and their share of an epoch (several sources, or a ``samples_per_epoch``);
-    ``filtered``: samples ``filters=`` left out."""
+    ``filtered``: samples ``filters=`` left out; ``sizes``: each sample's ``(height,
+    width)`` [pixels] where a bucketed run needs them (:mod:`._sizes`)."""
 
     samples: SampleList
     classes: tuple[str, ...]
@@ -101,6 +103,7 @@ class Dataset:
     unnamed: int = 0
     mix: Mix | None = None
     filtered: int = 0
+    sizes: npt.NDArray[np.int64] | None = None
 
 
 Rows = list[dict[str, str]]

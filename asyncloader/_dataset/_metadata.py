@@ -33,6 +33,8 @@ from .._base._types import ObjectInfo
 
 __all__ = [
     "METADATA_NAMES",
+    "CROP_TOP_LEFT",
+    "ORIGINAL_SIZE",
     "SEED",
     "SOURCE",
     "Extras",
@@ -47,6 +49,12 @@ METADATA_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
 """The metadata files looked for at a source's root, in this order."""
 SOURCE = "source"
 """The extra that names each sample's source (its URL)."""
+ORIGINAL_SIZE = "original_size"
+"""The extra that gives each sample's size before its bucket's crop, ``(height, width)``
+(SDXL's ``original_size``; a bucketed run's, filled in per batch)."""
+CROP_TOP_LEFT = "crop_top_left"
+"""The extra that gives each sample's crop corner in its resized image, ``(top, left)``
+(SDXL's ``crop_top_left``; a bucketed run's, filled in per batch)."""
 SEED = "seed"
 """The extra that gives each sample's seed for the epoch (the loader's seed, the epoch and
 the sample: the one the built-in transforms draw from), filled in per batch."""
@@ -198,8 +206,8 @@ def resolve_extras(
     sidecars: dict[str, list[ObjectInfo | None]] = {}
     suffixes: dict[str, str] = {}
     for name in names:
-        if name == SEED:
-            continue  # per epoch: the batch's reader fills it in
+        if name in (SEED, ORIGINAL_SIZE, CROP_TOP_LEFT):
+            continue  # per epoch or per bucket: the batch's reader fills it in
         if name == SOURCE:
             columns[name] = [source] * len(samples)
         elif metadata is not None and name in metadata.columns:

@@ -36,10 +36,11 @@ import numpy.typing as npt
 import PIL
 from PIL import Image, UnidentifiedImageError
 
+from .._base._buckets import Buckets
 from .._base._config import MAX_PIXELS
 from .._base._errors import DecodeError, shown_key
 from .._base._types import Blob, BlobCache, DecodeFn
-from ._transforms import Transform
+from ._transforms import Plan, Transform, bucket_plan
 
 try:
     from . import _jpegroi  # type: ignore[attr-defined]
@@ -109,6 +110,7 @@ class DecodeSpec:
             crop's DCT scale has one (:func:`scaled_copies`).
         hook_seed: ``decode_fn`` takes the sample's seed (``decode_fn(data, seed=...)``:
             :func:`takes_seed`).
+        buckets: A bucketed run's buckets (how each crop is drawn), else None.
     """
 
     sample_shape: tuple[int, int, int]
@@ -119,6 +121,7 @@ class DecodeSpec:
     roi: bool = True
     scaled_copies: bool = False
     hook_seed: bool = False
+    buckets: Buckets | None = None
 
 
 def takes_seed(fn: Callable[..., Any] | None) -> bool:
@@ -179,13 +182,20 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def decode_into(
-    data: Blob | memoryview, out: U8Array, spec: DecodeSpec, seed: int, key: str
+    data: Blob | memoryview,
+    out: U8Array,
+    spec: DecodeSpec,
+    seed: int,
+    key: str,
+    mark: tuple[int, int, int, int] | None = None,
 ) -> None:
-    """Decode ``data`` into ``out`` (a CHW uint8 view of a batch slot).
+    """Decode ``data`` into ``out`` (a CHW uint8 view of a batch slot).  ``mark``: a
+    bucketed batch's sample (its bucket's height and width, its recorded height and
+    width): cropped to the bucket by :func:`~._transforms.bucket_plan`.
 
     Raises:
         DecodeError: corrupt or truncated data, a decompression bomb, a hook that returned
-            the wrong shape; the message names ``key``.
+            the wrong shape, an image not of its recorded size; the message names ``key``.
     """
     if spec.decode_fn is not None:
         what = shown_key(key)
@@ -204,7 +214,7 @@ def decode_into(
             )
         out[...] = arr
         return
-    assert spec.transform is not None
+    assert spec.transform is not None or mark is not None
     try:
         img: Image.Image = open_image(data, spec.max_pixels)
         width, height = img.size
@@ -215,7 +225,7 @@ def decode_into(
                 "(decompression bomb?)",
                 key=key,
             )
-        plan = spec.transform.plan(width, height, random.Random(seed))
+        plan = _plan(spec, width, height, seed, key, mark)
         left, top, right, bottom = plan.box
         out_w, out_h = plan.size
         region = None
@@ -268,6 +278,39 @@ def _resize_into(
     mode = "RGBX" if channels == 4 else "RGB"
     img = Image.frombuffer(mode, size, pixels, "raw", mode, 0, 1)
     _store(np.asarray(img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=box)), out, flip)
+
+
+def _plan(
+    spec: DecodeSpec,
+    width: int,
+    height: int,
+    seed: int,
+    key: str,
+    mark: tuple[int, int, int, int] | None,
+) -> Plan:
+    """The sample's plan: its transform's, or (``mark``) its bucket's crop.
+
+    Raises:
+        DecodeError: a bucketed sample whose image is not of its recorded size (the
+            metadata file's ``width``/``height``, or a header read earlier): its bucket and
+            crop were chosen for that size.
+    """
+    rng = random.Random(seed)
+    if mark is None:
+        assert spec.transform is not None
+        return spec.transform.plan(width, height, rng)
+    bh, bw, h, w = mark
+    if (h, w) != (height, width):
+        raise DecodeError(
+            f"{shown_key(key)} is {width}x{height} pixels, but its size was recorded as "
+            f"{w}x{h} (the metadata file's width/height, or a header read earlier): its "
+            "bucket was chosen for that size. Correct the metadata, or let the headers be "
+            "read (leave width/height out)",
+            key=key,
+        )
+    b = spec.buckets
+    assert b is not None
+    return bucket_plan(width, height, (bh, bw), rng, crop=b.crop, hflip=b.hflip)[0]
 
 
 def _store(pixels: U8Array, out: U8Array, flip: bool) -> None:

@@ -26,7 +26,21 @@ from ._image import (
     scaled_name,
 )
 
-__all__ = ["DecodePool", "job_bytes", "run_job"]
+__all__ = ["DecodePool", "job_bytes", "run_job", "sample_view"]
+
+
+def sample_view(images: U8Array, job: DecodeJob) -> U8Array:
+    """Where the job's sample goes in the ring's ``images`` (slots, batch, C, H, W): its
+    place, or a bucketed batch's (``job.mark``: packed from the slot's start, the bucket's
+    height and width)."""
+    if job.mark is None:
+        view: U8Array = images[job.slot, job.index]
+        return view
+    bh, bw = job.mark[0], job.mark[1]
+    c = images.shape[2]
+    n = c * bh * bw
+    flat: U8Array = images[job.slot].reshape(-1)
+    return flat[job.index * n : (job.index + 1) * n].reshape(c, bh, bw)
 
 
 def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
@@ -44,7 +58,7 @@ def run_job(job: DecodeJob, out: U8Array, spec: DecodeSpec) -> Outcome:
     data, events = job_bytes(job, spec)
     if data is None:
         return Outcome(time.perf_counter() - t0, events)
-    decode_into(data, out, spec, job.seed, job.key)
+    decode_into(data, out, spec, job.seed, job.key, job.mark)
     return Outcome(time.perf_counter() - t0, events)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from .._base._types import DecodeJob, Outcome
 from ._completions import Completions, Group, Target
 from ._image import DecodeSpec, U8Array
-from ._job import run_job
+from ._job import run_job, sample_view
 
 __all__ = ["ThreadDecodePool"]
 
@@ -93,7 +93,7 @@ class ThreadDecodePool:
             result: Outcome | BaseException = _NOTHING
             if not results.cancelled(target):
                 try:
-                    result = run_job(job, images[job.slot, job.index], spec)
+                    result = run_job(job, sample_view(images, job), spec)
                 except BaseException as exc:  # handed to the awaiting task
                     result = exc
             del job

@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["CenterCrop", "Plan", "RandomResizedCrop", "Resize", "Transform"]
+__all__ = ["CenterCrop", "Plan", "RandomResizedCrop", "Resize", "Transform", "bucket_plan"]
 
 Box = tuple[float, float, float, float]
 
@@ -132,3 +132,32 @@ def CenterCrop(size: int | tuple[int, int], resize: int | None = None) -> Resize
     """Resize + CenterCrop, the torchvision evaluation pair (``resize`` defaults to size/0.875)."""
     h, w = _pair(size)
     return Resize(size, resize if resize is not None else round(min(h, w) / 0.875))
+
+
+def bucket_plan(
+    width: int,
+    height: int,
+    size: tuple[int, int],
+    rng: random.Random,
+    *,
+    crop: str = "random",
+    hflip: bool = False,
+) -> tuple[Plan, tuple[int, int]]:
+    """The plan that resizes a ``width`` × ``height`` image to cover the bucket ``size``
+    (height, width) and crops it to exactly that size — a random corner drawn from ``rng``
+    or (``crop="center"``) the centred one — flipped with probability 0.5 under ``hflip``;
+    and the crop's ``(top, left)`` in the resized image (SDXL's ``crop_top_left``).
+
+    One crop+resize, as every plan: the box in source pixels that maps onto the bucket.
+    """
+    bh, bw = size
+    scale = max(bw / width, bh / height)  # source → resized: covers the bucket
+    rw, rh = max(bw, round(width * scale)), max(bh, round(height * scale))
+    if crop == "center":
+        left, top = (rw - bw) // 2, (rh - bh) // 2
+    else:
+        left, top = rng.randint(0, rw - bw), rng.randint(0, rh - bh)
+    # The box in source pixels, within the image (the resized size was rounded).
+    sx, sy = width / rw, height / rh
+    box = (left * sx, top * sy, (left + bw) * sx, (top + bh) * sy)
+    return Plan(box, (bw, bh), hflip and rng.random() < 0.5), (top, left)

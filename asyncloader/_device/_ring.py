@@ -120,11 +120,23 @@ class BatchRing:
         """Slots whose batch is still referenced (by the consumer, or the uploader)."""
         return self._held
 
-    def lease(self, slot: int, n: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    def lease(
+        self, slot: int, n: int, shape: tuple[int, int] | None = None
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
         """Views of the first ``n`` samples of ``slot`` (images, labels) that hold the slot
-        until both, and everything made from them, are gone."""
+        until both, and everything made from them, are gone.  ``shape``: a bucketed
+        batch's ``(height, width)`` (its samples packed at the slot's start)."""
         lease = self._take(slot)
-        return leased(self.images[slot, :n], lease), leased(self.labels[slot, :n], lease)
+        images = self.images[slot, :n] if shape is None else self.batch_view(slot, shape)[:n]
+        return leased(images, lease), leased(self.labels[slot, :n], lease)
+
+    def batch_view(self, slot: int, shape: tuple[int, int]) -> npt.NDArray[np.uint8]:
+        """``slot`` as a bucketed batch of ``shape``: ``[batch_size, C, height, width]``,
+        packed from the slot's start (the slot holds the largest bucket)."""
+        h, w = shape
+        c = self.images.shape[2]
+        flat: npt.NDArray[np.uint8] = self.images[slot].reshape(-1)
+        return flat[: self.batch_size * c * h * w].reshape(self.batch_size, c, h, w)
 
     def _take(self, slot: int) -> Lease:
         """A lease that holds ``slot`` until it is let go."""
@@ -132,11 +144,12 @@ class BatchRing:
             self._held += 1
         return Lease(functools.partial(self._returned, slot))
 
-    def compact(self, slot: int, keep: list[int]) -> None:
+    def compact(self, slot: int, keep: list[int], shape: tuple[int, int] | None = None) -> None:
         """Move the samples ``keep`` of ``slot`` to its front, in order (a batch whose
-        other samples failed)."""
+        other samples failed; ``shape``: a bucketed one's)."""
         n = len(keep)
-        self.images[slot, :n] = self.images[slot, keep]
+        images = self.images[slot] if shape is None else self.batch_view(slot, shape)
+        images[:n] = images[keep]
         self.labels[slot, :n] = self.labels[slot, keep]
 
     def _returned(self, slot: int) -> None:
@@ -206,10 +219,13 @@ class DeviceBatchRing(BatchRing):
     def nbytes(self) -> int:
         return int(self.images.nbytes + self.labels.nbytes)
 
-    def lease(self, slot: int, n: int) -> tuple[Any, npt.NDArray[np.int64]]:
+    def lease(
+        self, slot: int, n: int, shape: tuple[int, int] | None = None
+    ) -> tuple[Any, npt.NDArray[np.int64]]:
+        assert shape is None  # GPU decode makes no bucketed batches (refused in _build)
         return self.images[slot, :n], leased(self.labels[slot, :n], self._take(slot))
 
-    def compact(self, slot: int, keep: list[int]) -> None:
+    def compact(self, slot: int, keep: list[int], shape: tuple[int, int] | None = None) -> None:
         import torch
 
         super().compact(slot, keep)

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast
 
+from .._base._buckets import Buckets
 from .._base._config import (
     CacheConfig,
     DecodeConfig,
@@ -71,6 +72,7 @@ class LoaderOptions(TypedDict, total=False):
     extras: Sequence[str]
     samples_per_epoch: int | None
     filters: Filters | None
+    buckets: Buckets | Sequence[tuple[int, int]] | None
     cache_dir: str | os.PathLike[str] | None
     device: str | None
     dtype: str | None
@@ -139,6 +141,13 @@ class ImageLoader:
             ``[("aesthetic", ">=", 5), ("width", ">=", 512)]`` (AND), a list of such lists
             (OR).  Applied at listing time: a sample left out is never requested, and
             ``stats().filtered_out`` counts it (docs: data.md).
+        buckets: Aspect-ratio buckets, ``(height, width)`` sizes or a :class:`Buckets`
+            (``asyncloader.make_buckets(1024 * 1024)``: SDXL's set): each image resized to
+            cover the bucket nearest its aspect ratio and cropped to it (random or centred,
+            seeded), every batch one bucket, ``[B, 3, h, w]``; replaces ``transform``.
+            Each sample's size comes from the metadata file's ``width``/``height``, else one
+            small range read of its header, kept in ``cache_dir`` for later runs (docs:
+            data.md).
         rank, world_size: This process's shard (default: the whole dataset); the rest of
             the shard's layout is ``shard=``.
         cache_dir: A local (NVMe) folder caching object bytes across epochs and runs; shared
@@ -193,6 +202,7 @@ class ImageLoader:
         extras: Sequence[str] = (),
         samples_per_epoch: int | None = None,
         filters: Filters | None = None,
+        buckets: Buckets | Sequence[tuple[int, int]] | None = None,
         rank: int = 0,
         world_size: int = 1,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -224,6 +234,7 @@ class ImageLoader:
             extras=tuple(extras),
             samples_per_epoch=samples_per_epoch,
             filters=normalize(filters),
+            buckets=Buckets.of(buckets),
         )
         self.cache = ObjectCache.opened(cache_dir, cache_config)
         self._plan = p = plan(
@@ -378,7 +389,7 @@ class ImageLoader:
     def num_samples(self) -> int:
         """Samples this rank sees per epoch (waits for the listing of an unshuffled run)."""
         self._check_open()
-        return self._engine.epoch_samples()
+        return self._engine.epoch_samples(self._position.epoch)
 
     def __len__(self) -> int:
         """Batches per epoch."""

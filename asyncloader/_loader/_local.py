@@ -131,6 +131,7 @@ class LocalEngine:
                     samples_per_epoch=p.run.samples_per_epoch,
                     filters=p.run.filters,
                     counters=c,
+                    sizes=p.run.buckets is not None,
                 )
                 self.rt.listing_task = task
             if listing.dataset is not None:
@@ -217,7 +218,7 @@ class LocalEngine:
 
     def lease(self, ready: BatchReady) -> tuple[Any, np.ndarray[Any, Any]]:
         assert self.rt.ring is not None
-        return self.rt.ring.lease(ready.slot, ready.n)
+        return self.rt.ring.lease(ready.slot, ready.n, ready.shape)
 
     def held_ring(self) -> BatchRing | None:
         """The ring the next batch needs a slot of."""
@@ -228,9 +229,9 @@ class LocalEngine:
         listing = self.pipeline.listing
         return listing.dataset or self.rt.call(listing.complete())
 
-    def epoch_samples(self) -> int:
+    def epoch_samples(self, epoch: int = 0) -> int:
         self.dataset()
-        return self.pipeline.order.epoch_samples()
+        return self.pipeline.order.epoch_samples(epoch)
 
     def engine_counters(self) -> Counters:
         return self.counters

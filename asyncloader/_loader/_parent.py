@@ -45,6 +45,7 @@ from .._base._errors import ClosedError, PipelineDeadError
 from .._base._shm import SegmentRef
 from .._base._stats import Counters
 from .._dataset._labels import Dataset
+from .._dataset._sizes import bucket_index
 from .._device._ring import BatchRing
 from .._run._notices import BatchReady, EpochEnd, Failed, Notice
 from .._run._sampler import batch_owner, samples_per_epoch
@@ -369,7 +370,7 @@ class EngineProcesses:
         )
 
     def lease(self, ready: BatchReady) -> tuple[Any, np.ndarray[Any, Any]]:
-        return self._rings[ready.ring].lease(ready.slot, ready.n)
+        return self._rings[ready.ring].lease(ready.slot, ready.n, ready.shape)
 
     def held_ring(self) -> BatchRing | None:
         """The ring of the engine whose batch is next (its slots in use, as its engine set
@@ -389,9 +390,13 @@ class EngineProcesses:
         assert self._listing.dataset is not None
         return self._listing.dataset
 
-    def epoch_samples(self) -> int:
+    def epoch_samples(self, epoch: int = 0) -> int:
         dataset = self.dataset()
-        return samples_per_epoch(len(dataset.samples), self._run, dataset.mix)
+        buckets = self._run.buckets
+        bucket_of = bucket_index(dataset, buckets) if buckets is not None else None
+        return samples_per_epoch(
+            len(dataset.samples), self._run, dataset.mix, buckets=bucket_of, epoch=epoch
+        )
 
     def engine_counters(self) -> Counters:
         """The engines' counters, summed (an engine that does not answer within

@@ -142,8 +142,9 @@ class Engine(Protocol):
     def dataset(self) -> Dataset:
         """All samples (waits for a listing still growing)."""
 
-    def epoch_samples(self) -> int:
-        """Samples per epoch of this rank (waits for the listing)."""
+    def epoch_samples(self, epoch: int = 0) -> int:
+        """Samples this rank sees in ``epoch`` (the same in every epoch but for a bucketed
+        mix's; waits for the listing)."""
 
     def engine_counters(self) -> Counters:
         """The engine's counters (summed over engine processes)."""

@@ -1,20 +1,38 @@
 """Which batches an engine makes, epoch after epoch: the sampler's order over a listing
 that may still grow, this DataLoader worker's batches of the rank's share, and of those
-this engine's part (:func:`~._sampler.batch_owner`)."""
+this engine's part (:func:`~._sampler.batch_owner`).  A bucketed run's batches also have
+their geometry (:class:`Geometry`): each batch's shape and each sample's crop — planned
+here from the recorded size and the sample's seed, exactly as its decode worker plans it
+from the image (which must have that size) — for the ``original_size`` and
+``crop_top_left`` extras."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import random
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from .._base._buckets import Buckets
 from .._base._config import RunConfig
 from .._base._errors import AsyncLoaderError
 from .._dataset import Listing
-from ._sampler import batch_owner, epoch_indices, num_batches, samples_per_epoch, unshuffled_batch
+from .._dataset._labels import Dataset
+from .._dataset._metadata import CROP_TOP_LEFT, ORIGINAL_SIZE
+from .._dataset._sizes import bucket_index
+from .._decode._transforms import bucket_plan
+from ._sampler import (
+    batch_owner,
+    epoch_indices,
+    mix_seed,
+    num_batches,
+    samples_per_epoch,
+    unshuffled_batch,
+)
 
-__all__ = ["BatchOrder"]
+__all__ = ["GEOMETRY", "BatchOrder", "Geometry", "Mark", "batch_geometry"]
 
 
 class BatchOrder:
@@ -31,17 +49,34 @@ class BatchOrder:
         self.listing = listing
         self.run = run
         self.part = part
-        self._epoch_samples: int | None = None
+        self._epoch_samples: dict[int, int] = {}
+        self._bucket_of: npt.NDArray[np.int64] | None = None
 
-    def epoch_samples(self) -> int:
-        """Samples this rank sees per epoch (the same in every epoch); the listing must be
-        complete."""
-        if self._epoch_samples is None:
+    @property
+    def bucket_of(self) -> npt.NDArray[np.int64] | None:
+        """Each sample's aspect-ratio bucket (a bucketed run; the listing complete), else
+        None."""
+        buckets, dataset = self.run.buckets, self.listing.dataset
+        if buckets is None or dataset is None:
+            return None
+        if self._bucket_of is None:
+            self._bucket_of = bucket_index(dataset, buckets)
+        return self._bucket_of
+
+    def epoch_samples(self, epoch: int = 0) -> int:
+        """Samples this rank sees in ``epoch`` (the same in every epoch but for a bucketed
+        mix's); the listing must be complete."""
+        key = epoch if self.run.buckets is not None and self.listing.dataset is not None else 0
+        if key not in self._epoch_samples:
             dataset = self.listing.dataset
             if dataset is None:
                 raise AsyncLoaderError("the listing is not complete yet")
-            self._epoch_samples = samples_per_epoch(len(dataset.samples), self.run, dataset.mix)
-        return self._epoch_samples
+            if len(self._epoch_samples) > 4:  # a bucketed mix's: the recent epochs only
+                self._epoch_samples.clear()
+            self._epoch_samples[key] = samples_per_epoch(
+                len(dataset.samples), self.run, dataset.mix, buckets=self.bucket_of, epoch=key
+            )
+        return self._epoch_samples[key]
 
     def slots_for(self, slots: int) -> int:
         """How many of a ring's ``slots`` the engine uses: no more than it makes batches
@@ -112,6 +147,7 @@ class BatchOrder:
                 start=span[0] if span else 0,
                 end=span[1] if span else None,
                 mix=listing.dataset.mix if listing.dataset is not None else None,
+                buckets=None if self.bucket_of is None else (self.bucket_of, r.batch_size),
             )
             span = None
             nb = num_batches(len(indices), r.batch_size, r.shard.drop_last)
@@ -129,3 +165,81 @@ class BatchOrder:
         those this engine process's part."""
         k, n = self.part
         return batch_owner(b, self.run.shard.num_workers, n) == (self.run.shard.worker, k)
+
+
+GEOMETRY = (ORIGINAL_SIZE, CROP_TOP_LEFT)
+"""The extras a bucketed batch's geometry gives."""
+
+Mark = tuple[int, int, int, int]
+"""What a decode job of a bucketed batch is told: the bucket's height and width, and the
+image's recorded height and width (its decode checks them)."""
+
+
+class Geometry:
+    """The shapes and crops of a bucketed run's batches.
+
+    Args:
+        buckets: The run's buckets.
+        sizes: Each sample's recorded ``(height, width)``.
+        bucket_of: Each sample's bucket.
+        seed: The loader's seed (each sample's seed is made from it, the epoch and the
+            sample, as its decode's).
+    """
+
+    def __init__(
+        self,
+        buckets: Buckets,
+        sizes: npt.NDArray[np.int64],
+        bucket_of: npt.NDArray[np.int64],
+        seed: int,
+    ) -> None:
+        self.buckets = buckets
+        self.sizes = sizes
+        self.bucket_of = bucket_of
+        self.seed = seed
+
+    @classmethod
+    def of(
+        cls, run: RunConfig, dataset: Dataset | None, bucket_of: npt.NDArray[np.int64] | None
+    ) -> Geometry | None:
+        """A bucketed run's geometry over ``dataset`` (complete: a bucketed run never
+        streams), else None."""
+        if run.buckets is None or dataset is None or dataset.sizes is None or bucket_of is None:
+            return None
+        return cls(run.buckets, dataset.sizes, bucket_of, run.seed)
+
+    def shape(self, indices: Sequence[int]) -> tuple[int, int]:
+        """``(height, width)`` of the batch of samples ``indices`` (one bucket)."""
+        return self.buckets.sizes[int(self.bucket_of[indices[0]])]
+
+    def marks(self, indices: Sequence[int]) -> list[Mark]:
+        """Each sample's :data:`Mark`, in batch order."""
+        bh, bw = self.shape(indices)
+        return [(bh, bw, int(self.sizes[i, 0]), int(self.sizes[i, 1])) for i in indices]
+
+    def extras(self, names: Sequence[str], epoch: int, indices: Sequence[int]) -> dict[str, Any]:
+        """Of ``names``, the geometry extras of the samples ``indices`` in ``epoch``."""
+        out: dict[str, list[Any]] = {n: [] for n in names if n in GEOMETRY}
+        if not out:
+            return out
+        size = self.shape(indices)
+        b = self.buckets
+        for i in indices:
+            h, w = int(self.sizes[i, 0]), int(self.sizes[i, 1])
+            rng = random.Random(mix_seed(self.seed, epoch, i))
+            _, corner = bucket_plan(w, h, size, rng, crop=b.crop, hflip=b.hflip)
+            if ORIGINAL_SIZE in out:
+                out[ORIGINAL_SIZE].append((h, w))
+            if CROP_TOP_LEFT in out:
+                out[CROP_TOP_LEFT].append(corner)
+        return out
+
+
+def batch_geometry(
+    geometry: Geometry | None, indices: Sequence[int]
+) -> tuple[tuple[int, int] | None, list[Mark | None]]:
+    """The shape of the batch of samples ``indices`` and each sample's :data:`Mark`; for a
+    run without buckets, None and None each."""
+    if geometry is None:
+        return None, [None] * len(indices)
+    return geometry.shape(indices), list(geometry.marks(indices))

@@ -116,7 +116,11 @@ def plan(
     budget = cpu_budget(run.shard.local_world_size)  # the cgroup files read once
     n = decode_worker_count(decode.workers, run.shard.num_workers, budget=budget)
     hook = decode.hook
-    if hook is None:
+    if run.buckets is not None:
+        _check_buckets(transform, decode)
+        # A slot holds the largest bucket; each batch packs its own shape from the start.
+        shape = (3, 1, run.buckets.max_pixels)
+    elif hook is None:
         transform = transform or RandomResizedCrop(224)
         h, w = transform.output_size
         shape = (3, h, w)
@@ -151,8 +155,9 @@ def plan(
         hook,
         decode.max_pixels,
         object_cache,
-        scaled_copies=object_cache is not None and hook is None,
+        scaled_copies=object_cache is not None and hook is None and run.buckets is None,
         hook_seed=takes_seed(hook),
+        buckets=run.buckets,
     )
     return LoaderPlan(
         spec=spec,
@@ -279,6 +284,23 @@ def make_pipeline(
         part=part,
         ring_key=ring_key,
     )
+
+
+def _check_buckets(transform: Transform | None, decode: DecodeConfig) -> None:
+    """Buckets crop every image to its bucket: no transform, hook or GPU decode beside them.
+
+    Raises:
+        ValueError: one of them given.
+    """
+    if transform is not None:
+        raise ValueError(
+            f"transform={transform!r} with buckets=: each image is resized and cropped to "
+            "its bucket (Buckets(crop=, hflip=) say how)"
+        )
+    if decode.hook is not None:
+        raise ValueError("buckets= crops images; a DecodeConfig(hook=) makes samples of one shape")
+    if decode.backend == "cuda":
+        raise ValueError("buckets= decodes on the CPU: not DecodeConfig(backend='cuda')")
 
 
 def _check_gpu_decode(device: str | None, hook: DecodeFn | None) -> None:

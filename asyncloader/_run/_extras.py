@@ -20,6 +20,7 @@ from .._base._types import ObjectInfo
 from .._cache import ObjectCache
 from .._dataset._metadata import SEED, Extras, parse_sidecar
 from .._fetch import Fetcher
+from ._batches import Geometry
 from ._cache_fill import CacheFill, OnceFetcher, entry_key
 from ._sampler import mix_seed
 
@@ -38,6 +39,7 @@ class ExtrasReader:
         filling: The SSD cache's way in, or None.
         counters: ``sidecars_cached`` and ``sidecars_fetched`` count sidecars.
         seed: The loader's seed (each sample's ``"seed"`` is made from it).
+        geometry: A bucketed run's (``original_size``, ``crop_top_left``), else None.
     """
 
     def __init__(
@@ -47,9 +49,11 @@ class ExtrasReader:
         filling: CacheFill | None,
         counters: Counters,
         seed: int = 0,
+        geometry: Geometry | None = None,
     ) -> None:
         self.extras = extras
         self._seed = seed
+        self._geometry = geometry
         self._fetcher = fetcher
         self._filling = filling
         self._counters = counters
@@ -67,6 +71,8 @@ class ExtrasReader:
         values: BatchExtras = {n: [col[i] for i in indices] for n, col in ex.columns.items()}
         if SEED in ex.names:  # what the decode draws from: _pipeline gives it the same
             values[SEED] = [mix_seed(self._seed, epoch, i) for i in indices]
+        if self._geometry is not None:
+            values.update(self._geometry.extras(ex.names, epoch, indices))
         wanted: list[tuple[str, int, ObjectInfo]] = []
         for name, objs in ex.sidecars.items():
             values[name] = [None] * len(indices)

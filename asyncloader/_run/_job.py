@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .._base._buckets import Buckets
 from .._base._config import RunConfig, ShardConfig
 from .._base._filters import Filters, normalize
 from .._base._own_thread import run_on_own_thread
@@ -15,6 +16,7 @@ from .._base._sources import Source, as_sources
 from .._base._types import ObjectInfo
 from .._dataset import open_dataset
 from .._dataset._labels import Dataset
+from .._dataset._sizes import bucket_index
 from .._stores import open_sources, open_store
 from .._stores import store_options as store_options_for
 from ._sampler import num_batches
@@ -32,6 +34,7 @@ def job_dataset(
     extras: Sequence[str],
     samples_per_epoch: int | None,
     filters: Filters | None = None,
+    buckets: bool = False,
     folder: str | None,
     max_age: float,
     objects: Sequence[ObjectInfo] | None,
@@ -66,6 +69,7 @@ def job_dataset(
                 extras=extras,
                 samples_per_epoch=samples_per_epoch,
                 filters=normalize(filters),
+                sizes=buckets,
             )
             return listing.dataset if listing.dataset is not None else await listing.complete()
         finally:
@@ -83,10 +87,15 @@ def rank_batches(
     world_size: int,
     shard: ShardConfig,
     samples_per_epoch: int | None,
+    buckets: Buckets | None = None,
+    seed: int = 0,
+    epoch: int = 0,
 ) -> int:
     """The batches rank ``rank`` of ``world_size`` makes of ``dataset`` per epoch, as its
     loader (or its DataLoader's workers together: they deal the rank's batches) makes them:
-    the rank's share under ``shard``'s even rule, cut into batches by its ``drop_last``."""
+    the rank's share under ``shard``'s even rule, cut into batches by its ``drop_last``
+    (of ``epoch``, under ``buckets`` and ``seed``: a bucketed epoch leaves over what does
+    not fill a batch)."""
     run = RunConfig(
         batch_size=batch_size,
         shuffle=shuffle,
@@ -94,6 +103,9 @@ def rank_batches(
         world_size=world_size,
         shard=shard.for_shuffle(shuffle),
         samples_per_epoch=samples_per_epoch,
+        buckets=buckets,
+        seed=seed,
     )
-    n = epoch_samples(len(dataset.samples), run, dataset.mix)
+    bucket_of = bucket_index(dataset, buckets) if buckets is not None else None
+    n = epoch_samples(len(dataset.samples), run, dataset.mix, buckets=bucket_of, epoch=epoch)
     return num_batches(n, batch_size, shard.drop_last)

@@ -1,7 +1,9 @@
 """What the pipeline announces to the consumer, in order, to its outbox: a batch ready in a
 ring slot, the end of an epoch, or the failure that stopped production; and the outbox,
 which stamps each notice with the generation (the consumer's latest start) it was made for,
-so that the consumer's side drops what an earlier start made, in one place."""
+so that the consumer's side drops what an earlier start made, in one place.  Also what
+makes a ``Skipped`` count and a ``Failed`` notice: the samples that fail, raised or counted
+against the epoch's budget (:class:`SampleFailures`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["BatchReady", "EpochEnd", "Failed", "Notice", "Outbox", "Skipped"]
+from .._base._config import ErrorConfig
+from .._base._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
+
+__all__ = [
+    "BatchReady",
+    "EpochEnd",
+    "Failed",
+    "Failure",
+    "Notice",
+    "Outbox",
+    "SampleFailures",
+    "Skipped",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +47,7 @@ class BatchReady:
             when the batch is delivered); ``skipped_keys`` names them.
         extras: Each extra's values for the ``n`` samples (``extras=``), else None.
         sources: How many of them each source gave (several sources), else None.
+        shape: A bucketed batch's ``(height, width)``, else None (the ring's sample shape).
     """
 
     epoch: int
@@ -44,6 +59,7 @@ class BatchReady:
     skipped_keys: tuple[str, ...] = ()
     extras: dict[str, list[Any]] | None = None
     sources: dict[str, int] | None = None
+    shape: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +91,44 @@ class Outbox(Protocol):
 
     def put(self, notice: Notice) -> None:
         """Announce ``notice``, stamped with the generation now (never blocks)."""
+
+
+class Failure(Exception):
+    """A per-sample failure already counted; carries the original exception."""
+
+
+class SampleFailures:
+    """The failures of the epochs in production (on the engine's loop)."""
+
+    def __init__(self, errors: ErrorConfig) -> None:
+        self.errors = errors
+        self._by_epoch: dict[int, list[Exception]] = {}
+
+    def reset(self) -> None:
+        """Production starts again: nothing counted."""
+        self._by_epoch = {}
+
+    def failed(self, exc: BaseException, epoch: int, stage: str, key: str) -> Failure:
+        """A sample failed: raise under "raise" (and for bugs), else count it for "skip"."""
+        if not isinstance(exc, AsyncLoaderError):
+            raise exc
+        exc.add_note(f"asyncloader: stage={stage} key={shown_key(key)}")
+        if self.errors.on_error == "raise":
+            raise exc
+        self._by_epoch.setdefault(epoch, []).append(exc)
+        failure = Failure()
+        failure.__cause__ = exc
+        return failure
+
+    def check(self, epoch: int, samples: int | None, last: bool) -> None:
+        """After a batch of ``epoch`` (of ``samples``; None: not known yet) is published;
+        ``last``: its last one, which forgets the epoch.
+
+        Raises:
+            FailureBudgetExceeded: more failures than the budget allows.
+        """
+        failures = self._by_epoch.get(epoch, [])
+        if len(failures) > self.errors.budget(samples):
+            raise FailureBudgetExceeded.of(failures, epoch, samples, self.errors.max_failures)
+        if last:
+            self._by_epoch.pop(epoch, None)

@@ -27,17 +27,17 @@ import numpy as np
 import numpy.typing as npt
 
 from .._base._config import RunConfig
-from .._base._errors import AsyncLoaderError, FailureBudgetExceeded, shown_key
+from .._base._errors import AsyncLoaderError, shown_key
 from .._base._stats import Counters
 from .._base._types import CachedAt, CacheEvent, DecodeJob, Outcome, Sample
 from .._dataset import Listing
 from .._decode import DecodePool
 from .._device._ring import BatchRing
 from .._fetch import Fetcher
-from ._batches import BatchOrder
+from ._batches import BatchOrder, Geometry, Mark, batch_geometry
 from ._cache_fill import CacheFill, InHand, OnceFetcher
 from ._extras import BatchExtras, ExtrasReader
-from ._notices import BatchReady, EpochEnd, Failed, Outbox, Skipped
+from ._notices import BatchReady, EpochEnd, Failed, Failure, Outbox, SampleFailures, Skipped
 from ._sampler import mix_seed
 
 __all__ = ["Pipeline"]
@@ -45,12 +45,9 @@ __all__ = ["Pipeline"]
 T = TypeVar("T")
 
 
-_Filled = tuple[int, Skipped, "BatchExtras | None", dict[str, int] | None]
-"""A batch made: how many of its samples, those left out, their extras, their sources."""
-
-
-class _Failure(Exception):
-    """A per-sample failure already counted; carries the original exception."""
+_Filled = tuple[int, Skipped, "BatchExtras | None", dict[str, int] | None, tuple[int, int] | None]
+"""A batch made: how many of its samples, those left out, their extras, their sources, its
+shape (a bucketed batch's)."""
 
 
 async def _next(it: AsyncIterator[T]) -> T:
@@ -107,8 +104,9 @@ class Pipeline:
         self._filling = filling
         dataset = listing.dataset
         self._mix = dataset.mix if dataset is not None else None
+        self._geometry = Geometry.of(run, dataset, self.order.bucket_of)
         self._extras = (
-            ExtrasReader(dataset.extras, fetcher, filling, counters, run.seed)
+            ExtrasReader(dataset.extras, fetcher, filling, counters, run.seed, self._geometry)
             if dataset is not None and dataset.extras is not None
             else None
         )
@@ -118,7 +116,7 @@ class Pipeline:
         self._out: set[int] = set()
         self._task: asyncio.Task[None] | None = None
         self._window = asyncio.Semaphore(decode_window)
-        self._failures: dict[int, list[Exception]] = {}
+        self._failures = SampleFailures(run.errors)
         # Each batch's place in the stream: its decode jobs' priority, so that a batch's
         # samples are decoded before a later batch's (cache hits of the next epoch, ready at
         # once, would otherwise hold up the end of this one).
@@ -196,7 +194,7 @@ class Pipeline:
         # One stream of batches across epochs: the next epoch's first batches start while
         # the current epoch's last ones are still in flight (no bubble at the boundary).
         inflight: deque[tuple[int, int, bool, int, asyncio.Task[_Filled]]] = deque()
-        self._failures = {}
+        self._failures.reset()
         batches = self.order.batches(epoch, first_batch, span)
         nxt: asyncio.Task[tuple[int, int, npt.NDArray[np.int64], bool]] | None = None
         try:
@@ -247,7 +245,7 @@ class Pipeline:
         slot: int,
         task: asyncio.Task[_Filled],
     ) -> None:
-        n, skipped, extras, sources = await task
+        n, skipped, extras, sources, shape = await task
         self.counters.batches_produced += 1
         self._out.add(slot)
         self.counters.ring_out = len(self._out)
@@ -262,15 +260,13 @@ class Pipeline:
                 skipped_keys=skipped.keys,
                 extras=extras,
                 sources=sources,
+                shape=shape,
             )
         )
-        failures = self._failures.get(epoch, [])
         # A budget that is a fraction of the epoch waits for a growing listing to complete.
-        samples = self.order.epoch_samples() if self.listing.done else None
-        if len(failures) > self.run.errors.budget(samples):
-            raise FailureBudgetExceeded.of(failures, epoch, samples, self.run.errors.max_failures)
+        samples = self.order.epoch_samples(epoch) if self.listing.done else None
+        self._failures.check(epoch, samples, last)
         if last:
-            self._failures.pop(epoch, None)
             self.output.put(EpochEnd(epoch))
 
     async def _fill(self, slot: int, epoch: int, sel: np.ndarray[Any, Any], seq: int) -> _Filled:
@@ -288,13 +284,15 @@ class Pipeline:
             early = {}
         hits = [j for j in range(len(sel)) if keys[j] in cached]
         hit_set = set(hits)
+        shape, marks = batch_geometry(self._geometry, sel.tolist())
+        seeds = [mix_seed(seed, epoch, int(i)) for i in sel]
         one = partial(self._sample, slot, epoch, seq)
         hit_results, side, *fetched = await asyncio.gather(
-            self._hits(slot, epoch, sel, seq, batch, hits, keys, cached),
+            self._hits(slot, epoch, seq, batch, hits, keys, cached, seeds, marks),
             self._side(epoch, sel),
             *(
-                one(j, mix_seed(seed, epoch, int(i)), batch[j], keys[j], early.get(keys[j]))
-                for j, i in enumerate(sel)
+                one(j, seeds[j], batch[j], keys[j], early.get(keys[j]), marks[j])
+                for j in range(len(sel))
                 if j not in hit_set
             ),
             return_exceptions=True,
@@ -311,7 +309,7 @@ class Pipeline:
             res = hit_results[j] if j in hit_set else next(rest)
             results.append(res if isinstance(res, BaseException) else None)
         for res in results:
-            if res is not None and not isinstance(res, _Failure):
+            if res is not None and not isinstance(res, Failure):
                 raise res  # "raise" policy, or a bug: the run stops with it
         for j, failure in side_failed.items():
             results[j] = results[j] or failure
@@ -322,13 +320,13 @@ class Pipeline:
             n = len(keep)
             if n:
                 # Compact the survivors to the front, in order (a short, deterministic batch).
-                self.ring.compact(slot, keep)
+                self.ring.compact(slot, keep, shape)
             if extras is not None:
                 extras = {name: [v[j] for j in keep] for name, v in extras.items()}
             skipped = Counter(type(res.__cause__).__name__ for res in results if res is not None)
             named = tuple(shown_key(batch[j].obj.key) for j in failed)
-            return n, Skipped(skipped, named), extras, self._count(sel[keep])
-        return len(sel), Skipped(), extras, self._count(sel)
+            return n, Skipped(skipped, named), extras, self._count(sel[keep]), shape
+        return len(sel), Skipped(), extras, self._count(sel), shape
 
     def _count(self, sel: np.ndarray[Any, Any]) -> dict[str, int] | None:
         """How many of the samples ``sel`` each source gave (several sources only)."""
@@ -342,33 +340,33 @@ class Pipeline:
         if self._extras is None:
             return None, {}
         return await self._extras.batch(
-            epoch, sel.tolist(), lambda exc, key: self._failed(exc, epoch, "sidecar", key)
+            epoch, sel.tolist(), lambda exc, key: self._failures.failed(exc, epoch, "sidecar", key)
         )
 
     async def _hits(
         self,
         slot: int,
         epoch: int,
-        sel: np.ndarray[Any, Any],
         seq: int,
         batch: list[Sample],
         hits: list[int],
         keys: list[str],
         cached: dict[str, CachedAt | None],
+        seeds: list[int],
+        marks: list[Mark | None],
     ) -> dict[int, BaseException | None]:
         """Decode a batch's cache hits as one group: no task, window permit or future per
         sample.  Entries evicted since the index query go the fetch path after all.  Returns
-        each hit's failure (``_Failure`` under "skip"), or None."""
+        each hit's failure (``Failure`` under "skip"), or None."""
         out: dict[int, BaseException | None] = {}
         if not hits:
             return out
-        seed = self.run.seed
         c = self.counters
         jobs = []
-        seeds = {j: mix_seed(seed, epoch, int(sel[j])) for j in hits}
         for j in hits:
             obj = batch[j].obj
-            jobs.append(DecodeJob(cached[keys[j]], slot, j, seeds[j], obj.key, keys[j], obj.size))
+            at = cached[keys[j]]
+            jobs.append(DecodeJob(at, slot, j, seeds[j], obj.key, keys[j], obj.size, marks[j]))
         c.decode_queue += len(jobs)
         try:
             outcomes = await self.pool.decode_many(jobs, seq)
@@ -378,7 +376,7 @@ class Pipeline:
         for j, outcome in zip(hits, outcomes, strict=True):
             sample = batch[j]
             if isinstance(outcome, BaseException):
-                out[j] = self._failed(outcome, epoch, "cache", sample.obj.key)
+                out[j] = self._failures.failed(outcome, epoch, "cache", sample.obj.key)
                 continue
             if outcome.events & CacheEvent.MISS:  # evicted or damaged since the index check
                 self._account(outcome)
@@ -388,24 +386,13 @@ class Pipeline:
             self.ring.labels[slot, j] = sample.label
             out[j] = None
         if gone:
+            one = partial(self._sample, slot, epoch, seq)
             again = await asyncio.gather(
-                *(self._sample(slot, epoch, seq, j, seeds[j], batch[j], keys[j]) for j in gone),
+                *(one(j, seeds[j], batch[j], keys[j], None, marks[j]) for j in gone),
                 return_exceptions=True,
             )
             out.update(zip(gone, again, strict=True))
         return out
-
-    def _failed(self, exc: BaseException, epoch: int, stage: str, key: str) -> _Failure:
-        """A sample failed: raise under "raise" (and for bugs), else count it for "skip"."""
-        if not isinstance(exc, AsyncLoaderError):
-            raise exc
-        exc.add_note(f"asyncloader: stage={stage} key={shown_key(key)}")
-        if self.run.errors.on_error == "raise":
-            raise exc
-        self._failures.setdefault(epoch, []).append(exc)
-        failure = _Failure()
-        failure.__cause__ = exc
-        return failure
 
     async def _sample(
         self,
@@ -417,6 +404,7 @@ class Pipeline:
         sample: Sample,
         cache_key: str,
         early: InHand | None = None,
+        mark: Mark | None = None,
     ) -> None:
         """Fetch one sample, then decode it into ``slot`` (storing it in the cache).
         ``early``: its bytes, or their fetch, in hand before the batch's index query."""
@@ -432,7 +420,7 @@ class Pipeline:
                     if early is None and once.written_lately(cache_key):
                         # Written after this batch's index query: read from the cache.
                         stage = "cache"
-                        job = DecodeJob(None, slot, j, seed, obj.key, cache_key, obj.size)
+                        job = DecodeJob(None, slot, j, seed, obj.key, cache_key, obj.size, mark)
                         outcome = await self._decode(job, seq)
                         del job
                         if not outcome.events & CacheEvent.MISS:
@@ -447,7 +435,7 @@ class Pipeline:
                     fetch = self.fetcher.fetch(obj) if once is None else once.fetch(obj, cache_key)
                     data = await fetch
                 stage = "decode"
-                job = DecodeJob(data, slot, j, seed, obj.key, "", obj.size)
+                job = DecodeJob(data, slot, j, seed, obj.key, "", obj.size, mark)
                 del data  # the job holds the bytes until the worker is done with them
                 outcome = await self._decode(job, seq)
                 del job
@@ -456,4 +444,4 @@ class Pipeline:
                 self._account(outcome, obj.size)
             self.ring.labels[slot, j] = sample.label
         except AsyncLoaderError as exc:
-            raise self._failed(exc, epoch, stage, obj.key) from exc
+            raise self._failures.failed(exc, epoch, stage, obj.key) from exc

@@ -44,7 +44,17 @@ __all__ = [
 VERSION = 2
 
 # A state saved with other values of these would repeat or skip samples.
-_SAME = ("filters", "num_objects", "mix", "seed", "shuffle", "batch_size", "drop_last", "even")
+_SAME = (
+    "filters",
+    "buckets",
+    "num_objects",
+    "mix",
+    "seed",
+    "shuffle",
+    "batch_size",
+    "drop_last",
+    "even",
+)
 _LAYOUT = ("world_size", "local_world_size", "num_workers")
 # Every key of a state, in the order loader_state gives them.
 KEYS = (
@@ -57,6 +67,7 @@ KEYS = (
     "num_objects",
     "mix",
     "filters",
+    "buckets",
     "seed",
     "shuffle",
     "batch_size",
@@ -147,6 +158,7 @@ def loader_state(
         "num_objects": num_objects,
         "mix": None if mix is None else mix.describe(),
         "filters": describe(run.filters),
+        "buckets": None if run.buckets is None else run.buckets.describe(),
         "seed": run.seed,
         "shuffle": run.shuffle,
         "batch_size": run.batch_size,

@@ -16,6 +16,7 @@ from .._dataset._mix import Mix
 
 __all__ = [
     "batch_owner",
+    "bucketed",
     "consumed_prefix",
     "covered",
     "epoch_indices",
@@ -57,8 +58,8 @@ def _even(order: npt.NDArray[np.int64], parts: int, even: EvenPolicy) -> npt.NDA
     rem = n % parts
     if not rem:
         return order
-    if even == "pad" and n:
-        return np.resize(order, n + parts - rem)
+    if even == "pad" and n:  # rows (a bucketed epoch's batches) repeat whole
+        return np.resize(order, (n + parts - rem, *order.shape[1:]))
     return order[: n - rem]
 
 
@@ -139,6 +140,7 @@ def epoch_indices(
     start: int = 0,
     end: int | None = None,
     mix: Mix | None = None,
+    buckets: tuple[npt.NDArray[np.int64], int] | None = None,
 ) -> npt.NDArray[np.int64]:
     """Indices into the object list that ``rank`` visits in ``epoch``, in order.
 
@@ -164,6 +166,12 @@ def epoch_indices(
     ``mix`` (several sources, or a ``samples_per_epoch``): the epoch's order is
     :func:`mixed_order`'s, dealt to the ranks as a permutation is.
 
+    ``buckets``: ``(bucket_of, batch_size)``, each sample's aspect-ratio bucket: the order is
+    regrouped into batches of one bucket (:func:`bucketed`) and the ranks take whole
+    batches, rank ``r`` batches ``r, r + world_size, ...`` (``even`` pads with whole batches
+    or drops the last round); ``start``/``end`` are then positions of the regrouped order,
+    at batch boundaries.
+
     Raises:
         ValueError: on an impossible rank, world size or node layout.
     """
@@ -171,6 +179,8 @@ def epoch_indices(
         raise ValueError(f"rank {rank} is not in a world of size {world_size}")
     if shuffle == "node" and mix is not None:
         raise ValueError("node-local shuffle reads one source, a whole epoch at a time")
+    if shuffle == "node" and buckets is not None:
+        raise ValueError("aspect-ratio buckets need a global shuffle (or none)")
     if shuffle == "node" and (start or end is not None):
         raise ValueError("node-local shuffle deals whole epochs only")
     if shuffle == "node":
@@ -198,11 +208,40 @@ def epoch_indices(
         order = _permutation(n, mix_seed(seed, epoch))
     else:
         order = np.arange(n, dtype=np.int64)
+    if buckets is not None:
+        bucket_of, size = buckets
+        order = bucketed(order, bucket_of, size)[start:end].reshape(-1, size)
+        return _even(order, world_size, even)[rank::world_size].reshape(-1)
     if start or end is not None:
         order = order[start:end]
     if world_size > 1:
         order = _even(order, world_size, even)[rank::world_size]
     return order
+
+
+def bucketed(
+    order: npt.NDArray[np.int64], bucket_of: npt.NDArray[np.int64], batch_size: int
+) -> npt.NDArray[np.int64]:
+    """``order`` regrouped into batches of one bucket each: walking it, each sample joins
+    its bucket's pending batch (``bucket_of[sample]``), and a batch goes out, in the place
+    its last sample had, when it is full.  What each bucket holds at the end — fewer than a
+    batch — is left out of the epoch (the same rule every epoch; the shuffle leaves other
+    samples over each time).  Returns the epoch's batches one after another (a multiple of
+    ``batch_size`` long)."""
+    if not len(order):
+        return order
+    b = bucket_of[order]
+    by_bucket = np.argsort(b, kind="stable")  # positions of the order, bucket by bucket
+    starts = np.flatnonzero(np.r_[True, b[by_bucket][1:] != b[by_bucket][:-1]])
+    ends = np.r_[starts[1:], len(b)]
+    blocks, done = [], []
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        full = (hi - lo) // batch_size * batch_size
+        pos = by_bucket[lo : lo + full]
+        blocks.append(order[pos].reshape(-1, batch_size))
+        done.append(pos[batch_size - 1 :: batch_size])
+    rows = np.concatenate(blocks)
+    return rows[np.argsort(np.concatenate(done), kind="stable")].reshape(-1)
 
 
 def covered(n: int, world_size: int, even: EvenPolicy) -> int:
@@ -239,8 +278,31 @@ def unshuffled_batch(
     return np.arange(first, first + batch_size, dtype=np.int64) * world_size + rank
 
 
-def samples_per_epoch(n: int, r: RunConfig, mix: Mix | None = None) -> int:
-    """Samples a rank sees per epoch of ``n`` objects (the same every epoch)."""
+def samples_per_epoch(
+    n: int,
+    r: RunConfig,
+    mix: Mix | None = None,
+    *,
+    buckets: npt.NDArray[np.int64] | None = None,
+    epoch: int = 0,
+) -> int:
+    """Samples a rank sees per epoch of ``n`` objects (the same every epoch, but for a
+    bucketed run's: ``buckets``, each sample's bucket, leaves over what does not fill a
+    batch, which may differ between the epochs of a mix; that of ``epoch`` then)."""
+    if buckets is not None:
+        return len(
+            epoch_indices(
+                n,
+                seed=r.seed,
+                epoch=epoch,
+                shuffle=r.shuffle,
+                rank=r.rank,
+                world_size=r.world_size,
+                even=r.shard.even,
+                mix=mix,
+                buckets=(buckets, r.batch_size),
+            )
+        )
     if mix is not None:
         return len(_even(np.arange(mix.length), r.world_size, r.shard.even)[r.rank :: r.world_size])
     return len(

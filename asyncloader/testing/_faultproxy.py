@@ -53,6 +53,7 @@ class FaultProxy(Equipment):
         self.injected = 0
         self.requests = 0
         self.targets: Counter[str] = Counter()  # "GET /bucket/key?query" of every request
+        self.ranges: Counter[str] = Counter()  # the same, of requests with a Range header
         self.authorizations: Counter[str] = Counter()  # Authorization values seen
         self._revoked: set[str] = set()
         self._read_only: set[str] = set()
@@ -183,6 +184,7 @@ class FaultProxy(Equipment):
                 target = lines[0].split(" ")[1] if lines[0].count(" ") >= 2 else "/"
                 length = 0
                 authorization = ""
+                ranged = False
                 for line in lines[1:]:
                     name, _, value = line.partition(":")
                     name = name.strip().lower()
@@ -190,9 +192,15 @@ class FaultProxy(Equipment):
                         length = int(value.strip())
                     elif name == "authorization":
                         authorization = value.strip()
+                    elif name == "range":
+                        ranged = True
                 body = await reader.readexactly(length) if length else b""
                 await self._wait_gates(unquote(target))
-                rule = self._pick(unquote(target), authorization, lines[0].split(" ")[0])
+                method = lines[0].split(" ")[0]
+                if ranged:
+                    with self._lock:
+                        self.ranges[f"{method} {unquote(target)}"] += 1
+                rule = self._pick(unquote(target), authorization, method)
                 if rule is not None:
                     xml = (
                         '<?xml version="1.0" encoding="utf-8"?>'

@@ -1,0 +1,364 @@
+"""Aspect-ratio buckets (``buckets=``): each image to the bucket nearest its aspect ratio,
+resized to cover it and cropped to it; every batch one bucket ``[B, 3, h, w]``; the
+epoch's batches made from the seed and the epoch alone (what a bucket leaves over is left
+out), ranks taking whole batches, resume and elastic resume exact; sizes from the metadata
+file or one header read per object, kept for the next run; ``original_size`` and
+``crop_top_left`` as extras; the pixels Pillow's resize of the same box."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+import asyncloader as al
+from asyncloader._decode._transforms import bucket_plan
+from asyncloader._run._sampler import bucketed, consumed_prefix, epoch_indices
+from asyncloader.testing import FaultProxy, MotoServer
+
+# --- the buckets, the plan and the epoch's batches (pure) ---------------------------------
+
+
+def test_make_buckets_is_sdxl_s_set() -> None:
+    b = al.make_buckets(1024 * 1024)
+    assert (1024, 1024) in b.sizes and (832, 1216) in b.sizes and (1216, 832) in b.sizes
+    for h, w in b.sizes:
+        assert h % 64 == 0 and w % 64 == 0 and h * w <= 1024 * 1024
+        assert 0.25 <= w / h <= 4.0
+    ratios = [w / h for h, w in b.sizes]
+    assert ratios == sorted(ratios) and len(set(ratios)) == len(ratios)
+    assert b.max_pixels == max(h * w for h, w in b.sizes)
+    with pytest.raises(ValueError, match="no buckets"):
+        al.make_buckets(100, step=64)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "says"),
+    [((), "at least one"), (((0, 10),), "whole pixels"), (((10, 10), (10, 10)), "twice")],
+)
+def test_bad_buckets_are_refused(sizes: Any, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        al.Buckets(sizes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(8, 512), st.integers(8, 512)), min_size=1, max_size=6, unique=True
+    ),
+    st.lists(st.tuples(st.integers(1, 4000), st.integers(1, 4000)), min_size=1, max_size=20),
+)
+def test_each_image_goes_to_the_nearest_bucket_on_a_log_scale(
+    sizes: list[tuple[int, int]], images: list[tuple[int, int]]
+) -> None:
+    b = al.Buckets(tuple(sizes))
+    got = b.nearest([h for h, _ in images], [w for _, w in images])
+    for (h, w), k in zip(images, got.tolist(), strict=True):
+        dist = [abs(math.log(w / h) - math.log(bw / bh)) for bh, bw in sizes]
+        assert dist[k] <= min(dist) + 1e-12
+        assert k == dist.index(min(dist)) or abs(dist[k] - min(dist)) < 1e-12
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 3000),
+    st.integers(1, 3000),
+    st.tuples(st.integers(1, 600), st.integers(1, 600)),
+    st.integers(0, 2**32),
+    st.sampled_from(["random", "center"]),
+)
+def test_a_bucket_plan_covers_the_bucket_from_inside_the_image(
+    width: int, height: int, size: tuple[int, int], seed: int, crop: str
+) -> None:
+    plan, (top, left) = bucket_plan(width, height, size, random.Random(seed), crop=crop)
+    bh, bw = size
+    assert plan.size == (bw, bh)
+    x0, y0, x1, y1 = plan.box
+    assert -1e-9 <= x0 < x1 <= width + 1e-9 and -1e-9 <= y0 < y1 <= height + 1e-9
+    scale = max(bw / width, bh / height)
+    rw, rh = max(bw, round(width * scale)), max(bh, round(height * scale))
+    assert 0 <= left <= rw - bw and 0 <= top <= rh - bh
+    if crop == "center":
+        assert (top, left) == ((rh - bh) // 2, (rw - bw) // 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), min_size=0, max_size=60),
+    st.integers(1, 5),
+    st.integers(0, 1000),
+)
+def test_the_epoch_s_batches_hold_one_bucket_each_and_each_sample_once(
+    bucket_of: list[int], batch_size: int, seed: int
+) -> None:
+    buckets = np.asarray(bucket_of, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(len(buckets)).astype(np.int64)
+    out = bucketed(order, buckets, batch_size)
+    assert len(out) % batch_size == 0 and len(set(out.tolist())) == len(out)
+    blocks = out.reshape(-1, batch_size)
+    for block in blocks:
+        assert len(set(buckets[block].tolist())) == 1
+    # Per bucket: its first samples in the order, as many full batches as it fills.
+    for k, count in Counter(bucket_of).items():
+        mine = [int(i) for i in order if buckets[i] == k]
+        kept = [int(i) for i in out if buckets[i] == k]
+        assert kept == mine[: count // batch_size * batch_size]
+    # A batch goes out where its last sample stood: in that order.
+    place = {int(i): p for p, i in enumerate(order)}
+    ends = [max(place[int(i)] for i in block) for block in blocks]
+    assert ends == sorted(ends)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 2), min_size=1, max_size=80),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.sampled_from(["pad", "drop"]),
+    st.integers(0, 5),
+)
+def test_ranks_take_whole_batches_and_an_elastic_resume_deals_the_rest(
+    bucket_of: list[int], batch_size: int, old: int, new: int, even: str, taken: int
+) -> None:
+    """Rank r takes batches r, r + world, …; after ``taken`` batches a rank on ``old``
+    ranks, ``new`` ranks dealing the rest of the order deliver exactly its other batches."""
+    n = len(bucket_of)
+    buckets = (np.asarray(bucket_of, dtype=np.int64), batch_size)
+    kw: dict[str, Any] = {"seed": 3, "epoch": 1, "shuffle": True, "even": even, "buckets": buckets}
+    whole = bucketed(
+        epoch_indices(n, seed=3, epoch=1, shuffle=True), buckets[0], batch_size
+    ).reshape(-1, batch_size)
+    ranks = [
+        epoch_indices(n, rank=r, world_size=old, **kw).reshape(-1, batch_size) for r in range(old)
+    ]
+    assert len({len(r) for r in ranks}) == 1  # the same count on every rank
+    for r, got in enumerate(ranks):
+        for b, block in enumerate(got):
+            g = b * old + r
+            if g < len(whole):
+                assert block.tolist() == whole[g].tolist()
+    if even == "drop":
+        assert sum(len(r) for r in ranks) == len(whole) - len(whole) % old
+    taken = min(taken, len(ranks[0]))
+    start = consumed_prefix(taken, batch_size, old, 0, len(whole) * batch_size)
+    rest = [
+        epoch_indices(n, rank=r, world_size=new, start=start, end=None, **kw) for r in range(new)
+    ]
+    assert len({len(r) for r in rest}) == 1
+    left = whole.reshape(-1)[start:].tolist()
+    delivered = [i for r in rest for i in r.tolist()]
+    if even == "pad":
+        assert set(delivered) == set(left)
+    else:
+        assert set(delivered) <= set(left) and len(delivered) == len(set(delivered))
+        assert len(left) - len(delivered) < new * batch_size
+
+
+# --- from moto: shapes, requests, pixels, extras, resume ----------------------------------
+
+SHAPES = [(60, 60), (40, 90), (90, 40)]  # height, width: 1:1, 9:4, 4:9
+BUCKETS = al.Buckets(((32, 32), (24, 48), (48, 24)))
+N = 30
+
+
+def _jpeg(i: int) -> bytes:
+    h, w = SHAPES[i % 3]
+    pixels = (np.random.default_rng(i).random((h, w, 3)) * 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _score(i: int) -> int:
+    return i % 5
+
+
+@pytest.fixture(scope="module")
+def shapes(moto: MotoServer) -> tuple[str, str]:
+    """Two folders on moto of ``N`` JPEGs each in three aspect ratios, with a
+    ``metadata.jsonl`` of captions and scores (no width/height); ``b/`` has its objects'
+    indices from ``N`` on.  The bucket and moto's endpoint."""
+    bucket = "shapes"
+    moto.create_bucket(bucket)
+    for folder, base in (("a", 0), ("b", N)):
+        rows = []
+        for i in range(base, base + N):
+            moto.put(bucket, f"{folder}/{i:03d}.jpg", _jpeg(i))
+            rows.append(
+                {"file_name": f"{i:03d}.jpg", "idx": i, "text": f"t{i}", "score": _score(i)}
+            )
+        moto.put(
+            bucket, f"{folder}/metadata.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()
+        )
+    return bucket, moto.endpoint
+
+
+def _loader(url: Any, endpoint: str, **kw: Any) -> al.ImageLoader:
+    kw.setdefault("engine", al.EngineConfig(mode="inline"))
+    kw.setdefault("buckets", BUCKETS)
+    return al.ImageLoader(
+        url,
+        batch_size=3,
+        labels="idx",
+        filters=[("score", ">=", 1)],
+        extras=("text", "original_size", "crop_top_left", "seed"),
+        decode=al.DecodeConfig(workers=2),
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
+        **kw,
+    )
+
+
+def _batches(
+    loader: al.ImageLoader,
+) -> list[tuple[tuple[int, ...], list[int], dict[str, Any], Any]]:
+    return [(tuple(x.shape), y.tolist(), ex, x) for x, y, ex in loader]  # type: ignore[misc]
+
+
+def test_bucketed_batches_from_moto_with_filters_and_header_reads(
+    shapes: tuple[str, str], tmp_path: Path
+) -> None:
+    bucket, endpoint = shapes
+    kept = [i for i in range(N) if _score(i) >= 1]
+    with FaultProxy(endpoint) as proxy:
+        with _loader(
+            f"s3://{bucket}/a/",
+            proxy.endpoint,
+            cache_dir=str(tmp_path),
+            seed=5,
+            engine=al.EngineConfig(processes=2),
+        ) as loader:
+            got = _batches(loader)
+            stats = loader.stats()
+            assert len(loader) == len(got)
+        first, headers = Counter(proxy.targets), Counter(proxy.ranges)
+        with _loader(f"s3://{bucket}/a/", proxy.endpoint, cache_dir=str(tmp_path), seed=5) as again:
+            assert [b[1] for b in _batches(again)] == [b[1] for b in got]
+        second = Counter(proxy.ranges) - headers
+    # Every batch one bucket; every kept sample at most once; per bucket, all but fewer
+    # than a batch.
+    seen = [i for _, labels, _, _ in got for i in labels]
+    assert len(seen) == len(set(seen)) and set(seen) <= set(kept)
+    for shape, labels, extras, _ in got:
+        assert shape[0] == 3 and shape[1] == 3 and tuple(shape[2:]) in BUCKETS.sizes
+        assert extras["text"] == [f"t{i}" for i in labels]
+        assert extras["original_size"] == [SHAPES[i % 3] for i in labels]
+    per_bucket = Counter(SHAPES[i % 3] for i in kept)
+    for hw, count in per_bucket.items():
+        delivered = sum(1 for i in seen if SHAPES[i % 3] == hw)
+        assert count - 3 < delivered <= count and delivered % 3 == 0
+    assert stats.filtered_out == N - len(kept)
+    # No filtered-out object requested; one header read (a range request) per kept object,
+    # and a GET of each delivered one; in the second run on the same node no header read.
+    for i in range(N):
+        key = f"GET /{bucket}/a/{i:03d}.jpg"
+        assert headers[key] == (1 if i in kept else 0), key
+        assert first[key] >= (2 if i in seen else 1 if i in kept else 0), key
+        assert first[key] <= (2 if i in kept else 0), key
+        assert second[key] == 0, key
+    # The pixels: Pillow's resize of the box the sample's seed draws, into its bucket.
+    for shape, labels, extras, images in got[:3]:
+        for j, i in enumerate(labels):
+            h, w = SHAPES[i % 3]
+            plan, corner = bucket_plan(w, h, shape[2:], random.Random(extras["seed"][j]))
+            assert corner == tuple(extras["crop_top_left"][j])
+            with Image.open(io.BytesIO(_jpeg(i))) as img:
+                want = np.asarray(
+                    img.convert("RGB").resize(plan.size, Image.Resampling.BILINEAR, box=plan.box)
+                )
+            assert np.array_equal(images[j].numpy().transpose(1, 2, 0), want), i
+
+
+def test_sizes_from_the_metadata_need_no_header_read(moto: MotoServer) -> None:
+    bucket = "shapes-sized"
+    moto.create_bucket(bucket)
+    rows = []
+    for i in range(9):
+        moto.put(bucket, f"s/{i}.jpg", _jpeg(i))
+        h, w = SHAPES[i % 3]
+        rows.append({"file_name": f"{i}.jpg", "width": w, "height": h})
+    moto.put(bucket, "s/metadata.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    with FaultProxy(moto.endpoint) as proxy:
+        with al.ImageLoader(
+            f"s3://{bucket}/s/",
+            batch_size=3,
+            labels=None,
+            buckets=BUCKETS,
+            engine=al.EngineConfig(mode="inline"),
+            store=al.StoreConfig(options={"endpoint_url": proxy.endpoint}),
+        ) as loader:
+            shapes = sorted(tuple(x.shape[2:]) for x, _ in loader)
+        assert shapes == sorted(BUCKETS.sizes)
+        assert not proxy.ranges  # no header read
+        assert all(proxy.targets[f"GET /{bucket}/s/{i}.jpg"] for i in range(9))
+    # A size the metadata gets wrong is the sample's error, never wrong pixels.
+    rows[4]["width"] = 200
+    moto.put(bucket, "s/metadata.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    with (
+        al.ImageLoader(
+            f"s3://{bucket}/s/",
+            batch_size=3,
+            labels=None,
+            buckets=BUCKETS,
+            shuffle=False,
+            engine=al.EngineConfig(mode="inline"),
+            store=al.StoreConfig(options={"endpoint_url": moto.endpoint}),
+        ) as loader,
+        pytest.raises(
+            al.DecodeError, match=r"4\.jpg is 90x40 pixels, but its size was recorded as 200x40"
+        ),
+    ):
+        list(loader)
+
+
+def test_resume_and_elastic_resume_of_a_bucketed_filtered_mix(shapes: tuple[str, str]) -> None:
+    """Two sources by weight, bucketed and filtered: a state after 2 batches resumes the
+    rest exactly; 2 ranks resumed on 3 and on 1 deliver the rest of the epoch once."""
+    bucket, endpoint = shapes
+    url = [al.Source(f"s3://{bucket}/a/", weight=2), al.Source(f"s3://{bucket}/b/", weight=1)]
+    kw: dict[str, Any] = {"seed": 9, "samples_per_epoch": 36}  # 24 of a, 12 of b
+    with _loader(url, endpoint, **kw) as loader:
+        loader.set_epoch(1)
+        whole = [b[1] for b in _batches(loader)]
+    with _loader(url, endpoint, **kw) as loader:
+        loader.set_epoch(1)
+        it = iter(loader)
+        head = [next(it)[1].tolist() for _ in range(2)]
+        state = loader.state_dict()
+    assert head == whole[:2] and state["buckets"] == BUCKETS.describe()
+    with _loader(url, endpoint, **kw) as loader:
+        loader.load_state_dict(state)
+        assert [b[1] for b in _batches(loader)] == whole[2:]
+    with _loader(url, endpoint, **kw, buckets=al.Buckets(((32, 32),))) as other:
+        with pytest.raises(ValueError, match="buckets"):
+            other.load_state_dict(state)
+
+    # Elastic: 2 ranks take 1 batch each, then 3 ranks (and 1) deal the rest.
+    consumed, saved = [], {}
+    for rank in range(2):
+        with _loader(url, endpoint, rank=rank, world_size=2, **kw) as loader:
+            loader.set_epoch(1)
+            consumed += next(iter(loader))[1].tolist()
+            saved = loader.state_dict() if rank == 0 else saved
+    flat = [i for b in whole for i in b]
+    for new in (3, 1):
+        rest: list[list[int]] = []
+        for rank in range(new):
+            with _loader(url, endpoint, rank=rank, world_size=new, **kw) as loader:
+                loader.load_state_dict(saved)
+                rest.append([i for b in _batches(loader) for i in b[1]])
+        assert len({len(r) for r in rest}) == 1  # the same count on every rank
+        delivered = [i for r in rest for i in r]
+        assert set(delivered) | set(consumed) == set(flat) and not set(delivered) & set(consumed)
+        extra = Counter(delivered) - Counter(flat)  # whole batches repeated to even the ranks
+        assert sum(extra.values()) < new * 3
