@@ -25,9 +25,9 @@ from .._dataset._sizes import bucket_index
 from .._decode._transforms import bucket_plan
 from ._sampler import (
     batch_owner,
-    epoch_indices,
     mix_seed,
     num_batches,
+    run_indices,
     samples_per_epoch,
     unshuffled_batch,
 )
@@ -135,19 +135,13 @@ class BatchOrder:
                     b += 1
                 first_batch = b
                 self.check()
-            indices = epoch_indices(
+            indices = run_indices(
                 len(listing.samples),
-                seed=r.seed,
+                r,
                 epoch=epoch,
-                shuffle=r.shuffle,
-                rank=r.rank,
-                world_size=r.world_size,
-                even=r.shard.even,
-                local_world_size=r.shard.local_world_size,
-                start=span[0] if span else 0,
-                end=span[1] if span else None,
                 mix=listing.dataset.mix if listing.dataset is not None else None,
-                buckets=None if self.bucket_of is None else (self.bucket_of, r.batch_size),
+                buckets=self.bucket_of,
+                span=span,
             )
             span = None
             nb = num_batches(len(indices), r.batch_size, r.shard.drop_last)

@@ -24,6 +24,7 @@ __all__ = [
     "mixed_order",
     "node_subset",
     "num_batches",
+    "run_indices",
     "samples_per_epoch",
     "unshuffled_batch",
 ]
@@ -278,6 +279,34 @@ def unshuffled_batch(
     return np.arange(first, first + batch_size, dtype=np.int64) * world_size + rank
 
 
+def run_indices(
+    n: int,
+    r: RunConfig,
+    *,
+    epoch: int,
+    mix: Mix | None = None,
+    buckets: npt.NDArray[np.int64] | None = None,
+    span: tuple[int, int] | None = None,
+) -> npt.NDArray[np.int64]:
+    """:func:`epoch_indices` of the run ``r`` (its order, rank and even rule) in ``epoch``;
+    ``buckets``: each sample's bucket (batches of ``r.batch_size``), ``span``: the positions
+    of the order to deal."""
+    return epoch_indices(
+        n,
+        seed=r.seed,
+        epoch=epoch,
+        shuffle=r.shuffle,
+        rank=r.rank,
+        world_size=r.world_size,
+        even=r.shard.even,
+        local_world_size=r.shard.local_world_size,
+        start=span[0] if span else 0,
+        end=span[1] if span else None,
+        mix=mix,
+        buckets=None if buckets is None else (buckets, r.batch_size),
+    )
+
+
 def samples_per_epoch(
     n: int,
     r: RunConfig,
@@ -290,19 +319,7 @@ def samples_per_epoch(
     bucketed run's: ``buckets``, each sample's bucket, leaves over what does not fill a
     batch, which may differ between the epochs of a mix; that of ``epoch`` then)."""
     if buckets is not None:
-        return len(
-            epoch_indices(
-                n,
-                seed=r.seed,
-                epoch=epoch,
-                shuffle=r.shuffle,
-                rank=r.rank,
-                world_size=r.world_size,
-                even=r.shard.even,
-                mix=mix,
-                buckets=(buckets, r.batch_size),
-            )
-        )
+        return len(run_indices(n, r, epoch=epoch, mix=mix, buckets=buckets))
     if mix is not None:
         return len(_even(np.arange(mix.length), r.world_size, r.shard.even)[r.rank :: r.world_size])
     return len(
