@@ -362,3 +362,21 @@ def test_resume_and_elastic_resume_of_a_bucketed_filtered_mix(shapes: tuple[str,
         assert set(delivered) | set(consumed) == set(flat) and not set(delivered) & set(consumed)
         extra = Counter(delivered) - Counter(flat)  # whole batches repeated to even the ranks
         assert sum(extra.values()) < new * 3
+
+
+def test_warm_keeps_the_sizes_so_a_bucketed_run_reads_no_header(
+    shapes: tuple[str, str], tmp_path: Path
+) -> None:
+    """``warm`` notes each image's size from the bytes it fetched: the bucketed run after
+    it sends no request at all, the store stopped."""
+    bucket, endpoint = shapes
+    with FaultProxy(endpoint) as proxy:
+        report = al.warm(
+            f"s3://{bucket}/a/", tmp_path, store_options={"endpoint_url": proxy.endpoint}
+        )
+        assert report.failed == [] and not proxy.ranges
+        gone = proxy.endpoint
+    with _loader(f"s3://{bucket}/a/", gone, cache_dir=str(tmp_path), seed=1) as loader:
+        got = _batches(loader)
+        assert loader.stats().requests == 0
+    assert got and all(tuple(shape[2:]) in BUCKETS.sizes for shape, _, _, _ in got)

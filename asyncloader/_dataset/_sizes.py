@@ -27,7 +27,14 @@ from .._base._types import ObjectInfo, ObjectStore
 from ._labels import Dataset
 from ._saved import ListingTurn, listing_path, make_listings_folder
 
-__all__ = ["HEAD_BYTES", "bucket_index", "header_size", "sample_sizes", "sizes_path"]
+__all__ = [
+    "HEAD_BYTES",
+    "bucket_index",
+    "header_size",
+    "keep_sizes",
+    "sample_sizes",
+    "sizes_path",
+]
 
 HEAD_BYTES = 64 * 1024
 """Bytes of an object read for its header: a JPEG's frame header, a PNG's IHDR, a WebP's."""
@@ -151,6 +158,22 @@ async def sample_sizes(
     for i in todo:
         out[i] = kept[(objects[i].key, objects[i].etag)]
     return out
+
+
+async def keep_sizes(url: str, folder: str, sizes: dict[tuple[str, str], tuple[int, int]]) -> None:
+    """Add ``sizes`` (``(key, ETag)`` → ``(height, width)``: headers read some other way,
+    by ``warm`` from the objects it fetched) to those kept for ``url`` in ``folder``."""
+    if not sizes:
+        return
+    path = sizes_path(folder, url)
+    turn = ListingTurn(path.with_suffix(".lock"))
+    await turn.acquire()
+    try:
+        kept = await asyncio.to_thread(_load, path)
+        kept.update(sizes)
+        await asyncio.to_thread(_save, path, kept)
+    finally:
+        turn.release()
 
 
 def bucket_index(dataset: Dataset, buckets: Buckets) -> npt.NDArray[np.int64]:

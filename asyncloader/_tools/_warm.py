@@ -38,6 +38,7 @@ from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import list_objects, metadata_file
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
 from .._dataset._metadata import find_metadata
+from .._dataset._sizes import HEAD_BYTES, header_size, keep_sizes
 from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
 from .._run._build import make_fetcher
 from .._run._cache_fill import CacheFill, entry_key, node_admission, node_objects
@@ -182,6 +183,7 @@ async def warm_cache(
     keys = {o.key: entry_key(store, o.key, o.etag) for o in mine}
     fetcher = make_fetcher(store, counters, FetchConfig(max_inflight=max_inflight), cache.directory)
     refreshed: set[str] = set()  # objects read from the cache for their copies (added first)
+    sizes: dict[tuple[str, str], tuple[int, int]] = {}  # each image's, for buckets
 
     def written(objs: list[str], error: Exception | None) -> None:  # on the writer thread
         if error is None:
@@ -243,6 +245,9 @@ async def warm_cache(
                     except AsyncLoaderError as exc:
                         report.failed.append((shown_key(obj.key), str(exc).splitlines()[0]))
                         continue
+                # Its size, from the header in hand: a bucketed run reads no header again.
+                if (hw := header_size(memoryview(data)[:HEAD_BYTES])) is not None:
+                    sizes[(obj.key, obj.etag)] = hw
                 if on_object is not None:
                     on_object(len(data))
 
@@ -256,6 +261,7 @@ async def warm_cache(
             report.write_cpu_seconds = fill.writer.cpu_seconds
             report.scaled = len(made)
         report.seconds = time.perf_counter() - t0
+        await keep_sizes(store.url, cache.directory, sizes)
         report.bytes_fetched = counters.bytes_fetched
         report.retries = dict(counters.retries)
         return report
