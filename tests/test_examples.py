@@ -111,6 +111,16 @@ def test_train_captions(tmp_path: Path) -> None:
     assert "step 4 epoch 1 loss" in out.stdout
 
 
+def test_train_text_to_image_on_buckets(tmp_path: Path) -> None:
+    args = ["--steps", "5", "--images", "45", "--batch-size", "4"]
+    out = _run([sys.executable, str(EXAMPLES / "train_text_to_image.py"), *args], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step 5 epoch 0 bucket " in out.stdout
+    seen = out.stdout.split("buckets seen: ", 1)[1].split("\n", 1)[0]
+    assert seen.count("(") >= 2  # batches of more than one shape
+    assert "samples left out by filters=: " in out.stdout
+
+
 @pytest.mark.slow
 def test_train_logged_writes_the_job_s_loader_figures_to_tensorboard(tmp_path: Path) -> None:
     """The TensorBoard example under torchrun, 2 ranks: rank 0's event file holds the
