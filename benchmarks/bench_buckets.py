@@ -1,0 +1,186 @@
+"""Bucketed batches against square ones of the same pixels per batch, and the header pass.
+
+The folder: the demo's JPEGs cut to three aspect ratios (1:1, 3:2, 2:3; the long side about
+the demo's) with a ``metadata.jsonl`` (a caption and a score, no width or height), on our
+light S3 server.  Both cases read it through one warmed SSD cache (the decode and the
+crop are what is compared, not the network), 2 decode workers, batches of 32:
+
+* ``square`` — ``RandomResizedCrop(224)``: every batch ``[32, 3, 224, 224]`` (its crops
+  cover 8–100 % of the image, about half on average: less of each image is decoded);
+* ``cover`` — ``Resize(224)``: the shorter side to 224, the centre 224 × 224 cropped — the
+  square bucket's geometry, a crop that covers the image;
+* ``buckets`` — ``make_buckets(224 * 224, ratios=(0.5, 2.0), step=32)``: each image to
+  the bucket nearest its shape (at most 224² pixels), every batch one bucket.
+
+Each case runs in its own process (a loader, one epoch to start, then ``--epochs``
+measured), the three alternating; rounds interleave; medians over rounds.  Printed:
+images/s and the ratios to ``square`` and ``cover``, the loader's CPU seconds per image (its
+process tree), peak RSS and the pixels per image delivered.  Then the header pass: a
+bucketed loader on a cache that holds every image but no sizes — its requests are the
+header reads — requests and bytes per object, and the same loader again: requests then
+(none).
+
+Run: ``python benchmarks/bench_buckets.py [--images 1200] [--rounds 3] [--epochs 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+import asyncloader as al
+from asyncloader.testing import TEST_ENV, S3TestServer, make_jpeg_folder, tree_cpu_seconds
+
+SHAPES = ((1, 1), (2, 3), (3, 2))
+
+
+def shaped_folder(root: Path, images: int) -> Path:
+    out = root / f"shaped-{images}"
+    if (out / "metadata.jsonl").exists():
+        return out
+    source = make_jpeg_folder(root / "jpegs", images=images)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, path in enumerate(sorted(source.glob("class_*/img_*.jpg"))):
+        h, w = SHAPES[i % 3]
+        with Image.open(path) as img:
+            side = min(img.size)
+            cut = img.crop((0, 0, side * w // max(h, w), side * h // max(h, w)))
+            cut.convert("RGB").save(out / f"{i:05d}.jpg", quality=90)
+        rows.append({"file_name": f"{i:05d}.jpg", "text": f"photo {i}", "score": i % 10})
+    (out / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def _options(case: str, endpoint: str, cache: str) -> dict[str, Any]:
+    shape: dict[str, Any] = (
+        {"buckets": al.make_buckets(224 * 224, ratios=(0.5, 2.0), step=32)}
+        if case == "buckets"
+        else {"transform": al.Resize(224) if case == "cover" else al.RandomResizedCrop(224)}
+    )
+    return {
+        "batch_size": 32,
+        "labels": None,
+        "cache_dir": cache,
+        "decode": al.DecodeConfig(workers=2),
+        "store": al.StoreConfig(options={"endpoint_url": endpoint}),
+        **shape,
+    }
+
+
+def run_case(case: str, endpoint: str, cache: str, epochs: int) -> dict[str, float]:
+    """In this process: one epoch to start (listing, sizes, engines), then ``epochs``
+    measured."""
+    with al.ImageLoader("s3://b/train/", **_options(case, endpoint, cache)) as loader:
+        for _ in loader:
+            pass
+        cpu0, t0 = tree_cpu_seconds(), time.perf_counter()
+        images = pixels = 0
+        for epoch in range(1, epochs + 1):
+            loader.set_epoch(epoch)
+            for x, _ in loader:
+                images += len(x)
+                pixels += x.shape[2] * x.shape[3] * len(x)
+        wall, cpu = time.perf_counter() - t0, tree_cpu_seconds() - cpu0
+    return {
+        "images_per_s": images / wall,
+        "cpu_ms_per_image": 1e3 * cpu / images,
+        "pixels_per_image": pixels / images,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def header_pass(endpoint: str, cache: str, objects: int) -> dict[str, float]:
+    """A bucketed loader on a cache holding every image and no sizes: its requests are the
+    header reads.  Then the same loader again (the sizes kept)."""
+    out: dict[str, float] = {}
+    for run in ("first", "again"):
+        with al.ImageLoader("s3://b/train/", **_options("buckets", endpoint, cache)) as loader:
+            next(iter(loader))
+            stats = loader.stats()
+        out[f"{run}_requests_per_object"] = stats.requests / objects
+        out[f"{run}_bytes_per_object"] = stats.bytes_fetched / objects
+    return out
+
+
+def _child(argv: list[str]) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", *argv], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=1200)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--data-dir", default="cache/bench-buckets")
+    p.add_argument("--json", default="")
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        what, endpoint, cache, n = args.child
+        if what == "headers":
+            print(json.dumps(header_pass(endpoint, cache, int(n))))
+        else:
+            print(json.dumps(run_case(what, endpoint, cache, int(n))))
+        return
+    for k, v in TEST_ENV.items():
+        os.environ.setdefault(k, v)
+    folder = shaped_folder(Path(args.data_dir), args.images)
+    rows: dict[str, list[dict[str, float]]] = {"square": [], "cover": [], "buckets": []}
+    server = S3TestServer(load=folder, bucket="b", prefix="train/")
+    with server, tempfile.TemporaryDirectory() as tmp:
+        cache = str(Path(tmp) / "cache")
+        # Fill the cache (and its listing) with an unbucketed epoch: no sizes kept.
+        with al.ImageLoader(
+            "s3://b/train/", **_options("square", server.endpoint, cache)
+        ) as loader:
+            for _ in loader:
+                pass
+        headers = _child(["headers", server.endpoint, cache, str(args.images + 1)])
+        for _ in range(args.rounds):
+            for case in ("square", "cover", "buckets"):
+                rows[case].append(_child([case, server.endpoint, cache, str(args.epochs)]))
+    med = {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in rows.items()}
+    base, cover = med["square"]["images_per_s"], med["cover"]["images_per_s"]
+    print(
+        f"{args.images} images in 3 aspect ratios, batches of 32, 2 decode workers, "
+        f"from the SSD cache; medians of {args.rounds} rounds of {args.epochs} epochs"
+    )
+    for case, m in med.items():
+        print(
+            f"{case:8s} {m['images_per_s']:7.0f} img/s ({m['images_per_s'] / base:.2f} x square, "
+            f"{m['images_per_s'] / cover:.2f} x cover)  "
+            f"{m['cpu_ms_per_image']:.2f} CPU ms/img  {m['pixels_per_image']:.0f} px/img  "
+            f"peak RSS {m['peak_rss_mb']:.0f} MB"
+        )
+    print(
+        f"header pass: {headers['first_requests_per_object']:.2f} requests and "
+        f"{headers['first_bytes_per_object'] / 1024:.1f} KiB per object; again: "
+        f"{headers['again_requests_per_object']:.2f} requests"
+    )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"args": vars(args), "rounds": rows, "medians": med, "headers": headers}, indent=1
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
