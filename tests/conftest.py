@@ -38,7 +38,13 @@ def stacks_if_hung(worker_id: int) -> None:
 
 
 # The longest files on 2 cores (seconds, measured with --durations=0): started first.
-LONGEST = ("test_gpu_check.py", "test_dist_jobs.py", "test_examples.py", "test_torchrun.py")
+LONGEST = (
+    "test_gpu_check.py",
+    "test_dist_jobs.py",
+    "test_examples.py",
+    "test_torchrun.py",
+    "test_buckets.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -210,12 +210,12 @@ def shapes(moto: MotoServer) -> tuple[str, str]:
 def _loader(url: Any, endpoint: str, **kw: Any) -> al.ImageLoader:
     kw.setdefault("engine", al.EngineConfig(mode="inline"))
     kw.setdefault("buckets", BUCKETS)
+    kw.setdefault("extras", ("text", "original_size", "crop_top_left", "seed"))
     return al.ImageLoader(
         url,
         batch_size=3,
         labels="idx",
         filters=[("score", ">=", 1)],
-        extras=("text", "original_size", "crop_top_left", "seed"),
         decode=al.DecodeConfig(workers=2),
         store=al.StoreConfig(options={"endpoint_url": endpoint}),
         **kw,
