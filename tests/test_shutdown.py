@@ -230,6 +230,24 @@ def test_decode_hook_in_an_unguarded_script_is_a_clear_error(
     assert "bootstrapping phase" in out.stderr
 
 
+def test_a_hook_in_a_script_read_from_stdin_runs_inline_with_a_word(
+    light_server: S3TestServer,
+) -> None:
+    """Engine processes cannot import a ``__main__`` read from stdin: its hook runs in the
+    trainer's engine, with the warning that says why, not a dead engine."""
+    body = HOOK_SCRIPT
+    out = subprocess.run(
+        [sys.executable, "-", light_server.endpoint],
+        input=body,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "which another process cannot import" in out.stderr
+    assert out.stdout.strip() == "OK True 0"
+
+
 def test_engines_import_the_package_the_parent_imported(
     light_server: S3TestServer, tmp_path: Path
 ) -> None:

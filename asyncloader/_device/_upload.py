@@ -254,7 +254,11 @@ class Uploader:
             if self.timeline is not None:
                 start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 start.record(copying)
-            src = images if staged is None else self._staging[staged][: images.shape[0]]
+            src = (
+                images
+                if staged is None
+                else self._staging[staged][: images.numel()].view(images.shape)
+            )
             # A slot of a ring on the device is copied there: the batch must not be the
             # slot itself, which the ring refills once this copy is done.
             d_images = src.clone() if src.is_cuda else src.to(dev, non_blocking=True)
@@ -290,17 +294,21 @@ class Uploader:
         """Copy a slot into the next pinned staging buffer (once its last H2D copy is done);
         return the buffer's index.  The slot itself is free as soon as this returns."""
         n = self.depth + 1
-        if not self._staging:
-            self._staging = [
-                torch.empty(images.shape, dtype=torch.uint8).pin_memory() for _ in range(n)
-            ]
+        need = images.numel()
+        if not self._staging or self._staging[0].numel() < need:
+            # Flat buffers, each batch viewed in its own shape (a bucketed run's differ);
+            # made again, larger, once the copies out of the old ones are done.
+            for ev in self._staging_events:
+                if ev is not None:
+                    ev.synchronize()
+            self._staging = [torch.empty(need, dtype=torch.uint8).pin_memory() for _ in range(n)]
             self._staging_events = [None] * n
         i = self._next_staging
         self._next_staging = (i + 1) % n
         ev = self._staging_events[i]
         if ev is not None:
             ev.synchronize()
-        self._staging[i][: images.shape[0]].copy_(images)
+        self._staging[i][:need].view(images.shape).copy_(images)
         return i
 
     def run(

@@ -38,6 +38,7 @@ import contextlib
 import os
 import pickle
 import struct
+import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -403,9 +404,26 @@ class EngineOrder:
         share = replace(self.share, ring=ring, serial=serial)
         order = replace(self, release_fd=release_fd, share=share)
         try:
-            return pickle.dumps(order)
+            data = pickle.dumps(order)
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             raise OrderNotPicklable(str(exc)) from exc
+        if b"__main__" in data and not _main_importable():
+            raise OrderNotPicklable(
+                "it names a function of the script's __main__, which another process "
+                "cannot import (a script read from stdin or given with -c, or a notebook)"
+            )
+        return data
+
+
+def _main_importable() -> bool:
+    """Whether another process can import this one's ``__main__`` as ``spawn`` does: a
+    module run with ``-m``, or a script file that exists."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return True
+    path = getattr(main, "__file__", None)
+    return isinstance(path, str) and os.path.isfile(path)
 
 
 class OrderNotPicklable(Exception):
