@@ -15,6 +15,9 @@ from .conftest import N_IMAGES
 
 
 def _loader(server: S3TestServer, **kw: object) -> al.ImageLoader:
+    """The retries are the fetcher's, the same in either engine mode: inline unless a test
+    says otherwise (an engine process starts in ~1 s on 2 cores)."""
+    kw.setdefault("engine", al.EngineConfig(mode="inline"))
     kw.setdefault("batch_size", 16)
     kw.setdefault("decode", al.DecodeConfig(workers=2))
     kw.setdefault("fetch", al.FetchConfig(backoff_base=0.005, backoff_cap=0.05))

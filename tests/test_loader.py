@@ -25,6 +25,10 @@ def _key_index(jpeg_folder: Path) -> dict[str, int]:
 
 
 def _loader(url: str, backend: Backend, **kw: object) -> al.ImageLoader:
+    """A loader of ``url`` on ``backend``; its engine inline unless a test says otherwise:
+    each backend's store in engine processes (which open it from its options) is in
+    :func:`test_every_sample_once_per_epoch_and_deterministic` and the bad-input test."""
+    kw.setdefault("engine", al.EngineConfig(mode="inline"))
     kw.setdefault("batch_size", 16)
     kw.setdefault("decode", al.DecodeConfig(workers=2))
     given = kw.pop("store", None) or al.StoreConfig()
