@@ -422,13 +422,14 @@ BUCKET_JOB = JOB_COMMON + textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_a_bucketed_filtered_mix_resumes_under_torchrun_on_3_ranks_and_on_1(
+def test_a_bucketed_filtered_mix_resumes_under_torchrun_on_3_ranks(
     shapes: tuple[str, str], tmp_path: Path
 ) -> None:
     """torchrun, 2 ranks, a bucketed, filtered two-source mix stopped after a batch each;
-    rank 0's state restarts the job on 3 ranks and on 1: together with what the stopped job
-    took, the epoch of an uninterrupted run, each sample once (whole batches repeated to
-    even 3 ranks at most)."""
+    rank 0's state restarts the job on 3 ranks: together with what the stopped job took,
+    the epoch of an uninterrupted run, each sample once (whole batches repeated to even 3
+    ranks at most).  (2 → 1 rank, the same arithmetic: in-process above; each torchrun
+    launch costs ~5 s of the 2 cores.)"""
     bucket, endpoint = shapes
     url = [al.Source(f"s3://{bucket}/a/", weight=2), al.Source(f"s3://{bucket}/b/", weight=1)]
     with _loader(
@@ -442,7 +443,7 @@ def test_a_bucketed_filtered_mix_resumes_under_torchrun_on_3_ranks_and_on_1(
     _torchrun(script, 2, endpoint, bucket, "-", str(first), "1")
     consumed = [i for r in json.loads(first.read_text()) for i in r["seen"]]
     assert sorted(consumed) == sorted(whole[:6])  # batches 0 and 1: one a rank
-    for nproc in (3, 1):
+    for nproc in (3,):
         out = tmp_path / f"{nproc}.json"
         _torchrun(script, nproc, endpoint, bucket, f"{first}.state", str(out), "0")
         ranks = json.loads(out.read_text())
