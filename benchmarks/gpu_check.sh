@@ -37,9 +37,11 @@ steps=${*:-tests upload decode node scale}
 export PYTHONUNBUFFERED=1
 if [ "$DRY" = 1 ]; then
     # Tiny sizes: the script and the benchmarks' arguments are what a dry run checks.
-    IMAGES=64 REPEAT=1 RANKS=2 ENGINES=1
+    # One epoch measured, and no simulated training step in the upload step: the same
+    # code paths at a fraction of the CPU (the dry run is part of the test suite).
+    IMAGES=64 REPEAT=1 RANKS=2 ENGINES=1 EPOCHS=1 KEEP_UP=0
 else
-    IMAGES=3000 REPEAT=2 RANKS=8 ENGINES=inline,1,2,4
+    IMAGES=3000 REPEAT=2 RANKS=8 ENGINES=inline,1,2,4 EPOCHS=2 KEEP_UP=1.5
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
     export PYTHONPATH=/tmp/site:$PWD
@@ -99,7 +101,8 @@ for step in $steps; do
             -p no:cacheprovider -p no:benchmark tests/test_gpu_decode.py
         ;;
     upload)
-        run upload 0 80 upload.log python3 benchmarks/bench_upload.py --images "$IMAGES"
+        run upload 0 80 upload.log python3 benchmarks/bench_upload.py --images "$IMAGES" \
+            --keep-up "$KEEP_UP"
         ;;
     decode)
         run decode 1 160 decode.log python3 benchmarks/bench_gpu_decode.py \
@@ -111,7 +114,7 @@ for step in $steps; do
         ;;
     scale)
         run scale 0 80 scale.log python3 benchmarks/bench_scale.py --images "$IMAGES" \
-            --repeat 1 --engines "$ENGINES" --json "$OUT/scale.json"
+            --repeat 1 --epochs "$EPOCHS" --engines "$ENGINES" --json "$OUT/scale.json"
         ;;
     loader)
         run loader 0 240 loader.log python3 benchmarks/bench_loader.py --images "$IMAGES" \
@@ -122,7 +125,7 @@ for step in $steps; do
         # RANKS ranks on the machine's cores, each a default loader (the node's CPU budget
         # shared), against RANKS stock DataLoaders decoding from RAM; total threads at most.
         run node 0 140 node.log python3 benchmarks/bench_node.py --nproc "$RANKS" \
-            --images "$IMAGES" --repeat "$REPEAT" --json "$OUT/node.json"
+            --images "$IMAGES" --repeat "$REPEAT" --epochs "$EPOCHS" --json "$OUT/node.json"
         ;;
     *)
         echo "STEP $step: FAILED (no such step)" | tee -a "$OUT/steps.log"

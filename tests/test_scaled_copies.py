@@ -177,6 +177,9 @@ def large_server(large_folder: Path) -> S3TestServer:
 def _epochs(
     server: S3TestServer, epochs: int, **options: object
 ) -> tuple[list[torch.Tensor], al.Stats]:
+    # Inline unless a test gives the engines (the copies are the cache's and the decode's,
+    # in either mode: the engine-count test runs processes).
+    options.setdefault("engine", al.EngineConfig(mode="inline"))
     loader = al.ImageLoader(
         "s3://b/big/",
         batch_size=2,
