@@ -43,7 +43,6 @@ LONGEST = (
     "test_dist_jobs.py",
     "test_examples.py",
     "test_torchrun.py",
-    "test_buckets.py",
 )
 
 

@@ -11,7 +11,6 @@ import io
 import json
 import math
 import random
-import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,6 @@ import asyncloader as al
 from asyncloader._decode._transforms import bucket_plan
 from asyncloader._run._sampler import bucketed, consumed_prefix, epoch_indices
 from asyncloader.testing import FaultProxy, MotoServer
-
-from .test_torchrun import JOB_COMMON, _torchrun
 
 # --- the buckets, the plan and the epoch's batches (pure) ---------------------------------
 
@@ -383,72 +380,3 @@ def test_warm_keeps_the_sizes_so_a_bucketed_run_reads_no_header(
         got = _batches(loader)
         assert loader.stats().requests == 0
     assert got and all(tuple(shape[2:]) in BUCKETS.sizes for shape, _, _, _ in got)
-
-
-BUCKET_JOB = JOB_COMMON + textwrap.dedent(
-    """
-    import sys
-    import asyncloader as al
-    from asyncloader.torch import ImageDataset
-
-    def main():
-        endpoint, bucket, state_in, out, stop = sys.argv[1:6]
-        dist.init_process_group("gloo")
-        ds = ImageDataset(
-            [al.Source(f"s3://{bucket}/a/", weight=2), al.Source(f"s3://{bucket}/b/", weight=1)],
-            batch_size=3, labels="idx", seed=9, samples_per_epoch=36, extras=("text",),
-            buckets=al.Buckets(((32, 32), (24, 48), (48, 24))), filters=[("score", ">=", 1)],
-            engine=al.EngineConfig(mode="inline"),
-            store=al.StoreConfig(options={"endpoint_url": endpoint}))
-        ds.set_epoch(1)
-        if state_in != "-":
-            ds.load_state_dict(json.load(open(state_in)))
-        seen, batches = [], 0
-        for images, labels, extras in ds:
-            assert tuple(images.shape[2:]) in ((32, 32), (24, 48), (48, 24))
-            assert extras["text"] == [f"t{i}" for i in labels.tolist()]
-            seen += labels.tolist()
-            batches += 1
-            if batches == int(stop):  # pre-empted here
-                if dist.get_rank() == 0:
-                    json.dump(ds.state_dict(), open(out + ".state", "w"))
-                break
-        finish({"seen": seen, "batches": batches}, out)
-
-    if __name__ == "__main__":
-        main()
-    """
-)
-
-
-@pytest.mark.slow
-def test_a_bucketed_filtered_mix_resumes_under_torchrun_on_3_ranks(
-    shapes: tuple[str, str], tmp_path: Path
-) -> None:
-    """torchrun, 2 ranks, a bucketed, filtered two-source mix stopped after a batch each;
-    rank 0's state restarts the job on 3 ranks: together with what the stopped job took,
-    the epoch of an uninterrupted run, each sample once (whole batches repeated to even 3
-    ranks at most).  (2 → 1 rank, the same arithmetic: in-process above; each torchrun
-    launch costs ~5 s of the 2 cores.)"""
-    bucket, endpoint = shapes
-    url = [al.Source(f"s3://{bucket}/a/", weight=2), al.Source(f"s3://{bucket}/b/", weight=1)]
-    with _loader(
-        url, endpoint, seed=9, samples_per_epoch=36, extras=("text",)
-    ) as loader:  # one rank
-        loader.set_epoch(1)
-        whole = [i for b in _batches(loader) for i in b[1]]
-    script = tmp_path / "job.py"
-    script.write_text(BUCKET_JOB)
-    first = tmp_path / "first.json"
-    _torchrun(script, 2, endpoint, bucket, "-", str(first), "1")
-    consumed = [i for r in json.loads(first.read_text()) for i in r["seen"]]
-    assert sorted(consumed) == sorted(whole[:6])  # batches 0 and 1: one a rank
-    for nproc in (3,):
-        out = tmp_path / f"{nproc}.json"
-        _torchrun(script, nproc, endpoint, bucket, f"{first}.state", str(out), "0")
-        ranks = json.loads(out.read_text())
-        assert len({r["batches"] for r in ranks}) == 1, ranks  # equal counts: no hang
-        rest = [i for r in ranks for i in r["seen"]]
-        assert set(rest) | set(consumed) == set(whole) and not set(rest) & set(consumed)
-        extra = Counter(rest) - Counter(whole)  # whole batches repeated to even the ranks
-        assert sum(extra.values()) < nproc * 3
