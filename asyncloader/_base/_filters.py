@@ -177,12 +177,15 @@ def keep_mask(
     names: Sequence[str],
     *,
     table: str,
+    known: Sequence[str] | None = None,
 ) -> npt.NDArray[np.bool_]:
     """Which of ``n`` samples pass ``filters`` over their ``columns`` (each ``n`` values).
 
     Args:
         names: The samples' names, for errors.
         table: What the columns come from, for errors (``"metadata.jsonl and the listing"``).
+        known: Every column there is, for errors, where ``columns`` holds only those the
+            filters name (default: ``columns``'s).
 
     Raises:
         ValueError: a column no table has (naming those it has), or a value that cannot be
@@ -191,9 +194,8 @@ def keep_mask(
     for group in filters:
         for column, _, _ in group:
             if column not in columns:
-                raise ValueError(
-                    f"filters: no column {column!r} in {table} (there: {', '.join(columns)})"
-                )
+                there = ", ".join(columns if known is None else known)
+                raise ValueError(f"filters: no column {column!r} in {table} (there: {there})")
     keep = np.zeros(n, dtype=bool)
     for group in filters:
         ok = np.ones(n, dtype=bool)

@@ -14,7 +14,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._stats import BOUNDS, Stats, verdict
+from ._bound import BOUNDS, verdict
+from ._stats import Stats
 
 __all__ = ["SCALARS", "Point", "Waits", "scalars"]
 

@@ -13,18 +13,13 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Literal
 
+from ._bound import BOUNDS, TELL_AFTER, Bound, verdict
 from ._errors import first_keys
 from ._latency import LatencyWindow
 from ._types import CacheEvent, Outcome
 
-__all__ = ["BOUNDS", "Bound", "Counters", "LatencyWindow", "Stats", "verdict"]
-
-Bound = Literal["fetch", "cache", "decode", "consumer", "unknown"]
-BOUNDS: tuple[Bound, ...] = ("consumer", "decode", "fetch", "cache")
-"""The stages a verdict can name (besides ``"unknown"``)."""
-
+__all__ = ["BOUNDS", "TELL_AFTER", "Bound", "Counters", "LatencyWindow", "Stats", "verdict"]
 
 log = logging.getLogger("asyncloader")
 
@@ -32,10 +27,6 @@ SKIPPED_KEYS = 100
 """Keys of skipped samples that ``stats().skipped_keys`` names (all are counted)."""
 SKIPPED_LOGGED = 10
 """Skipped samples logged one by one (a warning each); then one line says more follow."""
-
-TELL_AFTER = 20
-"""Batches delivered before ``Stats.bound`` names a stage: in a shorter run start-up weighs
-as much as streaming."""
 
 # Counters the lead engine process alone keeps (merged: its value).
 _FIRST = frozenset(
@@ -51,31 +42,6 @@ _FIRST = frozenset(
 )
 # What a counter holds now rather than what it counted: a replaced engine's is gone with it.
 _GAUGES = ("inflight", "inflight_limit", "decode_queue", "ring_out", "ring_slots")
-
-
-def verdict(
-    *,
-    batches: int,
-    wait_fraction: float,
-    decode_utilization: float,
-    cache_hits: int,
-    objects_fetched: int,
-) -> Bound:
-    """Which stage bounds a run (or a stretch of one) that delivered ``batches``, in which
-    the consumer waited ``wait_fraction`` of the time and the decode workers were busy
-    ``decode_utilization`` of it; ``cache_hits`` and ``objects_fetched`` tell the SSD cache
-    from the store."""
-    if batches < TELL_AFTER:
-        return "unknown"  # start-up weighs as much as streaming
-    if wait_fraction < 0.10:
-        return "consumer"  # the consumer hardly ever waited: the loader is ahead of it
-    if decode_utilization >= 0.80:
-        return "decode"
-    if cache_hits > objects_fetched:
-        # Waiting with decode idle, most samples read from the SSD cache: its disk (or its
-        # index), not the store, kept the decode workers waiting.
-        return "cache"
-    return "fetch"
 
 
 @dataclass(slots=True)

@@ -47,7 +47,7 @@ from ._labels import (
 )
 from ._listing import list_and_save, list_objects, listing_turn, metadata_file, saved_listing
 from ._located import read_manifest_file
-from ._metadata import Metadata, find_metadata, read_metadata
+from ._metadata import Metadata, metadata_object, read_metadata
 from ._objects import ObjectList
 from ._saved import listing_path, save_listing
 from ._sizes import metadata_sizes, sample_sizes
@@ -262,11 +262,10 @@ async def open_listing(
         manifest = parse_manifest(manifest_data, labels)
     all_listed = ObjectList.of(objects)
     metadata = None
-    found = find_metadata(all_listed.keys()) if wants_metadata and manifest is None else None
+    found = metadata_object(all_listed) if wants_metadata and manifest is None else None
     if found is not None:
-        obj = next(o for o in all_listed if o.key == found)
-        data = await metadata_file(store, folder, obj, counters)
-        metadata = await asyncio.to_thread(read_metadata, data, found)
+        data = await metadata_file(store, folder, found, counters)
+        metadata = await asyncio.to_thread(read_metadata, data, found.key)
     dataset = await asyncio.to_thread(
         build_dataset,
         all_listed,

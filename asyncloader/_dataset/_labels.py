@@ -276,17 +276,21 @@ def _filtered(
     """The samples of ``dataset`` (keys ``keys``, metadata rows ``rows``) that pass
     ``filters``, with their keys and rows; those left out are counted (``filtered``)."""
     objects = dataset.samples.objects
-    columns: dict[str, Sequence[Any]] = {
-        "size": [s if s >= 0 else None for s in objects.sizes().tolist()],
-        "file_name": keys,
-    }
-    table = "the listing (size, file_name)"
+    named = {column for group in filters for column, _, _ in group}
+    own = {"size", "file_name"} - set(metadata.columns if metadata is not None else ())
+    columns: dict[str, Sequence[Any]] = {}  # those the filters name: one list per column
+    if "size" in named & own:
+        columns["size"] = [s if s >= 0 else None for s in objects.sizes().tolist()]
+    if "file_name" in named & own:
+        columns["file_name"] = keys
+    table, known = "the listing (size, file_name)", ["size", "file_name"]
     if metadata is not None:
         assert rows is not None
-        for name, values in metadata.columns.items():
+        for name in named & set(metadata.columns):
+            values = metadata.columns[name]
             columns[name] = [values[r] if r >= 0 else None for r in rows]
-        table = f"{metadata.name} and the listing"
-    mask = keep_mask(filters, columns, len(keys), keys, table=table)
+        table, known = f"{metadata.name} and the listing", [*metadata.columns, *sorted(own)]
+    mask = keep_mask(filters, columns, len(keys), keys, table=table, known=known)
     at = np.flatnonzero(mask)
     samples = SampleList(objects.take(at), dataset.samples.labels[at])
     left = len(keys) - len(at)

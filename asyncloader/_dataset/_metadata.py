@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._base._types import ObjectInfo
+from ._objects import ObjectList
 
 __all__ = [
     "METADATA_NAMES",
@@ -40,6 +41,7 @@ __all__ = [
     "Extras",
     "Metadata",
     "find_metadata",
+    "metadata_object",
     "parse_sidecar",
     "read_metadata",
     "resolve_extras",
@@ -74,6 +76,14 @@ def find_metadata(keys: Sequence[str]) -> str | None:
     """The metadata file among the listed ``keys`` (at the root: no folder), or None."""
     present = set(keys) & set(METADATA_NAMES)
     return next((n for n in METADATA_NAMES if n in present), None)
+
+
+def metadata_object(listed: ObjectList) -> ObjectInfo | None:
+    """The listed object of the metadata file (:func:`find_metadata`), with its size and
+    ETag, or None."""
+    keys = listed.keys()
+    name = find_metadata(keys)
+    return None if name is None else listed[keys.index(name)]
 
 
 def read_metadata(data: bytes | bytearray, name: str) -> Metadata:

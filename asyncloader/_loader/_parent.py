@@ -144,6 +144,7 @@ class EngineProcesses:
         self._n = n
         self._run = p.run
         self._closed = False
+        self._counts: dict[int, int] = {}  # samples per epoch (a bucketed mix's differ)
         self._lock = threading.Lock()  # sends on the engines' sockets
         self._generation = 0
         self._start: Start = (0, 0, None)  # of the generation
@@ -391,12 +392,15 @@ class EngineProcesses:
         return self._listing.dataset
 
     def epoch_samples(self, epoch: int = 0) -> int:
-        dataset = self.dataset()
         buckets = self._run.buckets
-        bucket_of = bucket_index(dataset, buckets) if buckets is not None else None
-        return samples_per_epoch(
-            len(dataset.samples), self._run, dataset.mix, buckets=bucket_of, epoch=epoch
-        )
+        key = epoch if buckets is not None else 0  # the same in every epoch otherwise
+        if key not in self._counts:  # a bucketed one regroups the whole epoch: once
+            dataset = self.dataset()
+            bucket_of = bucket_index(dataset, buckets) if buckets is not None else None
+            self._counts[key] = samples_per_epoch(
+                len(dataset.samples), self._run, dataset.mix, buckets=bucket_of, epoch=key
+            )
+        return self._counts[key]
 
     def engine_counters(self) -> Counters:
         """The engines' counters, summed (an engine that does not answer within

@@ -37,7 +37,7 @@ from .._cache import ObjectCache
 from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import list_objects, metadata_file
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
-from .._dataset._metadata import find_metadata
+from .._dataset._metadata import metadata_object
 from .._dataset._sizes import HEAD_BYTES, header_size, keep_sizes
 from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
 from .._run._build import make_fetcher
@@ -150,14 +150,12 @@ async def warm_cache(
     # The root's metadata file (captions, columns), kept beside the listing as a loader keeps
     # it: a run with extras= then starts from the node's disk, the store unreachable.
     failed: list[tuple[str, str]] = []
-    meta = find_metadata(objects.keys())
+    meta = metadata_object(objects)
     if meta is not None:
         try:
-            await metadata_file(
-                store, cache.directory, objects[objects.keys().index(meta)], counters
-            )
+            await metadata_file(store, cache.directory, meta, counters)
         except AsyncLoaderError as exc:
-            failed.append((shown_key(meta), str(exc).splitlines()[0]))
+            failed.append((shown_key(meta.key), str(exc).splitlines()[0]))
     wanted = KeyFilter(extensions)
     ordered = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
     # Node i of n, as its loaders read: rank i of n in listing order, or node i of n's
