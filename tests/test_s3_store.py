@@ -6,6 +6,7 @@ Listing, ranges, missing objects and throttling are in the conformance suite
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pickle
 from pathlib import Path
@@ -304,3 +305,70 @@ async def _resolved(bucket: str, endpoint: str | None = None) -> str:
         return store._base + store._base_path
     finally:
         await store.close()
+
+
+def test_moto_checking_every_signature_serves_the_loader(
+    jpeg_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto checking each request as AWS does (the key known to its IAM, the SigV4
+    signature recomputed from the request, the user's policy) serves the loader's GETs,
+    ranged parts, HEADs and a manifest's PUT signed by the lean client and by aiohttp; the
+    same key with a wrong secret is refused as a credentials error.
+
+    moto recomputes a signature from the path and query as it decoded them, so it refuses
+    botocore's own requests for keys with reserved characters and listings with a ``/`` in
+    the query (``delimiter``, ``prefix``): keys here keep to letters, digits and spaces, and
+    the loader reads from a manifest.  Listing and such keys are signed by the same code,
+    checked against botocore's signer (tests/test_sigv4.py)."""
+    files = sorted(jpeg_folder.rglob("*.jpg"))[:6]
+    keys = [f"img {i}.jpg" for i in range(len(files))]
+    with MotoServer(check_credentials=True) as checking:
+        checking.create_bucket("signed")
+        for key, path in zip(keys, files, strict=True):
+            checking.put("signed", key, path.read_bytes())
+        for name, value in checking.credentials().items():
+            monkeypatch.setenv(name, value)
+        rows = []  # with sizes and ETags a manifest is the listing (ETags as boto3's, quoted)
+        for i, key in enumerate(keys):
+            head = checking.client().head_object(Bucket="signed", Key=key)
+            rows.append(
+                {"key": key, "label": i, "size": head["ContentLength"], "etag": head["ETag"]}
+            )
+        manifest = tmp_path / "m.jsonl"
+        manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        for client in ("lean", "aiohttp"):
+            loader = al.ImageLoader(
+                "s3://signed/",
+                labels=str(manifest),
+                batch_size=3,
+                transform=al.Resize(32),
+                fetch=FetchConfig(range_threshold=32 << 10, part_size=16 << 10),
+                engine=al.EngineConfig(mode="inline"),
+                store=al.StoreConfig(
+                    options={"endpoint_url": checking.endpoint, "http_client": client}
+                ),
+            )
+            with loader:
+                labels = sorted(int(x) for _, batch in loader for x in batch)
+                stats = loader.stats()
+            assert labels == list(range(len(keys)))
+            assert stats.requests > len(keys)  # parts: each ~100 KB photo in 16 KiB ranges
+
+        async def main() -> None:
+            store = S3Store("signed", endpoint_url=checking.endpoint)
+            try:
+                info = await store.put("out/manifest.json", b'{"n": 6}')
+                assert (await store.stat("out/manifest.json")).size == info.size == 8
+                assert bytes(await store.get("img 0.jpg", start=0, end=2)) == b"\xff\xd8"
+            finally:
+                await store.close()
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-of-this-key")
+            store = S3Store("signed", endpoint_url=checking.endpoint)
+            try:
+                with pytest.raises(al.AccessDenied, match="credentials") as caught:
+                    await store.get("img 0.jpg")
+                assert "not-the-secret" not in str(caught.value)
+            finally:
+                await store.close()
+
+        run(main())

@@ -11,11 +11,19 @@ import io
 import json
 import re
 
-__all__ = ["is_columnar", "is_manifest", "read_manifest"]
+__all__ = ["is_columnar", "is_manifest", "normalize_etag", "read_manifest"]
 
 # A JSON value that does not become text by itself (true, false, null, a list or object
 # inside a row); a string that merely looks so only sends the file the slower way.
 _NOT_TEXT = re.compile(r":\s*(?:true|false|null|\[|\{)")
+
+
+def normalize_etag(value: str) -> str:
+    """``W/"abc"`` or ``"abc"`` → ``abc``: ETags as listings report them (a manifest's
+    too, where it was written from boto3's ``head_object``, which keeps the quotes)."""
+    if value.startswith("W/"):
+        value = value[2:]
+    return value.strip('"')
 
 
 def is_manifest(labels: object) -> bool:

@@ -28,7 +28,7 @@ import numpy.typing as npt
 from .._base._config import IMAGE_EXTENSIONS
 from .._base._errors import StoreError, shown_key
 from .._base._filters import Normal, keep_mask
-from .._base._manifest import is_manifest, read_manifest
+from .._base._manifest import is_manifest, normalize_etag, read_manifest
 from .._base._types import ObjectInfo, Sample
 from ._metadata import METADATA_NAMES, Extras, Metadata, resolve_extras
 from ._mix import Mix
@@ -136,7 +136,7 @@ def manifest_objects(data: bytes | bytearray | Rows, name: str) -> ObjectList | 
         return ObjectList(
             [r["key"].encode() for r in rows],
             [int(r["size"]) for r in rows],
-            [r["etag"].encode() for r in rows],
+            [normalize_etag(r["etag"]).encode() for r in rows],
         )
     except ValueError as exc:
         raise ValueError(f"{name}: a size that is not a number") from exc

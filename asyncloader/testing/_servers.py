@@ -132,8 +132,12 @@ class _Subprocess(Equipment):
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def credentials(self) -> dict[str, str]:
+        """The environment a client of this server needs (``TEST_ENV``)."""
+        return dict(TEST_ENV)
+
     def client(self) -> Any:
-        """A plain (sync) botocore S3 client for this server, with the test credentials.
+        """A plain (sync) botocore S3 client for this server, with :meth:`credentials`.
 
         botocore clients are thread-safe, so one client can upload from a thread pool.
         """
@@ -141,13 +145,14 @@ class _Subprocess(Equipment):
             import botocore.session
             from botocore.config import Config
 
+            creds = self.credentials()
             self._client = botocore.session.get_session().create_client(
                 "s3",
                 endpoint_url=self.endpoint,
                 verify=getattr(self, "ca_file", "") or None,
                 region_name=TEST_ENV["AWS_DEFAULT_REGION"],
-                aws_access_key_id=TEST_ENV["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=TEST_ENV["AWS_SECRET_ACCESS_KEY"],
+                aws_access_key_id=creds["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=creds["AWS_SECRET_ACCESS_KEY"],
                 config=Config(
                     max_pool_connections=16,
                     s3={"addressing_style": "path"},
@@ -318,22 +323,75 @@ class MotoServer(_Subprocess):
     """``moto_server`` on 127.0.0.1 as a subprocess (needs ``pip install 'moto[server]'``).
 
     Args:
-        check_credentials: Make moto verify every request's signature and access key
-            (``INITIAL_NO_AUTH_ACTION_COUNT=0``): no key is known, so every request is
-            refused — for testing how wrong credentials are reported.
+        check_credentials: Make moto check every request as AWS does: the access key must
+            be one its IAM knows, the SigV4 signature must be the one that key's secret
+            makes of the request (method, path, query, signed headers, body hash), and the
+            key's user must be allowed the action.  The server makes one IAM user allowed
+            every S3 action and an access key for it (:attr:`access_key_id`,
+            :attr:`secret_access_key`) before the checks start; its own :meth:`client`
+            signs with that key, and clients must too (``TEST_ENV``'s key is refused).
     """
+
+    access_key_id = ""
+    """With ``check_credentials``: the access key moto knows (else empty)."""
+    secret_access_key = ""
+    """With ``check_credentials``: that key's secret (else empty)."""
 
     def __init__(self, *, check_credentials: bool = False) -> None:
         super().__init__()
         self.check_credentials = check_credentials
+
+    def credentials(self) -> dict[str, str]:
+        """The environment a client of this server needs: ``TEST_ENV``, with the server's
+        own access key where it checks credentials."""
+        if not self.check_credentials:
+            return dict(TEST_ENV)
+        return {
+            **TEST_ENV,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+        }
+
+    def _make_access_key(self) -> None:
+        """One IAM user allowed ``s3:*`` and an access key for it, then every later request
+        checked (moto's ``/moto-api/reset-auth``: no more unchecked requests)."""
+        import botocore.session
+
+        iam = botocore.session.get_session().create_client(
+            "iam",
+            endpoint_url=self.endpoint,
+            region_name=TEST_ENV["AWS_DEFAULT_REGION"],
+            aws_access_key_id=TEST_ENV["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=TEST_ENV["AWS_SECRET_ACCESS_KEY"],
+        )
+        try:
+            iam.create_user(UserName="asyncloader")
+            policy = {
+                "Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+            }
+            iam.put_user_policy(
+                UserName="asyncloader", PolicyName="s3", PolicyDocument=json.dumps(policy)
+            )
+            key = iam.create_access_key(UserName="asyncloader")["AccessKey"]
+        finally:
+            iam.close()
+        self.access_key_id = key["AccessKeyId"]
+        self.secret_access_key = key["SecretAccessKey"]
+        req = urllib.request.Request(
+            f"{self.endpoint}/moto-api/reset-auth",
+            data=b"0",  # read as the body's text: not a form
+            headers={"Content-Type": "text/plain"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            resp.read()
 
     def start(self) -> None:
         exe = shutil.which("moto_server")
         cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
         port = free_port()
         env = {**os.environ, **TEST_ENV}
-        if self.check_credentials:
-            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         proc = subprocess.Popen(
             [*cmd, "-H", "127.0.0.1", "-p", str(port)],
             stdin=subprocess.PIPE,
@@ -346,3 +404,9 @@ class MotoServer(_Subprocess):
         self._wait_ready(
             lambda: _http("GET", f"{self.endpoint}/moto-api/", timeout=2), 30, "moto_server"
         )
+        if self.check_credentials:
+            try:
+                self._make_access_key()
+            except BaseException:
+                self.stop()
+                raise
