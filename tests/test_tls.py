@@ -107,3 +107,33 @@ def test_an_untrusted_server_is_a_clear_error_at_once(
         asyncio.run(listing())
     assert not isinstance(info.value, al.TransientStoreError)  # not retried
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("name", ["REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"])
+def test_requests_ca_bundle_is_honoured_by_the_web_and_gcs_stores(
+    servers: tuple[S3TestServer, S3TestServer], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The web, GCS and Azure stores trust the CA that requests would (its environment
+    variables: what Google's and Azure's Python SDKs and a plain requests.get read)."""
+    plain, tls = servers
+    key = next(k for k in plain.stats()["keys"] if k.endswith(".jpg"))
+    rel = key.removeprefix("train/")
+    for other in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # machines set them to their CAs
+        monkeypatch.delenv(other, raising=False)
+
+    async def read() -> tuple[bytes, bytes]:
+        web = al.HttpStore(f"{tls.endpoint}/data/train/")
+        gcs = al.GCSStore("data", "train/", endpoint_url=tls.endpoint, anonymous=True)
+        try:
+            return bytes(await web.get(rel)), bytes(await gcs.get(rel))
+        finally:
+            await web.close()
+            await gcs.close()
+
+    with pytest.raises(al.StoreError, match="not trusted"):
+        asyncio.run(read())
+    monkeypatch.setenv(name, tls.ca_file)
+    by_web, by_gcs = asyncio.run(read())
+    assert by_web == by_gcs and by_web[:2] == b"\xff\xd8"
+    azure = al.AzureStore("data", account="acct", anonymous=True, endpoint_url=tls.endpoint)
+    assert azure._ca_bundle == tls.ca_file

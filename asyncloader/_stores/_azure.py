@@ -106,6 +106,9 @@ class AzureStore(OriginStore, FolderListing):
         credential: Microsoft Entra ID: an ``azure-identity`` credential (any object with
             ``get_token(scope)``), or ``"default"`` for ``DefaultAzureCredential``.
         ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's.
+            Default: ``REQUESTS_CA_BUNDLE``, else ``CURL_CA_BUNDLE`` (as the service's
+            Python SDK reads them, through requests), else the system's CAs
+            (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` where set).
         max_connections: Connection pool size for listing/HEAD (and GETs with aiohttp).
         read_timeout: Longest wait for an answer to start, and then between two reads
             of it: a stalled connection is abandoned (and the request retried), a slow but

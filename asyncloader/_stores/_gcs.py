@@ -80,6 +80,9 @@ class GCSStore(OriginStore, RangedListing):
         list_concurrency: Sub-folders listed at once.
         page_size: Objects per listing page (GCS allows up to 1000).
         ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's.
+            Default: ``REQUESTS_CA_BUNDLE``, else ``CURL_CA_BUNDLE`` (as the service's
+            Python SDK reads them, through requests), else the system's CAs
+            (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` where set).
         proxy: The HTTP(S) proxy to go through (``http://[user:password@]host:port``;
             ``""``: none).  Default: the environment's (``HTTPS_PROXY``, ``HTTP_PROXY``,
             ``ALL_PROXY``, ``NO_PROXY``), as curl, requests and boto3 read it.

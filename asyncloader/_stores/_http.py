@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import gc
+import os
 import re
 import ssl
 import time
@@ -33,6 +34,7 @@ from .._base._errors import (
     TransientStoreError,
     WrongRegion,
 )
+from .._base._manifest import normalize_etag
 from .._base._types import Blob
 from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError, tls_context
 
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
     import aiohttp  # imported where a session is made: it takes 0.2 s to import
 
 __all__ = [
+    "REQUESTS_CA_NAMES",
+    "ca_bundle_for",
     "open_clients",
     "error_for_status",
     "retry_after",
@@ -130,7 +134,8 @@ def _untrusted(what: str, key: str | None, exc: Exception) -> StoreError:
     """A server certificate that does not verify: not transient, and not retried."""
     return StoreError(
         f"the TLS certificate of the server of {what} is not trusted ({exc}); for a private "
-        "CA, pass its PEM file as ca_bundle= (S3: or set AWS_CA_BUNDLE)",
+        "CA, pass its PEM file as ca_bundle= (or set AWS_CA_BUNDLE for S3, "
+        "REQUESTS_CA_BUNDLE for the other stores)",
         key=key,
     )
 
@@ -301,11 +306,18 @@ def gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def normalize_etag(value: str) -> str:
-    """``W/"abc"`` or ``"abc"`` → ``abc``: ETags as listings report them."""
-    if value.startswith("W/"):
-        value = value[2:]
-    return value.strip('"')
+def ca_bundle_for(ca_bundle: str | None, *names: str) -> str | None:
+    """The PEM file of the CAs a store trusts: ``ca_bundle`` where given, else the first of
+    the environment variables ``names`` that is set (as the service's own tools read
+    them), else None: OpenSSL's defaults (the system's CAs; ``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR`` where set)."""
+    if ca_bundle:
+        return ca_bundle
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+REQUESTS_CA_NAMES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+"""What requests reads (so Azure's and Google's Python SDKs, whose transport it is)."""
 
 
 def proxy_for(url: str, proxy: str | None = None) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._base._errors import ClosedError
-from ._http import open_clients
+from ._http import REQUESTS_CA_NAMES, ca_bundle_for, open_clients
 
 if TYPE_CHECKING:
     import aiohttp
@@ -83,7 +83,7 @@ class OriginStore(HTTPStoreBase):
         self._origin = origin
         self._max_connections = max_connections
         self._read_timeout = read_timeout
-        self._ca_bundle = ca_bundle
+        self._ca_bundle = ca_bundle_for(ca_bundle, *REQUESTS_CA_NAMES)
         self._proxy = proxy
         self._session = None
         self._lean = None

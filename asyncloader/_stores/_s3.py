@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
-import os
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -31,7 +30,7 @@ from .._base._errors import (
     WrongRegion,
 )
 from .._base._types import Blob, ObjectInfo
-from ._http import normalize_etag, open_clients, send
+from ._http import ca_bundle_for, normalize_etag, open_clients, send
 from ._http_objects import get_object, object_headers, object_info
 from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient
@@ -74,7 +73,8 @@ class S3Store(HTTPStoreBase, RangedListing):
             CPU of aiohttp per GET) or ``"aiohttp"`` (used anyway through a proxy).
         list_concurrency: Sub-folders listed at once.
         ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's (a
-            private endpoint's own CA).  Default: ``AWS_CA_BUNDLE``, as the AWS tools.
+            private endpoint's own CA).  Default: ``AWS_CA_BUNDLE``, as the AWS tools,
+            else the system's CAs (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` where set).
         requester_pays: Read a requester-pays bucket, the requests billed to this account
             (every request carries ``x-amz-request-payer: requester``, signed; boto3's
             ``RequestPayer="requester"``).  Needs credentials.
@@ -122,7 +122,7 @@ class S3Store(HTTPStoreBase, RangedListing):
         self._session: aiohttp.ClientSession | None = None
         self._use_lean = use_lean
         self._list_concurrency = list_concurrency
-        self._ca_bundle = ca_bundle or os.environ.get("AWS_CA_BUNDLE") or None
+        self._ca_bundle = ca_bundle_for(ca_bundle, "AWS_CA_BUNDLE")
         self._lean: LeanHTTPClient | None = None
         self._signer: SigV4Signer | None = None
         self._botocore_creds: Any = None

@@ -24,7 +24,14 @@ from .._base._config import READ_TIMEOUT
 from .._base._errors import ObjectNotFound, StoreError, Throttled, shown_key
 from .._base._manifest import read_manifest
 from .._base._types import Blob, ObjectInfo
-from ._http import make_session, normalize_etag, proxy_for, request
+from ._http import (
+    REQUESTS_CA_NAMES,
+    ca_bundle_for,
+    make_session,
+    normalize_etag,
+    proxy_for,
+    request,
+)
 from ._http_objects import decoded, get_object, object_headers, object_info, parse_content_range
 from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient, tls_context
@@ -52,8 +59,9 @@ class HttpStore(HTTPStoreBase):
         http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway through a proxy).
         head_concurrency: HEAD requests at once while listing objects of unknown size.
         ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's (a
-            private CA).  Default: ``SSL_CERT_FILE`` (and ``SSL_CERT_DIR``), as Python's
-            own ``ssl`` reads them, else the system's.
+            private CA).  Default: ``REQUESTS_CA_BUNDLE``, else ``CURL_CA_BUNDLE`` (as
+            requests reads them), else the system's CAs (``SSL_CERT_FILE`` /
+            ``SSL_CERT_DIR`` where set, as Python's own ``ssl`` reads them).
         proxy: The HTTP(S) proxy to go through (``http://[user:password@]host:port``;
             ``""``: none).  Default: the environment's (``HTTPS_PROXY``, ``HTTP_PROXY``,
             ``ALL_PROXY``, ``NO_PROXY``), as curl, requests and boto3 read it.
@@ -85,7 +93,7 @@ class HttpStore(HTTPStoreBase):
         self._read_timeout = read_timeout
         self._use_lean = use_lean
         self._head_concurrency = head_concurrency
-        self._ca_bundle = ca_bundle
+        self._ca_bundle = ca_bundle_for(ca_bundle, *REQUESTS_CA_NAMES)
         self._tls: ssl.SSLContext | None = None  # made on first use
         self._proxy = proxy
         # aiohttp sessions by the proxy they go through (None: direct).
