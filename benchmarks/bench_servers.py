@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import asyncloader as al
-from asyncloader.testing import Nginx, make_jpeg_folder, tree_cpu_seconds
+from asyncloader.testing import Nginx, PythonHTTPServer, make_jpeg_folder, tree_cpu_seconds
 
 
 def _site(images: int, root: Path) -> Path:
@@ -123,25 +122,6 @@ def run_requests(endpoint: str, threads: int = 16) -> dict[str, float]:
 _ROOT = ""
 
 
-def _http_server(site: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-        cwd=site,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), 1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    return proc, f"http://127.0.0.1:{port}"
-
-
 def one(case: str, who: str, endpoint: str) -> dict[str, float]:
     """One measurement in a process of its own (its CPU and memory its own)."""
     code = (
@@ -184,12 +164,8 @@ def main() -> None:
                         with Nginx(site, http=http, server="limit_req zone=one nodelay;") as n:
                             got = one(case, who, n.endpoint)
                     else:
-                        proc, endpoint = _http_server(site)
-                        try:
-                            got = one(case, who, endpoint)
-                        finally:
-                            proc.terminate()
-                            proc.wait(10)
+                        with PythonHTTPServer(site) as server:
+                            got = one(case, who, server.endpoint)
                     name = "asyncloader" if who == "loader" else "requests"
                     results[case][name].append(got)
         print(

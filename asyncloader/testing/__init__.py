@@ -4,6 +4,8 @@
   injected latency and faults), :class:`MotoServer`; :class:`Azurite` (``_azurite``).
 * :class:`Nginx` (``_nginx``): nginx serving a folder in the configuration a test asks
   for (ranges ignored, gzip, rate limits, ...), its answers read back from its access log.
+* :class:`PythonHTTPServer` (``_pyhttp``): ``python -m http.server`` serving a folder
+  (HTTP/1.0, a connection per request), its requests read back from its log.
 * :class:`FaultProxy` (``_faultproxy``): a TCP proxy that injects resets, truncation and
   stalls in front of any of them, and refuses tokens it is told are revoked.
 * :class:`TokenServer` (``_tokens``): a local OAuth token service (a Google service
@@ -40,6 +42,7 @@ from ._memory import MemoryBucket as MemoryBucket
 from ._memory import MemoryStore as MemoryStore
 from ._nginx import Nginx as Nginx
 from ._nginx import find_nginx as find_nginx
+from ._pyhttp import PythonHTTPServer as PythonHTTPServer
 from ._s3state import FAULT_KINDS as FAULT_KINDS
 from ._servers import TEST_ENV as TEST_ENV
 from ._servers import MotoServer as MotoServer
@@ -62,6 +65,7 @@ __all__ = [
     "MemoryStore",
     "MotoServer",
     "Nginx",
+    "PythonHTTPServer",
     "S3TestServer",
     "StoreFixture",
     "TokenServer",
