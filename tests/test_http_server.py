@@ -13,7 +13,11 @@ import asyncloader as al
 from asyncloader.testing import PythonHTTPServer
 
 
-def _pixels(url: str, manifest: Path) -> tuple[np.ndarray, np.ndarray, al.Stats]:
+def _pixels(
+    url: str, manifest: Path, cache: Path | None = None
+) -> tuple[np.ndarray, np.ndarray, al.Stats]:
+    """One epoch; with ``cache``, the next epoch, prefetched while this one ends, reads the
+    node's cache, not the server."""
     with al.ImageLoader(
         url,
         labels=str(manifest),
@@ -23,6 +27,7 @@ def _pixels(url: str, manifest: Path) -> tuple[np.ndarray, np.ndarray, al.Stats]
         # 128 requests in flight at once, none sent twice (the subject is connections).
         fetch=al.FetchConfig(max_inflight=128, adaptive=False, hedge=False),
         engine=al.EngineConfig(mode="inline"),
+        cache_dir=cache,
     ) as loader:
         pairs = [(images.numpy().copy(), labels.numpy().copy()) for images, labels in loader]
         stats = loader.stats()
@@ -42,7 +47,7 @@ def test_a_folder_from_python_http_server_streams_every_image_once(
     )
     want, want_labels, _ = _pixels(str(jpeg_folder), manifest)
     with PythonHTTPServer(jpeg_folder) as server:
-        got, labels, stats = _pixels(server.endpoint + "/", manifest)
+        got, labels, stats = _pixels(server.endpoint + "/", manifest, tmp_path / "cache")
         requests = server.requests()
     assert np.array_equal(labels, want_labels) and np.array_equal(got, want)
     assert stats.retries == {} and stats.skipped == {}
