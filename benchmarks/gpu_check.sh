@@ -55,13 +55,30 @@ else
 fi
 {
     nvidia-smi -L 2>/dev/null || echo "no nvidia-smi here"
-    python3 -c 'import torch, PIL, sys; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available(), "Pillow", PIL.__version__)'
-    python3 -c 'import torchvision; print("torchvision", torchvision.__version__)' 2>/dev/null ||
-        echo "no torchvision here"
-    python3 -c 'import asyncloader._decode._image as i; print("ROI_DECODE", i.ROI_DECODE, "FAST_RESIZE", i.FAST_RESIZE)'
+    # One interpreter for all of it (torch takes seconds to import).
+    python3 - <<'PY'
+import sys
+
+import PIL
+import torch
+
+cuda = torch.cuda.is_available()
+print(sys.version.split()[0], "torch", torch.__version__, "cuda", cuda, "Pillow", PIL.__version__)
+try:
+    import torchvision
+
+    print("torchvision", torchvision.__version__)
+except Exception as exc:  # not installed, or built for another torch
+    print("no torchvision here:", repr(exc))
+import asyncloader._decode._image as i
+
+print("ROI_DECODE", i.ROI_DECODE, "FAST_RESIZE", i.FAST_RESIZE)
+print("CUDA", int(cuda))
+PY
     nproc
 } 2>&1 | tee "$OUT/env.log"
-CUDA=$(python3 -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
+CUDA=$(sed -n 's/^CUDA \([01]\)$/\1/p' "$OUT/env.log")
+CUDA=${CUDA:-0}
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
 failed=0
 
