@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -234,18 +235,34 @@ ELASTIC_JOB = JOB_COMMON + textwrap.dedent(
     import sys
     import torch
     from torchdata.stateful_dataloader import StatefulDataLoader
+    import asyncloader as al
     from asyncloader import DecodeConfig, StoreConfig
     from asyncloader.torch import ImageDataset
 
+    def mix(endpoint, rank, world):
+        # Two sources by weight, bucketed, filtered (tests/test_buckets.py's mix), read in
+        # the training process.
+        url = [al.Source("s3://shapes/a/", weight=2), al.Source("s3://shapes/b/", weight=1)]
+        return al.ImageLoader(url, batch_size=3, labels="idx", seed=9, samples_per_epoch=36,
+                              buckets=al.Buckets(((32, 32), (24, 48), (48, 24))),
+                              filters=[("score", ">=", 1)], rank=rank, world_size=world,
+                              engine=al.EngineConfig(mode="inline"),
+                              decode=DecodeConfig(workers=1),
+                              store=StoreConfig(options={"endpoint_url": endpoint}))
+
+    def batches_of(it):
+        return [(list(x.shape), y.tolist()) for x, y in it]
+
     def main():
-        endpoint, workers, state_file, out, stop = sys.argv[1:6]
+        endpoint, shapes, workers, first, out, stop = sys.argv[1:7]
         dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
         ds = ImageDataset("s3://b/train/", batch_size=8, seed=7,
                           decode=DecodeConfig(hook=digest, sample_shape=(1, 1, 16), workers=1),
                           store=StoreConfig(options={"endpoint_url": endpoint}))
         ds.set_epoch(2)
-        if state_file != "-":  # a job restarted on another layout: rank 0's saved state
-            ds.load_state_dict(torch.load(state_file, weights_only=False))
+        if first != "-":  # a job restarted on another layout: rank 0's saved state
+            ds.load_state_dict(torch.load(first + ".state", weights_only=False))
         dl = StatefulDataLoader(ds, batch_size=None, num_workers=int(workers),
                                 multiprocessing_context="fork")
         seen, batches = [], 0
@@ -253,10 +270,24 @@ ELASTIC_JOB = JOB_COMMON + textwrap.dedent(
             seen += names(images)
             batches += 1
             if batches == int(stop):  # pre-empted here: the checkpoint is rank 0's state
-                if dist.get_rank() == 0:
+                if rank == 0:
                     torch.save(dl.state_dict(), out + ".state")
                 break
-        finish({"seen": seen, "batches": batches}, out)
+        result = {"seen": seen, "batches": batches}
+        if first == "-":  # the mix read whole, then stopped after a batch a rank
+            with mix(shapes, rank, world) as loader:
+                loader.set_epoch(1)
+                result["whole"] = batches_of(loader)
+            with mix(shapes, rank, world) as loader:
+                loader.set_epoch(1)
+                result["head"] = batches_of([next(iter(loader))])
+                if rank == 0:
+                    torch.save(loader.state_dict(), out + ".mix.state")
+        else:
+            with mix(shapes, rank, world) as loader:
+                loader.load_state_dict(torch.load(first + ".mix.state", weights_only=False))
+                result["rest"] = batches_of(loader)
+        finish(result, out)
 
     if __name__ == "__main__":
         main()
@@ -269,34 +300,65 @@ def test_a_job_stopped_on_two_ranks_of_two_workers_resumes_on_other_layouts(
     light_server: S3TestServer, jpeg_folder: Path, tmp_path: Path
 ) -> None:
     """torchrun with 2 ranks × 2 DataLoader workers (StatefulDataLoader) is stopped after 3
-    batches per rank; rank 0's state restarts the job on 3 ranks × 1 worker.  Each sample is the digest of its object's bytes: the stopped job and each
+    batches per rank; rank 0's state restarts the job on 3 ranks × 1 worker and on 1 rank ×
+    2 workers.  Each sample is the digest of its object's bytes: the stopped job and each
     restarted one together deliver every object of the epoch exactly once, with equal
-    batch counts per rank."""
+    batch counts per rank.
+
+    The same jobs read a bucketed, filtered two-source mix in the training process: whole,
+    and stopped after a batch a rank (rank 0's state saved).  Restarted on 3 ranks and on
+    1, they deliver the rest of the uninterrupted epoch: every batch one bucket, every
+    sample the stopped job did not deliver and none it did, equal counts on every rank
+    (whole batches repeated to even the ranks, fewer than a batch a rank).  The same with
+    in-process ranks, and the uninterrupted order itself: tests/test_buckets.py."""
     import hashlib
+
+    from .test_buckets import BUCKETS, N, _jpeg, _score
 
     objects = {
         hashlib.blake2b(f.read_bytes(), digest_size=16).hexdigest()
         for f in jpeg_folder.rglob("*.jpg")
     }
     assert len(objects) == N_IMAGES == 96  # 96 = 2 ranks × 3 batches × 8 + 48 left
+    sizes = [list(s) for s in BUCKETS.sizes]
     script = tmp_path / "job.py"
     script.write_text(ELASTIC_JOB)
-    first = tmp_path / "first.json"
-    _torchrun(script, 2, light_server.endpoint, "2", "-", str(first), "3")
-    ranks = json.loads(first.read_text())
-    assert [r["batches"] for r in ranks] == [3, 3]
-    consumed = [d for r in ranks for d in r["seen"]]
-    assert len(consumed) == len(set(consumed)) == 48
-    state = f"{first}.state"
-    # (1 rank × 3 workers from a DCP checkpoint: tests/test_dist_jobs.py)
-    for nproc, workers in ((3, 1),):
-        out = tmp_path / f"{nproc}x{workers}.json"
-        _torchrun(script, nproc, light_server.endpoint, str(workers), state, str(out), "0")
-        ranks = json.loads(out.read_text())
-        assert len({r["batches"] for r in ranks}) == 1, ranks  # equal batch counts: no hang
-        rest = [d for r in ranks for d in r["seen"]]
-        assert len(rest) == len(set(rest)) == 48, (nproc, workers)
-        assert set(rest) | set(consumed) == objects, (nproc, workers)
+    with S3TestServer(bucket="shapes") as shapes:
+        for folder, base in (("a", 0), ("b", N)):
+            rows = []
+            for i in range(base, base + N):
+                shapes.put("shapes", f"{folder}/{i:03d}.jpg", _jpeg(i))
+                rows.append({"file_name": f"{i:03d}.jpg", "idx": i, "score": _score(i)})
+            text = "".join(json.dumps(r) + "\n" for r in rows)
+            shapes.put("shapes", f"{folder}/metadata.jsonl", text.encode())
+        servers = (light_server.endpoint, shapes.endpoint)
+        first = tmp_path / "first.json"
+        _torchrun(script, 2, *servers, "2", "-", str(first), "3")
+        ranks = json.loads(first.read_text())
+        assert [r["batches"] for r in ranks] == [3, 3]
+        consumed = [d for r in ranks for d in r["seen"]]
+        assert len(consumed) == len(set(consumed)) == 48
+        whole = [i for r in ranks for _, batch in r["whole"] for i in batch]
+        mix_consumed = [i for r in ranks for _, batch in r["head"] for i in batch]
+        assert {i % 5 for i in whole} <= {1, 2, 3, 4}  # the filter: score = i % 5 >= 1
+        assert set(mix_consumed) <= set(whole) and len(mix_consumed) == 2 * 3
+        assert all(r["head"] == r["whole"][:1] for r in ranks)  # as the whole epoch began
+        for nproc, workers in ((3, 1), (1, 2)):
+            out = tmp_path / f"{nproc}x{workers}.json"
+            _torchrun(script, nproc, *servers, str(workers), str(first), str(out), "0")
+            ranks = json.loads(out.read_text())
+            assert len({r["batches"] for r in ranks}) == 1, ranks  # equal batch counts: no hang
+            rest = [d for r in ranks for d in r["seen"]]
+            assert len(rest) == len(set(rest)) == 48, (nproc, workers)
+            assert set(rest) | set(consumed) == objects, (nproc, workers)
+            mixed = [r["rest"] for r in ranks]
+            assert all(shape[-2:] in sizes for r in mixed for shape, _ in r)  # a bucket each
+            assert len({len(r) for r in mixed}) == 1, mixed  # equal batch counts
+            delivered = [i for r in mixed for _, batch in r for i in batch]
+            assert set(delivered) | set(mix_consumed) == set(whole), nproc
+            assert not set(delivered) & set(mix_consumed), nproc
+            extra = Counter(delivered) - Counter(whole)  # whole batches repeated to even ranks
+            assert sum(extra.values()) < nproc * 3, nproc
 
 
 NODE = textwrap.dedent(
