@@ -16,14 +16,19 @@ interleave; medians over rounds.  Printed per case:
 images/s and its ratio to the baseline, refused requests as a share of all, CPU seconds
 per image (the loader's process tree) and peak RSS.
 
+``--pin``: the server on CPU 0 and the client on the others (``sched_setaffinity``), as
+when the server is another machine: the server's own scheduling (nginx reads its clock once
+per wake-up, in whole milliseconds) no longer waits behind the client's decoding.
+
 Run: ``python benchmarks/bench_servers.py [--cases limit-req,http-server] [--rate 150]
-[--images 1500] [--rounds 3]``.
+[--images 1500] [--rounds 3] [--pin]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -122,6 +127,19 @@ def run_requests(endpoint: str, threads: int = 16) -> dict[str, float]:
 _ROOT = ""
 
 
+_CLIENT_CPUS: set[int] | None = None  # --pin: where the client runs (the server on CPU 0)
+
+
+def _pin_client() -> None:
+    if _CLIENT_CPUS:
+        os.sched_setaffinity(0, _CLIENT_CPUS)
+
+
+def _pin_server(pid: int | None) -> None:
+    if _CLIENT_CPUS and pid is not None:
+        os.sched_setaffinity(pid, {0})
+
+
 def one(case: str, who: str, endpoint: str) -> dict[str, float]:
     """One measurement in a process of its own (its CPU and memory its own)."""
     code = (
@@ -135,6 +153,7 @@ def one(case: str, who: str, endpoint: str) -> dict[str, float]:
         text=True,
         timeout=600,
         check=False,
+        preexec_fn=_pin_client,
     )
     if out.returncode:
         raise SystemExit(f"{case} {who} failed:\n{out.stderr[-3000:]}")
@@ -142,14 +161,19 @@ def one(case: str, who: str, endpoint: str) -> dict[str, float]:
 
 
 def main() -> None:
-    global _ROOT
+    global _ROOT, _CLIENT_CPUS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cases", default="limit-req,http-server")
     p.add_argument("--rate", type=int, default=150)
     p.add_argument("--images", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--pin", action="store_true", help="the server on CPU 0, clients on the rest")
     p.add_argument("--json")
     args = p.parse_args()
+    if args.pin:
+        _CLIENT_CPUS = os.sched_getaffinity(0) - {0}
+        if not _CLIENT_CPUS:
+            raise SystemExit("--pin needs two CPUs or more")
     with tempfile.TemporaryDirectory(prefix="bench-servers-") as tmp:
         _ROOT = tmp
         site = _site(args.images, Path(tmp))
@@ -162,9 +186,11 @@ def main() -> None:
                         zone = f"zone=one:1m rate={args.rate}r/s"
                         http = f"limit_req_zone $binary_remote_addr {zone};"
                         with Nginx(site, http=http, server="limit_req zone=one nodelay;") as n:
+                            _pin_server(n.pid)
                             got = one(case, who, n.endpoint)
                     else:
                         with PythonHTTPServer(site) as server:
+                            _pin_server(server.pid)
                             got = one(case, who, server.endpoint)
                     name = "asyncloader" if who == "loader" else "requests"
                     results[case][name].append(got)
