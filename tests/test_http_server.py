@@ -37,14 +37,16 @@ def _pixels(
 def test_a_folder_from_python_http_server_streams_every_image_once(
     jpeg_folder: Path, tmp_path: Path
 ) -> None:
-    """Sizes by HEAD, then each image by one GET on a connection of its own, 128 wanted at
-    once: the client never reuses a connection the server closed and never overflows its
-    listen queue into read timeouts (no retry at all), and the pixels are the folder's."""
+    """Each image by one GET on a connection of its own, 128 wanted at once: the client
+    never reuses a connection the server closed and never overflows its listen queue into
+    read timeouts (no retry at all), and the pixels are the folder's."""
     files = sorted(p.relative_to(jpeg_folder).as_posix() for p in jpeg_folder.rglob("*.jpg"))
+    rows = [  # sizes given: GETs alone (HEADs against servers as they are: test_nginx.py)
+        {"key": k, "label": i, "size": (jpeg_folder / k).stat().st_size}
+        for i, k in enumerate(files)
+    ]
     manifest = tmp_path / "m.jsonl"
-    manifest.write_text(
-        "".join(json.dumps({"key": k, "label": i}) + "\n" for i, k in enumerate(files))
-    )
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
     want, want_labels, _ = _pixels(str(jpeg_folder), manifest)
     with PythonHTTPServer(jpeg_folder) as server:
         got, labels, stats = _pixels(server.endpoint + "/", manifest, tmp_path / "cache")
