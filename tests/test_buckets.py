@@ -184,23 +184,27 @@ def _score(i: int) -> int:
     return i % 5
 
 
-@pytest.fixture(scope="module")
-def shapes(moto: MotoServer) -> tuple[str, str]:
-    """Two folders on moto of ``N`` JPEGs each in three aspect ratios, with a
+def put_shapes(server: Any, bucket: str) -> None:
+    """Two folders in ``bucket`` of ``N`` JPEGs each in three aspect ratios, with a
     ``metadata.jsonl`` of captions and scores (no width/height); ``b/`` has its objects'
-    indices from ``N`` on.  The bucket and moto's endpoint."""
-    bucket = "shapes"
-    moto.create_bucket(bucket)
+    indices from ``N`` on.  ``server``: any test server with ``put(bucket, key, data)``."""
     for folder, base in (("a", 0), ("b", N)):
         rows = []
         for i in range(base, base + N):
-            moto.put(bucket, f"{folder}/{i:03d}.jpg", _jpeg(i))
+            server.put(bucket, f"{folder}/{i:03d}.jpg", _jpeg(i))
             rows.append(
                 {"file_name": f"{i:03d}.jpg", "idx": i, "text": f"t{i}", "score": _score(i)}
             )
-        moto.put(
-            bucket, f"{folder}/metadata.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()
-        )
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        server.put(bucket, f"{folder}/metadata.jsonl", text.encode())
+
+
+@pytest.fixture(scope="module")
+def shapes(moto: MotoServer) -> tuple[str, str]:
+    """:func:`put_shapes` on moto: the bucket and moto's endpoint."""
+    bucket = "shapes"
+    moto.create_bucket(bucket)
+    put_shapes(moto, bucket)
     return bucket, moto.endpoint
 
 

@@ -313,7 +313,7 @@ def test_a_job_stopped_on_two_ranks_of_two_workers_resumes_on_other_layouts(
     in-process ranks, and the uninterrupted order itself: tests/test_buckets.py."""
     import hashlib
 
-    from .test_buckets import BUCKETS, N, _jpeg, _score
+    from .test_buckets import BUCKETS, put_shapes
 
     objects = {
         hashlib.blake2b(f.read_bytes(), digest_size=16).hexdigest()
@@ -324,13 +324,7 @@ def test_a_job_stopped_on_two_ranks_of_two_workers_resumes_on_other_layouts(
     script = tmp_path / "job.py"
     script.write_text(ELASTIC_JOB)
     with S3TestServer(bucket="shapes") as shapes:
-        for folder, base in (("a", 0), ("b", N)):
-            rows = []
-            for i in range(base, base + N):
-                shapes.put("shapes", f"{folder}/{i:03d}.jpg", _jpeg(i))
-                rows.append({"file_name": f"{i:03d}.jpg", "idx": i, "score": _score(i)})
-            text = "".join(json.dumps(r) + "\n" for r in rows)
-            shapes.put("shapes", f"{folder}/metadata.jsonl", text.encode())
+        put_shapes(shapes, "shapes")
         servers = (light_server.endpoint, shapes.endpoint)
         first = tmp_path / "first.json"
         _torchrun(script, 2, *servers, "2", "-", str(first), "3")

@@ -53,8 +53,9 @@ def _http(
     body: bytes | None = None,
     timeout: float = 30.0,
     context: ssl.SSLContext | None = None,
+    headers: dict[str, str] | None = None,
 ) -> bytes:
-    req = urllib.request.Request(url, data=body, method=method)
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
         data: bytes = resp.read()
         return data
@@ -378,14 +379,9 @@ class MotoServer(_Subprocess):
             iam.close()
         self.access_key_id = key["AccessKeyId"]
         self.secret_access_key = key["SecretAccessKey"]
-        req = urllib.request.Request(
-            f"{self.endpoint}/moto-api/reset-auth",
-            data=b"0",  # read as the body's text: not a form
-            headers={"Content-Type": "text/plain"},
-            method="POST",
-        )
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            resp.read()
+        # The body read as text, not as a form.
+        plain = {"Content-Type": "text/plain"}
+        _http("POST", f"{self.endpoint}/moto-api/reset-auth", b"0", headers=plain)
 
     def start(self) -> None:
         exe = shutil.which("moto_server")
