@@ -4,8 +4,9 @@ In one run, each case in a fresh process pinned to its cores (``os.sched_setaffi
 from a warm SSD cache (warmed first, by a loader of its own), RandomResizedCrop(224),
 float16 batches on the GPU:
 
-* ``gpu``     — ``DecodeConfig(backend="cuda")`` on ``--cores`` cores (4 by default);
-* ``cpu``     — CPU decode (``DecodeConfig(backend="thread")``) on the same cores;
+* ``gpu-N``   — ``DecodeConfig(backend="cuda")`` on N cores, for each N of ``--cores``
+  (``4,8`` by default);
+* ``cpu-N``   — CPU decode (``DecodeConfig(backend="thread")``) on the same cores;
 * ``cpu-all`` — CPU decode on every core.
 
 Rounds are interleaved (``--rounds``) and medians quoted.  Then, on the GPU alone:
@@ -16,7 +17,7 @@ Rounds are interleaved (``--rounds``) and medians quoted.  Then, on the GPU alon
 * ``pixels`` — one epoch through the GPU path and the CPU path with the same seed: the
   per-image mean absolute difference (median, p99, max) and the largest pixel difference.
 
-Run: ``python benchmarks/bench_gpu_decode.py [--images 4000] [--cores 4]``.
+Run: ``python benchmarks/bench_gpu_decode.py [--images 4000] [--cores 4,8]``.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def case_loader(
                 n += len(images)
         torch.cuda.synchronize()
         res = {"images": n, "wall": time.perf_counter() - t0, "cpu": bl._cpu() - c0}
-        pool = loader._rt.pool
+        pool = getattr(getattr(loader._engine, "rt", None), "pool", None)  # in-process
         res["on_cpu"] = getattr(pool, "on_cpu", 0)
         res["decode_calls"] = getattr(pool, "batches", 0)
         res["hits"] = loader.stats().cache_hits
@@ -140,7 +141,7 @@ def case_pixels(endpoint: str, cache: str) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--images", type=int, default=4000)
-    p.add_argument("--cores", type=int, default=4)
+    p.add_argument("--cores", default="4,8", help="core counts, comma-separated")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
@@ -176,12 +177,15 @@ def main() -> None:
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     folder = make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0)
     every = sorted(os.sched_getaffinity(0))
-    few = ",".join(str(c) for c in every[: args.cores])
-    cases = {
-        "gpu": ("cuda", few),
-        "cpu": ("thread", few),
-        "cpu-all": ("thread", ",".join(map(str, every))),
-    }
+    counts = [n for n in (int(c) for c in args.cores.split(",")) if n <= len(every)]
+    cases: dict[str, tuple[str, str]] = {}
+    labels: dict[str, str] = {}
+    for n in counts:
+        few = ",".join(str(c) for c in every[:n])
+        cases[f"gpu-{n}"], labels[f"gpu-{n}"] = ("cuda", few), f"GPU decode, {n} cores"
+        cases[f"cpu-{n}"], labels[f"cpu-{n}"] = ("thread", few), f"CPU decode, {n} cores"
+    cases["cpu-all"] = ("thread", ",".join(map(str, every)))
+    labels["cpu-all"] = f"CPU decode, {len(every)} cores"
     common = ["--batch-size", str(args.batch_size), "--epochs", str(args.epochs)]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
     with (
@@ -208,19 +212,17 @@ def main() -> None:
         f"{'CPU ms/img':>10s} {'peak MB':>8s}"
     )
     rate = {n: float(np.median([r["images"] / r["wall"] for r in rs])) for n, rs in runs.items()}
-    labels = {
-        "gpu": f"GPU decode, {args.cores} cores",
-        "cpu": f"CPU decode, {args.cores} cores",
-        "cpu-all": f"CPU decode, {len(every)} cores",
-    }
     for name, rs in runs.items():
         cpu_ms = float(np.median([r["cpu"] / r["images"] * 1e3 for r in rs]))
         rss = float(np.median([r["rss_mb"] for r in rs]))
+        same = "cpu-" + name.split("-")[1] if name != "cpu-all" else name
         print(
-            f"{labels[name]:28s} {rate[name]:8.0f} {rate[name] / rate['cpu']:6.2f} "
+            f"{labels[name]:28s} {rate[name]:8.0f} {rate[name] / rate[same]:6.2f} "
             f"{rate[name] / rate['cpu-all']:9.2f} {cpu_ms:10.3f} {rss:8.0f}"
         )
-    print("GPU path: samples decoded by the CPU instead:", runs["gpu"][-1].get("on_cpu"))
+    for n in counts:
+        on_cpu = runs[f"gpu-{n}"][-1].get("on_cpu")
+        print(f"GPU path, {n} cores: samples decoded by the CPU instead:", on_cpu)
     print("\nthe decoders alone (no crop, no loader):", json.dumps(raw, indent=1))
     print("\nGPU against CPU pixels, same seed (levels of 255):", json.dumps(pixels, indent=1))
 

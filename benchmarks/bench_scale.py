@@ -249,6 +249,7 @@ def main() -> None:
         for r in range(args.repeat):
             for case in names if r % 2 == 0 else names[::-1]:
                 rows[case].append(bl.run_case([case, srv.endpoint, *common], script=__file__))
+                print(case, json.dumps(rows[case][-1]), flush=True)  # progress, if cut short
     med = np.median
     if args.json:
         Path(args.json).write_text(json.dumps({"rounds": rows}, indent=1))

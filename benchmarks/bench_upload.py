@@ -119,10 +119,14 @@ def case_loader(
 
 
 def case_h2d(batch: int, batches: int) -> dict[str, float]:
+    import faulthandler
+
     import numpy as np
     import torch
 
     from asyncloader._device._device_spec import DeviceSpec
+
+    faulthandler.dump_traceback_later(60, exit=True)  # a hang shows where, in the step's log
     from asyncloader._device._upload import Uploader
 
     dev = torch.device("cuda")
