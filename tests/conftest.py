@@ -88,8 +88,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank(file_of(item)))
 
 
-@pytest.fixture(autouse=True)
-def _aws_test_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def isolate_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment every test runs in (:func:`_aws_test_env`); a fixture of a wider
+    scope, made before the tests' own, calls it in a ``MonkeyPatch.context()``."""
     # Never pick up real credentials or config from the machine running the tests.
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
@@ -103,6 +104,11 @@ def _aws_test_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
     for k, v in TEST_ENV.items():
         monkeypatch.setenv(k, v)
+
+
+@pytest.fixture(autouse=True)
+def _aws_test_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    isolate_env(monkeypatch)
 
 
 @pytest.fixture(scope="session")

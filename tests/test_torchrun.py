@@ -14,12 +14,13 @@ import textwrap
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from asyncloader.testing import MotoServer, S3TestServer, descendants, free_port
 
-from .conftest import N_CLASSES, N_IMAGES
+from .conftest import N_CLASSES, N_IMAGES, isolate_env
 
 
 def _torchrun(script: Path, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
@@ -142,12 +143,13 @@ def finish(result, out):
 """
 
 
-TRAIN = textwrap.dedent(
+TWO_RANKS = textwrap.dedent(
     """
     import json, os, sys
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
+    import asyncloader as al
     from asyncloader import ShardConfig, Source, StoreConfig
     from asyncloader.torch import ImageDataset
 
@@ -155,12 +157,37 @@ TRAIN = textwrap.dedent(
         def __call__(self, key):
             return int(key.rsplit("_", 1)[1].split(".")[0])  # img_000123.jpg -> 123
 
-    def main():
-        dist.init_process_group("gloo")
-        endpoint, out = sys.argv[1:3]
+    def gather(mine):
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        return gathered
+
+    def node(endpoint):
+        # A default loader a rank, the first loaders of the job (the node's CPU budget).
+        loader = al.ImageLoader("s3://data/train/", batch_size=8,
+                                transform=al.RandomResizedCrop(32),
+                                rank=dist.get_rank(), world_size=dist.get_world_size(),
+                                store=al.StoreConfig(options={"endpoint_url": endpoint}))
+        with loader:
+            n = sum(len(labels) for _, labels in loader)
+            stats = loader.stats()
+            return {"samples": n, "workers": stats.decode_workers, "budget": stats.cpu_budget,
+                    "engines": loader.engine_processes, "repr": repr(loader)}
+
+    def view():
+        rank = dist.get_rank()
+        # Rank 1 waited longer; rank 0 delivered more.
+        mine = {"wait_seconds": 0.5 + 2.0 * rank, "samples": 30.0 - 10.0 * rank, "skipped": 0.0}
+        job = al.job_scalars(mine)
+        # A group of rank 1 alone: its figures, and its global rank as the slowest.
+        alone = dist.new_group([1])
+        lone = al.job_scalars(mine, group=alone) if rank == 1 else None
+        return {"mine": mine, "job": job, "lone": lone}
+
+    def train(endpoint):
         result = {}
-        # One torchrun for every case: starting one takes seconds.  A case: the even
-        # rule, samples_per_epoch (57: odd, so pad and drop differ), drop_last.
+        # A case: the even rule, samples_per_epoch (57: odd, so pad and drop differ),
+        # drop_last.
         cases = {"pad": ("pad", None, False), "drop": ("drop", None, False),
                  "pad-57": ("pad", 57, False), "drop-57-last": ("drop", 57, True)}
         for name, (even, per_epoch, last) in cases.items():
@@ -174,19 +201,21 @@ TRAIN = textwrap.dedent(
             for _, lab in dl:
                 labels += lab.tolist()
                 batches += 1
-            gathered = [None] * dist.get_world_size()
-            mine = {"labels": labels, "batches": batches, "len": len(ds), "dl_len": len(dl),
-                    "classes": list(ds.classes)}
-            dist.all_gather_object(gathered, mine)
-            result[name] = gathered
+            result[name] = gather({"labels": labels, "batches": batches, "len": len(ds),
+                                   "dl_len": len(dl), "classes": list(ds.classes)})
         # Two sources (two class folders), listed once each for the job, agreed by the ranks.
         sources = [Source(f"s3://data/train/class_0{c}/", labels=Key()) for c in (0, 1)]
         ds = ImageDataset(sources, batch_size=6, seed=1,
                           store=StoreConfig(options={"endpoint_url": endpoint}))
         labels = [x for _, lab in DataLoader(ds, batch_size=None, num_workers=1) for x in lab.tolist()]
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, labels)
-        result["mix"] = gathered
+        result["mix"] = gather(labels)
+        return result
+
+    def main():
+        # One torchrun for the module's three tests: starting one takes seconds.
+        dist.init_process_group("gloo")
+        endpoint, out = sys.argv[1:3]
+        result = {"node": gather(node(endpoint)), "view": gather(view()), "train": train(endpoint)}
         if dist.get_rank() == 0:
             json.dump(result, open(out, "w"))
         dist.barrier()
@@ -198,13 +227,22 @@ TRAIN = textwrap.dedent(
 )
 
 
+@pytest.fixture(scope="module")
+def two_ranks(moto: MotoServer, moto_dataset: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One job of 2 ranks over moto (:data:`TWO_RANKS`): each part's figures, every rank's."""
+    folder = tmp_path_factory.mktemp("two-ranks")
+    script = folder / "job.py"
+    script.write_text(TWO_RANKS)
+    out = folder / "ranks.json"
+    with pytest.MonkeyPatch.context() as env:  # made before the tests' own environment
+        isolate_env(env)
+        _torchrun(script, 2, moto.endpoint, str(out))
+    return json.loads(out.read_text())
+
+
 @pytest.mark.slow
-def test_torchrun_two_ranks(moto: MotoServer, moto_dataset: str, tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN)
-    out = tmp_path / "ranks.json"
-    _torchrun(script, 2, moto.endpoint, str(out))
-    result = json.loads(out.read_text())
+def test_torchrun_two_ranks(two_ranks: Any) -> None:
+    result = dict(two_ranks["train"])
     mix = result.pop("mix")  # class folders 0 and 1: every image i with i % 4 < 2, once
     assert len(mix[0]) == len(mix[1])
     assert sorted(mix[0] + mix[1]) == [i for i in range(N_IMAGES) if i % N_CLASSES < 2]
@@ -355,46 +393,10 @@ def test_a_job_stopped_on_two_ranks_of_two_workers_resumes_on_other_layouts(
             assert sum(extra.values()) < nproc * 3, nproc
 
 
-NODE = textwrap.dedent(
-    """
-    import json, os, sys
-    import torch.distributed as dist
-    import asyncloader as al
-
-    def main():
-        dist.init_process_group("gloo")
-        endpoint, out = sys.argv[1:3]
-        loader = al.ImageLoader("s3://b/train/", batch_size=8, transform=al.RandomResizedCrop(32),
-                                rank=dist.get_rank(), world_size=dist.get_world_size(),
-                                store=al.StoreConfig(options={"endpoint_url": endpoint}))
-        with loader:
-            n = sum(len(labels) for _, labels in loader)
-            stats = loader.stats()
-            mine = {"samples": n, "workers": stats.decode_workers, "budget": stats.cpu_budget,
-                    "engines": loader.engine_processes, "repr": repr(loader)}
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
-        if dist.get_rank() == 0:
-            json.dump(gathered, open(out, "w"))
-        dist.barrier()
-        dist.destroy_process_group()
-
-    if __name__ == "__main__":
-        main()
-    """
-)
-
-
-def test_default_loaders_of_a_node_share_its_cpus(
-    light_server: S3TestServer, tmp_path: Path
-) -> None:
+def test_default_loaders_of_a_node_share_its_cpus(two_ranks: Any) -> None:
     """Two ranks, each a default loader: their decode workers add up to no more than the
     CPUs this machine lets a process use, and each says where its count came from."""
-    script = tmp_path / "node.py"
-    script.write_text(NODE)
-    out = tmp_path / "ranks.json"
-    _torchrun(script, 2, light_server.endpoint, str(out))
-    ranks = json.loads(out.read_text())
+    ranks = two_ranks["node"]
     cpus = len(os.sched_getaffinity(0))
     assert sum(r["workers"] for r in ranks) <= max(cpus, 2)
     assert sum(r["samples"] for r in ranks) == N_IMAGES
@@ -405,42 +407,10 @@ def test_default_loaders_of_a_node_share_its_cpus(
         assert r["engines"] == 1
 
 
-JOB_VIEW = textwrap.dedent(
-    """
-    import json, sys
-    import torch.distributed as dist
-    import asyncloader as al
-
-    def main():
-        dist.init_process_group("gloo")
-        rank = dist.get_rank()
-        # Rank 1 waited longer; rank 0 delivered more.
-        mine = {"wait_seconds": 0.5 + 2.0 * rank, "samples": 30.0 - 10.0 * rank, "skipped": 0.0}
-        job = al.job_scalars(mine)
-        # A group of rank 1 alone: its figures, and its global rank as the slowest.
-        alone = dist.new_group([1])
-        lone = al.job_scalars(mine, group=alone) if rank == 1 else None
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, {"mine": mine, "job": job, "lone": lone})
-        if rank == 0:
-            json.dump(gathered, open(sys.argv[1], "w"))
-        dist.barrier()
-        dist.destroy_process_group()
-
-    if __name__ == "__main__":
-        main()
-    """
-)
-
-
-def test_the_job_s_view_of_each_figure_over_two_ranks(tmp_path: Path) -> None:
+def test_the_job_s_view_of_each_figure_over_two_ranks(two_ranks: Any) -> None:
     """job_scalars under torchrun: every rank gets each figure's max and mean over the
     ranks and the rank that waited longest, the same on every rank."""
-    script = tmp_path / "job.py"
-    script.write_text(JOB_VIEW)
-    out = tmp_path / "ranks.json"
-    _torchrun(script, 2, str(out))
-    ranks = json.loads(out.read_text())
+    ranks = two_ranks["view"]
     mine = [r["mine"] for r in ranks]
     for name in ("wait_seconds", "samples", "skipped"):
         values = [m[name] for m in mine]
