@@ -68,9 +68,11 @@ def case_loader(
         torch.cuda.synchronize()
         res = {"images": n, "wall": time.perf_counter() - t0, "cpu": bl._cpu() - c0}
         pool = getattr(getattr(loader._engine, "rt", None), "pool", None)  # in-process
-        res["on_cpu"] = getattr(pool, "on_cpu", 0)
+        stats = loader.stats()
+        res["on_cpu"] = stats.gpu_to_cpu + stats.gpu_suspect
+        res["suspect"] = stats.gpu_suspect
         res["decode_calls"] = getattr(pool, "batches", 0)
-        res["hits"] = loader.stats().cache_hits
+        res["hits"] = stats.cache_hits
         return res
 
 
@@ -221,8 +223,11 @@ def main() -> None:
             f"{rate[name] / rate['cpu-all']:9.2f} {cpu_ms:10.3f} {rss:8.0f}"
         )
     for n in counts:
-        on_cpu = runs[f"gpu-{n}"][-1].get("on_cpu")
-        print(f"GPU path, {n} cores: samples decoded by the CPU instead:", on_cpu)
+        last = runs[f"gpu-{n}"][-1]
+        print(
+            f"GPU path, {n} cores: samples decoded by the CPU instead: {last.get('on_cpu')} "
+            f"(of which failed the check of the GPU's image: {last.get('suspect')})"
+        )
     print("\nthe decoders alone (no crop, no loader):", json.dumps(raw, indent=1))
     print("\nGPU against CPU pixels, same seed (levels of 255):", json.dumps(pixels, indent=1))
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import asyncloader as al
-from asyncloader._base._types import DecodeJob, Outcome
+from asyncloader._base._stats import Counters
+from asyncloader._base._types import DecodeJob, DecodePath, Outcome
 from asyncloader._decode._gpu import GpuDecodePool
 from asyncloader._decode._image import DecodeSpec, decode_into
 from asyncloader._decode._resample import jpeg_header, resample, resize_weights
@@ -178,6 +179,71 @@ def test_what_nvjpeg_is_not_given_or_refuses_is_decoded_by_the_cpu(jpeg_folder: 
     assert pool.on_cpu == 3
 
 
+def test_an_image_the_decoder_skipped_is_decoded_on_the_cpu_and_counted(
+    jpeg_folder: Path,
+) -> None:
+    """A decoder that reports success for images it did not decode — one black throughout
+    (as hardware decoders were seen to), one of the wrong size, one refused — never
+    delivers them: each is decoded by the CPU path and its pixels delivered, and stats()
+    counts where every sample went.  A photo that is black throughout is decoded again on
+    the CPU and stays black."""
+    data = _files(jpeg_folder, 6)
+    black = io.BytesIO()
+    Image.new("RGB", (60, 40)).save(black, "JPEG")
+    data.append(black.getvalue())
+    skipped, shrunk, refused = data[0], data[1], data[2]
+    spec = DecodeSpec((3, 32, 32), RandomResizedCrop(32))
+
+    def lying(batch: list[torch.Tensor]) -> list[torch.Tensor | BaseException]:
+        out: list[torch.Tensor | BaseException] = []
+        for d, image in zip(batch, _whole_pillow(batch), strict=True):
+            assert isinstance(image, torch.Tensor)
+            if d.numel() == len(skipped):
+                image = torch.zeros_like(image)  # "decoded": nothing written
+            elif d.numel() == len(shrunk):
+                image = image[:, : image.shape[1] // 2]
+            elif d.numel() == len(refused):
+                out.append(RuntimeError("nvjpeg: unsupported"))
+                continue
+            out.append(image)
+        return out
+
+    ring = torch.zeros((1, 8, 3, 32, 32), dtype=torch.uint8)
+    pool = GpuDecodePool(2, spec, ring, decode_batch=lying)
+    jobs = [DecodeJob(d, 0, i, 40 + i, f"k{i}", "", len(d)) for i, d in enumerate(data)]
+    outcomes = _run(pool, jobs)
+    paths = []
+    counters = Counters()
+    for job, outcome in zip(jobs, outcomes, strict=True):
+        assert isinstance(outcome, Outcome), outcome
+        paths.append(outcome.path)
+        counters.count_decode(outcome)
+        got = ring[0, job.index].numpy()
+        if outcome.path is DecodePath.GPU:  # the plan's box resized by Pillow's law
+            img = Image.open(io.BytesIO(job.data)).convert("RGB")  # type: ignore[arg-type]
+            plan = spec.transform.plan(*img.size, random.Random(job.seed))  # type: ignore[union-attr]
+            want = _pillow(plan.box, plan.size, img)
+            want = want[:, :, ::-1] if plan.flip else want
+            assert np.abs(got.astype(int) - want.astype(int)).max() <= 1, job.key
+        else:  # the CPU path's own pixels
+            cpu = np.empty((3, 32, 32), np.uint8)
+            decode_into(job.data, cpu, spec, job.seed, job.key)  # type: ignore[arg-type]
+            assert np.array_equal(got, cpu), job.key
+    assert paths == [
+        DecodePath.GPU_SUSPECT,
+        DecodePath.GPU_SUSPECT,
+        DecodePath.GPU_TO_CPU,
+        DecodePath.GPU,
+        DecodePath.GPU,
+        DecodePath.GPU,
+        DecodePath.GPU_SUSPECT,  # black throughout: checked on the CPU, black there too
+    ]
+    assert ring[0, 6].max() == 0
+    stats = counters.snapshot(decode_workers=2, max_inflight=8)
+    assert (stats.gpu_decoded, stats.gpu_to_cpu, stats.gpu_suspect) == (3, 1, 3)
+    assert "GPU decode: 3 on the GPU, 1 on the CPU" in stats.summary()
+
+
 def test_gpu_decode_needs_a_gpu_and_says_so(light_server: S3TestServer) -> None:
     opts = {"endpoint_url": light_server.endpoint, "anonymous": True}
     with pytest.raises(ValueError, match="needs device='cuda'"):
@@ -314,7 +380,7 @@ def test_cuda_decode_slow_consumer_never_sees_a_reused_slot(light_server: S3Test
 
 def test_the_header_reader_agrees_with_pillow(jpeg_folder: Path) -> None:
     """Size and components from the markers, as Pillow reads them; None for what nvJPEG is
-    not given (not a JPEG, truncated, lossless or arithmetic-coded)."""
+    not given (not a JPEG, truncated, lossless or arithmetic-coded, 12-bit samples)."""
     for d in _files(jpeg_folder, 20):
         img = Image.open(io.BytesIO(d))
         assert jpeg_header(d) == (*img.size, 3)
@@ -333,5 +399,6 @@ def test_the_header_reader_agrees_with_pillow(jpeg_folder: Path) -> None:
         b"",
         b"\xff\xd8\xff\xd9",
         d[: sof + 1] + b"\xc3" + d[sof + 2 :],
+        d[: sof + 4] + b"\x0c" + d[sof + 5 :],  # the precision byte: 12 bits
     ):
         assert jpeg_header(bad) is None

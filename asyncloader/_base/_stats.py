@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from ._bound import BOUNDS, TELL_AFTER, Bound, verdict
 from ._errors import first_keys
 from ._latency import LatencyWindow
-from ._types import CacheEvent, Outcome
+from ._types import CacheEvent, DecodePath, Outcome
 
 __all__ = ["BOUNDS", "TELL_AFTER", "Bound", "Counters", "LatencyWindow", "Stats", "verdict"]
 
@@ -65,6 +65,9 @@ class Counters:
     latency: LatencyWindow = field(default_factory=LatencyWindow)  # of answered requests
     decoded: int = 0
     decode_seconds: float = 0.0  # summed busy time of decode workers [seconds]
+    gpu_decoded: int = 0  # DecodeConfig(backend="cuda"): samples the GPU decoded
+    gpu_to_cpu: int = 0  # ... the CPU decoded: not given to the GPU, or refused by it
+    gpu_suspect: int = 0  # ... the GPU's image failed the check: decoded on the CPU
     decode_queue: int = 0  # jobs handed to the pool and not yet finished
     engine_restarts: int = 0  # engine processes that died and were replaced (the trainer's)
     batches_produced: int = 0
@@ -117,6 +120,12 @@ class Counters:
         """
         events = outcome.events
         self.decode_seconds += outcome.busy
+        if outcome.path is DecodePath.GPU:
+            self.gpu_decoded += 1
+        elif outcome.path is DecodePath.GPU_TO_CPU:
+            self.gpu_to_cpu += 1
+        elif outcome.path is DecodePath.GPU_SUSPECT:
+            self.gpu_suspect += 1
         if events & CacheEvent.MISS:
             self.cache_misses += 1
         else:
@@ -213,6 +222,9 @@ class Counters:
             decoded=self.decoded,
             decode_utilization=decode_util,
             decode_seconds=self.decode_seconds,
+            gpu_decoded=self.gpu_decoded,
+            gpu_to_cpu=self.gpu_to_cpu,
+            gpu_suspect=self.gpu_suspect,
             decode_queue=self.decode_queue,
             engine_restarts=self.engine_restarts,
             skipped=dict(self.skipped),
@@ -274,6 +286,13 @@ class Stats:
         decoded: Samples decoded into batch slots.
         decode_utilization: Busy fraction of the decode workers since start (0..1).
         decode_seconds: The decode workers' busy time since start, summed [seconds].
+        gpu_decoded, gpu_to_cpu, gpu_suspect: With ``DecodeConfig(backend="cuda")``,
+            where each sample was decoded: on the GPU (nvJPEG through torchvision, the
+            image checked; torchvision does not say whether nvJPEG used the hardware
+            decoder, nor how many engines it has), on the CPU because it was not given to
+            the GPU (not a JPEG nvJPEG decodes) or the GPU refused it, and on the CPU
+            because the GPU's image failed the check (the wrong size, or black
+            throughout).  All 0 with the CPU backend.
         decode_queue: Decode jobs handed to the pool and not finished.
         samples_by_source: Samples delivered from each source (its URL), with several.
         engine_restarts: Engine processes that died and were replaced (see
@@ -370,6 +389,9 @@ class Stats:
     skipped_keys: tuple[str, ...] = ()
     samples_by_source: dict[str, int] = field(default_factory=dict)
     decode_seconds: float = 0.0
+    gpu_decoded: int = 0
+    gpu_to_cpu: int = 0
+    gpu_suspect: int = 0
 
     @property
     def samples_per_second(self) -> float:
@@ -439,6 +461,12 @@ class Stats:
             lines.append(
                 "sources: "
                 + ", ".join(f"{url} {n}" for url, n in sorted(self.samples_by_source.items()))
+            )
+        if self.gpu_decoded or self.gpu_to_cpu or self.gpu_suspect:
+            lines.append(
+                f"GPU decode: {self.gpu_decoded} on the GPU, {self.gpu_to_cpu} on the CPU "
+                f"(not given to the GPU, or refused), {self.gpu_suspect} on the CPU after "
+                "the GPU's image failed the check"
             )
         if self.unnamed_images:
             lines.append(f"images left out, not named by the metadata file: {self.unnamed_images}")

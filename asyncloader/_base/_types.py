@@ -19,6 +19,7 @@ __all__ = [
     "CachedAt",
     "DecodeFn",
     "DecodeJob",
+    "DecodePath",
     "ObjectInfo",
     "ObjectStore",
     "Outcome",
@@ -196,9 +197,20 @@ class DecodeJob:
     mark: tuple[int, int, int, int] | None = None
 
 
+class DecodePath(enum.IntEnum):
+    """Where a sample was decoded (``stats()`` counts the GPU path's)."""
+
+    CPU = 0  # the CPU path, as asked (DecodeConfig(backend="thread"))
+    GPU = 1  # on the GPU (backend="cuda"), the decoded image checked
+    GPU_TO_CPU = 2  # backend="cuda", on the CPU: not given to the GPU, or refused by it
+    GPU_SUSPECT = 3  # backend="cuda": the GPU's image failed the check, decoded on the CPU
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How a decode job went: the worker's busy time [seconds] and the cache events."""
+    """How a decode job went: the worker's busy time [seconds], the cache events and
+    where the image was decoded."""
 
     busy: float = 0.0
     events: CacheEvent = CacheEvent.NONE
+    path: DecodePath = DecodePath.CPU

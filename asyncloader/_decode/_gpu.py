@@ -17,6 +17,12 @@ decoded by the CPU path (:func:`~._image.decode_into`) into host memory and copi
 the slot: the same crop box, the CPU's pixels.  What the CPU path refuses too is a
 :class:`~asyncloader.DecodeError`, a counted skip under ``on_error="skip"``.
 
+Every image the batch decoder returns is checked before it is resized: the header's size,
+3 channels of uint8, and not black throughout.  One that fails (GPU decoders were seen to
+report success for images they skipped) is decoded again by the CPU path, whose pixels
+are delivered.  ``stats()`` counts each path: ``gpu_decoded``, ``gpu_to_cpu`` (not given
+or refused) and ``gpu_suspect`` (failed the check).
+
 The pixels are close to the CPU path's, not equal: the GPU decodes the whole image where
 the CPU path decodes at 1/2, 1/4 or 1/8 scale when the crop allows (libjpeg's DCT
 scaling), nvJPEG upsamples chroma its own way, and the resize runs in float32 without
@@ -43,7 +49,7 @@ import numpy.typing as npt
 import torch
 
 from .._base._errors import DecodeError, shown_key
-from .._base._types import Blob, CacheEvent, DecodeJob, Outcome
+from .._base._types import Blob, CacheEvent, DecodeJob, DecodePath, Outcome
 from ._completions import Completions, Group, Target
 from ._image import DecodeSpec, decode_into
 from ._job import job_bytes
@@ -104,6 +110,7 @@ class _Work:
     source: tuple[int, int] = (0, 0)  # the image's width and height
     flip: bool = False
     host: npt.NDArray[np.uint8] | None = None  # decoded on the CPU (not for nvJPEG)
+    path: DecodePath = DecodePath.GPU  # where it was decoded (stats() counts them)
 
 
 # Most elements of one group's weights (float64 while they are made): 128 MiB.
@@ -250,6 +257,7 @@ class GpuDecodePool:
             work.box, work.source, work.flip = plan.box, (width, height), plan.flip
         else:
             work.host = self._on_cpu(work)
+            work.path = DecodePath.GPU_TO_CPU
         return work
 
     def _on_cpu(self, work: _Work) -> npt.NDArray[np.uint8]:
@@ -289,7 +297,7 @@ class GpuDecodePool:
             share = (time.perf_counter() - t0) / len(batch)
             self._complete(
                 [
-                    (w.target, r if r is not None else Outcome(w.busy + share, w.events))
+                    (w.target, r if r is not None else Outcome(w.busy + share, w.events, w.path))
                     for w, r in zip(batch, results, strict=True)
                 ]
             )
@@ -325,19 +333,49 @@ class GpuDecodePool:
             decoded = self._decode_batch(inputs)
             ok: list[tuple[int, torch.Tensor]] = []
             for i, image in zip(jpegs, decoded, strict=True):
-                if isinstance(image, BaseException):
-                    try:
-                        batch[i].host = self._on_cpu(batch[i])  # what nvJPEG refused
-                    except BaseException as exc:
-                        results[i] = exc
+                if isinstance(image, BaseException):  # what nvJPEG refused
+                    results[i] = self._redo_on_cpu(batch[i], DecodePath.GPU_TO_CPU)
                 else:
                     ok.append((i, image))
+            suspect = self._suspects(batch, ok)
+            for i in suspect:
+                results[i] = self._redo_on_cpu(batch[i], DecodePath.GPU_SUSPECT)
+            ok = [(i, image) for i, image in ok if i not in suspect]
             if ok:
                 self._resize([batch[i] for i, _ in ok], [image for _, image in ok])
         for i, w in enumerate(batch):
             if w.host is not None and results[i] is None:
                 self._images[w.job.slot, w.job.index].copy_(torch.from_numpy(w.host))
         return results
+
+    def _redo_on_cpu(self, work: _Work, path: DecodePath) -> BaseException | None:
+        """Decode ``work`` on the CPU instead (``path`` says why); its failure, or None."""
+        work.path = path
+        try:
+            work.host = self._on_cpu(work)
+        except BaseException as exc:
+            return exc
+        return None
+
+    def _suspects(self, batch: list[_Work], ok: list[tuple[int, torch.Tensor]]) -> set[int]:
+        """The images the decoder says it decoded that fail the check: not the header's
+        size as 3 channels of uint8, or black throughout (no pixel above 0).  GPU decoders
+        of 2026 were seen to report success for images they skipped (black images from
+        Blackwell's hardware decoder, zero-filled lossless JPEGs); a truly black image
+        costs a second decode on the CPU, which delivers the same black.  One wait for the
+        decoder's work per batch: the peaks come back together."""
+        out: set[int] = set()
+        sized: list[tuple[int, torch.Tensor]] = []
+        for i, image in ok:
+            width, height = batch[i].source
+            if image.dtype != torch.uint8 or tuple(image.shape) != (3, height, width):
+                out.add(i)
+            else:
+                sized.append((i, image))
+        if sized:
+            peaks = torch.stack([image.amax() for _, image in sized]).cpu().tolist()
+            out.update(i for (i, _), peak in zip(sized, peaks, strict=True) if peak == 0)
+        return out
 
     def _resize(self, works: list[_Work], images: list[torch.Tensor]) -> None:
         """Crop, resize and flip each decoded image into its sample of the ring: the

@@ -25,8 +25,9 @@ _SOF_OTHER = (0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
 
 def jpeg_header(data: Blob | memoryview) -> tuple[int, int, int] | None:
     """(width, height, components) of a complete JPEG nvJPEG decodes (Huffman-coded
-    baseline, extended or progressive), from its markers alone; None for anything else:
-    not a JPEG, lossless or arithmetic-coded, no end marker (truncated?), damaged markers.
+    baseline, extended or progressive, 8-bit samples), from its markers alone; None for
+    anything else: not a JPEG, lossless or arithmetic-coded, 12-bit, no end marker
+    (truncated?), damaged markers.
 
     A few microseconds in Python where ``Image.open`` parses every marker in tens: the
     host threads share one GIL with the event loop.
@@ -49,6 +50,8 @@ def jpeg_header(data: Blob | memoryview) -> tuple[int, int, int] | None:
         length = (view[i + 2] << 8) | view[i + 3]
         if marker in _SOF_NVJPEG:
             if i + 10 > n or length < 8:
+                return None
+            if view[i + 4] != 8:  # 12-bit samples: the CPU path's
                 return None
             height = (view[i + 5] << 8) | view[i + 6]
             width = (view[i + 7] << 8) | view[i + 8]

@@ -440,7 +440,7 @@ class Pipeline:
                 outcome = await self._decode(job, seq)
                 del job
                 if hit:
-                    outcome = Outcome(outcome.busy, outcome.events | hit)
+                    outcome = Outcome(outcome.busy, outcome.events | hit, outcome.path)
                 self._account(outcome, obj.size)
             self.ring.labels[slot, j] = sample.label
         except AsyncLoaderError as exc:
