@@ -22,6 +22,7 @@ __all__ = [
     "ENGINE_GRACE",
     "ENGINE_START",
     "ENGINE_TEARDOWN",
+    "FINAL_COUNTS",
     "HELD_GRACE",
     "KILL_STEP",
     "LOOP_JOIN",
@@ -116,3 +117,8 @@ KILL_STEP = 2.0
 
 READER_JOIN = 2.0
 """The trainer's reader thread, once every engine's socket is closed."""
+
+FINAL_COUNTS = 2.0
+"""The trainer's ``close()``, once its engines have ended, for the reader thread to take
+each one's last message (its final counters) and meet its socket's end, before it closes
+the sockets: an engine ends within milliseconds of sending them."""

@@ -440,11 +440,17 @@ class EngineProcesses:
                 with contextlib.suppress(OSError, ValueError):
                     e.conn.send(Stop())
         stop_children([e.proc for e in engines], life.ENGINE_GRACE, life.KILL_STEP)
+        reader = getattr(self, "_reader", None)  # None: closed while starting, before it
+        if reader is not None:
+            # Each engine's last message (its final counts) is read before its socket is
+            # closed here: the engines have ended, so the reader soon meets each socket's end.
+            deadline = time.monotonic() + life.FINAL_COUNTS
+            while not all(e.gone for e in engines) and time.monotonic() < deadline:
+                time.sleep(0.001)
         for e in engines:
             with contextlib.suppress(OSError):
                 os.close(e.release_fd)
             e.conn.close()
-        reader = getattr(self, "_reader", None)  # None: closed while starting, before it
         if reader is not None:
             reader.stop()
         # What each engine counted to its end (sent as it stopped).
