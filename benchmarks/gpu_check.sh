@@ -4,20 +4,28 @@
 # libjpeg-turbo's headers as Debian packages, travel in .whl/.  Logs and tables go to $OUT
 # (or ./gpu-out); $OUT/steps.log says how each step ended.
 #
-# Prepare .whl/ on a machine with pip (x86-64, Python 3.12 wheels):
+# Prepare .whl/ on a machine with pip (x86-64, Python 3.12 wheels; the versions this
+# project's own install has, aiobotocore pinning its botocore):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
-#     aiobotocore botocore diskcache jmespath aioitertools aiohttp \
-#     nvidia-nvimgcodec-cu13 nvidia-nvjpeg
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl \
+#     aiobotocore botocore diskcache jmespath aioitertools aiohttp
 #   (cd .whl && mkdir -p deb && cd deb && apt-get download libjpeg62-turbo libjpeg62-turbo-dev)
-# and carry it: run(command="bash benchmarks/gpu_check.sh", carry=[".whl"]).
+# (18 MB; add nvidia-nvimgcodec-cu13, 25 MB, for bench_gpu_decode's nvImageCodec row) and
+# carry it; the tables come back as one archive (a call returns at most 8 files):
+#   run(command="R=$OUT; export OUT=/tmp/g; timeout 560 bash benchmarks/gpu_check.sh first;
+#       tar czf $R/g.tgz -C /tmp g", carry=[".whl"], timeout_s=590)
 #
-# Run: bash benchmarks/gpu_check.sh [--dry] [tests|gpu-decode-tests|upload|decode|neighbour|scale|node ...]
-# (default: tests upload decode node scale, within 560 s together, each step bounded;
-# neighbour: bench_neighbour.py on the machine's cores; scale: bench_scale.py with 1-4
-# engine processes; loader: bench_loader.py against the RAM decode ceiling of all the cores,
-# engine processes and inline interleaved; node: bench_node.py with 8 ranks against the
-# node's stock ceiling).
+# Run: bash benchmarks/gpu_check.sh [--dry] [first|second|STEP ...], STEP one of tests,
+# gpu-decode-tests, upload, decode, node, scale, loader, neighbour.
+# A lent machine has 15 minutes in all, each start counted: two calls of ~5 minutes each,
+#   first:  tests upload decode  (the CUDA tests, the uploader, GPU decode on 4 and 8 cores)
+#   second: node scale loader    (8 ranks against the node's stock ceiling, one loader with
+#           1-4 engine processes, one loader against the RAM decode ceiling of all cores)
+# (default: both; on an H100 machine, 2026-11-27, with 3,000 images the five steps of the
+# time took ~6.5 minutes besides scale, so the sizes are now 2,000 images).  neighbour:
+# bench_neighbour.py on the machine's cores.  Each step is bounded; steps.log says how long
+# each took of its bound.
 #
 # --dry: on any machine (the CPU development machine, CI), with the environment as it is
 # (nothing installed from .whl/, nothing built): every step starts at a tiny size, the
@@ -33,7 +41,9 @@ fi
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 : >"$OUT/steps.log"
-steps=${*:-tests upload decode node scale}
+steps=${*:-first second}
+steps=${steps//first/tests upload decode}
+steps=${steps//second/node scale loader}
 export PYTHONUNBUFFERED=1
 if [ "$DRY" = 1 ]; then
     # Tiny sizes: the script and the benchmarks' arguments are what a dry run checks.
@@ -41,7 +51,7 @@ if [ "$DRY" = 1 ]; then
     # code paths at a fraction of the CPU (the dry run is part of the test suite).
     IMAGES=64 REPEAT=1 RANKS=2 ENGINES=1 EPOCHS=1 KEEP_UP=0
 else
-    IMAGES=3000 REPEAT=2 RANKS=8 ENGINES=inline,1,2,4 EPOCHS=2 KEEP_UP=1.5
+    IMAGES=2000 REPEAT=2 RANKS=8 ENGINES=inline,1,2,4 EPOCHS=2 KEEP_UP=1.5
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
     export PYTHONPATH=/tmp/site:$PWD
@@ -139,8 +149,8 @@ for step in $steps; do
             --cases "$(echo "$ENGINES" | sed 's/\([^,]*\)/\1:thread:real/g')"
         ;;
     loader)
-        run loader 0 240 loader.log python3 benchmarks/bench_loader.py --images "$IMAGES" \
-            --latencies 0,0.02 --skip-dataloader --inline --repeat "$REPEAT" --epochs 1 \
+        run loader 0 180 loader.log python3 benchmarks/bench_loader.py --images "$IMAGES" \
+            --latencies 0.02 --skip-dataloader --inline --repeat "$REPEAT" --epochs 1 \
             --json "$OUT/loader.json"
         ;;
     node)

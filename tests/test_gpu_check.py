@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("tests", "upload", "decode", "node", "scale")
+STEPS = ("tests", "upload", "decode", "node", "scale", "loader")
 
 
 @pytest.mark.slow
@@ -48,5 +48,5 @@ def test_the_device_script_runs_in_its_dry_mode(tmp_path: Path) -> None:
             assert how.startswith("ok ("), (step, how)  # "ok (N s of LIMIT)"
     assert "ROI_DECODE" in (out / "env.log").read_text()
     # Every benchmark wrote its table or JSON.
-    assert (out / "node.json").is_file() and (out / "scale.json").is_file()
+    assert all((out / f"{name}.json").is_file() for name in ("node", "scale", "loader"))
     assert "img/s" in (out / "upload.log").read_text()
