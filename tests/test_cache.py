@@ -460,23 +460,30 @@ def test_the_writer_gathers_objects_that_come_one_by_one_into_one_transaction(
     from asyncloader._cache._writer import CacheWriter
 
     batches: list[list[str]] = []
+    written = threading.Event()  # a first batch is written
 
     def done(keys: list[str], error: Exception | None) -> None:
         assert error is None
         batches.append(keys)
+        written.set()
 
     async def main(cache: ObjectCache) -> None:
         writer = CacheWriter(cache, done=done, linger=600.0)  # only full batches on their own
-        for i in range(40):
-            writer.submit(f"obj{i}", f"k{i}", _value(i))
-            await asyncio.sleep(0.002)
-        await asyncio.sleep(0.2)
-        assert [len(b) for b in batches] == [32]  # the other 8 wait for more
-        await asyncio.wait_for(writer.drain(), 60)  # far sooner than the linger
-        assert [len(b) for b in batches] == [32, 8]
-        writer.submit("obj40", "k40", _value(40))
-        writer.submit("obj41", "k41", _value(41))
-        await asyncio.to_thread(writer.close)  # writes them, without waiting the linger
+        try:
+            for i in range(40):
+                writer.submit(f"obj{i}", f"k{i}", _value(i))
+                await asyncio.sleep(0.002)
+            # The full batch is written on its own, however long the disk takes under load
+            # (a fixed 0.2 s was not always enough beside the suite's other worker).
+            assert await asyncio.to_thread(written.wait, 60)
+            await asyncio.sleep(0.2)
+            assert [len(b) for b in batches] == [32]  # the other 8 wait for more
+            await asyncio.wait_for(writer.drain(), 60)  # far sooner than the linger
+            assert [len(b) for b in batches] == [32, 8]
+            writer.submit("obj40", "k40", _value(40))
+            writer.submit("obj41", "k41", _value(41))
+        finally:
+            await asyncio.to_thread(writer.close)  # writes them, without waiting the linger
         assert [len(b) for b in batches] == [32, 8, 2]
 
     cache = ObjectCache(tmp_path / "c")
