@@ -83,6 +83,32 @@ def test_a_throttle_backs_off_once_per_round_then_recovers_by_one_per_window() -
     _run(body())
 
 
+def test_a_throttle_in_the_first_second_paces_at_the_rate_answers_came() -> None:
+    """The pace a throttle sets is the rate the store answered at: in the run's first
+    second, over the time since the first answer, not over a whole second (8 answers in
+    50 ms are 140 a second, not 8: paced at 7 a second, a run of 96 images throttled at
+    random took a minute instead of half a second)."""
+
+    async def body() -> None:
+        clock = Clock()
+        budget = InflightBudget(64, floor=2, start=None, clock=clock)
+        held = [await budget.acquire() for _ in range(10)]
+        for _ in range(8):
+            clock.now += 0.00625
+            budget.release(held.pop(0), answered=True)
+        assert budget.throttled(held[0].generation)
+        assert budget.pace == pytest.approx(0.9 * 7 / 0.04375)  # PACE_DECREASE × 160 a second
+        # A second later, over the last second as before.
+        clock.now += 1.0
+        for _ in range(20):
+            clock.now += 0.01
+            budget.release(held.pop(0), answered=True) if held else None
+            held.append(await budget.acquire())
+        assert 10 <= budget._answer_rate() <= 20
+
+    _run(body())
+
+
 def test_slow_start_doubles_per_round_until_the_first_throttle() -> None:
     async def body() -> None:
         budget = InflightBudget(100, floor=2, start=16)

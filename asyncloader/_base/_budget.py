@@ -21,8 +21,9 @@ Two bounds, the smaller wins, always between ``floor`` and ``ceiling``:
   without a burst (nginx's ``limit_req``, a leaky bucket) refuses a request sent sooner
   than ``1 / rate`` after the last, whatever the window.  On a back-off, requests are
   paced at ``PACE_DECREASE`` × the pace (the first time: × the rate the store answered at
-  over the last second).  Each answer then raises the pace: quickly back to just below
-  where the store last refused (``PACE_NEAR`` of it, within about a second), then by
+  over the last second, or since its first answer where that came within it).  Each
+  answer then raises the pace: quickly back to just below where the store last refused
+  (``PACE_NEAR`` of it, within about a second), then by
   ``PACE_GROWTH`` of itself per second, a probe that doubles every few seconds without a
   refusal (as CUBIC does): a strict limiter is held just below its rate and refused now
   and then, and a store that stopped limiting is soon climbed again.  A pace that stays
@@ -383,14 +384,18 @@ class InflightBudget:
             self._back_off()
 
     def _answer_rate(self) -> float:
-        """Answers per second over the last second (over the last few, where fewer came)."""
+        """Answers per second over the last second (over the last few, where fewer came;
+        since the first answer, where all came within the last second: at a run's start,
+        8 answers in 50 ms are 140 a second, not 8)."""
         answered = self._answered
         if len(answered) < 2:
             return 0.0
         now = self._clock()
         recent = [t for t in answered if now - t <= 1.0]
         if len(recent) >= 8:
-            return len(recent) / 1.0
+            if len(recent) < len(answered):  # answers from before the last second: a whole one
+                return len(recent) / 1.0
+            return (len(recent) - 1) / max(now - recent[0], 1e-3)
         span = answered[-1] - answered[max(0, len(answered) - 16)]
         return (min(len(answered), 16) - 1) / span if span > 0 else 0.0
 
