@@ -32,6 +32,12 @@ _CLOSING = 8
 """Answers after which a server that closes every connection (HTTP/1.0, ``Connection:
 close``) is known as one: requests to it then open at most ``CLOSING_CONNECTIONS`` at once."""
 CLOSING_CONNECTIONS = 16
+CONNECTING = 16
+"""Connections being opened to one origin at once (their handshakes in progress; kept-alive
+ones are reused without waiting): a burst of requests to a new origin, or to a server that
+closes every connection, does not send 128 SYNs into a listen queue of five, whose overflow
+the kernel drops and TCP resends only after 1, then 3, then 7 s (past the connect time-out
+of a starved server: a transient failure and a retry)."""
 
 
 def tls_context(ca_bundle: str | None = None) -> ssl.SSLContext:
@@ -317,10 +323,11 @@ class LeanHTTPClient:
         self._closed = False
         self._closes = 0  # answers after which the server closed the connection, in a row
         self._gate: asyncio.Semaphore | None = None  # set once the server closes every one
+        self._connecting = asyncio.Semaphore(CONNECTING)
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
-        async with asyncio.timeout(self._connect_timeout):
+        async with self._connecting, asyncio.timeout(self._connect_timeout):
             if self._ssl is not None:
                 _, conn = await connect_tls(_Conn, self._host, self._port, self._ssl)
             else:
