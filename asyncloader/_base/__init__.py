@@ -1,7 +1,8 @@
 """The leaves every wing may use: the exception tree (``_errors``), value types, protocols
 and stage messages (``_types``), validated settings and every default once (``_config``),
-the process's environment (``_env``), counters and stats (``_stats``), what bounds a run
-(``_bound``) and the scalars a trainer plots of them (``_scalars``), manifest rows
+the process's environment (``_env``), counters (``_stats``) and their snapshot
+(``_snapshot``), what bounds a run (``_bound``) and the scalars a trainer plots of them
+(``_scalars``), manifest rows
 (``_manifest``), leases on shared memory (``_lease``) and event loops on threads of their
 own (``_own_thread``).  Nothing here
 imports another wing.
