@@ -145,7 +145,7 @@ def finish(result, out):
 
 TWO_RANKS = textwrap.dedent(
     """
-    import json, os, sys
+    import json, multiprocessing, os, sys
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
@@ -156,6 +156,8 @@ TWO_RANKS = textwrap.dedent(
     class Key:
         def __call__(self, key):
             return int(key.rsplit("_", 1)[1].split(".")[0])  # img_000123.jpg -> 123
+
+    START = "forkserver"  # see main()
 
     def gather(mine):
         gathered = [None] * dist.get_world_size()
@@ -196,7 +198,7 @@ TWO_RANKS = textwrap.dedent(
                               samples_per_epoch=per_epoch,
                               store=StoreConfig(options={"endpoint_url": endpoint}))
             ds.set_epoch(3)
-            dl = DataLoader(ds, batch_size=None, num_workers=2)
+            dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=START)
             labels, batches = [], 0
             for _, lab in dl:
                 labels += lab.tolist()
@@ -207,7 +209,8 @@ TWO_RANKS = textwrap.dedent(
         sources = [Source(f"s3://data/train/class_0{c}/", labels=Key()) for c in (0, 1)]
         ds = ImageDataset(sources, batch_size=6, seed=1,
                           store=StoreConfig(options={"endpoint_url": endpoint}))
-        labels = [x for _, lab in DataLoader(ds, batch_size=None, num_workers=1) for x in lab.tolist()]
+        dl = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=START)
+        labels = [x for _, lab in dl for x in lab.tolist()]
         result["mix"] = gather(labels)
         return result
 
@@ -215,7 +218,16 @@ TWO_RANKS = textwrap.dedent(
         # One torchrun for the module's three tests: starting one takes seconds.
         dist.init_process_group("gloo")
         endpoint, out = sys.argv[1:3]
-        result = {"node": gather(node(endpoint)), "view": gather(view()), "train": train(endpoint)}
+        nodes = node(endpoint)
+        # The DataLoaders start their workers from a fork server, a process of one thread:
+        # a fork of this rank (gloo's threads, the loaders it ran) once inherited a lock held
+        # mid-operation, and its worker hung at birth (CPython 3.11.7, where gh-112275, a
+        # fork while another thread holds the thread-state list's lock, is one such lock).
+        # The server first imports what this rank has, so each worker starts as fast as a fork.
+        packages = ("asyncloader", "aiobotocore", "botocore", "aiohttp", "diskcache", "PIL")
+        have = sorted(m for m in sys.modules if m.split(".")[0] in packages)
+        multiprocessing.set_forkserver_preload(["__main__", *have])
+        result = {"node": gather(nodes), "view": gather(view()), "train": train(endpoint)}
         if dist.get_rank() == 0:
             json.dump(result, open(out, "w"))
         dist.barrier()
