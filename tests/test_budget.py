@@ -109,6 +109,56 @@ def test_a_throttle_in_the_first_second_paces_at_the_rate_answers_came() -> None
     _run(body())
 
 
+def test_a_paced_budget_cuts_its_pace_only_for_refusals_the_rate_makes() -> None:
+    """Once paced, a refusal now and then (a request arriving a little early at a strict
+    limiter) leaves the pace where it is and backs off the window; ``PACE_REFUSALS`` among
+    the last ``PACE_JUDGED`` paced requests cut it by ``PACE_DECREASE``, and the next cut is
+    judged afresh at the new pace."""
+    from asyncloader._base._budget import PACE_DECREASE, PACE_JUDGED, PACE_REFUSALS
+
+    async def body() -> None:
+        clock = Clock()
+        budget = InflightBudget(64, floor=2, start=None, clock=clock)
+        held = [await budget.acquire() for _ in range(8)]
+
+        async def answers(n: int) -> None:  # n answers, 10 ms apart, slots refilled
+            for _ in range(n):
+                clock.now += 0.01
+                budget.release(held.pop(0), answered=True)
+                while budget.inflight < budget.limit:
+                    held.append(await budget.acquire())
+
+        await answers(50)
+        assert budget.throttled(budget.generation)  # the first refusal sets the pace
+        first = budget.pace
+        assert first > 0
+        # Sparse refusals, one per 40 answers: 5 or 6 in any 200, fewer than PACE_REFUSALS.
+        for _ in range(10):
+            await answers(39)
+            pace, window = budget.pace, budget.window
+            assert budget.throttled(budget.generation)  # a back-off of the window...
+            assert budget.window < window
+            assert budget.pace == pace  # ...not of the pace
+        assert budget.pace >= first
+        # Dense refusals: the PACE_REFUSALS-th within PACE_JUDGED cuts the pace.
+        cut = None
+        for i in range(PACE_REFUSALS):
+            await answers(PACE_JUDGED // (2 * PACE_REFUSALS))
+            pace = budget.pace
+            budget.throttled(budget.generation)
+            if budget.pace < pace:
+                cut = (i, pace)
+                break
+        assert cut is not None, "dense refusals never cut the pace"
+        assert budget.pace == pytest.approx(PACE_DECREASE * cut[1])
+        # Judged afresh: the next refusal alone does not cut again.
+        await answers(5)
+        pace = budget.pace
+        assert budget.throttled(budget.generation) and budget.pace == pace
+
+    _run(body())
+
+
 def test_slow_start_doubles_per_round_until_the_first_throttle() -> None:
     async def body() -> None:
         budget = InflightBudget(100, floor=2, start=16)

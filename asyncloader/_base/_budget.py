@@ -26,11 +26,19 @@ Two bounds, the smaller wins, always between ``floor`` and ``ceiling``:
   (``PACE_NEAR`` of it, within about a second), then by
   ``PACE_GROWTH`` of itself per second, a probe that doubles every few seconds without a
   refusal (as CUBIC does): a strict limiter is held just below its rate and refused now
-  and then, and a store that stopped limiting is soon climbed again.  A pace that stays
-  twice what is sent for ``PACE_IDLE`` seconds (it is not what limits) is dropped.  The pace
-  never goes below ``PACE_FLOOR`` of the most the store answered at lately (that most
-  halving every ``PACE_MEMORY`` seconds): refusals that do not follow the rate (faults, the
-  store's own trouble) cannot spiral it down.
+  and then, and a store that stopped limiting is soon climbed again.  Once paced, a refusal
+  is the rate's only when ``PACE_REFUSALS`` of the last ``PACE_JUDGED`` paced requests
+  (answered or refused, this one included) were refused; the pace it cuts is then where the
+  store refuses.  Below that, requests are paced right and one now and then arrives a
+  little early (a strict limiter counts whole milliseconds between arrivals, and the
+  client's and the server's scheduling move each arrival by about as much): such a refusal
+  is retried as any other, stops the pace's probe from speeding up, and leaves the pace
+  where it is (the window backs off).  A pace cut at every refusal was held well below a
+  strict limiter's rate by such arrivals (``benchmarks/bench_servers.py``, RESULTS.md).
+  A pace that stays twice what is sent for ``PACE_IDLE`` seconds (it is not what limits)
+  is dropped.  The pace never goes below ``PACE_FLOOR`` of the most the store answered at
+  lately (that most halving every ``PACE_MEMORY`` seconds): refusals that do not follow
+  the rate (faults, the store's own trouble) cannot spiral it down.
 
 **One budget per node** (:class:`NodeShare`): the loaders of one node that read one store
 into one cache folder — its ranks and their DataLoader workers — are, to the store, one
@@ -69,6 +77,8 @@ PACE_GROWTH = 0.01
 PACE_IDLE = 5.0
 PACE_FLOOR = 0.5
 PACE_MEMORY = 30.0
+PACE_JUDGED = 200
+PACE_REFUSALS = 8
 NODE_POLL = 0.05  # seconds between two looks at the node (while requests are answered)
 
 
@@ -272,6 +282,8 @@ class InflightBudget:
         self._pace_slack_since: float | None = None  # since when the pace has not limited
         self._best_served = 0.0  # the most answers per second lately (see _back_off)
         self._best_at = clock()
+        # The last paced requests since the last back-off: True for each one refused.
+        self._judged: deque[bool] = deque(maxlen=PACE_JUDGED)
 
     @property
     def limit(self) -> int:
@@ -345,6 +357,7 @@ class InflightBudget:
         if answered:
             self._answered.append(self._clock())
             if self.pace > 0:
+                self._judged.append(False)
                 self._grow_pace()
         self._since_sized += 1
         if self._since_sized >= 16:
@@ -366,6 +379,17 @@ class InflightBudget:
             self._node_seen = node_generation
         self._back_off()
         return True
+
+    def _rate_refused(self) -> bool:
+        """A paced request refused: whether the pace is what the store refuses
+        (``PACE_REFUSALS`` of the last ``PACE_JUDGED`` paced requests, this one included),
+        not one request's early arrival (see the module's docstring).  An early arrival
+        stops the pace's probe from speeding up."""
+        self._judged.append(True)
+        if sum(self._judged) >= PACE_REFUSALS:
+            return True
+        self._pace_probe = PACE_GROWTH
+        return False
 
     def _round(self) -> float:
         """One round of requests [seconds]: the mean time a request holds its slot."""
@@ -427,14 +451,18 @@ class InflightBudget:
         # (faults, the store's own trouble) cannot spiral it down.
         decay = 0.5 ** ((now - self._best_at) / PACE_MEMORY)
         self._best_served, self._best_at = max(served, self._best_served * decay), now
-        if self.pace > 0 or served > 0:
-            # Where it refused: the pace now, or a little below where it last did (a
-            # refusal of a request that arrived late on its heels is no lower limit).
+        early = self.pace > 0 and not self._rate_refused()  # the pace stays
+        if not early and (self.pace > 0 or served > 0):
+            # Where it refused: the pace now (judged: refused often enough), or the rate it
+            # answered at before it was paced, or a little below where it last did.
             refused = self.pace if self.pace > 0 else served
-            self._pace_refused = max(refused, PACE_FORGET * self._pace_refused)
+            self._pace_refused = (
+                refused if self.pace > 0 else max(refused, PACE_FORGET * self._pace_refused)
+            )
             self.pace = max(1.0, PACE_DECREASE * refused, PACE_FLOOR * self._best_served)
             self._pace_probe = PACE_GROWTH
             self._pace_slack_since = None
+            self._judged.clear()  # the next cut is judged at the new pace
         self.generation += 1
         self._slow_start = False
         self._wmax = min(self.window, self.inflight)
