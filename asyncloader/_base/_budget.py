@@ -451,14 +451,15 @@ class InflightBudget:
         # (faults, the store's own trouble) cannot spiral it down.
         decay = 0.5 ** ((now - self._best_at) / PACE_MEMORY)
         self._best_served, self._best_at = max(served, self._best_served * decay), now
-        early = self.pace > 0 and not self._rate_refused()  # the pace stays
-        if not early and (self.pace > 0 or served > 0):
-            # Where it refused: the pace now (judged: refused often enough), or the rate it
-            # answered at before it was paced, or a little below where it last did.
-            refused = self.pace if self.pace > 0 else served
-            self._pace_refused = (
-                refused if self.pace > 0 else max(refused, PACE_FORGET * self._pace_refused)
-            )
+        if self.pace > 0:  # where it refused: the pace now, if refused often enough
+            refused = self.pace if self._rate_refused() else 0.0  # 0: one early arrival
+            if refused > 0:
+                self._pace_refused = refused
+        else:  # unpaced: the rate it answered at, or a little below where it last refused
+            refused = served
+            if refused > 0:
+                self._pace_refused = max(refused, PACE_FORGET * self._pace_refused)
+        if refused > 0:
             self.pace = max(1.0, PACE_DECREASE * refused, PACE_FLOOR * self._best_served)
             self._pace_probe = PACE_GROWTH
             self._pace_slack_since = None
