@@ -4,6 +4,7 @@ loader against a rate-limited server backing off instead of hammering it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -497,3 +498,34 @@ def test_a_node_file_that_cannot_be_made_leaves_the_loader_on_its_own(tmp_path: 
         )
     assert bytes(_run(fetcher.fetch(al.ObjectInfo("k", 1)))) == b"v"  # type: ignore[arg-type]
     fetcher.close()
+
+
+def test_a_late_turn_is_made_up_over_the_next_turns_never_by_one_early_request() -> None:
+    """Paced at 100 a second, a request whose wait ended 6 ms late (a busy loop): the next
+    one goes ``PACE_GAP`` of a turn after it, not at its own turn 4 ms later (a strict
+    limiter counts from the request it took last, and would refuse it); the turns after
+    it come ``PACE_GAP`` of a turn apart until the schedule is met again."""
+    from asyncloader._base._budget import PACE_GAP
+
+    clock = Clock()
+    late = [0.006]
+
+    async def sleep(seconds: float) -> None:
+        clock.now += seconds + (late.pop() if late else 0.0)
+
+    async def body() -> list[float]:
+        budget = InflightBudget(64, floor=2, start=None, clock=clock, sleep=sleep)
+        budget.pace = 100.0
+        sent = []
+        for _ in range(30):
+            await budget.acquire()
+            sent.append(clock.now)
+        return sent
+
+    sent = _run(body())
+    assert isinstance(sent, list)
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert min(gaps) >= PACE_GAP * 0.01 - 1e-9
+    assert gaps[1] == pytest.approx(PACE_GAP * 0.01)  # right after the late one
+    assert sent[0] == pytest.approx(0.016)  # the first turn, 6 ms late
+    assert sent[-1] == pytest.approx(0.30)  # on schedule again: the 30th turn at 300 ms

@@ -35,6 +35,9 @@ Two bounds, the smaller wins, always between ``floor`` and ``ceiling``:
   is retried as any other, stops the pace's probe from speeding up, and leaves the pace
   where it is (the window backs off).  A pace cut at every refusal was held well below a
   strict limiter's rate by such arrivals (``benchmarks/bench_servers.py``, RESULTS.md).
+  A paced request waits for its turn on a :class:`~._timer.PreciseTimer` (asyncio's timers
+  end up to a millisecond late, 7 % of a turn at 140 a second), and goes no sooner than
+  ``PACE_GAP`` of a turn after the request before it.
   A pace that stays twice what is sent for ``PACE_IDLE`` seconds (it is not what limits)
   is dropped.  The pace never goes below ``PACE_FLOOR`` of the most the store answered at
   lately (that most halving every ``PACE_MEMORY`` seconds): refusals that do not follow
@@ -66,6 +69,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._timer import precise_sleep
+
 __all__ = ["MIN_NEED", "InflightBudget", "NodeShare", "Permit"]
 
 MIN_NEED = 16
@@ -79,6 +84,7 @@ PACE_FLOOR = 0.5
 PACE_MEMORY = 30.0
 PACE_JUDGED = 200
 PACE_REFUSALS = 8
+PACE_GAP = 0.97
 NODE_POLL = 0.05  # seconds between two looks at the node (while requests are answered)
 
 
@@ -226,8 +232,9 @@ class InflightBudget:
         samples: How many recent slot-hold times the mean is taken over.
         clock: Seconds, monotonic.
         sleep: Waits a number of ``clock``'s seconds (a paced request's wait); default:
-            ``asyncio.sleep`` with the default clock, none with a clock of the caller's
-            own (its time passes as the caller says).
+            :func:`~._timer.precise_sleep` with the default clock (asyncio's own timers
+            end up to a millisecond late), none with a clock of the caller's own (its
+            time passes as the caller says).
         node: The node this budget is one member of (its back-offs shared, its growth and
             its floor divided among the active members); None: on its own.
     """
@@ -256,7 +263,7 @@ class InflightBudget:
         self._headroom = headroom
         self._rate = rate
         self._clock = clock
-        self._sleep = sleep or (asyncio.sleep if clock is time.monotonic else _no_wait)
+        self._sleep = sleep or (precise_sleep if clock is time.monotonic else _no_wait)
         self.window = float(min(ceiling, max(start or ceiling, self.floor)))  # AIMD
         self._slow_start = True  # until the first back-off
         self._wmax = 0.0  # the window when the store last throttled
@@ -278,6 +285,7 @@ class InflightBudget:
         self._pace_refused = 0.0  # the pace at the last back-off
         self._pace_probe = PACE_GROWTH  # the pace's growth per answer, past it
         self._next_send = 0.0  # when the last paced request's turn was
+        self._last_sent = 0.0  # when the last paced request went
         self._answered: deque[float] = deque(maxlen=4096)  # when the last answers came
         self._pace_slack_since: float | None = None  # since when the pace has not limited
         self._best_served = 0.0  # the most answers per second lately (see _back_off)
@@ -327,13 +335,20 @@ class InflightBudget:
     async def _paced(self) -> None:
         """Wait until ``1 / pace`` after the last request's turn.  A turn taken late (a
         timer's overshoot, a busy loop) counts from when it was due, so the pace does not
-        drift below itself, but never from more than half a turn back: requests woken
-        late together do not go out on each other's heels."""
+        drift below itself, but never from more than half a turn back, and a request never
+        goes sooner than ``PACE_GAP`` of a turn after the last one went: a late turn is made
+        up over the next few, not by the next one alone, which a strict limiter would
+        refuse (it counts from the last request it took)."""
         planned = max(self._next_send + 1.0 / self.pace, self._clock() - 0.5 / self.pace)
         self._next_send = planned  # this request's turn, taken now (others queue behind)
         left = planned - self._clock()
         if left > 0:
             await self._sleep(left)
+        if self.pace > 0:  # (a pace dropped while this one waited leaves nothing to wait)
+            left = self._last_sent + PACE_GAP / self.pace - self._clock()
+            if left > 0:
+                await self._sleep(left)
+        self._last_sent = self._clock()
 
     def release(self, permit: Permit, *, answered: bool) -> None:
         """Give the slot back; ``answered``: the store answered (not throttled, not a
