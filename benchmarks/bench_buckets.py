@@ -20,7 +20,12 @@ bucketed loader on a cache that holds every image but no sizes — its requests 
 header reads — requests and bytes per object, and the same loader again: requests then
 (none).
 
-Run: ``python benchmarks/bench_buckets.py [--images 1200] [--rounds 3] [--epochs 2]``.
+``--long-side N``: each photo resized to a long side of N pixels first, as sources larger
+than the training size are (a bucket's whole image is then decoded at 1/2 or 1/4 scale
+where a square crop's box, a part of it, is decoded at a larger scale).
+
+Run: ``python benchmarks/bench_buckets.py [--images 1200] [--rounds 3] [--epochs 2]
+[--long-side N]``.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ from asyncloader.testing import TEST_ENV, S3TestServer, make_jpeg_folder, tree_c
 SHAPES = ((1, 1), (2, 3), (3, 2))
 
 
-def shaped_folder(root: Path, images: int) -> Path:
-    out = root / f"shaped-{images}"
+def shaped_folder(root: Path, images: int, long_side: int = 0) -> Path:
+    """The demo's photos cut to ``SHAPES``; ``long_side``: each then resized (LANCZOS) to
+    that long side (0: as cut)."""
+    out = root / (f"shaped-{images}" + (f"-{long_side}" if long_side else ""))
     if (out / "metadata.jsonl").exists():
         return out
     source = make_jpeg_folder(root / "jpegs", images=images)
@@ -56,8 +63,11 @@ def shaped_folder(root: Path, images: int) -> Path:
         h, w = SHAPES[i % 3]
         with Image.open(path) as img:
             side = min(img.size)
-            cut = img.crop((0, 0, side * w // max(h, w), side * h // max(h, w)))
-            cut.convert("RGB").save(out / f"{i:05d}.jpg", quality=90)
+            cut = img.crop((0, 0, side * w // max(h, w), side * h // max(h, w))).convert("RGB")
+            if long_side:
+                size = (long_side * w // max(h, w), long_side * h // max(h, w))
+                cut = cut.resize(size, Image.Resampling.LANCZOS)
+            cut.save(out / f"{i:05d}.jpg", quality=90)
         rows.append({"file_name": f"{i:05d}.jpg", "text": f"photo {i}", "score": i % 10})
     (out / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out
@@ -128,6 +138,12 @@ def main() -> None:
     p.add_argument("--images", type=int, default=1200)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument(
+        "--long-side",
+        type=int,
+        default=0,
+        help="resize each photo to this long side first (0: the demo's, about 427)",
+    )
     p.add_argument("--data-dir", default="cache/bench-buckets")
     p.add_argument("--json", default="")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -141,7 +157,7 @@ def main() -> None:
         return
     for k, v in TEST_ENV.items():
         os.environ.setdefault(k, v)
-    folder = shaped_folder(Path(args.data_dir), args.images)
+    folder = shaped_folder(Path(args.data_dir), args.images, args.long_side)
     rows: dict[str, list[dict[str, float]]] = {"square": [], "cover": [], "buckets": []}
     server = S3TestServer(load=folder, bucket="b", prefix="train/")
     with server, tempfile.TemporaryDirectory() as tmp:
@@ -159,7 +175,8 @@ def main() -> None:
     med = {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in rows.items()}
     base, cover = med["square"]["images_per_s"], med["cover"]["images_per_s"]
     print(
-        f"{args.images} images in 3 aspect ratios, batches of 32, 2 decode workers, "
+        f"{args.images} images in 3 aspect ratios (long side {args.long_side or 'as cut'}), "
+        "batches of 32, 2 decode workers, "
         f"from the SSD cache; medians of {args.rounds} rounds of {args.epochs} epochs"
     )
     for case, m in med.items():

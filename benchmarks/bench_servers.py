@@ -22,8 +22,11 @@ per image (the loader's process tree) and peak RSS.
 when the server is another machine: the server's own scheduling (nginx reads its clock once
 per wake-up, in whole milliseconds) no longer waits behind the client's decoding.
 
+``--before TREE``: the loader from another source tree too (``git worktree add TREE
+COMMIT``, the built ``*.so`` copied into it), a third process in each round: a change's A/B.
+
 Run: ``python benchmarks/bench_servers.py [--cases limit-req,http-server] [--rate 150]
-[--images 1500] [--rounds 3] [--pin]``.
+[--images 1500] [--rounds 3] [--pin] [--before TREE]``.
 """
 
 from __future__ import annotations
@@ -144,8 +147,12 @@ def _pin_server(pid: int | None) -> None:
         os.sched_setaffinity(pid, {0})
 
 
-def one(case: str, who: str, endpoint: str) -> dict[str, float]:
-    """One measurement in a process of its own (its CPU and memory its own)."""
+def one(case: str, who: str, endpoint: str, tree: str | None = None) -> dict[str, float]:
+    """One measurement in a process of its own (its CPU and memory its own); ``tree``: a
+    source tree of asyncloader to run instead of the installed one (``--before``)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (tree, env.get("PYTHONPATH"))))
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import bench_servers as b; "
         "b._ROOT = sys.argv[2]; print(json.dumps(getattr(b, 'run_' + sys.argv[3])(sys.argv[4])))"
@@ -157,6 +164,8 @@ def one(case: str, who: str, endpoint: str) -> dict[str, float]:
         text=True,
         timeout=600,
         check=False,
+        env=env,
+        cwd=tree,  # ``-c`` puts the working folder first on sys.path, before PYTHONPATH
         preexec_fn=_pin_client,
     )
     if out.returncode:
@@ -173,6 +182,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--pin", action="store_true", help="the server on CPU 0, clients on the rest")
     p.add_argument("--json")
+    p.add_argument(
+        "--before",
+        metavar="TREE",
+        help="also run the loader from this source tree (git worktree add TREE COMMIT; copy "
+        "the built *.so into it), in the same rounds: a change's A/B",
+    )
     args = p.parse_args()
     if args.pin:
         _CLIENT_CPUS = os.sched_getaffinity(0) - {0}
@@ -183,20 +198,22 @@ def main() -> None:
         site = _site(args.images, Path(tmp))
         results: dict[str, dict[str, list[dict[str, float]]]] = {}
         for case in args.cases.split(","):
-            results[case] = {"asyncloader": [], "requests": []}
+            names = ["asyncloader", "requests"] + (["before"] if args.before else [])
+            results[case] = {name: [] for name in names}
             for _ in range(args.rounds):
-                for who in ("loader", "requests"):
+                for name in names:
+                    who = "requests" if name == "requests" else "loader"
+                    tree = args.before if name == "before" else None
                     if case == "limit-req":
                         zone = f"zone=one:1m rate={args.rate}r/s"
                         http = f"limit_req_zone $binary_remote_addr {zone};"
                         with Nginx(site, http=http, server="limit_req zone=one nodelay;") as n:
                             _pin_server(n.pid)
-                            got = one(case, who, n.endpoint)
+                            got = one(case, who, n.endpoint, tree)
                     else:
                         with PythonHTTPServer(site) as server:
                             _pin_server(server.pid)
-                            got = one(case, who, server.endpoint)
-                    name = "asyncloader" if who == "loader" else "requests"
+                            got = one(case, who, server.endpoint, tree)
                     results[case][name].append(got)
         print(
             f"{'case':12} {'who':12} {'img/s':>8} {'ratio':>6} {'refused':>8} "

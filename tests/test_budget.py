@@ -529,3 +529,25 @@ def test_a_late_turn_is_made_up_over_the_next_turns_never_by_one_early_request()
     assert gaps[1] == pytest.approx(PACE_GAP * 0.01)  # right after the late one
     assert sent[0] == pytest.approx(0.016)  # the first turn, 6 ms late
     assert sent[-1] == pytest.approx(0.30)  # on schedule again: the 30th turn at 300 ms
+
+
+def test_a_waiter_cancelled_just_before_a_release_ends_cancelled() -> None:
+    """A waiting acquire is cancelled, and a slot is released before the cancelled task
+    runs again: the release passes the cancelled waiter over, and the task ends with
+    CancelledError (not a ValueError from removing a waiter already gone), its slot never
+    counted."""
+
+    async def body() -> None:
+        budget = InflightBudget(1, floor=1, start=1)
+        held = await budget.acquire()
+        waiter = asyncio.create_task(budget.acquire())
+        await asyncio.sleep(0)  # it waits for the one slot
+        waiter.cancel()
+        budget.release(held, answered=True)  # before the waiter's task runs again
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert budget.inflight == 0
+        permit = await budget.acquire()  # the slot is free
+        budget.release(permit, answered=True)
+
+    _run(body())

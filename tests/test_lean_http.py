@@ -309,3 +309,58 @@ def test_a_server_that_closes_every_connection_gets_a_few_at_once() -> None:
 
     assert asyncio.run(main()) == 200
     assert most[0] <= CLOSING_CONNECTIONS
+
+
+def _closing_server_run(serial: bool, work: float) -> tuple[int, int]:
+    """HTTP/1.0 answers, one connection each, ``work`` seconds per request: done one at a
+    time (``serial``: a server under one lock) or all at once (a server far away).  After 10 to learn, 300
+    requests at once through the client; returns the gate's limit after them and the most
+    requests the server had at once in the last 100."""
+    live, most, seen = [0], [0], [0]
+
+    async def main() -> int:
+        lock = asyncio.Lock()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            live[0] += 1
+            seen[0] += 1
+            if seen[0] > 210:
+                most[0] = max(most[0], live[0])
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+                if serial:
+                    async with lock:
+                        await asyncio.sleep(work)
+                else:
+                    await asyncio.sleep(work)
+                writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+            finally:
+                writer.close()
+                live[0] -= 1
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=256)
+        port = server.sockets[0].getsockname()[1]
+        client = LeanHTTPClient("http", "127.0.0.1", port, read_timeout=30)
+        try:
+            for _ in range(10):  # learn
+                await client.get("/x", {})
+            await asyncio.gather(*(client.get("/x", {}) for _ in range(300)))
+            assert client._gate is not None
+            return client._gate.limit
+        finally:
+            await client.close()
+            server.close()
+
+    return asyncio.run(main()), most[0]
+
+
+def test_a_closing_server_that_serves_one_at_a_time_gets_fewer_at_once() -> None:
+    """A server that works on one request at a time (5 ms each): the gate comes down from
+    CLOSING_CONNECTIONS to a few (more at once would only queue there); one whose answers
+    take 30 ms however many are in flight (a round trip away) stays at or near the
+    ceiling (a busy machine's own delays move some answers by a few ms)."""
+    limit, most = _closing_server_run(serial=True, work=0.005)
+    assert limit <= 8 and most <= 9
+    limit, most = _closing_server_run(serial=False, work=0.03)
+    assert limit >= CLOSING_CONNECTIONS - 4

@@ -316,7 +316,7 @@ class InflightBudget:
                     self._granted -= 1
                     self.inflight -= 1  # granted as it was cancelled: give the slot back
                     self._wake()
-                else:
+                elif fut in self._waiters:  # (a release may have passed it over already)
                     self._waiters.remove(fut)
                 raise
             self._granted -= 1

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import cast
 
 from .._base._config import READ_TIMEOUT
+from ._gate import ConnectionGate
 from ._tls import connect_tls
 
 __all__ = ["LeanHTTPClient", "LeanResponse", "ProtocolError", "tls_context"]
@@ -30,7 +32,8 @@ _MAX_BODY = 1 << 34
 request before anything that size is allocated."""
 _CLOSING = 8
 """Answers after which a server that closes every connection (HTTP/1.0, ``Connection:
-close``) is known as one: requests to it then open at most ``CLOSING_CONNECTIONS`` at once."""
+close``) is known as one: requests to it then go through a :class:`~._gate.ConnectionGate`
+of at most ``CLOSING_CONNECTIONS`` at once, fewer where the server queues them."""
 CLOSING_CONNECTIONS = 16
 CONNECTING = 16
 """Connections being opened to one origin at once (their handshakes in progress; kept-alive
@@ -322,7 +325,7 @@ class LeanHTTPClient:
         self._idle: deque[_Conn] = deque()
         self._closed = False
         self._closes = 0  # answers after which the server closed the connection, in a row
-        self._gate: asyncio.Semaphore | None = None  # set once the server closes every one
+        self._gate: ConnectionGate | None = None  # set once the server closes every one
         self._connecting = asyncio.Semaphore(CONNECTING)
 
     async def _connect(self) -> _Conn:
@@ -363,8 +366,15 @@ class LeanHTTPClient:
         gate = self._gate
         if gate is None:
             return await self._send(data, method)
-        async with gate:  # a server that closes every connection: a few at once
-            return await self._send(data, method)
+        await gate.acquire()  # a server that closes every connection: a few at once
+        took = None
+        try:
+            t0 = time.monotonic()
+            resp = await self._send(data, method)
+            took = time.monotonic() - t0
+            return resp
+        finally:
+            gate.release(took)
 
     async def _send(self, data: bytes, method: str) -> LeanResponse:
         """``data`` (a request) on a kept-alive connection, or a new one.  A kept-alive
@@ -402,10 +412,11 @@ class LeanHTTPClient:
     def _learn(self, kept: bool) -> None:
         """Count the answers after which the server closed the connection; past
         ``_CLOSING`` in a row (an HTTP/1.0 server: each request a new connection, its
-        accept queue small), requests open at most ``CLOSING_CONNECTIONS`` at once."""
+        accept queue small), requests go through a gate of at most ``CLOSING_CONNECTIONS``
+        at once, adapted to the server's queue."""
         self._closes = 0 if kept else self._closes + 1
         if self._closes >= _CLOSING and self._gate is None:
-            self._gate = asyncio.Semaphore(CLOSING_CONNECTIONS)
+            self._gate = ConnectionGate(CLOSING_CONNECTIONS)
 
     async def close(self) -> None:
         self._closed = True

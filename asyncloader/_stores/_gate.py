@@ -1,0 +1,97 @@
+"""How many requests go at once to a server that closes every connection.
+
+A server that answers each request on a connection of its own and then closes it (HTTP/1.0,
+``Connection: close``: Python's ``http.server``, old proxies and appliances) is often one
+process serving its connections in turn, or threads under one lock (``http.server``'s
+threads share a GIL): more requests at once then only queue there, and each one's share of
+its time shrinks as the lock changes hands more often.  Against ``http.server`` on two
+cores, 16 at once made 470 images/s and 4 to 6 at once 820-840
+(``benchmarks/bench_servers.py``, RESULTS.md).  A server far away wants the opposite: its
+answers take a round trip, and only more requests at once fill the wait.
+
+:class:`ConnectionGate` tells them apart as TCP Vegas does: from the fastest answer seen
+(the server's own time, with no queue), each round of answers (one per request the gate
+lets through) estimates how many of those requests were queued at the server,
+``limit × (1 − fastest / mean)``; fewer than ``QUEUED_LOW`` and the limit grows by one,
+more than ``QUEUED_HIGH`` and it shrinks by one, between 1 and the ceiling.  A far server,
+whose answers take about the round trip however many are in flight, keeps the ceiling; a
+server that queues them is held where a few wait.  The fastest answer is the fastest seen
+(a server that queues every request all the time answers none faster than its queue
+allows, so a fastest of the last rounds alone would take the queue for the server's own
+time and open more): a server that became slower for good is judged against how fast it
+once was, and keeps fewer at once (about ``QUEUED_HIGH / (1 − old / new)``: 8 for answers
+that now take twice as long).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+__all__ = ["ConnectionGate"]
+
+QUEUED_LOW = 2.0
+QUEUED_HIGH = 4.0
+
+
+class ConnectionGate:
+    """An asyncio limit on requests at once to one server, adapted to its queue (see the
+    module's docstring).
+
+    Args:
+        ceiling: The most at once (and the start).
+    """
+
+    def __init__(self, ceiling: int) -> None:
+        if ceiling < 1:
+            raise ValueError("need ceiling >= 1")
+        self.ceiling = ceiling
+        self.limit = ceiling
+        self.inflight = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._fastest = float("inf")  # the fastest answer seen [seconds]
+        self._round: list[float] = []  # this round's answer times
+
+    def __repr__(self) -> str:
+        return f"ConnectionGate(limit={self.limit}, ceiling={self.ceiling})"
+
+    async def acquire(self) -> None:
+        """Wait for a place (first come, first served)."""
+        if self.inflight < self.limit and not self._waiters:
+            self.inflight += 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut  # the place was handed over by release (inflight counts it)
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release(None)  # handed a place as it was cancelled: pass it on
+            elif fut in self._waiters:  # (a release may have passed it over already)
+                self._waiters.remove(fut)
+            raise
+
+    def release(self, seconds: float | None) -> None:
+        """Give a place back; ``seconds``: how long the request took (None: it failed,
+        and says nothing about the server's queue)."""
+        self.inflight -= 1
+        if seconds is not None:
+            self._learn(seconds)
+        while self._waiters and self.inflight < self.limit:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.inflight += 1
+                fut.set_result(None)
+
+    def _learn(self, seconds: float) -> None:
+        self._round.append(seconds)
+        self._fastest = min(self._fastest, seconds)
+        if len(self._round) < self.limit:
+            return
+        mean = sum(self._round) / len(self._round)
+        queued = self.limit * (1.0 - self._fastest / mean) if mean > 0 else 0.0
+        if queued < QUEUED_LOW:
+            self.limit = min(self.ceiling, self.limit + 1)
+        elif queued > QUEUED_HIGH:
+            self.limit = max(1, self.limit - 1)
+        self._round.clear()
