@@ -51,7 +51,8 @@ back-off of all (once per round of requests, node-wide), and each grows its wind
 ``1 / active`` of the step and goes down to ``1 / active`` of the floor, so that together
 they climb, and back off, as one client does.
 
-A leaf module: asyncio and the standard library only.  The budget runs on one event loop.
+Asyncio, the standard library and its timer (``_timer``) only.  The budget runs on one event
+loop.
 """
 
 from __future__ import annotations
