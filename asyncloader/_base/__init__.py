@@ -11,5 +11,6 @@ Also here: folders made for the owner or the group only (``_folders``), request 
 their quantiles (``_latency``), every start and stop bound named once (``_lifecycle``), the
 processes below one and the CPU they spent (``_proctree``), shared memory (``_shm``: memfds
 on Linux), one source of several (``_sources``), the CPUs each rank of a node is bound to
-(``_binding``), the adaptive budget of requests in flight and their pace (``_budget``) and
-which samples ``filters=`` keeps (``_filters``), and aspect-ratio buckets (``_buckets``)."""
+(``_binding``), the adaptive budget of requests in flight and their pace (``_budget``) with
+the timer its paced requests wait on (``_timer``), which samples ``filters=`` keeps
+(``_filters``), and aspect-ratio buckets (``_buckets``)."""
