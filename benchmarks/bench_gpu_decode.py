@@ -5,17 +5,25 @@ from a warm SSD cache (warmed first, by a loader of its own), RandomResizedCrop(
 float16 batches on the GPU:
 
 * ``gpu-N``   — ``DecodeConfig(backend="cuda")`` on N cores, for each N of ``--cores``
-  (``4,8`` by default);
+  (``4,8`` by default): the default engine processes ship each batch's JPEGs and crop
+  plans, the training process decodes them on the GPU;
+* ``gpu-inline-N`` — the same with ``EngineConfig(mode="inline")``: the engine's per-sample
+  work on threads of the training process;
 * ``cpu-N``   — CPU decode (``DecodeConfig(backend="thread")``) on the same cores;
 * ``cpu-all`` — CPU decode on every core.
+
+Each case's CPU per image is given twice: the whole process tree's, and the training
+process's own (its every thread: the consumer, the uploader, the GPU's batches).
 
 Rounds are interleaved (``--rounds``) and medians quoted.  Then, on the GPU alone:
 
 * ``raw``    — the decoders by themselves on the folder's bytes, batches of ``--batch-size``:
   torchvision's batched nvJPEG ``decode_jpeg(device="cuda")`` and, where it is installed,
   nvImageCodec (``nvidia-nvimgcodec-cu13``); images/s and CPU ms per image;
-* ``pixels`` — one epoch through the GPU path and the CPU path with the same seed: the
-  per-image mean absolute difference (median, p99, max) and the largest pixel difference.
+* ``pixels`` — two epochs in batches of 16 through the GPU path (engine processes) and the
+  CPU path with the same seed: the per-image mean absolute difference (median, p99, max),
+  the largest pixel difference, and the batches with an image past the stated tolerance
+  (a mean absolute difference over 5 levels) or other labels.
 
 Run: ``python benchmarks/bench_gpu_decode.py [--images 4000] [--cores 4,8]``.
 """
@@ -35,7 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_loader as bl
 
 
-def _loader(endpoint: str, cache: str, backend: str, workers: int, **kw: Any) -> Any:
+def _loader(
+    endpoint: str, cache: str, backend: str, workers: int, mode: str = "process", **kw: Any
+) -> Any:
     import asyncloader as al
 
     return al.ImageLoader(
@@ -44,29 +54,42 @@ def _loader(endpoint: str, cache: str, backend: str, workers: int, **kw: Any) ->
         cache_dir=cache,
         **kw,
         decode=al.DecodeConfig(backend=backend, workers=workers),
+        engine=al.EngineConfig(mode=mode),
         store=al.StoreConfig(options={"endpoint_url": endpoint}),
     )
 
 
 def case_loader(
-    endpoint: str, cache: str, backend: str, cores: list[int], batch: int, epochs: int
+    endpoint: str, cache: str, backend: str, cores: list[int], batch: int, epochs: int, mode: str
 ) -> dict[str, float]:
     os.sched_setaffinity(0, cores)
     import torch
 
     with _loader(
-        endpoint, cache, backend, len(cores), batch_size=batch, device="cuda", dtype="float16"
+        endpoint,
+        cache,
+        backend,
+        len(cores),
+        mode,
+        batch_size=batch,
+        device="cuda",
+        dtype="float16",
     ) as loader:
         next(iter(loader))  # start-up out of the figures
         torch.cuda.synchronize()
         n = 0
-        t0, c0 = time.perf_counter(), bl._cpu()
+        t0, c0, s0 = time.perf_counter(), bl._cpu(), time.process_time()
         for epoch in range(1, epochs + 1):
             loader.set_epoch(epoch)
             for images, _ in loader:
                 n += len(images)
         torch.cuda.synchronize()
-        res = {"images": n, "wall": time.perf_counter() - t0, "cpu": bl._cpu() - c0}
+        res = {
+            "images": n,
+            "wall": time.perf_counter() - t0,
+            "cpu": bl._cpu() - c0,
+            "trainer_cpu": time.process_time() - s0,
+        }
         pool = getattr(getattr(loader._engine, "rt", None), "pool", None)  # in-process
         stats = loader.stats()
         res["on_cpu"] = stats.gpu_to_cpu + stats.gpu_suspect
@@ -120,18 +143,32 @@ def case_pixels(endpoint: str, cache: str) -> dict[str, float]:
     import numpy as np
     import torch
 
-    got: dict[str, list[torch.Tensor]] = {}
+    got: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for backend in ("cuda", "thread"):
         with _loader(
-            endpoint, cache, backend, os.cpu_count() or 2, seed=11, device="cuda", dtype="uint8"
+            endpoint,
+            cache,
+            backend,
+            os.cpu_count() or 2,
+            batch_size=16,
+            seed=11,
+            device="cuda",
+            dtype="uint8",
         ) as loader:
-            got[backend] = [images.cpu() for images, _ in loader]
-    means, tops = [], []
-    for a, b in zip(got["cuda"], got["thread"], strict=True):
+            got[backend] = []
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                got[backend] += [(images.cpu(), labels.cpu()) for images, labels in loader]
+    means, tops, wrong = [], [], 0
+    for (a, la), (b, lb) in zip(got["cuda"], got["thread"], strict=True):
         d = (a.float() - b.float()).abs()
-        means += d.mean(dim=(1, 2, 3)).tolist()
+        per_image = d.mean(dim=(1, 2, 3)).tolist()
+        means += per_image
         tops += d.amax(dim=(1, 2, 3)).tolist()
+        wrong += int(max(per_image) > 5.0 or not torch.equal(la, lb))
     return {
+        "batches": len(got["cuda"]),
+        "batches wrong": wrong,
         "images": len(means),
         "mean |diff| median": float(np.median(means)),
         "mean |diff| p99": float(np.percentile(means, 99)),
@@ -155,7 +192,9 @@ def main() -> None:
         res: dict[str, float]
         if kind == "loader":
             cores = [int(c) for c in rest[3].split(",")]
-            res = case_loader(rest[0], rest[1], rest[2], cores, args.batch_size, args.epochs)
+            res = case_loader(
+                rest[0], rest[1], rest[2], cores, args.batch_size, args.epochs, rest[4]
+            )
         elif kind == "warm":
             res = case_warm(rest[0], rest[1])
         elif kind == "raw":
@@ -180,13 +219,15 @@ def main() -> None:
     folder = make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0)
     every = sorted(os.sched_getaffinity(0))
     counts = [n for n in (int(c) for c in args.cores.split(",")) if n <= len(every)]
-    cases: dict[str, tuple[str, str]] = {}
+    cases: dict[str, tuple[str, str, str]] = {}
     labels: dict[str, str] = {}
     for n in counts:
         few = ",".join(str(c) for c in every[:n])
-        cases[f"gpu-{n}"], labels[f"gpu-{n}"] = ("cuda", few), f"GPU decode, {n} cores"
-        cases[f"cpu-{n}"], labels[f"cpu-{n}"] = ("thread", few), f"CPU decode, {n} cores"
-    cases["cpu-all"] = ("thread", ",".join(map(str, every)))
+        cases[f"gpu-{n}"], labels[f"gpu-{n}"] = ("cuda", few, "process"), f"GPU decode, {n} cores"
+        cases[f"gpu-inline-{n}"] = ("cuda", few, "inline")
+        labels[f"gpu-inline-{n}"] = f"GPU decode inline, {n} cores"
+        cases[f"cpu-{n}"], labels[f"cpu-{n}"] = ("thread", few, "process"), f"CPU decode, {n} cores"
+    cases["cpu-all"] = ("thread", ",".join(map(str, every)), "process")
     labels["cpu-all"] = f"CPU decode, {len(every)} cores"
     common = ["--batch-size", str(args.batch_size), "--epochs", str(args.epochs)]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
@@ -196,8 +237,10 @@ def main() -> None:
     ):
         bl.run_case(["warm", srv.endpoint, cache], __file__)
         for _ in range(args.rounds):
-            for name, (backend, cores) in cases.items():
-                r = bl.run_case(["loader", srv.endpoint, cache, backend, cores, *common], __file__)
+            for name, (backend, on, mode) in cases.items():
+                r = bl.run_case(
+                    ["loader", srv.endpoint, cache, backend, on, mode, *common], __file__
+                )
                 runs[name].append(r)
                 print(name, json.dumps(r), flush=True)
         pixels = bl.run_case(["pixels", srv.endpoint, cache], __file__)
@@ -211,23 +254,25 @@ def main() -> None:
     )
     print(
         f"{'case':28s} {'img/s':>8s} {'x cpu':>6s} {'x cpu-all':>9s} "
-        f"{'CPU ms/img':>10s} {'peak MB':>8s}"
+        f"{'CPU ms/img':>10s} {'trainer ms/img':>14s} {'peak MB':>8s}"
     )
     rate = {n: float(np.median([r["images"] / r["wall"] for r in rs])) for n, rs in runs.items()}
     for name, rs in runs.items():
         cpu_ms = float(np.median([r["cpu"] / r["images"] * 1e3 for r in rs]))
+        trainer_ms = float(np.median([r["trainer_cpu"] / r["images"] * 1e3 for r in rs]))
         rss = float(np.median([r["rss_mb"] for r in rs]))
-        same = "cpu-" + name.split("-")[1] if name != "cpu-all" else name
+        same = "cpu-" + name.split("-")[-1] if name != "cpu-all" else name
         print(
             f"{labels[name]:28s} {rate[name]:8.0f} {rate[name] / rate[same]:6.2f} "
-            f"{rate[name] / rate['cpu-all']:9.2f} {cpu_ms:10.3f} {rss:8.0f}"
+            f"{rate[name] / rate['cpu-all']:9.2f} {cpu_ms:10.3f} {trainer_ms:14.3f} {rss:8.0f}"
         )
     for n in counts:
-        last = runs[f"gpu-{n}"][-1]
-        print(
-            f"GPU path, {n} cores: samples decoded by the CPU instead: {last.get('on_cpu')} "
-            f"(of which failed the check of the GPU's image: {last.get('suspect')})"
-        )
+        for name in (f"gpu-{n}", f"gpu-inline-{n}"):
+            last = runs[name][-1]
+            print(
+                f"{labels[name]}: samples decoded by the CPU instead: {last.get('on_cpu')} "
+                f"(of which failed the check of the GPU's image: {last.get('suspect')})"
+            )
     print("\nthe decoders alone (no crop, no loader):", json.dumps(raw, indent=1))
     print("\nGPU against CPU pixels, same seed (levels of 255):", json.dumps(pixels, indent=1))
 

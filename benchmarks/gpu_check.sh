@@ -123,7 +123,7 @@ for step in $steps; do
         # The CUDA tests with the default engine processes (skipped without a device: the
         # step then checks that they are collected).
         run tests 0 100 tests.log python3 -m pytest -q -p no:cacheprovider -p no:benchmark -m cuda \
-            tests/test_upload.py tests/test_torch.py tests/test_gpu_decode.py
+            tests/test_upload.py tests/test_torch.py tests/test_gpu_decode.py tests/test_shipped.py
         ;;
     gpu-decode-tests)
         run gpu-decode-tests 0 120 gpu-decode-tests.log python3 -m pytest -q \
@@ -134,8 +134,10 @@ for step in $steps; do
             --keep-up "$KEEP_UP"
         ;;
     decode)
-        run decode 1 200 decode.log python3 benchmarks/bench_gpu_decode.py \
-            --images "$IMAGES" --cores 4,8
+        # GPU decode shipped by engine processes and inline, against CPU decode, on 4 and 8
+        # cores: one round (seven cases of ~15 s each, then the pixels over ~250 batches).
+        run decode 1 240 decode.log python3 benchmarks/bench_gpu_decode.py \
+            --images "$IMAGES" --cores 4,8 --rounds 1
         ;;
     neighbour)
         run neighbour 0 300 neighbour.log python3 benchmarks/bench_neighbour.py \

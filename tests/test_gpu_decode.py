@@ -25,7 +25,8 @@ from asyncloader._base._stats import Counters
 from asyncloader._base._types import DecodeJob, DecodePath, Outcome
 from asyncloader._decode._gpu import GpuDecodePool
 from asyncloader._decode._image import DecodeSpec, decode_into
-from asyncloader._decode._resample import jpeg_header, resample, resize_weights
+from asyncloader._decode._resample import resample, resize_weights
+from asyncloader._decode._ship import jpeg_header
 from asyncloader._decode._transforms import RandomResizedCrop, Resize
 from asyncloader.testing import S3TestServer
 

@@ -55,9 +55,11 @@ DECODE_SIBLINGS = {
     "_backend": {"_image"},
     "_job": {"_image"},
     "_completions": set(),
-    "_threads": {"_completions", "_image", "_job"},
+    "_ship": {"_image", "_job"},
+    "_threads": {"_completions", "_image", "_job", "_ship"},
     "_resample": set(),
-    "_gpu": {"_completions", "_image", "_job", "_resample"},
+    "_gpu_batch": {"_completions", "_image", "_resample"},
+    "_gpu": {"_completions", "_gpu_batch", "_image", "_job", "_ship"},
 }
 
 

@@ -222,6 +222,12 @@ class FetchConfig:
         return float(min(self.backoff_cap, self.backoff_base * 2 ** (attempt - 1)))
 
 
+SHIP_BYTES = 512 << 10
+"""``DecodeConfig(ship_bytes=)``'s default [bytes per sample]: JPEGs of up to 512 KiB on
+average (ImageNet's are about 110 KB) reach the GPU, a batch's large ones in the room of
+its small ones."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecodeConfig:
     """How samples are decoded.
@@ -237,10 +243,14 @@ class DecodeConfig:
             holds the GIL (a ``hook``, or Pillow without the region decoder and resize
             extensions; ``EngineConfig(processes=)`` sets the count).
         backend: ``"thread"`` (default): decode threads on the CPU.  ``"cuda"``: JPEGs are
-            decoded on the GPU of ``device=`` (nvJPEG through torchvision, batched),
-            cropped and resized there by the same plan, and land in a ring on the device;
-            ``workers`` threads read, plan and decode on the CPU what nvJPEG is not given
-            (``_decode/_gpu.py``).  Needs ``device="cuda"``.
+            decoded on the GPU of ``device=`` (nvJPEG through torchvision, batched) and
+            cropped and resized there by the same plan.  With engine processes (the
+            default) the engines' ``workers`` threads fetch, read the cache and the header
+            and plan the crop, and ship each JPEG to the training process, which decodes
+            the batch on its GPU (``_decode/_ship.py``, ``_decode/_gpu_batch.py``); with
+            the engine in the training process its threads do that work there and the
+            batch lands in a ring on the device (``_decode/_gpu.py``).  Either way what
+            nvJPEG is not given is decoded on the CPU.  Needs ``device="cuda"``.
         hook: A decode hook ``bytes -> uint8 array of sample_shape`` for other blob types
             (replaces the built-in JPEG decode and ``transform``).
         sample_shape: (C, H, W) of a sample; needed with ``hook``.  Images get theirs from
@@ -248,6 +258,13 @@ class DecodeConfig:
         max_pixels: Sources with more pixels are refused (decompression bombs); by default
             Pillow's ``Image.MAX_IMAGE_PIXELS``.  A larger value raises Pillow's limit (a
             setting of the process) to it where images are decoded.
+        ship_bytes: With ``backend="cuda"`` and the engine in processes of its own (the
+            default), the engines ship each JPEG to the training process, which decodes
+            the batch on its GPU: the room each ring slot has for them, per sample of its
+            batch [bytes].  A batch's JPEGs share their slot's room; one that no longer
+            fits is decoded on the CPU by its engine (``stats().gpu_to_cpu``).  Reserved
+            with the rings: slots × ``batch_size`` × ``ship_bytes`` of memory (512 KiB: a
+            batch of 256 in 5 slots, 640 MiB).
 
     Raises:
         ValueError: a value out of range; ``backend="process"`` (gone: the message says
@@ -259,10 +276,13 @@ class DecodeConfig:
     hook: DecodeFn | None = None
     sample_shape: tuple[int, int, int] | None = None
     max_pixels: int = MAX_PIXELS
+    ship_bytes: int = SHIP_BYTES
 
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"DecodeConfig(workers={self.workers}): at least 1")
+        if self.ship_bytes < 1:
+            raise ValueError(f"DecodeConfig(ship_bytes={self.ship_bytes}): at least 1")
         if str(self.backend) == "process":  # a string from anywhere, not the Literal's
             raise ValueError(PROCESS_BACKEND_GONE)
         if self.backend not in ("thread", "cuda"):
@@ -539,8 +559,10 @@ class EngineConfig:
             notebooks and debugging).  The loader runs inline by itself, with one warning,
             where engine processes cannot run (no shared memory, a hook that cannot
             be pickled), and without one inside a DataLoader worker (already a process of
-            its own), with ``DecodeConfig(backend="cuda")`` (the ring is on the GPU) and
-            with ``StoreConfig(object_store=)`` (it lives in this process).
+            its own) and with ``StoreConfig(object_store=)`` (it lives in this process).
+            With ``DecodeConfig(backend="cuda")`` the engine processes ship each JPEG and
+            the training process decodes the batch on its GPU; inline, the batch is
+            decoded into a ring on the GPU by threads of the training process.
         processes: Engine processes (None: one per 4 decode workers, rounded up, or one
             per decode worker where decode holds the GIL); each fetches and decodes every
             n-th batch with its share of the decode workers, the requests in flight and the

@@ -45,6 +45,10 @@ class Stats:
             the GPU (not a JPEG nvJPEG decodes) or the GPU refused it, and on the CPU
             because the GPU's image failed the check (the wrong size, or black
             throughout).  All 0 with the CPU backend.
+        gpu_shipped: With ``DecodeConfig(backend="cuda")`` and engine processes: samples
+            whose JPEG an engine shipped to the training process, which decoded them on its
+            GPU (then counted in ``gpu_decoded``, or on the CPU in ``gpu_to_cpu`` or
+            ``gpu_suspect``, or skipped).
         decode_queue: Decode jobs handed to the pool and not finished.
         samples_by_source: Samples delivered from each source (its URL), with several.
         engine_restarts: Engine processes that died and were replaced (see
@@ -144,6 +148,7 @@ class Stats:
     gpu_decoded: int = 0
     gpu_to_cpu: int = 0
     gpu_suspect: int = 0
+    gpu_shipped: int = 0
 
     @property
     def samples_per_second(self) -> float:
@@ -219,6 +224,11 @@ class Stats:
                 f"GPU decode: {self.gpu_decoded} on the GPU, {self.gpu_to_cpu} on the CPU "
                 f"(not given to the GPU, or refused), {self.gpu_suspect} on the CPU after "
                 "the GPU's image failed the check"
+                + (
+                    f"; {self.gpu_shipped} shipped by the engines to the training process"
+                    if self.gpu_shipped
+                    else ""
+                )
             )
         if self.unnamed_images:
             lines.append(f"images left out, not named by the metadata file: {self.unnamed_images}")

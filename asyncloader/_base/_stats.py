@@ -69,6 +69,7 @@ class Counters:
     gpu_decoded: int = 0  # DecodeConfig(backend="cuda"): samples the GPU decoded
     gpu_to_cpu: int = 0  # ... the CPU decoded: not given to the GPU, or refused by it
     gpu_suspect: int = 0  # ... the GPU's image failed the check: decoded on the CPU
+    gpu_shipped: int = 0  # ... the JPEG shipped by an engine process to the trainer's GPU
     decode_queue: int = 0  # jobs handed to the pool and not yet finished
     engine_restarts: int = 0  # engine processes that died and were replaced (the trainer's)
     batches_produced: int = 0
@@ -127,6 +128,8 @@ class Counters:
             self.gpu_to_cpu += 1
         elif outcome.path is DecodePath.GPU_SUSPECT:
             self.gpu_suspect += 1
+        elif outcome.path is DecodePath.SHIPPED:
+            self.gpu_shipped += 1
         if events & CacheEvent.MISS:
             self.cache_misses += 1
         else:
@@ -186,6 +189,10 @@ class Counters:
         out.skipped_keys = consumer.skipped_keys
         out.by_source = consumer.by_source
         out.started = consumer.started
+        # GPU decode with engine processes: the GPU's work is the training process's.
+        out.gpu_decoded += consumer.gpu_decoded
+        out.gpu_to_cpu += consumer.gpu_to_cpu
+        out.gpu_suspect += consumer.gpu_suspect
         return out
 
     def snapshot(
@@ -226,6 +233,7 @@ class Counters:
             gpu_decoded=self.gpu_decoded,
             gpu_to_cpu=self.gpu_to_cpu,
             gpu_suspect=self.gpu_suspect,
+            gpu_shipped=self.gpu_shipped,
             decode_queue=self.decode_queue,
             engine_restarts=self.engine_restarts,
             skipped=dict(self.skipped),

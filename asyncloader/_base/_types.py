@@ -23,7 +23,9 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "Outcome",
+    "SHIP_RECORD",
     "Sample",
+    "Shipped",
     "WritableStore",
     "derived_key",
 ]
@@ -204,6 +206,7 @@ class DecodePath(enum.IntEnum):
     GPU = 1  # on the GPU (backend="cuda"), the decoded image checked
     GPU_TO_CPU = 2  # backend="cuda", on the CPU: not given to the GPU, or refused by it
     GPU_SUSPECT = 3  # backend="cuda": the GPU's image failed the check, decoded on the CPU
+    SHIPPED = 4  # backend="cuda", engine processes: its bytes and plan shipped to the trainer
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,3 +217,42 @@ class Outcome:
     busy: float = 0.0
     events: CacheEvent = CacheEvent.NONE
     path: DecodePath = DecodePath.CPU
+
+
+SHIP_RECORD = np.dtype(
+    [
+        ("shipped", np.int64),  # 1: bytes in the slot's arena; 0: pixels in the sample
+        ("offset", np.int64),  # where in the slot's arena the bytes start [bytes]
+        ("length", np.int64),  # [bytes]
+        ("key_length", np.int64),  # the object's key follows the bytes, UTF-8 [bytes]
+        ("width", np.int64),  # the image's, from its header [pixels]
+        ("height", np.int64),
+        ("seed", np.uint64),  # the sample's seed (the CPU path's plan, where it takes over)
+        ("flip", np.int64),  # mirrored
+        ("box", np.float64, (4,)),  # the crop in source pixels: left, top, right, bottom
+    ]
+)
+"""One sample of a shipped batch (GPU decode in the training process, the engine in
+processes): where its JPEG lies in its slot's arena and the crop its engine planned."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shipped:
+    """A batch its engine shipped for the training process to decode on its GPU: views
+    of its ring slot that hold the slot while they live.
+
+    Attributes:
+        pixels: uint8 [n, C, H, W]: the samples decoded by the engine (record ``shipped``
+            0: what the GPU is not given).
+        records: :data:`SHIP_RECORD` [n], a sample each, in batch order.
+        arena: The slot's arena: the shipped samples' JPEG bytes.
+    """
+
+    pixels: npt.NDArray[np.uint8]
+    records: npt.NDArray[np.void]
+    arena: npt.NDArray[np.uint8]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The batch's shape, as its pixels'."""
+        return tuple(self.pixels.shape)

@@ -7,7 +7,13 @@ Two pools with one async interface (:class:`DecodePool`: ``await pool.decode(job
   its ring (where decode holds the GIL, the loader runs more engines of one thread each:
   ``_backend``);
 * :class:`GpuDecodePool` (``_gpu``) — JPEGs decoded by nvJPEG on the GPU, a batch at a
-  time, into a ring on the device (the one module here that imports torch).
+  time, into a ring on the device, where the engine runs in the training process.
+
+With GPU decode and engine processes, the engine's threads ship each JPEG with its crop
+plan into its ring slot instead of decoding it (``_ship``), and the training process decodes
+each batch on its GPU (``_gpu_batch``: the batch's decode, check and resize, which the GPU
+pool runs too).  ``_gpu``, ``_gpu_batch`` and ``_resample`` import torch; nothing else here
+does.
 
 ``_image`` turns bytes into pixels (JPEGs by region through the ``_jpegroi`` C extension
 where it is built: ``ROI_DECODE``; the resize straight into the slot through ``_resize``:

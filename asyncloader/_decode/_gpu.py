@@ -35,86 +35,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import math
 import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import cast
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
 from .._base._errors import DecodeError, shown_key
 from .._base._types import Blob, CacheEvent, DecodeJob, DecodePath, Outcome
 from ._completions import Completions, Group, Target
-from ._image import DecodeSpec, decode_into
+from ._gpu_batch import MAX_BATCH, DecodeBatch, GpuBatcher, GpuWork
+from ._image import DecodeSpec
 from ._job import job_bytes
-from ._resample import jpeg_header, resample, weights, windows
+from ._ship import jpeg_header
 
-__all__ = ["DecodeBatch", "GpuDecodePool", "nvjpeg_batch", "require_torchvision"]
-
-DecodeBatch = Callable[[list[torch.Tensor]], list[torch.Tensor | BaseException]]
-"""Encoded JPEGs (uint8 CPU tensors) → each one's RGB pixels [3, H, W] uint8 on the
-pool's device, or the exception that refused it."""
-
-MAX_BATCH = 256
-"""The most samples one nvJPEG call decodes."""
-
-
-def require_torchvision() -> None:
-    """Raise a clear ImportError where torchvision (its nvJPEG decoder) is missing."""
-    try:
-        import torchvision.io  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            "DecodeConfig(backend='cuda') decodes with torchvision's nvJPEG decoder: "
-            "pip install torchvision (the build that matches your torch)"
-        ) from exc
-
-
-def nvjpeg_batch(device: torch.device) -> DecodeBatch:
-    """torchvision's batched nvJPEG decode on ``device``; a batch it refuses is decoded one
-    by one, so that one bad sample costs only itself."""
-    require_torchvision()
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    def run(data: list[torch.Tensor]) -> list[torch.Tensor | BaseException]:
-        try:
-            return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
-        except RuntimeError:
-            out: list[torch.Tensor | BaseException] = []
-            for one in data:
-                try:
-                    out.append(decode_jpeg(one, mode=ImageReadMode.RGB, device=device))
-                except RuntimeError as exc:
-                    out.append(exc)
-            return out
-
-    return run
-
-
-@dataclass(slots=True)
-class _Work:
-    """One sample between its host thread and the GPU thread."""
-
-    target: Target
-    job: DecodeJob
-    data: Blob | memoryview
-    events: CacheEvent
-    busy: float  # host time spent on it so far [s]
-    box: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # the crop, source pixels
-    source: tuple[int, int] = (0, 0)  # the image's width and height
-    flip: bool = False
-    host: npt.NDArray[np.uint8] | None = None  # decoded on the CPU (not for nvJPEG)
-    path: DecodePath = DecodePath.GPU  # where it was decoded (stats() counts them)
-
-
-# Most elements of one group's weights (float64 while they are made): 128 MiB.
-_WEIGHTS_MAX = 1 << 24
+__all__ = ["GpuDecodePool"]
 
 
 class GpuDecodePool:
@@ -142,16 +80,13 @@ class GpuDecodePool:
             raise ValueError("decoding on the GPU needs a transform and no decode= hook")
         self.workers = workers
         self.device = images.device
-        self.batches = 0  # decode calls made
-        self.on_cpu = 0  # samples the CPU path decoded
         self._spec = dataclasses.replace(spec, scaled_copies=False)
         self._images = images
-        self._decode_batch = decode_batch or nvjpeg_batch(self.device)
+        self._batcher = GpuBatcher(self._spec, self.device, decode_batch)
         self._max_batch = max_batch
         self._host: queue.SimpleQueue[tuple[Target, DecodeJob] | None] = queue.SimpleQueue()
-        self._gpu: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._gpu: queue.SimpleQueue[GpuWork | None] = queue.SimpleQueue()
         self._results = Completions()
-        self._pinned: torch.Tensor | None = None
         # Daemon: aclose() stops and joins them (the runtime's teardown, bounded); one stuck
         # in a decode or a CUDA call past that bound must not hang interpreter exit.
         self._threads = [
@@ -163,6 +98,16 @@ class GpuDecodePool:
         )
         for t in self._threads:
             t.start()
+
+    @property
+    def batches(self) -> int:
+        """Decode calls made."""
+        return self._batcher.batches
+
+    @property
+    def on_cpu(self) -> int:
+        """Samples the CPU path decoded."""
+        return self._batcher.on_cpu
 
     # --- the loop's side ----------------------------------------------------------------
 
@@ -238,9 +183,9 @@ class GpuDecodePool:
         job: DecodeJob,
         data: Blob | memoryview,
         events: CacheEvent,
-    ) -> _Work:
+    ) -> GpuWork:
         spec = self._spec
-        work = _Work(target, job, data, events, 0.0)
+        work = GpuWork(target, job, data, events, 0.0)
         header = jpeg_header(data)
         nvjpeg = header is not None and header[2] in (1, 3)  # grey or YCbCr (not CMYK)
         if nvjpeg:
@@ -256,16 +201,9 @@ class GpuDecodePool:
             plan = spec.transform.plan(width, height, random.Random(job.seed))
             work.box, work.source, work.flip = plan.box, (width, height), plan.flip
         else:
-            work.host = self._on_cpu(work)
+            work.host = self._batcher.on_cpu_path(work)
             work.path = DecodePath.GPU_TO_CPU
         return work
-
-    def _on_cpu(self, work: _Work) -> npt.NDArray[np.uint8]:
-        """The CPU path's pixels for ``work`` (raises DecodeError where it refuses)."""
-        out = np.empty(self._spec.sample_shape, np.uint8)
-        decode_into(work.data, out, self._spec, work.job.seed, work.job.key)
-        self.on_cpu += 1
-        return out
 
     # --- the GPU thread -------------------------------------------------------------------
 
@@ -289,139 +227,23 @@ class GpuDecodePool:
             t0 = time.perf_counter()
             try:
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                    results = self._run_batch(batch)
-                    if stream is not None:
-                        stream.synchronize()
+                    results = self._batcher.run(batch, self._images)
+                    if stream is not None:  # waited for asleep, not spinning
+                        done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+                        done.record(stream)
+                        done.synchronize()
             except BaseException as exc:  # a CUDA error: every sample of the batch fails
                 results = [exc] * len(batch)
             share = (time.perf_counter() - t0) / len(batch)
             self._complete(
                 [
-                    (w.target, r if r is not None else Outcome(w.busy + share, w.events, w.path))
+                    (
+                        cast(Target, w.target),
+                        r if r is not None else Outcome(w.busy + share, w.events, w.path),
+                    )
                     for w, r in zip(batch, results, strict=True)
                 ]
             )
             del batch, first, results
             if stop:
                 break
-
-    def _staging(self, nbytes: int) -> torch.Tensor:
-        """A host buffer of at least ``nbytes`` (page-locked on a GPU), reused: each batch
-        is finished before the next one is staged."""
-        if self._pinned is None or self._pinned.numel() < nbytes:
-            size = 1 << max(20, math.ceil(math.log2(max(nbytes, 1))))
-            buf = torch.empty(size, dtype=torch.uint8)
-            self._pinned = buf.pin_memory() if self.device.type == "cuda" else buf
-        return self._pinned
-
-    def _run_batch(self, batch: list[_Work]) -> list[BaseException | None]:
-        """Decode ``batch`` into the ring; each sample's failure, or None."""
-        results: list[BaseException | None] = [None] * len(batch)
-        jpegs = [i for i, w in enumerate(batch) if w.host is None]
-        if jpegs:
-            self.batches += 1
-            # The bytes in one page-locked buffer, read by nvJPEG from there.
-            sizes = [len(batch[i].data) for i in jpegs]
-            buf = self._staging(sum(sizes))
-            host = buf.numpy()
-            inputs = []
-            at = 0
-            for i, n in zip(jpegs, sizes, strict=True):
-                host[at : at + n] = np.frombuffer(batch[i].data, np.uint8)
-                inputs.append(buf[at : at + n])
-                at += n
-            decoded = self._decode_batch(inputs)
-            ok: list[tuple[int, torch.Tensor]] = []
-            for i, image in zip(jpegs, decoded, strict=True):
-                if isinstance(image, BaseException):  # what nvJPEG refused
-                    results[i] = self._redo_on_cpu(batch[i], DecodePath.GPU_TO_CPU)
-                else:
-                    ok.append((i, image))
-            suspect = self._suspects(batch, ok)
-            for i in suspect:
-                results[i] = self._redo_on_cpu(batch[i], DecodePath.GPU_SUSPECT)
-            ok = [(i, image) for i, image in ok if i not in suspect]
-            if ok:
-                self._resize([batch[i] for i, _ in ok], [image for _, image in ok])
-        for i, w in enumerate(batch):
-            if w.host is not None and results[i] is None:
-                self._images[w.job.slot, w.job.index].copy_(torch.from_numpy(w.host))
-        return results
-
-    def _redo_on_cpu(self, work: _Work, path: DecodePath) -> BaseException | None:
-        """Decode ``work`` on the CPU instead (``path`` says why); its failure, or None."""
-        work.path = path
-        try:
-            work.host = self._on_cpu(work)
-        except BaseException as exc:
-            return exc
-        return None
-
-    def _suspects(self, batch: list[_Work], ok: list[tuple[int, torch.Tensor]]) -> set[int]:
-        """The images the decoder says it decoded that fail the check: not the header's
-        size as 3 channels of uint8, or black throughout (no pixel above 0).  GPU decoders
-        of 2026 were seen to report success for images they skipped (black images from
-        Blackwell's hardware decoder, zero-filled lossless JPEGs); a truly black image
-        costs a second decode on the CPU, which delivers the same black.  One wait for the
-        decoder's work per batch: the peaks come back together."""
-        out: set[int] = set()
-        sized: list[tuple[int, torch.Tensor]] = []
-        for i, image in ok:
-            width, height = batch[i].source
-            if image.dtype != torch.uint8 or tuple(image.shape) != (3, height, width):
-                out.add(i)
-            else:
-                sized.append((i, image))
-        if sized:
-            peaks = torch.stack([image.amax() for _, image in sized]).cpu().tolist()
-            out.update(i for (i, _), peak in zip(sized, peaks, strict=True) if peak == 0)
-        return out
-
-    def _resize(self, works: list[_Work], images: list[torch.Tensor]) -> None:
-        """Crop, resize and flip each decoded image into its sample of the ring: the
-        weights made on the device for a group of images at once."""
-        _, out_h, out_w = self._spec.sample_shape
-        box = np.array([w.box for w in works], np.float64)
-        src = np.array([w.source for w in works], np.float64)
-        win_x = windows(box[:, 0], box[:, 2], src[:, 0], out_w)
-        win_y = windows(box[:, 1], box[:, 3], src[:, 1], out_h)
-        x0, nx = (
-            win_x[1].min(axis=1).astype(int),
-            (win_x[2].max(axis=1) - win_x[1].min(axis=1)).astype(int),
-        )
-        y0, ny = (
-            win_y[1].min(axis=1).astype(int),
-            (win_y[2].max(axis=1) - win_y[1].min(axis=1)).astype(int),
-        )
-        flips = torch.tensor([w.flip for w in works], device=self.device)
-        start = 0
-        while start < len(works):
-            # A group: as many images as keep its weights under _WEIGHTS_MAX elements.
-            end, kx, ky = start, 0, 0
-            while end < len(works):
-                kx2, ky2 = max(kx, nx[end]), max(ky, ny[end])
-                if end > start and (end + 1 - start) * (out_w * kx2 + out_h * ky2) > _WEIGHTS_MAX:
-                    break
-                kx, ky, end = kx2, ky2, end + 1
-            part = slice(start, end)
-            wx = weights(self._to_device(win_x[:, part]), int(kx), flips[part])
-            wy = weights(self._to_device(win_y[:, part]), int(ky))
-            outs = torch.stack(
-                [
-                    resample(
-                        images[j],
-                        wx[j - start, :, : nx[j]],
-                        int(x0[j]),
-                        wy[j - start, :, : ny[j]],
-                        int(y0[j]),
-                    )
-                    for j in range(start, end)
-                ]
-            )
-            slots = self._to_device(np.array([w.job.slot for w in works[part]]))
-            index = self._to_device(np.array([w.job.index for w in works[part]]))
-            self._images[slots, index] = outs.round_().clamp_(0, 255).to(torch.uint8)
-            start = end
-
-    def _to_device(self, array: npt.NDArray[Any]) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)

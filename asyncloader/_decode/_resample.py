@@ -1,5 +1,5 @@
-"""The GPU decode path's arithmetic, apart from its threads: which JPEGs nvJPEG gets (their
-size from the markers alone), and Pillow's BILINEAR resize as matrices.
+"""The GPU decode path's arithmetic, apart from its threads: Pillow's BILINEAR resize as
+matrices.
 
 :func:`windows` says where Pillow's filter reads for each output pixel (on the host,
 vectorised over the images of a group), :func:`weights` makes the dense filter matrices on
@@ -14,52 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from .._base._types import Blob
-
-__all__ = ["jpeg_header", "resample", "resize_weights", "weights", "windows"]
-
-# Start-of-frame markers nvJPEG decodes: baseline, extended and progressive Huffman.
-_SOF_NVJPEG = (0xC0, 0xC1, 0xC2)
-_SOF_OTHER = (0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
-
-
-def jpeg_header(data: Blob | memoryview) -> tuple[int, int, int] | None:
-    """(width, height, components) of a complete JPEG nvJPEG decodes (Huffman-coded
-    baseline, extended or progressive, 8-bit samples), from its markers alone; None for
-    anything else: not a JPEG, lossless or arithmetic-coded, 12-bit, no end marker
-    (truncated?), damaged markers.
-
-    A few microseconds in Python where ``Image.open`` parses every marker in tens: the
-    host threads share one GIL with the event loop.
-    """
-    view = memoryview(data)
-    n = len(view)
-    if n < 4 or view[0] != 0xFF or view[1] != 0xD8 or view[n - 2] != 0xFF or view[n - 1] != 0xD9:
-        return None
-    i = 2
-    while i + 4 <= n:
-        if view[i] != 0xFF:
-            return None
-        marker = view[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if 0xD0 <= marker <= 0xD7 or marker == 0x01:  # no length
-            i += 2
-            continue
-        length = (view[i + 2] << 8) | view[i + 3]
-        if marker in _SOF_NVJPEG:
-            if i + 10 > n or length < 8:
-                return None
-            if view[i + 4] != 8:  # 12-bit samples: the CPU path's
-                return None
-            height = (view[i + 5] << 8) | view[i + 6]
-            width = (view[i + 7] << 8) | view[i + 8]
-            return (width, height, view[i + 9]) if width and height else None
-        if marker in _SOF_OTHER or marker in (0xDA, 0xD9) or length < 2:
-            return None
-        i += 2 + length
-    return None
+__all__ = ["resample", "resize_weights", "weights", "windows"]
 
 
 def windows(

@@ -17,6 +17,7 @@ from .._base._types import DecodeJob, Outcome
 from ._completions import Completions, Group, Target
 from ._image import DecodeSpec, U8Array
 from ._job import run_job, sample_view
+from ._ship import Shipper
 
 __all__ = ["ThreadDecodePool"]
 
@@ -31,12 +32,19 @@ class ThreadDecodePool:
     they came within one priority; a plain queue of tokens wakes one thread per job.
     Results go back to the loop through :class:`~._completions.Completions` (one wake-up
     for many samples).
+
+    With a ``shipper`` (GPU decode, the engine in a process of its own) a job's JPEG is
+    shipped to the training process instead (:mod:`._ship`; the pipeline's priority is
+    the batch's place in the stream, which the shipper keeps each slot's arena by).
     """
 
-    def __init__(self, workers: int, spec: DecodeSpec, images: U8Array) -> None:
+    def __init__(
+        self, workers: int, spec: DecodeSpec, images: U8Array, shipper: Shipper | None = None
+    ) -> None:
         self.workers = workers
         self._spec = spec
         self._images = images
+        self._shipper = shipper
         # (priority, arrival, (target, job)), under the lock; a True token per job wakes a
         # thread, a False one stops it.
         self._jobs: list[tuple[int, int, tuple[Target, DecodeJob]]] = []
@@ -84,16 +92,19 @@ class ThreadDecodePool:
                 self._spec.cache.close()  # this thread's index connection
 
     def _work_until_stopped(self) -> None:
-        images, spec, results = self._images, self._spec, self._results
+        images, spec, results, shipper = self._images, self._spec, self._results, self._shipper
         while True:
             if not self._tokens.get():
                 return
             with results.lock:
-                target, job = heapq.heappop(self._jobs)[2]
+                priority, _, (target, job) = heapq.heappop(self._jobs)
             result: Outcome | BaseException = _NOTHING
             if not results.cancelled(target):
                 try:
-                    result = run_job(job, sample_view(images, job), spec)
+                    if shipper is not None:
+                        result = shipper.run(job, priority)
+                    else:
+                        result = run_job(job, sample_view(images, job), spec)
                 except BaseException as exc:  # handed to the awaiting task
                     result = exc
             del job

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from .._base._lease import Lease, leased
 from .._base._shm import Segment, SegmentRef
+from .._base._types import SHIP_RECORD, Shipped
 
 __all__ = ["BatchRing", "DeviceBatchRing"]
 
@@ -50,6 +51,10 @@ class BatchRing:
         on_release: Called with a slot when the last reference to the batch leased from it
             is gone; from any thread, so it must be thread-safe (the loader hands the slot
             to the event loop).  Not called after :meth:`close`.
+        records: With an ``arena`` (a shipped ring: GPU decode in the training process,
+            its engine in a process of its own): :data:`~asyncloader._base._types.SHIP_RECORD`
+            (slots, batch_size), where each sample is; else None.
+        arena: uint8 (slots, ``arena`` bytes): each slot's shipped JPEG bytes; else None.
     """
 
     def __init__(
@@ -60,6 +65,7 @@ class BatchRing:
         *,
         shared: bool,
         attach: SegmentRef | None = None,
+        arena: int = 0,
     ) -> None:
         if slots < 2 and attach is None:
             raise ValueError("the ring needs at least 2 slots (one filling, one consumed)")
@@ -76,13 +82,21 @@ class BatchRing:
         self._closed = False
         self.images: npt.NDArray[np.uint8]
         self.labels: npt.NDArray[np.int64]
+        self.records: npt.NDArray[np.void] | None = None
+        self.arena: npt.NDArray[np.uint8] | None = None
         # How many slots are in use (:attr:`limit`), one number.
         self._in_use: npt.NDArray[np.int64]
+        if arena and not (shared or attach is not None):
+            raise ValueError("an arena is for a ring in shared memory")
         if shared or attach is not None:
-            # The labels follow the images in the same segment (8-byte aligned), then the
-            # slots in use: a ring filled by another process hands over all three.
+            # The labels follow the images in the same segment (8-byte aligned), then a
+            # shipped ring's records and arenas, then the slots in use: a ring filled by
+            # another process hands over all of them.
             at = -(-nbytes // 8) * 8
             end = at + 8 * slots * batch_size
+            records_at, arena_at = end, end + SHIP_RECORD.itemsize * slots * batch_size
+            if arena:
+                end = arena_at + -(-arena * slots // 8) * 8
             if attach is not None:
                 self._segment = seg = Segment.attach(attach)
             else:
@@ -90,6 +104,11 @@ class BatchRing:
                 self._segment = seg = Segment.new(end + 8, what)
             self.images = np.ndarray(shape, np.uint8, buffer=seg.buf)
             self.labels = np.ndarray((slots, batch_size), np.int64, buffer=seg.buf, offset=at)
+            if arena:
+                self.records = np.ndarray(
+                    (slots, batch_size), SHIP_RECORD, buffer=seg.buf, offset=records_at
+                )
+                self.arena = np.ndarray((slots, arena), np.uint8, buffer=seg.buf, offset=arena_at)
             self._in_use = np.ndarray((1,), np.int64, buffer=seg.buf, offset=end)
             if attach is None:
                 self._in_use[0] = slots
@@ -113,7 +132,8 @@ class BatchRing:
 
     @property
     def nbytes(self) -> int:
-        return int(self.images.nbytes + self.labels.nbytes)
+        shipped = 0 if self.arena is None or self.records is None else self.arena.nbytes
+        return int(self.images.nbytes + self.labels.nbytes + shipped)
 
     @property
     def held(self) -> int:
@@ -122,13 +142,24 @@ class BatchRing:
 
     def lease(
         self, slot: int, n: int, shape: tuple[int, int] | None = None
-    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    ) -> tuple[npt.NDArray[np.uint8] | Shipped, npt.NDArray[np.int64]]:
         """Views of the first ``n`` samples of ``slot`` (images, labels) that hold the slot
         until both, and everything made from them, are gone.  ``shape``: a bucketed
-        batch's ``(height, width)`` (its samples packed at the slot's start)."""
+        batch's ``(height, width)`` (its samples packed at the slot's start).  A shipped
+        ring's images are a :class:`~asyncloader._base._types.Shipped` batch."""
         lease = self._take(slot)
         images = self.images[slot, :n] if shape is None else self.batch_view(slot, shape)[:n]
-        return leased(images, lease), leased(self.labels[slot, :n], lease)
+        labels = leased(self.labels[slot, :n], lease)
+        if self.records is not None and self.arena is not None:
+            return (
+                Shipped(
+                    leased(images, lease),
+                    leased(self.records[slot, :n], lease),
+                    leased(self.arena[slot], lease),
+                ),
+                labels,
+            )
+        return leased(images, lease), labels
 
     def batch_view(self, slot: int, shape: tuple[int, int]) -> npt.NDArray[np.uint8]:
         """``slot`` as a bucketed batch of ``shape``: ``[batch_size, C, height, width]``,
@@ -151,6 +182,8 @@ class BatchRing:
         images = self.images[slot] if shape is None else self.batch_view(slot, shape)
         images[:n] = images[keep]
         self.labels[slot, :n] = self.labels[slot, keep]
+        if self.records is not None:  # the bytes stay where they are in the arena
+            self.records[slot, :n] = self.records[slot, keep]
 
     def _returned(self, slot: int) -> None:
         with self._lock:
@@ -186,6 +219,7 @@ class BatchRing:
             return
         self.images = np.empty((0,), np.uint8)
         self.labels = np.empty((0,), np.int64)
+        self.records = self.arena = None
         self._in_use = np.array([self.limit], np.int64)  # a view of the segment no more
         try:
             segment.close()

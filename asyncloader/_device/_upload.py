@@ -33,7 +33,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,12 @@ class _Failed:
 
 
 _END = object()  # the source is exhausted
+
+
+def _not_shipped(
+    images: Any, labels: torch.Tensor, meta: Any
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    raise AsyncLoaderError(f"a batch of {type(images).__name__}, and no unpacker for it")
 
 
 def _is_end(item: object) -> bool:
@@ -181,6 +187,11 @@ class Uploader:
         self._pool = _OutputPool(keep=depth + 2)
         self._scratch: torch.Tensor | None = None
         self.wait_seconds = 0.0  # consumer time spent waiting for the device queue
+        # GPU decode with engine processes: turns a shipped batch (not a tensor) into the
+        # batch on the device, finished, with its labels and meta (see
+        # ``asyncloader._decode._gpu_batch.ShipUnpacker``); called on the uploader's thread.
+        self.unpack: Callable[[Any, torch.Tensor, Any], tuple[torch.Tensor, torch.Tensor, Any]]
+        self.unpack = _not_shipped
         # CUDA: when a list, (copy start, copy end) events of every batch are appended, for
         # timelines (tests and benchmarks); None (default) records nothing.
         self.timeline: list[tuple[Any, Any]] | None = None
@@ -230,11 +241,12 @@ class Uploader:
     # --- the stage ------------------------------------------------------------------------
 
     def _convert_cuda(
-        self, images: torch.Tensor, labels: torch.Tensor
+        self, images: torch.Tensor, labels: torch.Tensor, fresh: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, Any, Any]:
         """Queue the copy on the copy stream and the conversion on the conversion stream;
         return the outputs and the events marking the copy done (the slot is then free)
-        and the batch ready."""
+        and the batch ready.  ``fresh``: ``images`` are the batch's own, finished on the
+        device (a shipped batch, decoded here), converted without a copy."""
         dev = self.spec.device
         if self._streams is None:
             self._streams = (
@@ -243,7 +255,7 @@ class Uploader:
             )
         copying, converting = self._streams
         assert self._affine is not None
-        staged = self._stage(images) if self.pin == "staging" else None
+        staged = self._stage(images) if self.pin == "staging" and not fresh else None
         # The labels are a few bytes of pageable memory: copied from there, the driver may
         # wait for the stream's earlier copies.  From pinned memory the copy is queued
         # (pin_memory returns a pinned tensor itself; one already on the GPU stays).
@@ -261,7 +273,10 @@ class Uploader:
             )
             # A slot of a ring on the device is copied there: the batch must not be the
             # slot itself, which the ring refills once this copy is done.
-            d_images = src.clone() if src.is_cuda else src.to(dev, non_blocking=True)
+            if fresh:
+                d_images = src
+            else:
+                d_images = src.clone() if src.is_cuda else src.to(dev, non_blocking=True)
             d_labels = labels.to(dev, non_blocking=True)
             # A blocking event: whoever waits for it (the releaser, staging) sleeps, not spins.
             copied = torch.cuda.Event(enable_timing=start is not None, blocking=True)  # type: ignore[no-untyped-call]
@@ -348,6 +363,9 @@ class Uploader:
                         images, labels, meta = next(source)
                     except StopIteration:
                         break
+                    fresh = not isinstance(images, torch.Tensor)  # shipped: decoded here
+                    if fresh:
+                        images, labels, meta = self.unpack(images, labels, meta)
                     if self._affine is not None and self._affine[0].shape[1] != images.shape[1]:
                         self._affine = self.spec.affine(images.shape[1], self.spec.device)
                         if self.cuda:
@@ -355,7 +373,7 @@ class Uploader:
                     assert self._affine is not None
                     ready = None
                     if self.cuda:
-                        out, lab, copied, ready = self._convert_cuda(images, labels)
+                        out, lab, copied, ready = self._convert_cuda(images, labels, fresh)
                         if releaser is not None:  # the slot is refilled once copied
                             releaser.hold(copied, images, labels)
                     else:

@@ -269,6 +269,16 @@ class ImageLoader:
             spec = DeviceSpec.make(device, dtype or "float32", out.mean, out.std, out.channels_last)
             self._uploader = Uploader(spec, depth=2, pin=out.pin)
         processes, why = engine_placement(p, store_given=given is not None)
+        if processes and p.backend == "cuda" and self._uploader is not None:
+            # The engines ship each batch's JPEGs; they are decoded here, on this GPU.
+            from .._decode._gpu_batch import ShipUnpacker
+
+            self._uploader.unpack = ShipUnpacker(
+                p.spec,
+                self._uploader.spec.device,
+                self._counters,
+                skip=run.errors.on_error == "skip",
+            )
         self._engine: Engine = cast(Engine, NoEngine())
         self._finalizer = weakref.finalize(self, close_engine, self._engine)
         the_store: ObjectStore | None = None

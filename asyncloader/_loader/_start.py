@@ -83,7 +83,7 @@ def start_engine(
 def engine_placement(p: LoaderPlan, *, store_given: bool) -> tuple[int, str | None]:
     """How many engine processes the loader of ``p`` runs (0: inline, in this process),
     and why not where the default could not be followed (for the one warning)."""
-    if p.engine.mode == "inline" or p.backend == "cuda" or store_given:
+    if p.engine.mode == "inline" or store_given:
         return 0, None
     if in_dataloader_worker():
         return 0, None  # a DataLoader worker: a process of its own already

@@ -24,7 +24,7 @@ from .._base._stats import Counters
 from .._base._types import ObjectInfo
 from .._dataset._labels import Dataset, LabelSpec
 from .._device._ring import BatchRing
-from .._run._build import LoaderPlan
+from .._run._build import LoaderPlan, ship_arena
 from .._run._notices import BatchReady, Notice
 
 if TYPE_CHECKING:
@@ -177,7 +177,8 @@ def close_engine(engine: Any) -> None:
 def engine_ring(p: LoaderPlan) -> BatchRing:
     """The ring of an engine process of plan ``p`` (its share of the loader's), made by the
     trainer, which hands out its batches; the engine maps it."""
-    return BatchRing(p.slots, p.run.batch_size, p.spec.sample_shape, shared=True)
+    shape = p.spec.sample_shape
+    return BatchRing(p.slots, p.run.batch_size, shape, shared=True, arena=ship_arena(p))
 
 
 def split_plan(p: LoaderPlan, n: int) -> list[LoaderPlan]:

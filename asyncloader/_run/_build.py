@@ -55,6 +55,7 @@ __all__ = [
     "make_pool",
     "make_ring",
     "plan",
+    "ship_arena",
 ]
 
 
@@ -75,6 +76,8 @@ class LoaderPlan:
         slots: Ring slots.
         window: Most samples between the start of their fetch and the end of their decode.
         budget: The CPUs the decode worker default was made from, and the node's ranks.
+        ship_bytes: GPU decode with engine processes: each ring slot's room for the
+            shipped JPEGs, per sample [bytes] (``DecodeConfig(ship_bytes=)``).
     """
 
     spec: DecodeSpec
@@ -88,6 +91,7 @@ class LoaderPlan:
     slots: int
     window: int
     budget: CpuBudget
+    ship_bytes: int = 0
 
     @property
     def object_cache(self) -> ObjectCache | None:
@@ -171,6 +175,7 @@ def plan(
         slots=ring_slots(engine.prefetch_batches, fetch.inflight, run.batch_size),
         window=decode_window(fetch.inflight, n),
         budget=budget,
+        ship_bytes=decode.ship_bytes,
     )
 
 
@@ -222,7 +227,7 @@ def make_ring(
     ring the trainer made for this engine process."""
     shape, b = p.spec.sample_shape, p.run.batch_size
     if attach is not None:
-        return BatchRing(p.slots, b, shape, shared=True, attach=attach)
+        return BatchRing(p.slots, b, shape, shared=True, attach=attach, arena=ship_arena(p))
     if p.backend == "cuda":
         assert device is not None
         return DeviceBatchRing(p.slots, b, shape, device=device)
@@ -230,14 +235,26 @@ def make_ring(
 
 
 def make_pool(p: LoaderPlan, ring: BatchRing) -> DecodePool:
-    """The decode workers of ``p.backend``, writing into ``ring``."""
+    """The decode workers of ``p.backend``, writing into ``ring``: GPU decode's pool on a
+    ring on the GPU, its shipping threads on a shipped ring (an engine process's)."""
+    from .._decode import ThreadDecodePool
+
+    if p.backend == "cuda" and ring.arena is not None and ring.records is not None:
+        from .._decode._ship import Shipper
+
+        shipper = Shipper(p.spec, ring.images, ring.records, ring.arena)
+        return ThreadDecodePool(p.workers, p.spec, ring.images, shipper)
     if p.backend == "cuda":
         from .._decode._gpu import GpuDecodePool
 
         return GpuDecodePool(p.workers, p.spec, ring.images)  # type: ignore[arg-type]
-    from .._decode import ThreadDecodePool
-
     return ThreadDecodePool(p.workers, p.spec, ring.images)
+
+
+def ship_arena(p: LoaderPlan) -> int:
+    """The arena of each slot of an engine process's ring [bytes]: GPU decode ships the
+    JPEGs there (see :mod:`asyncloader._decode._ship`); 0 for the CPU backends."""
+    return p.run.batch_size * p.ship_bytes if p.backend == "cuda" else 0
 
 
 def make_pipeline(
@@ -319,7 +336,7 @@ def _check_gpu_decode(device: str | None, hook: DecodeFn | None) -> None:
             "DecodeConfig(backend='cuda') needs a CUDA device, and torch.cuda.is_available() "
             "is False here: use DecodeConfig(backend='thread')"
         )
-    from .._decode._gpu import require_torchvision
+    from .._decode._gpu_batch import require_torchvision
 
     require_torchvision()
 

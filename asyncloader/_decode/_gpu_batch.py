@@ -1,0 +1,421 @@
+"""GPU decode's batch: one batched nvJPEG call, every image checked, one crop-resize.
+
+The GPU side of both ways GPU decode runs (``DecodeConfig(backend="cuda")``): the pool of
+the engine in the training process (:mod:`._gpu`), and the training process's half where
+the engine runs in processes of its own and ships each batch's JPEGs and crop plans
+(:mod:`._ship`).  :class:`GpuBatcher` copies a batch's bytes into one page-locked buffer,
+decodes them in one call (torchvision's batched ``decode_jpeg(device=...)``), checks each
+image (the header's size, 3 channels of uint8, not black throughout), and crops, resizes and
+flips the good ones by matrix products (``_resample``) into their places; what nvJPEG
+refuses or what fails the check is decoded again by the CPU path
+(:func:`~._image.decode_into`), whose pixels are delivered.
+
+:class:`ShipUnpacker` is the training process's half of a shipped batch: a
+:class:`~asyncloader._base._types.Shipped` slot in, the batch on the GPU out, on the
+loader's own CUDA stream, waited for with a blocking event (the training process sleeps,
+it does not spin), the slot let go as soon as its bytes were read.  The engine's CPU-path
+samples are copied from the slot's pixels.  A sample that neither the GPU nor the CPU path
+decodes is left out of its batch under ``on_error="skip"`` (counted in ``stats()``), and
+raised otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from .._base._errors import shown_key
+from .._base._stats import Counters
+from .._base._types import Blob, CacheEvent, DecodeJob, DecodePath, Shipped
+from ._completions import Target
+from ._image import DecodeSpec, decode_into
+from ._resample import resample, weights, windows
+
+__all__ = [
+    "MAX_BATCH",
+    "DecodeBatch",
+    "GpuBatcher",
+    "GpuWork",
+    "ShipUnpacker",
+    "nvjpeg_batch",
+    "require_torchvision",
+]
+
+DecodeBatch = Callable[[list[torch.Tensor]], list[torch.Tensor | BaseException]]
+"""Encoded JPEGs (uint8 CPU tensors) → each one's RGB pixels [3, H, W] uint8 on the
+batcher's device, or the exception that refused it."""
+
+MAX_BATCH = 256
+"""The most samples one nvJPEG call decodes."""
+
+
+def require_torchvision() -> None:
+    """Raise a clear ImportError where torchvision (its nvJPEG decoder) is missing."""
+    try:
+        import torchvision.io  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "DecodeConfig(backend='cuda') decodes with torchvision's nvJPEG decoder: "
+            "pip install torchvision (the build that matches your torch)"
+        ) from exc
+
+
+def nvjpeg_batch(device: torch.device) -> DecodeBatch:
+    """torchvision's batched nvJPEG decode on ``device``; a batch it refuses is decoded one
+    by one, so that one bad sample costs only itself."""
+    require_torchvision()
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    def run(data: list[torch.Tensor]) -> list[torch.Tensor | BaseException]:
+        try:
+            return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
+        except RuntimeError:
+            out: list[torch.Tensor | BaseException] = []
+            for one in data:
+                try:
+                    out.append(decode_jpeg(one, mode=ImageReadMode.RGB, device=device))
+                except RuntimeError as exc:
+                    out.append(exc)
+            return out
+
+    return run
+
+
+@dataclass(slots=True)
+class GpuWork:
+    """One sample of a GPU batch (in the pool: between its host thread and the GPU
+    thread)."""
+
+    target: Target | None  # its job's future (the pool), or None (a shipped batch)
+    job: DecodeJob
+    data: Blob | memoryview | None  # None: ``host`` holds its pixels
+    events: CacheEvent
+    busy: float  # host time spent on it so far [s]
+    box: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # the crop, source pixels
+    source: tuple[int, int] = (0, 0)  # the image's width and height
+    flip: bool = False
+    host: npt.NDArray[np.uint8] | None = None  # decoded on the CPU (not for nvJPEG)
+    path: DecodePath = DecodePath.GPU  # where it was decoded (stats() counts them)
+
+
+# Most elements of one group's weights (float64 while they are made): 128 MiB.
+_WEIGHTS_MAX = 1 << 24
+
+
+class GpuBatcher:
+    """A batch of JPEGs decoded on ``device`` into their places (see the module's
+    docstring); one batch at a time, from one thread.
+
+    Args:
+        spec: What every decode needs (the transform, the CPU path's limits).
+        device: Where the images are decoded and resized.
+        decode_batch: The batch decoder (default: :func:`nvjpeg_batch` on ``device``).
+
+    Attributes:
+        batches: Decode calls made.
+        on_cpu: Samples the CPU path decoded.
+    """
+
+    def __init__(
+        self, spec: DecodeSpec, device: torch.device, decode_batch: DecodeBatch | None = None
+    ) -> None:
+        self.device = device
+        self.batches = 0
+        self.on_cpu = 0
+        self._spec = spec
+        self._decode_batch = decode_batch or nvjpeg_batch(device)
+        self._pinned: torch.Tensor | None = None
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one sample."""
+        return self._spec.sample_shape
+
+    def on_cpu_path(self, work: GpuWork) -> npt.NDArray[np.uint8]:
+        """The CPU path's pixels for ``work`` (raises DecodeError where it refuses)."""
+        assert work.data is not None
+        out = np.empty(self._spec.sample_shape, np.uint8)
+        decode_into(work.data, out, self._spec, work.job.seed, work.job.key)
+        self.on_cpu += 1
+        return out
+
+    def _staging(self, nbytes: int) -> torch.Tensor:
+        """A host buffer of at least ``nbytes`` (page-locked on a GPU), reused: each batch
+        is finished before the next one is staged."""
+        if self._pinned is None or self._pinned.numel() < nbytes:
+            size = 1 << max(20, math.ceil(math.log2(max(nbytes, 1))))
+            buf = torch.empty(size, dtype=torch.uint8)
+            self._pinned = buf.pin_memory() if self.device.type == "cuda" else buf
+        return self._pinned
+
+    def run(self, batch: list[GpuWork], images: torch.Tensor) -> list[BaseException | None]:
+        """Decode ``batch`` into ``images`` (uint8 [slots, batch, 3, H, W] on the device:
+        each sample at its job's slot and index); each sample's failure, or None.  Queued
+        on the current stream; the caller waits for it."""
+        results: list[BaseException | None] = [None] * len(batch)
+        jpegs = [i for i, w in enumerate(batch) if w.host is None]
+        if jpegs:
+            self.batches += 1
+            # The bytes in one page-locked buffer, read by nvJPEG from there.
+            data = [batch[i].data for i in jpegs]
+            sizes = [len(d) if d is not None else 0 for d in data]
+            buf = self._staging(sum(sizes))
+            host = buf.numpy()
+            inputs = []
+            at = 0
+            for d, n in zip(data, sizes, strict=True):
+                assert d is not None  # given to the GPU: its bytes
+                host[at : at + n] = np.frombuffer(d, np.uint8)
+                inputs.append(buf[at : at + n])
+                at += n
+            decoded = self._decode_batch(inputs)
+            ok: list[tuple[int, torch.Tensor]] = []
+            for i, image in zip(jpegs, decoded, strict=True):
+                if isinstance(image, BaseException):  # what nvJPEG refused
+                    results[i] = self._redo_on_cpu(batch[i], DecodePath.GPU_TO_CPU)
+                else:
+                    ok.append((i, image))
+            suspect = self._suspects(batch, ok)
+            for i in suspect:
+                results[i] = self._redo_on_cpu(batch[i], DecodePath.GPU_SUSPECT)
+            ok = [(i, image) for i, image in ok if i not in suspect]
+            if ok:
+                self._resize([batch[i] for i, _ in ok], [image for _, image in ok], images)
+        for i, w in enumerate(batch):
+            if w.host is not None and results[i] is None:
+                images[w.job.slot, w.job.index].copy_(torch.from_numpy(w.host))
+        return results
+
+    def _redo_on_cpu(self, work: GpuWork, path: DecodePath) -> BaseException | None:
+        """Decode ``work`` on the CPU instead (``path`` says why); its failure, or None."""
+        work.path = path
+        try:
+            work.host = self.on_cpu_path(work)
+        except BaseException as exc:
+            return exc
+        return None
+
+    def _suspects(self, batch: list[GpuWork], ok: list[tuple[int, torch.Tensor]]) -> set[int]:
+        """The images the decoder says it decoded that fail the check: not the header's
+        size as 3 channels of uint8, or black throughout (no pixel above 0).  GPU decoders
+        of 2026 were seen to report success for images they skipped (black images from
+        Blackwell's hardware decoder, zero-filled lossless JPEGs); a truly black image
+        costs a second decode on the CPU, which delivers the same black.  One wait for the
+        decoder's work per batch: the peaks come back together."""
+        out: set[int] = set()
+        sized: list[tuple[int, torch.Tensor]] = []
+        for i, image in ok:
+            width, height = batch[i].source
+            if image.dtype != torch.uint8 or tuple(image.shape) != (3, height, width):
+                out.add(i)
+            else:
+                sized.append((i, image))
+        if sized:
+            stacked = torch.stack([image.amax() for _, image in sized])
+            if stacked.is_cuda:  # wait asleep: a copy's own wait may spin a core
+                done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+                done.record()
+                done.synchronize()
+            peaks = stacked.cpu().tolist()
+            out.update(i for (i, _), peak in zip(sized, peaks, strict=True) if peak == 0)
+        return out
+
+    def _resize(
+        self, works: list[GpuWork], decoded: list[torch.Tensor], images: torch.Tensor
+    ) -> None:
+        """Crop, resize and flip each decoded image into its sample of the ring: the
+        weights made on the device for a group of images at once."""
+        _, out_h, out_w = self._spec.sample_shape
+        box = np.array([w.box for w in works], np.float64)
+        src = np.array([w.source for w in works], np.float64)
+        win_x = windows(box[:, 0], box[:, 2], src[:, 0], out_w)
+        win_y = windows(box[:, 1], box[:, 3], src[:, 1], out_h)
+        x0, nx = (
+            win_x[1].min(axis=1).astype(int),
+            (win_x[2].max(axis=1) - win_x[1].min(axis=1)).astype(int),
+        )
+        y0, ny = (
+            win_y[1].min(axis=1).astype(int),
+            (win_y[2].max(axis=1) - win_y[1].min(axis=1)).astype(int),
+        )
+        flips = torch.tensor([w.flip for w in works], device=self.device)
+        start = 0
+        while start < len(works):
+            # A group: as many images as keep its weights under _WEIGHTS_MAX elements.
+            end, kx, ky = start, 0, 0
+            while end < len(works):
+                kx2, ky2 = max(kx, nx[end]), max(ky, ny[end])
+                if end > start and (end + 1 - start) * (out_w * kx2 + out_h * ky2) > _WEIGHTS_MAX:
+                    break
+                kx, ky, end = kx2, ky2, end + 1
+            part = slice(start, end)
+            wx = weights(self._to_device(win_x[:, part]), int(kx), flips[part])
+            wy = weights(self._to_device(win_y[:, part]), int(ky))
+            outs = torch.stack(
+                [
+                    resample(
+                        decoded[j],
+                        wx[j - start, :, : nx[j]],
+                        int(x0[j]),
+                        wy[j - start, :, : ny[j]],
+                        int(y0[j]),
+                    )
+                    for j in range(start, end)
+                ]
+            )
+            slots = self._to_device(np.array([w.job.slot for w in works[part]]))
+            index = self._to_device(np.array([w.job.index for w in works[part]]))
+            images[slots, index] = outs.round_().clamp_(0, 255).to(torch.uint8)
+            start = end
+
+    def _to_device(self, array: npt.NDArray[Any]) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+
+class ShipUnpacker:
+    """The training process's half of GPU decode with engine processes (see the module's
+    docstring): a shipped batch in, ``(images, labels, meta)`` on the device out.
+
+    Args:
+        spec: The loader's decode spec (the plans, the CPU path where it takes over).
+        device: Where the batch is decoded.
+        counters: The training process's counters (where each sample was decoded, skips).
+        skip: ``on_error="skip"``: a sample that neither the GPU nor the CPU path decodes is
+            left out of its batch; else its :class:`~asyncloader.DecodeError` is raised.
+        decode_batch: The batch decoder (default: :func:`nvjpeg_batch` on ``device``).
+    """
+
+    def __init__(
+        self,
+        spec: DecodeSpec,
+        device: torch.device,
+        counters: Counters,
+        *,
+        skip: bool,
+        decode_batch: DecodeBatch | None = None,
+    ) -> None:
+        spec = dataclasses.replace(spec, cache=None, scaled_copies=False)
+        self._batcher = GpuBatcher(spec, device, decode_batch)
+        self._counters = counters
+        self._skip = skip
+        self._stream: Any = None
+
+    def __call__(
+        self, shipped: Shipped, labels: torch.Tensor, meta: tuple[int, int, dict[str, list[Any]]]
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, dict[str, list[Any]]]]:
+        """The batch of ``shipped`` on the device, finished; ``labels`` and ``meta``
+        (index, count, extras) as delivered (without the samples left out)."""
+        device = self._batcher.device
+        works = _works(shipped)
+        # The slot goes back once the work no longer holds its bytes: nothing returned
+        # views it.
+        del shipped
+        labels = labels.clone()
+        if device.type == "cuda" and self._stream is None:
+            self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        with torch.cuda.stream(self._stream) if self._stream is not None else _nothing():
+            shape = (1, len(works), *self._batcher.sample_shape)
+            images = torch.empty(shape, dtype=torch.uint8, device=device)
+            results = self._batcher.run(works, images)
+            c = self._counters
+            for w, res in zip(works, results, strict=True):
+                if w.data is not None and res is None:
+                    if w.path is DecodePath.GPU:
+                        c.gpu_decoded += 1
+                    elif w.path is DecodePath.GPU_TO_CPU:
+                        c.gpu_to_cpu += 1
+                    else:
+                        c.gpu_suspect += 1
+            out = images[0]
+            failed = [i for i, res in enumerate(results) if res is not None]
+            if failed:
+                out, labels, meta = self._leave_out(works, results, failed, out, labels, meta)
+            if self._stream is not None:
+                done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+                done.record(self._stream)
+                done.synchronize()  # sleeps: the training process does not spin
+        return out, labels, meta
+
+    def _leave_out(
+        self,
+        works: list[GpuWork],
+        results: list[BaseException | None],
+        failed: list[int],
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        meta: tuple[int, int, dict[str, list[Any]]],
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, dict[str, list[Any]]]]:
+        """The batch without the samples ``failed`` (skipped, counted), or the first
+        failure raised."""
+        errors = [results[i] for i in failed]
+        if not self._skip:
+            raise errors[0]  # type: ignore[misc]
+        gone = set(failed)
+        keep = [i for i in range(len(works)) if i not in gone]
+        self._counters.count_skipped(
+            Counter(type(exc).__name__ for exc in errors),
+            [shown_key(works[i].job.key) for i in failed],
+        )
+        index, _, extras = meta
+        at = torch.tensor(keep, dtype=torch.int64)
+        return (
+            images.index_select(0, at.to(images.device)),
+            labels.index_select(0, at),
+            (index, len(keep), {name: [v[i] for i in keep] for name, v in extras.items()}),
+        )
+
+
+def _works(shipped: Shipped) -> list[GpuWork]:
+    """A shipped batch's samples as GPU work: a shipped JPEG's bytes (views of its slot's
+    arena) and plan, or the pixels its engine decoded."""
+    r = shipped.records
+    flags, offsets, lengths, keys = (
+        r["shipped"].tolist(),
+        r["offset"].tolist(),
+        r["length"].tolist(),
+        r["key_length"].tolist(),
+    )
+    widths, heights, seeds, flips, boxes = (
+        r["width"].tolist(),
+        r["height"].tolist(),
+        r["seed"].tolist(),
+        r["flip"].tolist(),
+        r["box"].tolist(),
+    )
+    arena = shipped.arena
+    works = []
+    for i, shipped_here in enumerate(flags):
+        if not shipped_here:
+            job = DecodeJob(None, 0, i, seeds[i], "")
+            works.append(GpuWork(None, job, None, CacheEvent.NONE, 0.0, host=shipped.pixels[i]))
+            continue
+        at, n = offsets[i], lengths[i]
+        key = bytes(arena[at + n : at + n + keys[i]]).decode(errors="replace")
+        job = DecodeJob(None, 0, i, seeds[i], key)
+        works.append(
+            GpuWork(
+                None,
+                job,
+                arena[at : at + n].data,
+                CacheEvent.NONE,
+                0.0,
+                tuple(boxes[i]),  # type: ignore[arg-type]
+                (widths[i], heights[i]),
+                bool(flips[i]),
+            )
+        )
+    return works
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
