@@ -8,7 +8,10 @@ decodes them in one call (torchvision's batched ``decode_jpeg(device=...)``), ch
 image (the header's size, 3 channels of uint8, not black throughout), and crops, resizes and
 flips the good ones by matrix products (``_resample``) into their places; what nvJPEG
 refuses or what fails the check is decoded again by the CPU path
-(:func:`~._image.decode_into`), whose pixels are delivered.
+(:func:`~._image.decode_into`), whose pixels are delivered.  The stream is drained before
+each decode call: nvJPEG writes on a stream of its own, not ordered against the caller's,
+into memory the caller's queued work may still use (torchvision's ``decode_jpeg`` gave
+corrupt batches on H100s so).
 
 :class:`ShipUnpacker` is the training process's half of a shipped batch: a
 :class:`~asyncloader._base._types.Shipped` slot in, the batch on the GPU out, on the
@@ -177,6 +180,11 @@ class GpuBatcher:
                 host[at : at + n] = np.frombuffer(d, np.uint8)
                 inputs.append(buf[at : at + n])
                 at += n
+            # nvJPEG writes its images on a stream of its own, into memory allocated on
+            # this one: work still queued here on memory freed to the allocator would meet
+            # them (corrupt batches on H100s, torchvision's decode_jpeg included).  Drained
+            # first, asleep.
+            _drain(self.device)
             decoded = self._decode_batch(inputs)
             ok: list[tuple[int, torch.Tensor]] = []
             for i, image in zip(jpegs, decoded, strict=True):
@@ -221,10 +229,7 @@ class GpuBatcher:
                 sized.append((i, image))
         if sized:
             stacked = torch.stack([image.amax() for _, image in sized])
-            if stacked.is_cuda:  # wait asleep: a copy's own wait may spin a core
-                done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
-                done.record()
-                done.synchronize()
+            _drain(self.device)  # asleep: a copy's own wait may spin a core
             peaks = stacked.cpu().tolist()
             out.update(i for (i, _), peak in zip(sized, peaks, strict=True) if peak == 0)
         return out
@@ -339,10 +344,7 @@ class ShipUnpacker:
             failed = [i for i, res in enumerate(results) if res is not None]
             if failed:
                 out, labels, meta = self._leave_out(works, results, failed, out, labels, meta)
-            if self._stream is not None:
-                done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
-                done.record(self._stream)
-                done.synchronize()  # sleeps: the training process does not spin
+            _drain(device)  # asleep: the training process does not spin
         return out, labels, meta
 
     def _leave_out(
@@ -419,3 +421,12 @@ def _works(shipped: Shipped) -> list[GpuWork]:
 @contextlib.contextmanager
 def _nothing() -> Iterator[None]:
     yield
+
+
+def _drain(device: torch.device) -> None:
+    """Wait, asleep, until the work queued so far on the current stream is done (a
+    blocking event: CUDA's own waits may spin a core); nothing to wait for on the CPU."""
+    if device.type == "cuda":
+        done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+        done.record()
+        done.synchronize()
