@@ -24,8 +24,13 @@ header reads — requests and bytes per object, and the same loader again: reque
 than the training size are (a bucket's whole image is then decoded at 1/2 or 1/4 scale
 where a square crop's box, a part of it, is decoded at a larger scale).
 
+``--megapixels M``: camera-sized photos instead, of about M megapixels in the three aspect
+ratios (made from the demo's photos as ``make_jpeg`` makes them).  ``--scaled``: the cache
+keeps each large JPEG's scaled copies (``CacheConfig(scaled_jpegs=True)`` in the epoch that
+fills it), which every case then reads where its crop's scale has one.
+
 Run: ``python benchmarks/bench_buckets.py [--images 1200] [--rounds 3] [--epochs 2]
-[--long-side N]``.
+[--long-side N | --megapixels M [--scaled]]``.
 """
 
 from __future__ import annotations
@@ -50,9 +55,11 @@ from asyncloader.testing import TEST_ENV, S3TestServer, make_jpeg_folder, tree_c
 SHAPES = ((1, 1), (2, 3), (3, 2))
 
 
-def shaped_folder(root: Path, images: int, long_side: int = 0) -> Path:
+def shaped_folder(root: Path, images: int, long_side: int = 0, megapixels: float = 0) -> Path:
     """The demo's photos cut to ``SHAPES``; ``long_side``: each then resized (LANCZOS) to
-    that long side (0: as cut)."""
+    that long side (0: as cut); ``megapixels``: photos of that size in ``SHAPES`` instead."""
+    if megapixels:
+        return _camera_folder(root, images, megapixels)
     out = root / (f"shaped-{images}" + (f"-{long_side}" if long_side else ""))
     if (out / "metadata.jsonl").exists():
         return out
@@ -68,6 +75,27 @@ def shaped_folder(root: Path, images: int, long_side: int = 0) -> Path:
                 size = (long_side * w // max(h, w), long_side * h // max(h, w))
                 cut = cut.resize(size, Image.Resampling.LANCZOS)
             cut.save(out / f"{i:05d}.jpg", quality=90)
+        rows.append({"file_name": f"{i:05d}.jpg", "text": f"photo {i}", "score": i % 10})
+    (out / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def _camera_folder(root: Path, images: int, megapixels: float) -> Path:
+    """``images`` photos of about ``megapixels`` in ``SHAPES`` (quality 90), with the
+    metadata file."""
+    from asyncloader.testing._demo import make_jpeg, source_photos
+
+    out = root / f"camera-{images}-{megapixels:g}mp"
+    if (out / "metadata.jsonl").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    photos = source_photos()
+    rows = []
+    for i in range(images):
+        h, w = SHAPES[i % 3]
+        side = (megapixels * 1e6 / (h * w)) ** 0.5
+        size = (round(side * w), round(side * h))
+        (out / f"{i:05d}.jpg").write_bytes(make_jpeg(photos, i, size=size))
         rows.append({"file_name": f"{i:05d}.jpg", "text": f"photo {i}", "score": i % 10})
     (out / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out
@@ -103,10 +131,12 @@ def run_case(case: str, endpoint: str, cache: str, epochs: int) -> dict[str, flo
                 images += len(x)
                 pixels += x.shape[2] * x.shape[3] * len(x)
         wall, cpu = time.perf_counter() - t0, tree_cpu_seconds() - cpu0
+        stats = loader.stats()
     return {
         "images_per_s": images / wall,
         "cpu_ms_per_image": 1e3 * cpu / images,
         "pixels_per_image": pixels / images,
+        "from_copies": stats.cache_scaled_hits / max(stats.decoded, 1),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -144,6 +174,17 @@ def main() -> None:
         default=0,
         help="resize each photo to this long side first (0: the demo's, about 427)",
     )
+    p.add_argument(
+        "--megapixels",
+        type=float,
+        default=0,
+        help="camera-sized photos of about this many megapixels instead (0: the demo's)",
+    )
+    p.add_argument(
+        "--scaled",
+        action="store_true",
+        help="the cache keeps each large JPEG's scaled copies, read by every case",
+    )
     p.add_argument("--data-dir", default="cache/bench-buckets")
     p.add_argument("--json", default="")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -157,15 +198,16 @@ def main() -> None:
         return
     for k, v in TEST_ENV.items():
         os.environ.setdefault(k, v)
-    folder = shaped_folder(Path(args.data_dir), args.images, args.long_side)
+    folder = shaped_folder(Path(args.data_dir), args.images, args.long_side, args.megapixels)
     rows: dict[str, list[dict[str, float]]] = {"square": [], "cover": [], "buckets": []}
     server = S3TestServer(load=folder, bucket="b", prefix="train/")
     with server, tempfile.TemporaryDirectory() as tmp:
         cache = str(Path(tmp) / "cache")
         # Fill the cache (and its listing) with an unbucketed epoch: no sizes kept.
-        with al.ImageLoader(
-            "s3://b/train/", **_options("square", server.endpoint, cache)
-        ) as loader:
+        fill = _options("square", server.endpoint, cache)
+        if args.scaled:
+            fill["cache"] = al.CacheConfig(scaled_jpegs=True)
+        with al.ImageLoader("s3://b/train/", **fill) as loader:
             for _ in loader:
                 pass
         headers = _child(["headers", server.endpoint, cache, str(args.images + 1)])
@@ -174,9 +216,13 @@ def main() -> None:
                 rows[case].append(_child([case, server.endpoint, cache, str(args.epochs)]))
     med = {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in rows.items()}
     base, cover = med["square"]["images_per_s"], med["cover"]["images_per_s"]
+    what = (
+        f"photos of ~{args.megapixels:g} MP" + (", with scaled copies" if args.scaled else "")
+        if args.megapixels
+        else f"long side {args.long_side or 'as cut'}"
+    )
     print(
-        f"{args.images} images in 3 aspect ratios (long side {args.long_side or 'as cut'}), "
-        "batches of 32, 2 decode workers, "
+        f"{args.images} images in 3 aspect ratios ({what}), batches of 32, 2 decode workers, "
         f"from the SSD cache; medians of {args.rounds} rounds of {args.epochs} epochs"
     )
     for case, m in med.items():
@@ -184,6 +230,7 @@ def main() -> None:
             f"{case:8s} {m['images_per_s']:7.0f} img/s ({m['images_per_s'] / base:.2f} x square, "
             f"{m['images_per_s'] / cover:.2f} x cover)  "
             f"{m['cpu_ms_per_image']:.2f} CPU ms/img  {m['pixels_per_image']:.0f} px/img  "
+            f"{100 * m['from_copies']:.0f} % from copies  "
             f"peak RSS {m['peak_rss_mb']:.0f} MB"
         )
     print(

@@ -121,6 +121,31 @@ def test_samples_from_copies_are_the_samples_from_the_object(transform: al.Trans
     assert used  # the test decoded from copies at all
 
 
+def test_bucketed_samples_from_copies_are_the_samples_from_the_object() -> None:
+    """A bucketed sample's crop (its bucket, the image's recorded size) tells its scale as
+    a transform's does: decoded from the copy of that scale, the object's pixels."""
+    b = al.make_buckets(224 * 224, ratios=(0.5, 2.0), step=32)
+    spec = DecodeSpec((3, 1, b.max_pixels), buckets=b)
+    used = set()
+    for i, (w, h) in enumerate([(1600, 1200), (1200, 1600), (2400, 1800), (1000, 2000)]):
+        data = _jpeg(w, h, seed=20 + i, subsampling=i % 3)
+        copies = dict(zip((4, 8), _scaled(data, (4, 8)), strict=True))
+        bh, bw = b.sizes[int(b.nearest([h], [w])[0])]
+        mark = (bh, bw, h, w)
+        for seed in range(10):
+            scale = decode_scale(data, spec, seed, mark)
+            assert scale in (4, 8)  # a bucket's crop covers the image: a small scale
+            copy = copies[scale]
+            assert copy is not None
+            assert decode_scale(copy, spec, seed, mark) == scale
+            a, c = np.empty((3, bh, bw), np.uint8), np.empty((3, bh, bw), np.uint8)
+            decode_into(data, a, spec, seed, "k", mark)
+            decode_into(copy, c, spec, seed, "k", mark)
+            assert np.array_equal(a, c), (i, seed, scale)
+            used.add(scale)
+    assert used == {4, 8}
+
+
 def test_what_gets_no_copies() -> None:
     from asyncloader._decode import _jpegroi  # type: ignore[attr-defined]
 
@@ -180,12 +205,12 @@ def _epochs(
     # Inline unless a test gives the engines (the copies are the cache's and the decode's,
     # in either mode: the engine-count test runs processes).
     options.setdefault("engine", al.EngineConfig(mode="inline"))
+    options.setdefault("transform", al.RandomResizedCrop(160))
     loader = al.ImageLoader(
         "s3://b/big/",
         batch_size=2,
         shuffle=True,
         seed=7,
-        transform=al.RandomResizedCrop(160),
         timeout=60,
         **options,
         store=al.StoreConfig(options={"endpoint_url": server.endpoint}),  # type: ignore[arg-type]
@@ -232,6 +257,25 @@ def test_the_loader_makes_copies_and_decodes_from_them(
     assert stats.objects_fetched == 0 and stats.cache_scaled_hits > 0
     assert len(first) == len(plain) // 3 and len(again) == len(plain)
     for x, y in zip(first + again, plain[: len(first)] + plain, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_a_bucketed_loader_decodes_from_the_copies(
+    large_server: S3TestServer, tmp_path: Path
+) -> None:
+    """Bucketed batches read the copies as square crops do (a bucket covers the image: the
+    1/8 copy of a 12-megapixel photo), and are the batches made from the objects."""
+    buckets = {"transform": None, "buckets": al.make_buckets(192 * 192, step=32)}
+    plain, _ = _epochs(large_server, 2, **buckets)
+    cache_dir = tmp_path / "cache"
+    opts = {"endpoint_url": large_server.endpoint}
+    report = al.warm("s3://b/big/", cache_dir, store_options=opts, scaled_jpegs=True)
+    assert report.scaled == N_LARGE
+    again, stats = _epochs(large_server, 2, cache_dir=cache_dir, **buckets)
+    assert stats.objects_fetched == 0
+    assert stats.cache_scaled_hits == len(plain) * 2  # every sample, from a copy
+    assert len(again) == len(plain)
+    for x, y in zip(again, plain, strict=True):
         assert torch.equal(x, y)
 
 

@@ -322,20 +322,27 @@ def _store(pixels: U8Array, out: U8Array, flip: bool) -> None:
     np.copyto(out, arr.transpose(2, 0, 1))
 
 
-def decode_scale(data: Blob | memoryview, spec: DecodeSpec, seed: int) -> int:
+def decode_scale(
+    data: Blob | memoryview,
+    spec: DecodeSpec,
+    seed: int,
+    mark: tuple[int, int, int, int] | None = None,
+) -> int:
     """The DCT scale (1, 2, 4 or 8) :func:`decode_into` decodes ``data`` at with this
-    ``seed``: 1 for what is not a JPEG, or is decoded by a hook; from the header alone.
+    ``seed`` (and ``mark``, a bucketed sample's: see :func:`decode_into`): 1 for what is not
+    a JPEG, or is decoded by a hook; from the header alone.
 
     Raises:
-        Exception: Pillow's, for bytes it cannot open.
+        Exception: Pillow's, for bytes it cannot open; DecodeError, for a bucketed sample
+            whose image is not of its recorded size.
     """
-    if spec.transform is None or spec.decode_fn is not None:
+    if spec.decode_fn is not None or (spec.transform is None and mark is None):
         return 1
     img = open_image(data, spec.max_pixels)
     if img.format != "JPEG":
         return 1
     width, height = img.size
-    plan = spec.transform.plan(width, height, random.Random(seed))
+    plan = _plan(spec, width, height, seed, "", mark)
     return _jpeg_scale(width, height, plan.box, plan.size)[1]
 
 

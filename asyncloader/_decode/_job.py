@@ -73,7 +73,7 @@ def job_bytes(job: DecodeJob, spec: DecodeSpec) -> tuple[Blob | None, CacheEvent
             raise DecodeError(f"no cache to read {shown_key(job.key)} from", key=job.key)
         copy = None
         if spec.scaled_copies and size >= SCALED_COPY_MIN:
-            copy = _scaled_copy(cache, cache_key, spec, job.seed)
+            copy = _scaled_copy(cache, cache_key, spec, job.seed, job.mark)
         if copy is not None:
             data = copy
             events |= CacheEvent.SCALED
@@ -89,10 +89,17 @@ def job_bytes(job: DecodeJob, spec: DecodeSpec) -> tuple[Blob | None, CacheEvent
     return data, events
 
 
-def _scaled_copy(cache: BlobCache, cache_key: str, spec: DecodeSpec, seed: int) -> bytes | None:
+def _scaled_copy(
+    cache: BlobCache,
+    cache_key: str,
+    spec: DecodeSpec,
+    seed: int,
+    mark: tuple[int, int, int, int] | None,
+) -> bytes | None:
     """The entry's scaled copy that this sample's decode can use instead of the object
     (the same pixels from less data), or None: none was made, the crop needs a larger
-    scale, or the copy is damaged (dropped, and counted by ``take_damaged``).
+    scale, or the copy is damaged (dropped, and counted by ``take_damaged``).  ``mark``: a
+    bucketed sample's (its bucket's crop decides the scale).
 
     The 1/8 copy is read first, small as it is: its header gives the image's size, so the
     crop and its scale, without reading the object."""
@@ -100,7 +107,7 @@ def _scaled_copy(cache: BlobCache, cache_key: str, spec: DecodeSpec, seed: int) 
     if small is None:
         return None
     try:
-        scale = decode_scale(small, spec, seed)
+        scale = decode_scale(small, spec, seed, mark)
     except Exception:  # a copy Pillow cannot open: the object decides
         return None
     if scale == 8:

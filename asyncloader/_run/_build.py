@@ -159,7 +159,7 @@ def plan(
         hook,
         decode.max_pixels,
         object_cache,
-        scaled_copies=object_cache is not None and hook is None and run.buckets is None,
+        scaled_copies=object_cache is not None and hook is None,
         hook_seed=takes_seed(hook),
         buckets=run.buckets,
     )
