@@ -204,12 +204,22 @@ def main() -> None:
     with server, tempfile.TemporaryDirectory() as tmp:
         cache = str(Path(tmp) / "cache")
         # Fill the cache (and its listing) with an unbucketed epoch: no sizes kept.
-        fill = _options("square", server.endpoint, cache)
-        if args.scaled:
-            fill["cache"] = al.CacheConfig(scaled_jpegs=True)
-        with al.ImageLoader("s3://b/train/", **fill) as loader:
+        with al.ImageLoader(
+            "s3://b/train/", **_options("square", server.endpoint, cache)
+        ) as loader:
             for _ in loader:
                 pass
+        # Every object cached (a loader leaves out what its cache writer cannot keep up
+        # with), and with --scaled, every large JPEG's copies made.
+        al.warm(
+            "s3://b/train/",
+            cache,
+            store_options={"endpoint_url": server.endpoint},
+            scaled_jpegs=args.scaled,
+        )
+        # Warm keeps the sizes of what it read: dropped, so that the header pass reads them.
+        for kept in (Path(cache) / "listings").glob("*.sizes.npz"):
+            kept.unlink()
         headers = _child(["headers", server.endpoint, cache, str(args.images + 1)])
         for _ in range(args.rounds):
             for case in ("square", "cover", "buckets"):
