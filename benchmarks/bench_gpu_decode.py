@@ -25,7 +25,12 @@ Rounds are interleaved (``--rounds``) and medians quoted.  Then, on the GPU alon
   the largest pixel difference, and the batches with an image past the stated tolerance
   (a mean absolute difference over 5 levels) or other labels.
 
-Run: ``python benchmarks/bench_gpu_decode.py [--images 4000] [--cores 4,8]``.
+``--dry``: on a machine without CUDA (the script's own check, ``gpu_check.sh --dry``): the
+same cases at the size given, batches on the CPU, the GPU's part played by a whole-image
+Pillow decoder in nvJPEG's place (as the CPU tests do), no ``raw`` case.  Its figures mean
+nothing; that every case runs and the table prints is what it shows.
+
+Run: ``python benchmarks/bench_gpu_decode.py [--images 4000] [--cores 4,8] [--dry]``.
 """
 
 from __future__ import annotations
@@ -59,12 +64,45 @@ def _loader(
     )
 
 
+DEVICE = "cuda"  # "cpu" under --dry
+
+
+def _dry() -> None:
+    """--dry: GPU decode's GPU part played on the CPU (no CUDA check; a whole-image Pillow
+    decoder in nvJPEG's place), batches on the CPU."""
+    global DEVICE
+    import io
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    import asyncloader._decode._gpu_batch as gpu_batch
+    import asyncloader._run._build as build
+
+    def pillow(data: list[torch.Tensor]) -> list[torch.Tensor | BaseException]:
+        out: list[torch.Tensor | BaseException] = []
+        for one in data:
+            img = Image.open(io.BytesIO(one.numpy().tobytes())).convert("RGB")
+            out.append(torch.from_numpy(np.asarray(img).transpose(2, 0, 1).copy()))
+        return out
+
+    build._check_gpu_decode = lambda *a, **k: None  # type: ignore[attr-defined]
+    gpu_batch.nvjpeg_batch = lambda device: pillow  # type: ignore[assignment]
+    DEVICE = "cpu"
+
+
+def _synchronize() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def case_loader(
     endpoint: str, cache: str, backend: str, cores: list[int], batch: int, epochs: int, mode: str
 ) -> dict[str, float]:
     os.sched_setaffinity(0, cores)
-    import torch
-
     with _loader(
         endpoint,
         cache,
@@ -72,18 +110,18 @@ def case_loader(
         len(cores),
         mode,
         batch_size=batch,
-        device="cuda",
+        device=DEVICE,
         dtype="float16",
     ) as loader:
         next(iter(loader))  # start-up out of the figures
-        torch.cuda.synchronize()
+        _synchronize()
         n = 0
         t0, c0, s0 = time.perf_counter(), bl._cpu(), time.process_time()
         for epoch in range(1, epochs + 1):
             loader.set_epoch(epoch)
             for images, _ in loader:
                 n += len(images)
-        torch.cuda.synchronize()
+        _synchronize()
         res = {
             "images": n,
             "wall": time.perf_counter() - t0,
@@ -152,11 +190,11 @@ def case_pixels(endpoint: str, cache: str) -> dict[str, float]:
             os.cpu_count() or 2,
             batch_size=16,
             seed=11,
-            device="cuda",
+            device=DEVICE,
             dtype="uint8",
         ) as loader:
             got[backend] = []
-            for epoch in range(2):
+            for epoch in range(1 if DEVICE == "cpu" else 2):  # --dry: one
                 loader.set_epoch(epoch)
                 got[backend] += [(images.cpu(), labels.cpu()) for images, labels in loader]
     means, tops, wrong = [], [], 0
@@ -185,8 +223,11 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--data-dir", default=str(bl.ROOT / "cache" / "bench-jpegs"))
+    p.add_argument("--dry", action="store_true", help="no CUDA: the script's own check")
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.dry:
+        _dry()
     if args.case:
         kind, *rest = args.case
         res: dict[str, float]
@@ -213,7 +254,7 @@ def main() -> None:
     from asyncloader.testing import TEST_ENV, S3TestServer
     from asyncloader.testing._demo import make_jpeg_folder
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not args.dry:
         sys.exit("bench_gpu_decode.py needs a CUDA device")
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     folder = make_jpeg_folder(args.data_dir, images=args.images, classes=10, seed=0)
@@ -230,6 +271,7 @@ def main() -> None:
     cases["cpu-all"] = ("thread", ",".join(map(str, every)), "process")
     labels["cpu-all"] = f"CPU decode, {len(every)} cores"
     common = ["--batch-size", str(args.batch_size), "--epochs", str(args.epochs)]
+    common += ["--dry"] if args.dry else []
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
     with (
         tempfile.TemporaryDirectory() as cache,
@@ -243,10 +285,11 @@ def main() -> None:
                 )
                 runs[name].append(r)
                 print(name, json.dumps(r), flush=True)
-        pixels = bl.run_case(["pixels", srv.endpoint, cache], __file__)
-    raw = bl.run_case(["raw", str(folder), *common], __file__)
+        dry = ["--dry"] if args.dry else []
+        pixels = bl.run_case(["pixels", srv.endpoint, cache, *dry], __file__)
+    raw = {} if args.dry else bl.run_case(["raw", str(folder), *common], __file__)
 
-    gpu = torch.cuda.get_device_name()
+    gpu = "the CPU (--dry: figures of nothing)" if args.dry else torch.cuda.get_device_name()
     print(
         f"\n{args.images} JPEGs (~{_mean_size(folder)}), RandomResizedCrop(224), batch "
         f"{args.batch_size}, float16 into {gpu}, warm SSD cache; medians of {args.rounds} "

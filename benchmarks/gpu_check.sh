@@ -29,8 +29,9 @@
 #
 # --dry: on any machine (the CPU development machine, CI), with the environment as it is
 # (nothing installed from .whl/, nothing built): every step starts at a tiny size, the
-# steps that need CUDA say they skip; the script itself is what is checked
-# (tests/test_gpu_check.py runs it).  Exit status: 0 when no step failed.
+# CUDA tests skip, GPU decode's benchmark plays the GPU's part on the CPU; the script
+# itself is what is checked (tests/test_gpu_check.py runs it).  Exit status: 0 when no
+# step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
@@ -50,8 +51,11 @@ if [ "$DRY" = 1 ]; then
     # One epoch measured, and no simulated training step in the upload step: the same
     # code paths at a fraction of the CPU (the dry run is part of the test suite).
     IMAGES=64 REPEAT=1 RANKS=2 ENGINES=1 EPOCHS=1 KEEP_UP=0
+    # GPU decode's benchmark with its GPU part played on the CPU (bench_gpu_decode --dry).
+    DECODE="--dry --cores 1 --epochs 1 --batch-size 16"
 else
     IMAGES=2000 REPEAT=2 RANKS=8 ENGINES=inline,1,2,4 EPOCHS=2 KEEP_UP=1.5
+    DECODE="--cores 4,8"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
     export PYTHONPATH=/tmp/site:$PWD
@@ -136,8 +140,9 @@ for step in $steps; do
     decode)
         # GPU decode shipped by engine processes and inline, against CPU decode, on 4 and 8
         # cores: one round (seven cases of ~15 s each, then the pixels over ~250 batches).
+        # shellcheck disable=SC2086  # DECODE: several arguments
         run decode 1 240 decode.log python3 benchmarks/bench_gpu_decode.py \
-            --images "$IMAGES" --cores 4,8 --rounds 1
+            --images "$IMAGES" --rounds 1 $DECODE
         ;;
     neighbour)
         run neighbour 0 300 neighbour.log python3 benchmarks/bench_neighbour.py \
