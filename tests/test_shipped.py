@@ -15,7 +15,9 @@ import asyncio
 import io
 import itertools
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +38,7 @@ from asyncloader._decode._transforms import RandomResizedCrop
 from asyncloader._device._ring import BatchRing
 from asyncloader.testing import S3TestServer
 
+from .test_engines import _engine_pids
 from .test_gpu_decode import _pillow, _whole_pillow
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -373,3 +376,30 @@ def test_cuda_decode_with_engine_processes_gives_the_cpu_paths_batches(
         diffs += (a.float() - b.float()).abs().mean(dim=(1, 2, 3)).tolist()
     assert np.median(diffs) <= 2.0 and max(diffs) <= 5.0, sorted(diffs)[-5:]
     assert stats.gpu_decoded > 0 and stats.gpu_suspect == 0
+
+
+def test_a_killed_engine_that_ships_is_replaced_and_the_epoch_is_exact(
+    light_server: S3TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine process that ships is killed mid-epoch: its replacement ships into a ring
+    of its own (arena and records too), and the epoch is the uninterrupted run's, bit for
+    bit."""
+    _gpu_on_the_cpu(monkeypatch)
+    kw = {
+        **_options(light_server, "cpu"),
+        "batch_size": 8,
+        "decode": al.DecodeConfig(backend="cuda", workers=2),
+        "engine": al.EngineConfig(processes=2, prefetch_batches=4),
+    }
+    with al.ImageLoader("s3://b/train/", **kw) as reference:
+        want = [(x.clone(), y.clone()) for x, y in reference]
+    with al.ImageLoader("s3://b/train/", **kw) as loader:
+        it = iter(loader)
+        got = [next(it) for _ in range(2)]  # engine 1 made batch 1
+        os.kill(_engine_pids()[1], signal.SIGKILL)
+        got += [(x.clone(), y.clone()) for x, y in it]
+        stats = loader.stats()
+    assert stats.engine_restarts == 1
+    assert len(got) == len(want)
+    for (a, la), (b, lb) in zip(got, want, strict=True):
+        assert torch.equal(la, lb) and torch.equal(a, b)
