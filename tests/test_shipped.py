@@ -403,3 +403,46 @@ def test_a_killed_engine_that_ships_is_replaced_and_the_epoch_is_exact(
     assert len(got) == len(want)
     for (a, la), (b, lb) in zip(got, want, strict=True):
         assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+def test_what_fails_on_either_side_is_a_counted_skip_as_on_the_cpu_path(
+    jpeg_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder with a truncated JPEG (its engine decodes it on the CPU, which refuses it),
+    one whose data is gone behind a whole header (shipped; the GPU and then the training
+    process's CPU path refuse it) and a PNG (decoded by its engine): under "skip" the same
+    samples are left out as on the CPU path, counted and named, the rest delivered in the
+    same batches."""
+    _gpu_on_the_cpu(monkeypatch)
+    root = tmp_path / "data"
+    files = sorted(jpeg_folder.rglob("*.jpg"))[:20]
+    for i, f in enumerate(files):
+        data = f.read_bytes()
+        name = f"c{i % 2}/{i:02d}.jpg"
+        if i == 3:
+            data = data[: len(data) // 2]  # truncated: no end marker
+        elif i == 7:
+            data = data[:600] + bytes(len(data) - 602) + b"\xff\xd9"  # markers, no data
+        elif i == 11:
+            name = f"c{i % 2}/{i:02d}.png"
+            buf = io.BytesIO()
+            Image.open(io.BytesIO(data)).save(buf, "PNG")
+            data = buf.getvalue()
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    with S3TestServer(load=root, bucket="b", prefix="train/") as server:
+        skip = al.ErrorConfig(on_error="skip", max_failures=5)
+        kw = {**_options(server, "cpu"), "errors": skip}
+        with al.ImageLoader("s3://b/train/", **kw) as cpu:
+            want = [y.tolist() for _, y in cpu]
+            cpu_stats = cpu.stats()
+        with al.ImageLoader(
+            "s3://b/train/", **kw, decode=al.DecodeConfig(backend="cuda", workers=2)
+        ) as gpu:
+            got = [y.tolist() for _, y in gpu]
+            stats = gpu.stats()
+    assert got == want and sum(map(len, got)) == 18
+    assert sum(stats.skipped.values()) == sum(cpu_stats.skipped.values()) == 2
+    assert sorted(stats.skipped_keys) == sorted(cpu_stats.skipped_keys)
+    assert any("07.jpg" in k for k in stats.skipped_keys)
+    assert stats.gpu_to_cpu >= 1  # the PNG, by its engine
