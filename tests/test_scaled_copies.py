@@ -273,7 +273,8 @@ def test_a_bucketed_loader_decodes_from_the_copies(
     assert report.scaled == N_LARGE
     again, stats = _epochs(large_server, 2, cache_dir=cache_dir, **buckets)
     assert stats.objects_fetched == 0
-    assert stats.cache_scaled_hits == len(plain) * 2  # every sample, from a copy
+    # From copies: as many samples as were delivered, at least (more were decoded ahead).
+    assert stats.cache_scaled_hits >= len(plain) * 2
     assert len(again) == len(plain)
     for x, y in zip(again, plain, strict=True):
         assert torch.equal(x, y)

@@ -228,7 +228,7 @@ class GpuBatcher:
             else:
                 sized.append((i, image))
         if sized:
-            stacked = torch.stack([image.amax() for _, image in sized])
+            stacked = torch.stack(_peaks([image for _, image in sized]))
             _drain(self.device)  # asleep: a copy's own wait may spin a core
             peaks = stacked.cpu().tolist()
             out.update(i for (i, _), peak in zip(sized, peaks, strict=True) if peak == 0)
@@ -421,6 +421,18 @@ def _works(shipped: Shipped) -> list[GpuWork]:
 @contextlib.contextmanager
 def _nothing() -> Iterator[None]:
     yield
+
+
+def _peaks(images: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each image's largest value: one fused kernel for the list where torch has one
+    (``_foreach_max``), else one reduction an image."""
+    foreach_max = getattr(torch, "_foreach_max", None)
+    if foreach_max is not None:
+        try:
+            return list(foreach_max(images))
+        except (RuntimeError, NotImplementedError):  # a dtype or device it does not take
+            pass
+    return [image.amax() for image in images]
 
 
 def _drain(device: torch.device) -> None:
