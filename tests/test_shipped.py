@@ -12,6 +12,7 @@ On a GPU (marked ``cuda``): the same loader with nvJPEG, against the CPU path.
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import itertools
 import json
@@ -152,6 +153,20 @@ def test_a_shipped_ring_hands_its_records_and_bytes_to_the_process_that_maps_it(
         assert ring.records[1][:2].tobytes() == before[[1, 3]].tobytes()
     finally:
         ring.close()
+
+
+def test_a_shipped_ring_without_room_says_what_to_make_smaller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every page of a ring is reserved when it is made; a shipped ring that does not fit
+    fails there, naming the room for the shipped JPEGs beside the usual fixes."""
+
+    def no_memory(fd: int, offset: int, size: int) -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_memory)
+    with pytest.raises(al.AsyncLoaderError, match=r"ship_bytes=.*batch_size.*prefetch_batches"):
+        BatchRing(5, 256, (3, 224, 224), shared=True, arena=256 * (512 << 10))
 
 
 def test_what_does_not_fit_the_arena_is_decoded_by_the_engine(jpeg_folder: Path) -> None:

@@ -101,6 +101,11 @@ class BatchRing:
                 self._segment = seg = Segment.attach(attach)
             else:
                 what = f"a ring of {slots} batches of {batch_size} samples of {sample_shape}"
+                if arena:
+                    what += (
+                        f" with {arena / 1e6:.0f} MB a batch for the JPEGs shipped to the GPU "
+                        "(DecodeConfig(ship_bytes=), per sample)"
+                    )
                 self._segment = seg = Segment.new(end + 8, what)
             self.images = np.ndarray(shape, np.uint8, buffer=seg.buf)
             self.labels = np.ndarray((slots, batch_size), np.int64, buffer=seg.buf, offset=at)
