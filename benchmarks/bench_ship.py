@@ -89,15 +89,8 @@ def _unpack_seconds(ring: BatchRing, n: int, batches: int) -> float:
         shipped, labels = ring.lease(b % ring.slots, n)
         assert not isinstance(shipped, np.ndarray)
         works = _works(shipped)
-        data = [w.data for w in works]
-        sizes = [len(d) if d is not None else 0 for d in data]
-        host = batcher._staging(sum(sizes)).numpy()
-        at = 0
-        for d, size in zip(data, sizes, strict=True):
-            assert d is not None
-            host[at : at + size] = np.frombuffer(d, np.uint8)
-            at += size
-        del shipped, labels, works, data
+        batcher.stage([w.data for w in works])
+        del shipped, labels, works
     return time.process_time() - t0
 
 

@@ -47,7 +47,7 @@ import torch
 from .._base._errors import DecodeError, shown_key
 from .._base._types import Blob, CacheEvent, DecodeJob, DecodePath, Outcome
 from ._completions import Completions, Group, Target
-from ._gpu_batch import MAX_BATCH, DecodeBatch, GpuBatcher, GpuWork
+from ._gpu_batch import MAX_BATCH, DecodeBatch, GpuBatcher, GpuWork, drain_stream
 from ._image import DecodeSpec
 from ._job import job_bytes
 from ._ship import jpeg_header
@@ -228,10 +228,7 @@ class GpuDecodePool:
             try:
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                     results = self._batcher.run(batch, self._images)
-                    if stream is not None:  # waited for asleep, not spinning
-                        done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
-                        done.record(stream)
-                        done.synchronize()
+                    drain_stream(self.device)  # waited for asleep, not spinning
             except BaseException as exc:  # a CUDA error: every sample of the batch fails
                 results = [exc] * len(batch)
             share = (time.perf_counter() - t0) / len(batch)

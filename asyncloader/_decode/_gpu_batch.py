@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ __all__ = [
     "GpuBatcher",
     "GpuWork",
     "ShipUnpacker",
+    "drain_stream",
     "nvjpeg_batch",
     "require_torchvision",
 ]
@@ -160,6 +161,21 @@ class GpuBatcher:
             self._pinned = buf.pin_memory() if self.device.type == "cuda" else buf
         return self._pinned
 
+    def stage(self, data: list[Blob | memoryview | None]) -> list[torch.Tensor]:
+        """The JPEGs ``data`` in one page-locked buffer (nvJPEG reads them from there), as
+        views of it, one a JPEG; the buffer is reused by the next batch."""
+        sizes = [len(d) if d is not None else 0 for d in data]
+        buf = self._staging(sum(sizes))
+        host = buf.numpy()
+        inputs = []
+        at = 0
+        for d, n in zip(data, sizes, strict=True):
+            assert d is not None  # given to the GPU: its bytes
+            host[at : at + n] = np.frombuffer(d, np.uint8)
+            inputs.append(buf[at : at + n])
+            at += n
+        return inputs
+
     def run(self, batch: list[GpuWork], images: torch.Tensor) -> list[BaseException | None]:
         """Decode ``batch`` into ``images`` (uint8 [slots, batch, 3, H, W] on the device:
         each sample at its job's slot and index); each sample's failure, or None.  Queued
@@ -168,23 +184,12 @@ class GpuBatcher:
         jpegs = [i for i, w in enumerate(batch) if w.host is None]
         if jpegs:
             self.batches += 1
-            # The bytes in one page-locked buffer, read by nvJPEG from there.
-            data = [batch[i].data for i in jpegs]
-            sizes = [len(d) if d is not None else 0 for d in data]
-            buf = self._staging(sum(sizes))
-            host = buf.numpy()
-            inputs = []
-            at = 0
-            for d, n in zip(data, sizes, strict=True):
-                assert d is not None  # given to the GPU: its bytes
-                host[at : at + n] = np.frombuffer(d, np.uint8)
-                inputs.append(buf[at : at + n])
-                at += n
+            inputs = self.stage([batch[i].data for i in jpegs])
             # nvJPEG writes its images on a stream of its own, into memory allocated on
             # this one: work still queued here on memory freed to the allocator would meet
             # them (corrupt batches on H100s, torchvision's decode_jpeg included).  Drained
             # first, asleep.
-            _drain(self.device)
+            drain_stream(self.device)
             decoded = self._decode_batch(inputs)
             ok: list[tuple[int, torch.Tensor]] = []
             for i, image in zip(jpegs, decoded, strict=True):
@@ -229,7 +234,7 @@ class GpuBatcher:
                 sized.append((i, image))
         if sized:
             stacked = torch.stack(_peaks([image for _, image in sized]))
-            _drain(self.device)  # asleep: a copy's own wait may spin a core
+            drain_stream(self.device)  # asleep: a copy's own wait may spin a core
             peaks = stacked.cpu().tolist()
             out.update(i for (i, _), peak in zip(sized, peaks, strict=True) if peak == 0)
         return out
@@ -327,7 +332,8 @@ class ShipUnpacker:
         labels = labels.clone()
         if device.type == "cuda" and self._stream is None:
             self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        with torch.cuda.stream(self._stream) if self._stream is not None else _nothing():
+        stream = self._stream
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             shape = (1, len(works), *self._batcher.sample_shape)
             images = torch.empty(shape, dtype=torch.uint8, device=device)
             results = self._batcher.run(works, images)
@@ -344,7 +350,7 @@ class ShipUnpacker:
             failed = [i for i, res in enumerate(results) if res is not None]
             if failed:
                 out, labels, meta = self._leave_out(works, results, failed, out, labels, meta)
-            _drain(device)  # asleep: the training process does not spin
+            drain_stream(device)  # asleep: the training process does not spin
         return out, labels, meta
 
     def _leave_out(
@@ -418,11 +424,6 @@ def _works(shipped: Shipped) -> list[GpuWork]:
     return works
 
 
-@contextlib.contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
 def _peaks(images: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each image's largest value: one fused kernel for the list where torch has one
     (``_foreach_max``), else one reduction an image."""
@@ -435,7 +436,7 @@ def _peaks(images: list[torch.Tensor]) -> list[torch.Tensor]:
     return [image.amax() for image in images]
 
 
-def _drain(device: torch.device) -> None:
+def drain_stream(device: torch.device) -> None:
     """Wait, asleep, until the work queued so far on the current stream is done (a
     blocking event: CUDA's own waits may spin a core); nothing to wait for on the CPU."""
     if device.type == "cuda":
