@@ -24,8 +24,9 @@ import asyncloader as al
 from asyncloader._base._stats import Counters
 from asyncloader._base._types import DecodeJob, DecodePath, Outcome
 from asyncloader._decode._gpu import GpuDecodePool
+from asyncloader._decode._gpu_batch import _CROP_MAX, _WEIGHTS_MAX, _groups
 from asyncloader._decode._image import DecodeSpec, decode_into
-from asyncloader._decode._resample import resample, resize_weights
+from asyncloader._decode._resample import crops, resample, spans, weights, windows
 from asyncloader._decode._ship import jpeg_header
 from asyncloader._decode._transforms import RandomResizedCrop, Resize
 from asyncloader.testing import S3TestServer
@@ -37,50 +38,83 @@ def _pillow(box: tuple[float, float, float, float], size: tuple[int, int], img: 
     return np.asarray(img.resize(size, Image.Resampling.BILINEAR, box=box)).transpose(2, 0, 1)
 
 
+_image = st.tuples(
+    st.integers(8, 120),  # width
+    st.integers(8, 120),  # height
+    st.tuples(st.floats(0, 1), st.floats(0, 1)),  # the box's left and right, as fractions
+    st.tuples(st.floats(0, 1), st.floats(0, 1)),  # its top and bottom
+    st.booleans(),  # flipped
+)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
-    w=st.integers(8, 120),
-    h=st.integers(8, 120),
+    images=st.lists(_image, min_size=1, max_size=4),
     out_w=st.integers(1, 64),
     out_h=st.integers(1, 64),
-    fx=st.tuples(st.floats(0, 1), st.floats(0, 1)),
-    fy=st.tuples(st.floats(0, 1), st.floats(0, 1)),
-    flip=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_the_resize_law_is_pillows_bilinear(
-    w: int,
-    h: int,
+    images: list[tuple[int, int, tuple[float, float], tuple[float, float], bool]],
     out_w: int,
     out_h: int,
-    fx: tuple[float, float],
-    fy: tuple[float, float],
-    flip: bool,
     seed: int,
 ) -> None:
-    """The weights give Pillow's BILINEAR resize of any box (float edges included), up to
+    """A group of images of different sizes, boxes and flips, gathered and resized
+    together: each one Pillow's BILINEAR resize of its box (float edges included), up to
     Pillow's rounding to 8 bits between its two passes: at most one level apart."""
     rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-    x0, x1 = sorted(fx)
-    y0, y1 = sorted(fy)
-    box = (x0 * (w - 1), y0 * (h - 1), x0 * (w - 1) + max((x1 - x0) * w, 1), 0.0)
-    box = (box[0], box[1], min(box[2], w), y0 * (h - 1) + max((y1 - y0) * h, 1))
-    box = (box[0], box[1], box[2], min(box[3], h))
-    want = _pillow(box, (out_w, out_h), Image.fromarray(pixels))
-    if flip:
-        want = want[:, :, ::-1]
-    wx, left = resize_weights(box[0], box[2], w, out_w, flip=flip)
-    wy, top = resize_weights(box[1], box[3], h, out_h)
-    got = resample(
-        torch.from_numpy(pixels.transpose(2, 0, 1).copy()),
-        torch.from_numpy(wx),
-        left,
-        torch.from_numpy(wy),
-        top,
+    pixels, boxes, wants = [], [], []
+    for w, h, fx, fy, flip in images:
+        one = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        x0, x1 = sorted(fx)
+        y0, y1 = sorted(fy)
+        left, top = x0 * (w - 1), y0 * (h - 1)
+        box = (left, top, min(left + max((x1 - x0) * w, 1), w), min(top + max((y1 - y0) * h, 1), h))
+        want = _pillow(box, (out_w, out_h), Image.fromarray(one))
+        pixels.append(one)
+        boxes.append(box)
+        wants.append(want[:, :, ::-1] if flip else want)
+    box = np.array(boxes, np.float64)
+    size = np.array([(w, h) for w, h, *_ in images], np.float64)
+    win_x = windows(box[:, 0], box[:, 2], size[:, 0], out_w)
+    win_y = windows(box[:, 1], box[:, 3], size[:, 1], out_h)
+    (x0s, nx), (y0s, ny) = spans(win_x), spans(win_y)
+    flat = torch.cat([torch.from_numpy(p.transpose(2, 0, 1).reshape(3, -1)) for p in pixels], 1)
+    area = size[:, 0] * size[:, 1]
+    place = torch.from_numpy(
+        np.array([np.cumsum(area) - area, size[:, 0], size[:, 1], x0s, y0s], np.int64)
     )
+    flips = torch.tensor([flip for *_, flip in images])
+    wx = weights(torch.from_numpy(win_x), int(nx.max()), flips)
+    wy = weights(torch.from_numpy(win_y), int(ny.max()))
+    got = resample(crops(flat, place, int(nx.max()), int(ny.max())), wx, wy)
     got_u8 = got.round().clamp(0, 255).to(torch.uint8).numpy()
-    assert np.abs(got_u8.astype(int) - want.astype(int)).max() <= 1
+    for one, want in zip(got_u8, wants, strict=True):
+        assert np.abs(one.astype(int) - want.astype(int)).max() <= 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    spans_=st.lists(st.tuples(st.integers(1, 6000), st.integers(1, 6000)), min_size=1, max_size=40),
+    out=st.sampled_from([(1, 1), (224, 224), (1024, 768)]),
+)
+def test_resize_groups_hold_every_image_once_within_their_limits(
+    spans_: list[tuple[int, int]], out: tuple[int, int]
+) -> None:
+    """The batcher's groups: every image in exactly one, smallest crop first, each group
+    within its weights' and padded crops' limits unless it holds a single image."""
+    nx = np.array([x for x, _ in spans_], np.int64)
+    ny = np.array([y for _, y in spans_], np.int64)
+    groups = _groups(nx, ny, *out)
+    order = np.concatenate(groups)
+    assert sorted(order.tolist()) == list(range(len(spans_)))
+    assert np.all(np.diff(nx[order] * ny[order]) >= 0)
+    for group in groups:
+        kx, ky = int(nx[group].max()), int(ny[group].max())
+        if len(group) > 1:
+            assert len(group) * (out[0] * kx + out[1] * ky) <= _WEIGHTS_MAX
+            assert len(group) * kx * ky <= _CROP_MAX
 
 
 def _whole_pillow(data: list[torch.Tensor]) -> list[torch.Tensor | BaseException]:

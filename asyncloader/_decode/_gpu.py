@@ -2,13 +2,13 @@
 
 ``ImageLoader(decode=DecodeConfig(backend="cuda"), device="cuda")``.  Per sample, a host
 thread reads the bytes (fetched, or from the SSD cache), reads the JPEG's header, plans the
-crop with the same transform and seed as the CPU path (so the same crop boxes and flips),
-and works out the resize's filter weights: Pillow's BILINEAR law (``_resample``), the flip
-folded in.  One GPU thread takes every sample that is ready (up to ``max_batch``), copies
-their bytes into one pinned buffer, decodes them in one nvJPEG call (torchvision's batched
-``decode_jpeg(device=...)``), and writes each crop, resized and flipped (two small matrix
-products with the weights, ``_resample``), rounded to uint8, into its sample of the
-device ring's slot, on a CUDA stream of its own.  The samples' jobs complete once that
+crop with the same transform and seed as the CPU path (so the same crop boxes and flips).
+One GPU thread takes every sample that is ready (up to ``max_batch``), copies their bytes
+into one pinned buffer, decodes them in one nvJPEG call (torchvision's batched
+``decode_jpeg(device=...)``), and writes the crops, resized by Pillow's BILINEAR law and
+flipped (the batch's crops gathered and resized together by batched matrix products,
+``_gpu_batch`` and ``_resample``), rounded to uint8, into their samples of the device
+ring's slot, on a CUDA stream of its own.  The samples' jobs complete once that
 stream has finished: a slot is published only with all its pixels written, and the
 pipeline's slot, order and release logic is the one every backend uses.
 

@@ -41,7 +41,7 @@ from .._base._stats import Counters
 from .._base._types import Blob, CacheEvent, DecodeJob, DecodePath, Shipped
 from ._completions import Target
 from ._image import DecodeSpec, decode_into
-from ._resample import resample, weights, windows
+from ._resample import crops, resample, spans, weights, windows
 
 __all__ = [
     "MAX_BATCH",
@@ -113,6 +113,9 @@ class GpuWork:
 
 # Most elements of one group's weights (float64 while they are made): 128 MiB.
 _WEIGHTS_MAX = 1 << 24
+# Most source pixels of one group's padded crops: 8 Mi, 64 MiB of gather indices and
+# 96 MiB of float32 crops.
+_CROP_MAX = 1 << 23
 
 
 class GpuBatcher:
@@ -165,16 +168,15 @@ class GpuBatcher:
         """The JPEGs ``data`` in one page-locked buffer (nvJPEG reads them from there), as
         views of it, one a JPEG; the buffer is reused by the next batch."""
         sizes = [len(d) if d is not None else 0 for d in data]
-        buf = self._staging(sum(sizes))
+        total = sum(sizes)
+        buf = self._staging(total)
         host = buf.numpy()
-        inputs = []
         at = 0
         for d, n in zip(data, sizes, strict=True):
             assert d is not None  # given to the GPU: its bytes
             host[at : at + n] = np.frombuffer(d, np.uint8)
-            inputs.append(buf[at : at + n])
             at += n
-        return inputs
+        return list(torch.split(buf[:total], sizes))  # the views in one call
 
     def run(self, batch: list[GpuWork], images: torch.Tensor) -> list[BaseException | None]:
         """Decode ``batch`` into ``images`` (uint8 [slots, batch, 3, H, W] on the device:
@@ -242,53 +244,36 @@ class GpuBatcher:
     def _resize(
         self, works: list[GpuWork], decoded: list[torch.Tensor], images: torch.Tensor
     ) -> None:
-        """Crop, resize and flip each decoded image into its sample of the ring: the
-        weights made on the device for a group of images at once."""
+        """Crop, resize and flip the decoded images into their samples of the ring, a
+        group of images at a time: one gather of their crops, the weights made on the
+        device, two batched matrix products, one scatter (``_resample``).  The images
+        are grouped smallest crop first, so that a group's padding (to its largest crop)
+        stays small."""
         _, out_h, out_w = self._spec.sample_shape
         box = np.array([w.box for w in works], np.float64)
         src = np.array([w.source for w in works], np.float64)
         win_x = windows(box[:, 0], box[:, 2], src[:, 0], out_w)
         win_y = windows(box[:, 1], box[:, 3], src[:, 1], out_h)
-        x0, nx = (
-            win_x[1].min(axis=1).astype(int),
-            (win_x[2].max(axis=1) - win_x[1].min(axis=1)).astype(int),
-        )
-        y0, ny = (
-            win_y[1].min(axis=1).astype(int),
-            (win_y[2].max(axis=1) - win_y[1].min(axis=1)).astype(int),
-        )
-        flips = torch.tensor([w.flip for w in works], device=self.device)
-        start = 0
-        while start < len(works):
-            # A group: as many images as keep its weights under _WEIGHTS_MAX elements.
-            end, kx, ky = start, 0, 0
-            while end < len(works):
-                kx2, ky2 = max(kx, nx[end]), max(ky, ny[end])
-                if end > start and (end + 1 - start) * (out_w * kx2 + out_h * ky2) > _WEIGHTS_MAX:
-                    break
-                kx, ky, end = kx2, ky2, end + 1
-            part = slice(start, end)
-            wx = weights(self._to_device(win_x[:, part]), int(kx), flips[part])
-            wy = weights(self._to_device(win_y[:, part]), int(ky))
-            outs = torch.stack(
-                [
-                    resample(
-                        decoded[j],
-                        wx[j - start, :, : nx[j]],
-                        int(x0[j]),
-                        wy[j - start, :, : ny[j]],
-                        int(y0[j]),
-                    )
-                    for j in range(start, end)
-                ]
-            )
-            slots = self._to_device(np.array([w.job.slot for w in works[part]]))
-            index = self._to_device(np.array([w.job.index for w in works[part]]))
-            images[slots, index] = outs.round_().clamp_(0, 255).to(torch.uint8)
-            start = end
-
-    def _to_device(self, array: npt.NDArray[Any]) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        (x0, nx), (y0, ny) = spans(win_x), spans(win_y)
+        width, height = src[:, 0].astype(np.int64), src[:, 1].astype(np.int64)
+        # Every image's planes one after another (each checked [3, height, width]): one copy.
+        flat = torch.cat([image.reshape(3, -1) for image in decoded], dim=1)
+        base = np.cumsum(width * height) - width * height
+        slot, index = [w.job.slot for w in works], [w.job.index for w in works]
+        flips = [w.flip for w in works]
+        place = np.array([base, width, height, x0, y0, slot, index, flips], np.float64)
+        for part in _groups(nx, ny, out_w, out_h):
+            kx, ky = int(nx[part].max()), int(ny[part].max())
+            # The group's windows and places in one copy to the device (float64 holds
+            # every integer here exactly).
+            host = [win_x[:, part], win_y[:, part], place[:, part]]
+            sent = torch.from_numpy(np.concatenate([a.ravel() for a in host])).to(self.device)
+            wxs, wys, at = torch.split(sent, [a.size for a in host])
+            at = at.view(8, len(part)).long()
+            wx = weights(wxs.view(4, len(part), out_w), kx, at[7].bool())
+            wy = weights(wys.view(4, len(part), out_h), ky)
+            out = resample(crops(flat, at[:5], kx, ky), wx, wy)
+            images[at[5], at[6]] = out.round_().clamp_(0, 255).to(torch.uint8)
 
 
 class ShipUnpacker:
@@ -422,6 +407,31 @@ def _works(shipped: Shipped) -> list[GpuWork]:
             )
         )
     return works
+
+
+def _groups(
+    nx: npt.NDArray[np.int64], ny: npt.NDArray[np.int64], out_w: int, out_h: int
+) -> list[npt.NDArray[np.intp]]:
+    """The images (by their spans' sizes, ``nx`` × ``ny`` source pixels) in groups resized
+    together: smallest crop first, each group as many images as keep its weights under
+    :data:`_WEIGHTS_MAX` elements and its padded crops under :data:`_CROP_MAX` pixels
+    (one image at least)."""
+    order = np.argsort(nx * ny, kind="stable")
+    groups = []
+    start = 0
+    while start < len(order):
+        end, kx, ky = start, 0, 0
+        while end < len(order):
+            kx2, ky2 = max(kx, int(nx[order[end]])), max(ky, int(ny[order[end]]))
+            n = end + 1 - start
+            if end > start and (
+                n * (out_w * kx2 + out_h * ky2) > _WEIGHTS_MAX or n * kx2 * ky2 > _CROP_MAX
+            ):
+                break
+            kx, ky, end = kx2, ky2, end + 1
+        groups.append(order[start:end])
+        start = end
+    return groups
 
 
 def _peaks(images: list[torch.Tensor]) -> list[torch.Tensor]:

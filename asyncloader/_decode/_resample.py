@@ -3,8 +3,11 @@ matrices.
 
 :func:`windows` says where Pillow's filter reads for each output pixel (on the host,
 vectorised over the images of a group), :func:`weights` makes the dense filter matrices on
-the device from that, and :func:`resample` applies them to one decoded image: two matrix
-products, float32, the flip folded into the weights.  Against Pillow's resize of the same
+the device from that, :func:`crops` gathers the part of each decoded image that its
+weights read into one padded tensor, and :func:`resample` applies the weights to the whole
+group at once: two batched matrix products, float32, the flip folded into the weights.  A
+group costs the same few kernel launches however many images it holds (the training
+process's CPU per image is what GPU decode is for).  Against Pillow's resize of the same
 decoded pixels, at most one level apart (Pillow rounds to 8 bits between its passes).
 """
 
@@ -14,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-__all__ = ["resample", "resize_weights", "weights", "windows"]
+__all__ = ["crops", "resample", "spans", "weights", "windows"]
 
 
 def windows(
@@ -39,10 +42,18 @@ def windows(
     return np.stack([centre, lo, hi, np.broadcast_to(support, centre.shape)])
 
 
+def spans(win: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The source pixels each image's outputs read, from :func:`windows` ``win``: the first
+    one and how many, [N] each (the windows move only forward along an axis)."""
+    first = win[1].min(axis=1)
+    return first.astype(np.int64), (win[2].max(axis=1) - first).astype(np.int64)
+
+
 def weights(win: torch.Tensor, width: int, flip: torch.Tensor | None = None) -> torch.Tensor:
     """The filter's weights for :func:`windows` ``win`` (on any device): float32
     [N, out, width], where column ``k`` of image ``i`` is source pixel
-    ``win[1, i, 0] + k``; rows reversed for the images where ``flip`` is True."""
+    ``win[1, i, 0] + k``; rows reversed for the images where ``flip`` is True.  Columns
+    past an image's own span (:func:`spans`) weigh 0."""
     centre, lo, hi, support = win[0], win[1], win[2], win[3]
     first = lo[:, :1]
     x = first + torch.arange(width, dtype=win.dtype, device=win.device)[None, :]  # [N, width]
@@ -56,23 +67,27 @@ def weights(win: torch.Tensor, width: int, flip: torch.Tensor | None = None) -> 
     return w.float()
 
 
-def resize_weights(
-    start: float, end: float, size: int, out: int, *, flip: bool = False
-) -> tuple[npt.NDArray[np.float32], int]:
-    """Pillow's BILINEAR resize of ``[start, end)`` of an axis of ``size`` pixels to ``out``
-    pixels, as a matrix: ``(weights [out, n], first)`` where output pixel ``i`` is
-    ``sum_k weights[i, k] * source[first + k]``; rows reversed when ``flip``."""
-    win = windows(np.array([start]), np.array([end]), np.array([float(size)]), out)
-    first, n = int(win[1].min()), int(win[2].max() - win[1].min())
-    w = weights(torch.from_numpy(win), n, torch.tensor([flip]))
-    return w[0].numpy(), first
+def crops(flat: torch.Tensor, place: torch.Tensor, kx: int, ky: int) -> torch.Tensor:
+    """Each image's ``ky`` rows × ``kx`` columns from its span's first pixel, in one
+    gather: uint8 [C, N, ky, kx].
+
+    ``flat`` (uint8 [C, total]) holds the images' planes one after another, each row by
+    row; ``place`` (int64 [5, N], on ``flat``'s device) says, for each image, where its
+    first pixel is in ``flat``, its width and height, and its span's first column and row
+    (:func:`spans`).  Past an image's edge the gather repeats its last row or column:
+    pixels that only columns of weight 0 read (:func:`weights`).
+    """
+    base, width, height, x0, y0 = place
+    rows = torch.arange(ky, device=flat.device)[None, :] + y0[:, None]
+    cols = torch.arange(kx, device=flat.device)[None, :] + x0[:, None]
+    rows = torch.minimum(rows, (height - 1)[:, None])
+    cols = torch.minimum(cols, (width - 1)[:, None])
+    at = (base[:, None] + rows * width[:, None])[:, :, None] + cols[:, None, :]  # [N, ky, kx]
+    return flat[:, at]
 
 
-def resample(
-    image: torch.Tensor, wx: torch.Tensor, x0: int, wy: torch.Tensor, y0: int
-) -> torch.Tensor:
-    """``image`` (uint8 [C, H, W]) cropped and resized by weights from :func:`weights`
-    (``wx`` [out_w, nx] for columns from ``x0``, ``wy`` [out_h, ny] for rows from ``y0``):
-    float32 [C, out_h, out_w], not rounded."""
-    crop = image[:, y0 : y0 + wy.shape[1], x0 : x0 + wx.shape[1]].float()
-    return torch.matmul(wy, torch.matmul(crop, wx.T))
+def resample(crop: torch.Tensor, wx: torch.Tensor, wy: torch.Tensor) -> torch.Tensor:
+    """Crops from :func:`crops` (uint8 [C, N, ky, kx]) resized by weights from
+    :func:`weights` (``wx`` [N, out_w, kx], ``wy`` [N, out_h, ky]): float32
+    [N, C, out_h, out_w] (a view), not rounded; two batched matrix products."""
+    return torch.matmul(wy, torch.matmul(crop.float(), wx.transpose(1, 2))).transpose(0, 1)
