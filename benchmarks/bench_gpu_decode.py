@@ -132,6 +132,9 @@ def case_loader(
         stats = loader.stats()
         res["on_cpu"] = stats.gpu_to_cpu + stats.gpu_suspect
         res["suspect"] = stats.gpu_suspect
+        res["on_gpu"] = stats.gpu_decoded
+        res["hardware"] = stats.gpu_hardware
+        res["engines"] = -1 if stats.gpu_engines is None else stats.gpu_engines
         res["decode_calls"] = getattr(pool, "batches", 0)
         res["hits"] = stats.cache_hits
         return res
@@ -314,7 +317,9 @@ def main() -> None:
             last = runs[name][-1]
             print(
                 f"{labels[name]}: samples decoded by the CPU instead: {last.get('on_cpu')} "
-                f"(of which failed the check of the GPU's image: {last.get('suspect')})"
+                f"(of which failed the check of the GPU's image: {last.get('suspect')}); "
+                f"on the GPU {last.get('on_gpu')}, of which by nvJPEG's hardware decoder "
+                f"{last.get('hardware')} ({last.get('engines')} engines; -1: not known)"
             )
     print("\nthe decoders alone (no crop, no loader):", json.dumps(raw, indent=1))
     print("\nGPU against CPU pixels, same seed (levels of 255):", json.dumps(pixels, indent=1))

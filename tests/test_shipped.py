@@ -278,6 +278,50 @@ def test_an_image_the_gpu_skipped_or_refused_is_decoded_on_the_cpu_here(jpeg_fol
         ring.close()
 
 
+class _BaselineOnly:
+    """nvJPEG's hardware rule played on the CPU (for the counting; nvJPEG's own answer is
+    the CUDA test's): a GPU with two engines that take baseline JPEGs, not progressive."""
+
+    engines = 2
+
+    def takes(self, jpeg: torch.Tensor) -> bool:
+        return not Image.open(io.BytesIO(jpeg.numpy().tobytes())).info.get("progressive")
+
+
+def test_what_the_hardware_decoder_takes_is_counted_with_its_engines(jpeg_folder: Path) -> None:
+    """Of the samples decoded on the GPU, those the hardware decoder takes are counted in
+    gpu_hardware (a progressive JPEG is not; one that fails the check is the CPU's even
+    where the hardware took it), and the engines it reports reach stats() and summary()
+    through the engines' counters."""
+    data = _files(jpeg_folder, 5)
+    progressive, black = io.BytesIO(), io.BytesIO()
+    Image.open(io.BytesIO(data[0])).save(progressive, "JPEG", progressive=True)
+    Image.new("RGB", (60, 40)).save(black, "JPEG")
+    ring, samples, _ = _shipped_batch(
+        jpeg_folder, [*data, progressive.getvalue(), black.getvalue()]
+    )
+    counters = Counters()
+    try:
+        unpacker = ShipUnpacker(
+            SPEC,
+            torch.device("cpu"),
+            counters,
+            skip=False,
+            decode_batch=_whole_pillow,
+            probe=_BaselineOnly(),
+        )
+        _unpack(ring, unpacker, len(samples))
+    finally:
+        ring.close()
+    assert (counters.gpu_decoded, counters.gpu_hardware, counters.gpu_suspect) == (6, 5, 1)
+    assert counters.gpu_engines == 2
+    engines = Counters()
+    engines.gpu_shipped = len(samples)
+    stats = engines.with_consumer(counters).snapshot(decode_workers=2, max_inflight=8)
+    assert (stats.gpu_decoded, stats.gpu_hardware, stats.gpu_engines) == (6, 5, 2)
+    assert "6 on the GPU (5 by the hardware decoder, 2 engines)" in stats.summary()
+
+
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
 def test_a_sample_neither_path_decodes_is_left_out_or_raised(
     jpeg_folder: Path, on_error: str
@@ -391,6 +435,11 @@ def test_cuda_decode_with_engine_processes_gives_the_cpu_paths_batches(
         diffs += (a.float() - b.float()).abs().mean(dim=(1, 2, 3)).tolist()
     assert np.median(diffs) <= 2.0 and max(diffs) <= 5.0, sorted(diffs)[-5:]
     assert stats.gpu_decoded > 0 and stats.gpu_suspect == 0
+    # nvJPEG asked through torchvision's own library: the engines it reports, and every
+    # one of these baseline JPEGs decoded by the hardware where it has engines.
+    assert stats.gpu_engines is not None, "libnvjpeg not found in the process"
+    want = stats.gpu_decoded if stats.gpu_engines > 0 else 0
+    assert stats.gpu_hardware == want, (stats.gpu_hardware, stats.gpu_decoded, stats.gpu_engines)
 
 
 def test_a_killed_engine_that_ships_is_replaced_and_the_epoch_is_exact(

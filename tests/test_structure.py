@@ -58,7 +58,8 @@ DECODE_SIBLINGS = {
     "_ship": {"_image", "_job"},
     "_threads": {"_completions", "_image", "_job", "_ship"},
     "_resample": set(),
-    "_gpu_batch": {"_completions", "_image", "_resample"},
+    "_nvjpeg": set(),
+    "_gpu_batch": {"_completions", "_image", "_nvjpeg", "_resample"},
     "_gpu": {"_completions", "_gpu_batch", "_image", "_job", "_ship"},
 }
 

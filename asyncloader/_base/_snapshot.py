@@ -40,11 +40,18 @@ class Stats:
         decode_seconds: The decode workers' busy time since start, summed [seconds].
         gpu_decoded, gpu_to_cpu, gpu_suspect: With ``DecodeConfig(backend="cuda")``,
             where each sample was decoded: on the GPU (nvJPEG through torchvision, the
-            image checked; torchvision does not say whether nvJPEG used the hardware
-            decoder, nor how many engines it has), on the CPU because it was not given to
-            the GPU (not a JPEG nvJPEG decodes) or the GPU refused it, and on the CPU
-            because the GPU's image failed the check (the wrong size, or black
-            throughout).  All 0 with the CPU backend.
+            image checked), on the CPU because it was not given to the GPU (not a JPEG
+            nvJPEG decodes) or the GPU refused it, and on the CPU because the GPU's image
+            failed the check (the wrong size, or black throughout).  All 0 with the CPU
+            backend.
+        gpu_hardware: Of ``gpu_decoded``, the samples nvJPEG's hardware JPEG decoder
+            decoded (the rest, with CUDA kernels): JPEGs its batched hardware decode
+            takes, on a GPU that has hardware engines, asked of nvJPEG as torchvision
+            asks it (torchvision does not report it).
+        gpu_engines: The hardware JPEG engines nvJPEG reports on the GPU (0: none, every
+            JPEG decoded with CUDA kernels); None where it was not asked (the CPU
+            backend, before the first batch) or could not be (no ``libnvjpeg`` found in
+            the process).
         gpu_shipped: With ``DecodeConfig(backend="cuda")`` and engine processes: samples
             whose JPEG an engine shipped to the training process, which decoded them on its
             GPU (then counted in ``gpu_decoded``, or on the CPU in ``gpu_to_cpu`` or
@@ -149,6 +156,8 @@ class Stats:
     gpu_to_cpu: int = 0
     gpu_suspect: int = 0
     gpu_shipped: int = 0
+    gpu_hardware: int = 0
+    gpu_engines: int | None = None
 
     @property
     def samples_per_second(self) -> float:
@@ -220,8 +229,14 @@ class Stats:
                 + ", ".join(f"{url} {n}" for url, n in sorted(self.samples_by_source.items()))
             )
         if self.gpu_decoded or self.gpu_to_cpu or self.gpu_suspect:
+            engines = (
+                "hardware decoder not known"
+                if self.gpu_engines is None
+                else f"{self.gpu_hardware} by the hardware decoder, {self.gpu_engines} engines"
+            )
             lines.append(
-                f"GPU decode: {self.gpu_decoded} on the GPU, {self.gpu_to_cpu} on the CPU "
+                f"GPU decode: {self.gpu_decoded} on the GPU ({engines}), "
+                f"{self.gpu_to_cpu} on the CPU "
                 f"(not given to the GPU, or refused), {self.gpu_suspect} on the CPU after "
                 "the GPU's image failed the check"
                 + (

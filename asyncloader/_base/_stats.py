@@ -39,6 +39,7 @@ _FIRST = frozenset(
         "cache_share",
         "node_loaders",
         "consumer_first_batch_seconds",
+        "gpu_engines",
     }
 )
 # What a counter holds now rather than what it counted: a replaced engine's is gone with it.
@@ -70,6 +71,8 @@ class Counters:
     gpu_to_cpu: int = 0  # ... the CPU decoded: not given to the GPU, or refused by it
     gpu_suspect: int = 0  # ... the GPU's image failed the check: decoded on the CPU
     gpu_shipped: int = 0  # ... the JPEG shipped by an engine process to the trainer's GPU
+    gpu_hardware: int = 0  # ... of gpu_decoded, those nvJPEG's hardware decoder took
+    gpu_engines: int | None = None  # ... the hardware decoder's engines (None: not known)
     decode_queue: int = 0  # jobs handed to the pool and not yet finished
     engine_restarts: int = 0  # engine processes that died and were replaced (the trainer's)
     batches_produced: int = 0
@@ -124,6 +127,9 @@ class Counters:
         self.decode_seconds += outcome.busy
         if outcome.path is DecodePath.GPU:
             self.gpu_decoded += 1
+        elif outcome.path is DecodePath.GPU_HARDWARE:
+            self.gpu_decoded += 1
+            self.gpu_hardware += 1
         elif outcome.path is DecodePath.GPU_TO_CPU:
             self.gpu_to_cpu += 1
         elif outcome.path is DecodePath.GPU_SUSPECT:
@@ -193,6 +199,9 @@ class Counters:
         out.gpu_decoded += consumer.gpu_decoded
         out.gpu_to_cpu += consumer.gpu_to_cpu
         out.gpu_suspect += consumer.gpu_suspect
+        out.gpu_hardware += consumer.gpu_hardware
+        if consumer.gpu_engines is not None:
+            out.gpu_engines = consumer.gpu_engines
         return out
 
     def snapshot(
@@ -234,6 +243,8 @@ class Counters:
             gpu_to_cpu=self.gpu_to_cpu,
             gpu_suspect=self.gpu_suspect,
             gpu_shipped=self.gpu_shipped,
+            gpu_hardware=self.gpu_hardware,
+            gpu_engines=self.gpu_engines,
             decode_queue=self.decode_queue,
             engine_restarts=self.engine_restarts,
             skipped=dict(self.skipped),

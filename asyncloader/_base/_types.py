@@ -207,6 +207,7 @@ class DecodePath(enum.IntEnum):
     GPU_TO_CPU = 2  # backend="cuda", on the CPU: not given to the GPU, or refused by it
     GPU_SUSPECT = 3  # backend="cuda": the GPU's image failed the check, decoded on the CPU
     SHIPPED = 4  # backend="cuda", engine processes: its bytes and plan shipped to the trainer
+    GPU_HARDWARE = 5  # as GPU, by nvJPEG's hardware decoder (see _decode/_nvjpeg.py)
 
 
 @dataclass(frozen=True, slots=True)

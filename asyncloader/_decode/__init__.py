@@ -12,8 +12,9 @@ Two pools with one async interface (:class:`DecodePool`: ``await pool.decode(job
 With GPU decode and engine processes, the engine's threads ship each JPEG with its crop
 plan into its ring slot instead of decoding it (``_ship``), and the training process decodes
 each batch on its GPU (``_gpu_batch``: the batch's decode, check and resize, which the GPU
-pool runs too).  ``_gpu``, ``_gpu_batch`` and ``_resample`` import torch; nothing else here
-does.
+pool runs too; ``_nvjpeg`` asks nvJPEG which JPEGs its hardware decoder takes and how many
+engines it has).  ``_gpu``, ``_gpu_batch``, ``_nvjpeg`` and ``_resample`` import torch;
+nothing else here does.
 
 ``_image`` turns bytes into pixels (JPEGs by region through the ``_jpegroi`` C extension
 where it is built: ``ROI_DECODE``; the resize straight into the slot through ``_resize``:

@@ -20,8 +20,10 @@ the slot: the same crop box, the CPU's pixels.  What the CPU path refuses too is
 Every image the batch decoder returns is checked before it is resized: the header's size,
 3 channels of uint8, and not black throughout.  One that fails (GPU decoders were seen to
 report success for images they skipped) is decoded again by the CPU path, whose pixels
-are delivered.  ``stats()`` counts each path: ``gpu_decoded``, ``gpu_to_cpu`` (not given
-or refused) and ``gpu_suspect`` (failed the check).
+are delivered.  ``stats()`` counts each path: ``gpu_decoded`` (of which
+``gpu_hardware`` by nvJPEG's hardware decoder, with the engines it reports in
+``gpu_engines``: :mod:`._nvjpeg`), ``gpu_to_cpu`` (not given or refused) and
+``gpu_suspect`` (failed the check).
 
 The pixels are close to the CPU path's, not equal: the GPU decodes the whole image where
 the CPU path decodes at 1/2, 1/4 or 1/8 scale when the crop allows (libjpeg's DCT
@@ -108,6 +110,11 @@ class GpuDecodePool:
     def on_cpu(self) -> int:
         """Samples the CPU path decoded."""
         return self._batcher.on_cpu
+
+    @property
+    def engines(self) -> int | None:
+        """The hardware JPEG engines nvJPEG reports (:attr:`GpuBatcher.engines`)."""
+        return self._batcher.engines
 
     # --- the loop's side ----------------------------------------------------------------
 

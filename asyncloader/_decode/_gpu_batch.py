@@ -41,6 +41,7 @@ from .._base._stats import Counters
 from .._base._types import Blob, CacheEvent, DecodeJob, DecodePath, Shipped
 from ._completions import Target
 from ._image import DecodeSpec, decode_into
+from ._nvjpeg import HardwareProbe, NvjpegProbe
 from ._resample import crops, resample, spans, weights, windows
 
 __all__ = [
@@ -126,20 +127,33 @@ class GpuBatcher:
         spec: What every decode needs (the transform, the CPU path's limits).
         device: Where the images are decoded and resized.
         decode_batch: The batch decoder (default: :func:`nvjpeg_batch` on ``device``).
+        probe: Which images the decoder's hardware decodes (default: with nvJPEG, a
+            :class:`~._nvjpeg.NvjpegProbe` opened after the first batch; else none).
 
     Attributes:
         batches: Decode calls made.
         on_cpu: Samples the CPU path decoded.
+        engines: The hardware JPEG engines nvJPEG reports (see :mod:`._nvjpeg`), once the
+            first batch was decoded with nvJPEG; None before, with another batch decoder,
+            or where nvJPEG could not be asked.
     """
 
     def __init__(
-        self, spec: DecodeSpec, device: torch.device, decode_batch: DecodeBatch | None = None
+        self,
+        spec: DecodeSpec,
+        device: torch.device,
+        decode_batch: DecodeBatch | None = None,
+        probe: HardwareProbe | None = None,
     ) -> None:
         self.device = device
         self.batches = 0
         self.on_cpu = 0
+        self.engines: int | None = probe.engines if probe is not None else None
         self._spec = spec
         self._decode_batch = decode_batch or nvjpeg_batch(device)
+        # nvJPEG's is asked after its first call (torchvision's library loaded by then).
+        self._probe: HardwareProbe | None = probe
+        self._ask = decode_batch is None and probe is None
         self._pinned: torch.Tensor | None = None
 
     @property
@@ -193,12 +207,18 @@ class GpuBatcher:
             # first, asleep.
             drain_stream(self.device)
             decoded = self._decode_batch(inputs)
+            if self._ask:
+                self._ask = False
+                self._probe = NvjpegProbe.open(self.device)
+                self.engines = self._probe.engines if self._probe is not None else None
             ok: list[tuple[int, torch.Tensor]] = []
-            for i, image in zip(jpegs, decoded, strict=True):
+            for i, data, image in zip(jpegs, inputs, decoded, strict=True):
                 if isinstance(image, BaseException):  # what nvJPEG refused
                     results[i] = self._redo_on_cpu(batch[i], DecodePath.GPU_TO_CPU)
                 else:
                     ok.append((i, image))
+                    if self._probe is not None and self._probe.takes(data):
+                        batch[i].path = DecodePath.GPU_HARDWARE
             suspect = self._suspects(batch, ok)
             for i in suspect:
                 results[i] = self._redo_on_cpu(batch[i], DecodePath.GPU_SUSPECT)
@@ -287,6 +307,7 @@ class ShipUnpacker:
         skip: ``on_error="skip"``: a sample that neither the GPU nor the CPU path decodes is
             left out of its batch; else its :class:`~asyncloader.DecodeError` is raised.
         decode_batch: The batch decoder (default: :func:`nvjpeg_batch` on ``device``).
+        probe: Which images the decoder's hardware decodes (see :class:`GpuBatcher`).
     """
 
     def __init__(
@@ -297,9 +318,10 @@ class ShipUnpacker:
         *,
         skip: bool,
         decode_batch: DecodeBatch | None = None,
+        probe: HardwareProbe | None = None,
     ) -> None:
         spec = dataclasses.replace(spec, cache=None, scaled_copies=False)
-        self._batcher = GpuBatcher(spec, device, decode_batch)
+        self._batcher = GpuBatcher(spec, device, decode_batch, probe)
         self._counters = counters
         self._skip = skip
         self._stream: Any = None
@@ -327,10 +349,14 @@ class ShipUnpacker:
                 if w.data is not None and res is None:
                     if w.path is DecodePath.GPU:
                         c.gpu_decoded += 1
+                    elif w.path is DecodePath.GPU_HARDWARE:
+                        c.gpu_decoded += 1
+                        c.gpu_hardware += 1
                     elif w.path is DecodePath.GPU_TO_CPU:
                         c.gpu_to_cpu += 1
                     else:
                         c.gpu_suspect += 1
+            c.gpu_engines = self._batcher.engines
             out = images[0]
             failed = [i for i, res in enumerate(results) if res is not None]
             if failed:

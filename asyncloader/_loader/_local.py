@@ -234,6 +234,10 @@ class LocalEngine:
         return self.pipeline.order.epoch_samples(epoch)
 
     def engine_counters(self) -> Counters:
+        # GPU decode in this process: its pool knows the GPU's hardware JPEG engines.
+        engines = getattr(self.rt.pool, "engines", None)
+        if engines is not None:
+            self.counters.gpu_engines = engines
         return self.counters
 
     def ring_held(self) -> int:
