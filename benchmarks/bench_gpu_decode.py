@@ -13,7 +13,12 @@ float16 batches on the GPU:
 * ``cpu-all`` — CPU decode on every core.
 
 Each case's CPU per image is given twice: the whole process tree's, and the training
-process's own (its every thread: the consumer, the uploader, the GPU's batches).
+process's own (its every thread: the consumer, the uploader, the GPU's batches).  For the
+GPU cases, the training process's CPU is also split by part of a batch's GPU work (each
+part's own thread's CPU time, summed; nested): ``unpack`` (the shipped batch, in all),
+``run`` (``GpuBatcher.run``), and within it ``stage`` (the bytes into one pinned buffer),
+``nvjpeg`` (torchvision's call), ``check``, ``resize`` and ``hardware`` (nvJPEG asked
+which JPEGs its hardware decoder takes).
 
 Rounds are interleaved (``--rounds``) and medians quoted.  Then, on the GPU alone:
 
@@ -92,6 +97,35 @@ def _dry() -> None:
     DEVICE = "cpu"
 
 
+def _time_phases() -> dict[str, float]:
+    """Wrap the parts of GPU decode's batch so that each adds its thread's CPU time to the
+    dict returned [seconds] (in this process; see the module's docstring)."""
+    import asyncloader._decode._gpu_batch as gb
+    import asyncloader._decode._nvjpeg as nj
+
+    spent: dict[str, float] = {}
+
+    def timed(name: str, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.thread_time() - t0
+
+        return run
+
+    make_decoder = gb.nvjpeg_batch  # (--dry: the Pillow stand-in's)
+    gb.nvjpeg_batch = lambda device: timed("nvjpeg", make_decoder(device))  # type: ignore[assignment]
+    gb.ShipUnpacker.__call__ = timed("unpack", gb.ShipUnpacker.__call__)  # type: ignore[method-assign]
+    for part, method in (("run", "run"), ("stage", "stage")):
+        setattr(gb.GpuBatcher, method, timed(part, getattr(gb.GpuBatcher, method)))
+    gb.GpuBatcher._suspects = timed("check", gb.GpuBatcher._suspects)  # type: ignore[method-assign]
+    gb.GpuBatcher._resize = timed("resize", gb.GpuBatcher._resize)  # type: ignore[method-assign]
+    nj.NvjpegProbe.takes = timed("hardware", nj.NvjpegProbe.takes)  # type: ignore[method-assign]
+    return spent
+
+
 def _synchronize() -> None:
     import torch
 
@@ -103,6 +137,7 @@ def case_loader(
     endpoint: str, cache: str, backend: str, cores: list[int], batch: int, epochs: int, mode: str
 ) -> dict[str, float]:
     os.sched_setaffinity(0, cores)
+    spent = _time_phases() if backend == "cuda" else {}
     with _loader(
         endpoint,
         cache,
@@ -115,6 +150,7 @@ def case_loader(
     ) as loader:
         next(iter(loader))  # start-up out of the figures
         _synchronize()
+        spent.clear()
         n = 0
         t0, c0, s0 = time.perf_counter(), bl._cpu(), time.process_time()
         for epoch in range(1, epochs + 1):
@@ -137,6 +173,8 @@ def case_loader(
         res["engines"] = -1 if stats.gpu_engines is None else stats.gpu_engines
         res["decode_calls"] = getattr(pool, "batches", 0)
         res["hits"] = stats.cache_hits
+        for part, seconds in spent.items():
+            res[f"trainer {part} ms/img"] = seconds / max(n, 1) * 1e3
         return res
 
 
@@ -320,6 +358,11 @@ def main() -> None:
                 f"(of which failed the check of the GPU's image: {last.get('suspect')}); "
                 f"on the GPU {last.get('on_gpu')}, of which by nvJPEG's hardware decoder "
                 f"{last.get('hardware')} ({last.get('engines')} engines; -1: not known)"
+            )
+            parts = {k[8:-7]: v for k, v in last.items() if k.startswith("trainer ") and "/" in k}
+            print(
+                f"{labels[name]}: the training process's CPU ms/img by part (nested): "
+                + ", ".join(f"{k} {v:.4f}" for k, v in sorted(parts.items()))
             )
     print("\nthe decoders alone (no crop, no loader):", json.dumps(raw, indent=1))
     print("\nGPU against CPU pixels, same seed (levels of 255):", json.dumps(pixels, indent=1))
