@@ -5,6 +5,9 @@ Cases, each a whole torchrun job (rounds interleave them; medians are printed):
 
 * ``loader`` — every rank a default ``ImageLoader`` (no ``decode_workers``: the node's CPU
   budget shared among its ranks), its shard of the epoch.
+* ``bound`` (``--bind K``) — the same, every rank bound by ``taskset`` to K CPUs of its
+  own, as a launcher's CPU binding does (SLURM's ``--cpu-bind``): each rank's budget
+  should be its K CPUs, not K ÷ N; the ranks' ``cpu_budget`` lines are printed.
 * ``dataset`` (``--dataset``) — every rank an ``ImageDataset`` in a ``DataLoader`` of
   ``--dataloader-workers`` workers.
 * ``ceiling`` — the node's stock ceiling: every rank a stock ``DataLoader`` with the
@@ -17,7 +20,7 @@ below torchrun), the trainers' CPU per image (the rank processes alone), the lar
 RSS of a rank with its largest child, and the slowest rank's first batch.  The store is our
 light S3 server with ``--latency`` to the first byte.
 
-Run: ``python benchmarks/bench_node.py [--nproc 2] [--latency 0.02] [--repeat 3]``.
+Run: ``python benchmarks/bench_node.py [--nproc 2] [--latency 0.02] [--repeat 3] [--bind K]``.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def _rank(
         res = _ceiling(folder, rank, world, epochs)
     else:
         res = _loader(case, endpoint, rank, world, epochs, loader_workers, start)
+        res["mask"] = sorted(os.sched_getaffinity(0))
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     res["rss_mb"] = (usage + kids) / 1024  # with its largest child, as bench_loader counts
@@ -88,9 +92,11 @@ def _loader(
         "transform": al.RandomResizedCrop(224),
         "store": al.StoreConfig(options={"endpoint_url": endpoint}),
     }
-    if case == "loader":
+    budget = ""
+    if case in ("loader", "bound"):
         source: Any = al.ImageLoader("s3://b/train/", rank=rank, world_size=world, **options)
         workers = source.stats().decode_workers
+        budget = source.stats().cpu_budget
     else:
         from torch.utils.data import DataLoader
 
@@ -110,9 +116,16 @@ def _loader(
             dataset.set_epoch(dataset.epoch + 1)
         n += sum(len(labels) for _, labels in source)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    if case == "loader":
+    if case != "dataset":
         source.close()
-    return {"images": n, "wall": wall, "trainer_cpu": cpu, "first": first, "workers": workers}
+    return {
+        "images": n,
+        "wall": wall,
+        "trainer_cpu": cpu,
+        "first": first,
+        "workers": workers,
+        "budget": budget,
+    }
 
 
 def _ceiling(folder: Path, rank: int, world: int, epochs: int) -> dict[str, Any]:
@@ -175,19 +188,21 @@ def _job(args: argparse.Namespace, case: str, endpoint: str, folder: Path) -> di
     assert torchrun is not None, "torchrun is not on PATH"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ranks.json"
-        cmd = [
-            torchrun,
-            "--standalone",
-            f"--nproc_per_node={args.nproc}",
-            __file__,
-            "--rank-case",
-            case,
-            endpoint,
-            str(folder),
-            str(args.epochs),
-            str(args.dataloader_workers),
-            str(out),
-        ]
+        rank_args = [case, endpoint, str(folder), str(args.epochs)]
+        rank_args += [str(args.dataloader_workers), str(out)]
+        cmd = [torchrun, "--standalone", f"--nproc_per_node={args.nproc}"]
+        if case == "bound":  # each rank on K CPUs of its own, by LOCAL_RANK
+            cpus = sorted(os.sched_getaffinity(0))
+            k = args.bind
+            pins = " ".join(
+                f"{r}) C={','.join(map(str, cpus[k * r : k * (r + 1)]))};;"
+                for r in range(args.nproc)
+            )
+            inner = f'case $LOCAL_RANK in {pins} esac; exec taskset -c $C "$0" "$@"'
+            cmd += ["--no-python", "sh", "-c", inner, sys.executable, __file__]
+        else:
+            cmd += [__file__]
+        cmd += ["--rank-case", *rank_args]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         stop, peak = threading.Event(), {}
         watcher = threading.Thread(target=_watch, args=(proc.pid, stop, peak))
@@ -205,6 +220,8 @@ def _job(args: argparse.Namespace, case: str, endpoint: str, folder: Path) -> di
         "rss_mb": max(r["rss_mb"] for r in ranks),
         "first_s": max(r["first"] for r in ranks),
         "workers": [r["workers"] for r in ranks],
+        "budgets": sorted({r.get("budget", "") for r in ranks}),
+        "masks": [r.get("mask", []) for r in ranks],
         **peak,
     }
 
@@ -218,6 +235,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dataset", action="store_true", help="also ImageDataset in a DataLoader")
     p.add_argument("--dataloader-workers", type=int, default=1)
+    p.add_argument(
+        "--bind", type=int, default=0, metavar="K", help="also every rank bound to K CPUs"
+    )
     p.add_argument("--data-dir", default=str(HERE.parent / "cache" / "bench-jpegs"))
     p.add_argument("--json", metavar="PATH", help="also write every round and the medians")
     p.add_argument("--rank-case", nargs=6, help=argparse.SUPPRESS)
@@ -232,7 +252,12 @@ def main() -> None:
 
     os.environ.update({k: os.environ.get(k, v) for k, v in TEST_ENV.items()})
     folder = make_jpeg_folder(Path(args.data_dir), images=args.images, classes=10, seed=0)
-    cases = ["loader", *(["dataset"] if args.dataset else []), "ceiling"]
+    if args.bind and (
+        shutil.which("taskset") is None or args.bind * args.nproc > len(os.sched_getaffinity(0))
+    ):
+        sys.exit(f"--bind {args.bind}: needs taskset and {args.bind * args.nproc} CPUs")
+    cases = ["loader", *(["bound"] if args.bind else [])]
+    cases += [*(["dataset"] if args.dataset else []), "ceiling"]
     rounds: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
     with S3TestServer(latency=args.latency, load=folder, bucket="b", prefix="train/") as srv:
         for r in range(args.repeat):
@@ -260,6 +285,9 @@ def main() -> None:
             f"{med(x['trainer_cpu_ms'] for x in rs):18.3f} {med(x['rss_mb'] for x in rs):11.0f} "
             f"{med(x['first_s'] for x in rs):7.2f}  {rs[-1]['workers']}"
         )
+    for case in ("loader", "bound"):
+        if case in rounds:
+            print(f"{case}: each rank's CPU budget: {' | '.join(rounds[case][-1]['budgets'])}")
     if args.json:
         Path(args.json).write_text(
             json.dumps({"args": vars(args), "rounds": rounds, "ceiling": ceiling}, indent=1)

@@ -20,8 +20,9 @@
 # gpu-decode-tests, upload, decode, node, scale, loader, neighbour.
 # A lent machine has 15 minutes in all, each start counted: two calls of ~5 minutes each,
 #   first:  tests upload decode  (the CUDA tests, the uploader, GPU decode on 4 and 8 cores)
-#   second: node scale loader    (8 ranks against the node's stock ceiling, one loader with
-#           1-4 engine processes, one loader against the RAM decode ceiling of all cores)
+#   second: node scale loader    (8 ranks against the node's stock ceiling, unbound and
+#           bound to 2 CPUs each, one loader with 1-4 engine processes, one loader
+#           against the RAM decode ceiling of all cores)
 # (default: both; on an H100 machine, 2026-11-27, with 3,000 images the five steps of the
 # time took ~6.5 minutes besides scale, so the sizes are now 2,000 images).  neighbour:
 # bench_neighbour.py on the machine's cores.  Each step is bounded; steps.log says how long
@@ -50,11 +51,11 @@ if [ "$DRY" = 1 ]; then
     # Tiny sizes: the script and the benchmarks' arguments are what a dry run checks.
     # One epoch measured, and no simulated training step in the upload step: the same
     # code paths at a fraction of the CPU (the dry run is part of the test suite).
-    IMAGES=64 REPEAT=1 RANKS=2 ENGINES=1 EPOCHS=1 KEEP_UP=0
+    IMAGES=64 REPEAT=1 RANKS=2 BIND=1 ENGINES=1 EPOCHS=1 KEEP_UP=0
     # GPU decode's benchmark with its GPU part played on the CPU (bench_gpu_decode --dry).
     DECODE="--dry --cores 1 --epochs 1 --batch-size 16"
 else
-    IMAGES=2000 REPEAT=2 RANKS=8 ENGINES=inline,1,2,4 EPOCHS=2 KEEP_UP=1.5
+    IMAGES=2000 REPEAT=2 RANKS=8 BIND=2 ENGINES=inline,1,2,4 EPOCHS=2 KEEP_UP=1.5
     DECODE="--cores 4,8"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
@@ -162,9 +163,11 @@ for step in $steps; do
         ;;
     node)
         # RANKS ranks on the machine's cores, each a default loader (the node's CPU budget
-        # shared), against RANKS stock DataLoaders decoding from RAM; total threads at most.
-        run node 0 140 node.log python3 benchmarks/bench_node.py --nproc "$RANKS" \
-            --images "$IMAGES" --repeat "$REPEAT" --epochs "$EPOCHS" --json "$OUT/node.json"
+        # shared), the same ranks bound by taskset to BIND CPUs each (each rank's budget
+        # its own CPUs), against RANKS stock DataLoaders decoding from RAM; total threads.
+        run node 0 210 node.log python3 benchmarks/bench_node.py --nproc "$RANKS" \
+            --bind "$BIND" --images "$IMAGES" --repeat "$REPEAT" --epochs "$EPOCHS" \
+            --json "$OUT/node.json"
         ;;
     *)
         echo "STEP $step: FAILED (no such step)" | tee -a "$OUT/steps.log"
