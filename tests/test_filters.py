@@ -84,6 +84,32 @@ def test_the_rows_kept_are_the_rows_pyarrow_keeps(
     assert np.flatnonzero(mask).tolist() == want
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    _tables(),
+    st.lists(st.lists(_TERMS, min_size=1, max_size=3), min_size=1, max_size=3),
+    st.sets(st.sampled_from(["i", "f", "t"]), min_size=1),
+)
+def test_a_filter_decided_before_a_column_is_known_keeps_every_row_that_may_pass(
+    columns: dict[str, list[Any]], groups: list[list[tuple[str, str, Any]]], later: set[str]
+) -> None:
+    """Decided first without the columns ``later`` (the headers' width and height, read
+    only for the rows kept then), a filter keeps every row the whole filter keeps; then
+    applied again to those rows with them known, it keeps exactly those."""
+    filters = normalize(groups) or ()
+    n = len(columns["i"])
+    names = [str(r) for r in range(n)]
+    whole = keep_mask(filters, columns, n, names, table="t")
+    first = {c: v for c, v in columns.items() if c not in later}
+    before = keep_mask(filters, first, n, names, table="t", later=frozenset(later))
+    assert not np.any(whole & ~before)
+    rows = np.flatnonzero(before)
+    again = keep_mask(
+        filters, {c: [v[r] for r in rows] for c, v in columns.items()}, len(rows), names, table="t"
+    )
+    assert rows[again].tolist() == np.flatnonzero(whole).tolist()
+
+
 def test_the_canonical_text_is_the_same_however_written() -> None:
     a = normalize([("score", "=", 5), ("tag", "in", {"b", "a"})])
     b = normalize([[("score", "==", 5), ("tag", "in", ["a", "b", "a"])]])
@@ -229,6 +255,41 @@ def test_a_filtered_out_image_is_never_requested(scored: tuple[str, str], folder
     for i in range(N):
         key = f"GET /{bucket}/{folder}/{i:03d}.jpg"
         assert (key in gets) == (i in kept), key
+
+
+def test_a_filter_over_the_width_reads_the_headers_of_what_the_rest_keeps_once(
+    scored: tuple[str, str], tmp_path: Path
+) -> None:
+    """``width`` is no column of the metadata file: it comes from each image's header.  The
+    images the rest of the filter leaves out are never requested; those left out by their
+    width only for their header (a range request); a second run on the same node requests
+    none of them, its sizes kept beside the listing."""
+    bucket, endpoint = scored
+    filters = [("score", ">=", 5), ("width", ">=", 40)]  # widths 32, 40, 48 (i % 3)
+    maybe = [i for i in range(N) if _score(i) >= 5]
+    kept = [i for i in maybe if 32 + 8 * (i % 3) >= 40]
+    assert 0 < len(kept) < len(maybe) < N
+    for run in range(2):
+        with FaultProxy(endpoint) as proxy:
+            with _loader(
+                f"s3://{bucket}/jsonl/", proxy.endpoint, filters, cache_dir=str(tmp_path)
+            ) as loader:
+                got = sorted(i for _, labels in loader for i in labels.tolist())
+                stats = loader.stats()
+            targets, ranges = dict(proxy.targets), dict(proxy.ranges)
+        assert got == kept
+        assert stats.filtered_out == N - len(kept)
+        for i in range(N):
+            key = f"GET /{bucket}/jsonl/{i:03d}.jpg"
+            asked = sum(n for t, n in targets.items() if t.split("?")[0] == key)
+            ranged = sum(n for t, n in ranges.items() if t.split("?")[0] == key)
+            if i not in maybe or (run == 1 and i not in kept):
+                assert asked == 0, (run, key)
+            elif i not in kept:  # its header, and nothing else
+                assert asked == ranged == 1, (run, key, asked, ranged)
+    with pytest.raises(al.AsyncLoaderError, match="filters= left out every one of its"):
+        with _loader(f"s3://{bucket}/jsonl/", endpoint, [("width", ">", 48)]) as loader:
+            next(iter(loader))
 
 
 def test_the_filter_is_part_of_the_resume_state_and_of_len(scored: tuple[str, str]) -> None:

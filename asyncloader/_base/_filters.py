@@ -10,7 +10,11 @@ The form is pyarrow's (``pyarrow.parquet.read_table(filters=)``, Hugging Face's
 (``value`` a list, tuple or set for the last two).  The columns are the root's metadata
 file's (``metadata.jsonl``/``.csv``/``.parquet``), and the listing's own where the file has
 no column of that name: ``size`` (the object's bytes) and ``file_name`` (its key under the
-source).
+source); and ``width`` and ``height`` (the image's pixels) where the file has none of the
+name, from each image's header: one small range read per sample, and only for the samples
+that the rest of the filter keeps (:func:`keep_mask`'s ``later``: the filter is decided
+without those terms first, then again with them), kept beside the saved listing as a
+bucketed run's sizes are.
 
 Missing values follow pyarrow: a sample without a value (its row lacks the column, or it
 has no row, or its size is unknown) fails every comparison, ``!=`` included; ``in`` holds
@@ -35,13 +39,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Filters", "LISTING_COLUMNS", "describe", "keep_mask", "normalize"]
+__all__ = ["Filters", "HEADER_COLUMNS", "LISTING_COLUMNS", "describe", "keep_mask", "normalize"]
 
 Filters = Sequence[Sequence[Any]] | Sequence[Sequence[Sequence[Any]]]
 """``filters=`` as a user gives it (see the module's docstring)."""
 
 LISTING_COLUMNS = ("size", "file_name")
 """The listing's own columns, filterable where the metadata file has none of the name."""
+
+HEADER_COLUMNS = ("width", "height")
+"""The columns read from each image's header where the metadata file has none of the name
+[pixels]."""
 
 Term = tuple[str, str, Any]
 Normal = tuple[tuple[Term, ...], ...]
@@ -178,6 +186,7 @@ def keep_mask(
     *,
     table: str,
     known: Sequence[str] | None = None,
+    later: frozenset[str] = frozenset(),
 ) -> npt.NDArray[np.bool_]:
     """Which of ``n`` samples pass ``filters`` over their ``columns`` (each ``n`` values).
 
@@ -186,6 +195,9 @@ def keep_mask(
         table: What the columns come from, for errors (``"metadata.jsonl and the listing"``).
         known: Every column there is, for errors, where ``columns`` holds only those the
             filters name (default: ``columns``'s).
+        later: Columns not known yet (read later, for the samples kept now): their terms
+            are taken to hold, so that the samples kept are every one that may pass; the
+            filter is applied again once they are known.
 
     Raises:
         ValueError: a column no table has (naming those it has), or a value that cannot be
@@ -193,13 +205,15 @@ def keep_mask(
     """
     for group in filters:
         for column, _, _ in group:
-            if column not in columns:
+            if column not in columns and column not in later:
                 there = ", ".join(columns if known is None else known)
                 raise ValueError(f"filters: no column {column!r} in {table} (there: {there})")
     keep = np.zeros(n, dtype=bool)
     for group in filters:
         ok = np.ones(n, dtype=bool)
         for column, op, want in group:
+            if column in later:
+                continue
             values = columns[column]
             for i in np.flatnonzero(ok).tolist():
                 held = _holds(values[i], op, want)

@@ -16,7 +16,9 @@ Its modules: compact object lists (``_objects``), which objects are samples and 
 labels (``_labels``), the root's metadata file and sidecars (``_metadata``), several sources'
 shares (``_mix``) and datasets as one (``_combine``), manifests by location (``_located``),
 the listing through a cache folder, once per node (``_listing``), saved listings and the
-listing turn (``_saved``), each sample's pixel size for aspect-ratio buckets (``_sizes``).
+listing turn (``_saved``), each sample's pixel size for aspect-ratio buckets (``_sizes``),
+which samples pass ``filters=`` (``_filtering``: the columns a filter names, the headers'
+width and height among them).
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore, Sample
 from .._stores._mixed import MixedStore
 from ._combine import combine, prefixed, with_length
+from ._filtering import header_columns
 from ._labels import (
     Dataset,
     DatasetBuilder,
     LabelSpec,
     build_dataset,
+    filter_by_size,
     is_column,
     manifest_objects,
     no_samples,
@@ -200,7 +204,7 @@ async def open_listing(
     def check(objects: Sequence[ObjectInfo], dataset: Dataset) -> None:
         listed(objects)
         if not dataset.samples:
-            raise AsyncLoaderError(no_samples(store.url, len(objects), extensions))
+            raise AsyncLoaderError(no_samples(store.url, len(objects), extensions, dataset))
 
     if is_columnar(labels):  # the samples, labels and objects as arrays: no LIST, no rows
         assert isinstance(labels, str)
@@ -278,8 +282,16 @@ async def open_listing(
         filters=filters,
     )
     check(all_listed, dataset)
-    if sizes:
+    later = header_columns(filters, metadata)
+    if sizes or later:
         dataset = await with_sizes(store, dataset, metadata, folder, counters)
+    if later:  # the filter again, with the headers' width and height
+        assert filters is not None
+        dataset = await asyncio.to_thread(filter_by_size, dataset, metadata, filters)
+        if not dataset.samples:
+            raise AsyncLoaderError(no_samples(store.url, len(all_listed), extensions, dataset))
+        if not sizes:  # a bucketed run's only
+            dataset = dataclasses.replace(dataset, sizes=None)
     return Listing(of_length(dataset, store.url, samples_per_epoch)), None
 
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import io
 import logging
 import posixpath
@@ -27,9 +28,10 @@ import numpy.typing as npt
 
 from .._base._config import IMAGE_EXTENSIONS
 from .._base._errors import StoreError, shown_key
-from .._base._filters import Normal, keep_mask
+from .._base._filters import Normal
 from .._base._manifest import is_manifest, normalize_etag, read_manifest
 from .._base._types import ObjectInfo, Sample
+from ._filtering import metadata_rows, passing
 from ._metadata import METADATA_NAMES, Extras, Metadata, resolve_extras
 from ._mix import Mix
 from ._objects import ObjectList, SampleList, texts_from_arrays, texts_to_arrays
@@ -49,9 +51,18 @@ __all__ = [
 ]
 
 
-def no_samples(url: str, listed: int, extensions: Sequence[str] | None) -> str:
-    """Why ``url`` gave no samples (``listed`` objects were listed there), and where to
-    look: one message for the loader, ``ls`` and ``bench``."""
+def no_samples(
+    url: str, listed: int, extensions: Sequence[str] | None, dataset: Dataset | None = None
+) -> str:
+    """Why ``url`` gave no samples (``listed`` objects were listed there; ``dataset``, the
+    empty one made of them), and where to look: one message for the loader, ``ls`` and
+    ``bench``."""
+    if dataset is not None and dataset.filtered:
+        return (
+            f"no samples under {url}: filters= left out every one of its "
+            f"{dataset.filtered} images (stats().filtered_out counts them in a run that "
+            "keeps some)"
+        )
     if listed == 0:
         return (
             f"no samples under {url}: nothing is listed there. Is the prefix right? Keys "
@@ -253,8 +264,7 @@ def build_dataset(
     keys = dataset.samples.objects.keys()
     rows = None
     if metadata is not None:
-        row_of = {name: r for r, name in enumerate(metadata.file_names)}
-        rows = [row_of.get(k, -1) for k in keys]
+        rows = metadata_rows(metadata, keys)
     if filters is not None:
         dataset, keys, rows = _filtered(dataset, keys, rows, metadata, filters)
     if not extras:
@@ -273,29 +283,34 @@ def _filtered(
     metadata: Metadata | None,
     filters: Normal,
 ) -> tuple[Dataset, list[str], list[int] | None]:
-    """The samples of ``dataset`` (keys ``keys``, metadata rows ``rows``) that pass
-    ``filters``, with their keys and rows; those left out are counted (``filtered``)."""
+    """The samples of ``dataset`` (keys ``keys``, metadata rows ``rows``) that may pass
+    ``filters`` (all of them pass it, unless it names a column of the headers: see
+    :func:`filter_by_size`), with their keys and rows; those left out are counted
+    (``filtered``)."""
     objects = dataset.samples.objects
-    named = {column for group in filters for column, _, _ in group}
-    own = {"size", "file_name"} - set(metadata.columns if metadata is not None else ())
-    columns: dict[str, Sequence[Any]] = {}  # those the filters name: one list per column
-    if "size" in named & own:
-        columns["size"] = [s if s >= 0 else None for s in objects.sizes().tolist()]
-    if "file_name" in named & own:
-        columns["file_name"] = keys
-    table, known = "the listing (size, file_name)", ["size", "file_name"]
-    if metadata is not None:
-        assert rows is not None
-        for name in named & set(metadata.columns):
-            values = metadata.columns[name]
-            columns[name] = [values[r] if r >= 0 else None for r in rows]
-        table, known = f"{metadata.name} and the listing", [*metadata.columns, *sorted(own)]
-    mask = keep_mask(filters, columns, len(keys), keys, table=table, known=known)
-    at = np.flatnonzero(mask)
+    at = np.flatnonzero(passing(objects, keys, rows, metadata, filters))
     samples = SampleList(objects.take(at), dataset.samples.labels[at])
     left = len(keys) - len(at)
     kept = Dataset(samples, dataset.classes, unnamed=dataset.unnamed, filtered=left)
     return kept, [keys[i] for i in at], None if rows is None else [rows[i] for i in at]
+
+
+def filter_by_size(dataset: Dataset, metadata: Metadata | None, filters: Normal) -> Dataset:
+    """``dataset`` (filtered already by :func:`build_dataset`, its ``sizes`` read) with
+    ``filters`` applied again with the headers' ``width`` and ``height`` known: the samples
+    left out now are counted in ``filtered`` too, their extras and sizes dropped."""
+    assert dataset.sizes is not None
+    objects = dataset.samples.objects
+    keys = objects.keys()
+    rows = metadata_rows(metadata, keys) if metadata is not None else None
+    at = np.flatnonzero(passing(objects, keys, rows, metadata, filters, dataset.sizes))
+    return dataclasses.replace(
+        dataset,
+        samples=SampleList(objects.take(at), dataset.samples.labels[at]),
+        extras=dataset.extras.take(at.tolist()) if dataset.extras is not None else None,
+        filtered=dataset.filtered + len(keys) - len(at),
+        sizes=dataset.sizes[at],
+    )
 
 
 def _samples(
