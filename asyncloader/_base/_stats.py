@@ -115,6 +115,21 @@ class Counters:
             elif i == SKIPPED_LOGGED:
                 log.warning("asyncloader: more samples skipped: stats().skipped counts them all")
 
+    def count_path(self, path: DecodePath) -> None:
+        """Account where one sample was decoded (GPU decode's paths; the CPU's is not
+        counted)."""
+        if path is DecodePath.GPU:
+            self.gpu_decoded += 1
+        elif path is DecodePath.GPU_HARDWARE:
+            self.gpu_decoded += 1
+            self.gpu_hardware += 1
+        elif path is DecodePath.GPU_TO_CPU:
+            self.gpu_to_cpu += 1
+        elif path is DecodePath.GPU_SUSPECT:
+            self.gpu_suspect += 1
+        elif path is DecodePath.SHIPPED:
+            self.gpu_shipped += 1
+
     def count_decode(self, outcome: Outcome, *, size: int = 0, caching: bool = False) -> None:
         """Account one decode job: the worker's busy time and its cache events.
 
@@ -125,17 +140,7 @@ class Counters:
         """
         events = outcome.events
         self.decode_seconds += outcome.busy
-        if outcome.path is DecodePath.GPU:
-            self.gpu_decoded += 1
-        elif outcome.path is DecodePath.GPU_HARDWARE:
-            self.gpu_decoded += 1
-            self.gpu_hardware += 1
-        elif outcome.path is DecodePath.GPU_TO_CPU:
-            self.gpu_to_cpu += 1
-        elif outcome.path is DecodePath.GPU_SUSPECT:
-            self.gpu_suspect += 1
-        elif outcome.path is DecodePath.SHIPPED:
-            self.gpu_shipped += 1
+        self.count_path(outcome.path)
         if events & CacheEvent.MISS:
             self.cache_misses += 1
         else:

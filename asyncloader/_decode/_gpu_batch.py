@@ -148,11 +148,12 @@ class GpuBatcher:
         self.device = device
         self.batches = 0
         self.on_cpu = 0
-        self.engines: int | None = probe.engines if probe is not None else None
         self._spec = spec
         self._decode_batch = decode_batch or nvjpeg_batch(device)
         # nvJPEG's is asked after its first call (torchvision's library loaded by then).
-        self._probe: HardwareProbe | None = probe
+        self.engines: int | None = None
+        self._probe: HardwareProbe | None = None
+        self._use(probe)
         self._ask = decode_batch is None and probe is None
         self._pinned: torch.Tensor | None = None
 
@@ -209,8 +210,7 @@ class GpuBatcher:
             decoded = self._decode_batch(inputs)
             if self._ask:
                 self._ask = False
-                self._probe = NvjpegProbe.open(self.device)
-                self.engines = self._probe.engines if self._probe is not None else None
+                self._use(NvjpegProbe.open(self.device))
             ok: list[tuple[int, torch.Tensor]] = []
             for i, data, image in zip(jpegs, inputs, decoded, strict=True):
                 if isinstance(image, BaseException):  # what nvJPEG refused
@@ -229,6 +229,11 @@ class GpuBatcher:
             if w.host is not None and results[i] is None:
                 images[w.job.slot, w.job.index].copy_(torch.from_numpy(w.host))
         return results
+
+    def _use(self, probe: HardwareProbe | None) -> None:
+        """Take ``probe``'s engines; ask it about each image only where there are some."""
+        self.engines = probe.engines if probe is not None else None
+        self._probe = probe if self.engines else None
 
     def _redo_on_cpu(self, work: GpuWork, path: DecodePath) -> BaseException | None:
         """Decode ``work`` on the CPU instead (``path`` says why); its failure, or None."""
@@ -347,15 +352,7 @@ class ShipUnpacker:
             c = self._counters
             for w, res in zip(works, results, strict=True):
                 if w.data is not None and res is None:
-                    if w.path is DecodePath.GPU:
-                        c.gpu_decoded += 1
-                    elif w.path is DecodePath.GPU_HARDWARE:
-                        c.gpu_decoded += 1
-                        c.gpu_hardware += 1
-                    elif w.path is DecodePath.GPU_TO_CPU:
-                        c.gpu_to_cpu += 1
-                    else:
-                        c.gpu_suspect += 1
+                    c.count_path(w.path)
             c.gpu_engines = self._batcher.engines
             out = images[0]
             failed = [i for i, res in enumerate(results) if res is not None]
