@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import asyncloader as al
+from asyncloader._base._config import RunConfig, ShardConfig
 from asyncloader._decode._transforms import bucket_plan
+from asyncloader._run._resume import loader_state, plan_resume
 from asyncloader._run._sampler import bucketed, consumed_prefix, epoch_indices
 from asyncloader.testing import FaultProxy, MotoServer
 
@@ -119,15 +121,18 @@ def test_the_epoch_s_batches_hold_one_bucket_each_and_each_sample_once(
     assert ends == sorted(ends)
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.integers(0, 2), min_size=1, max_size=80),
-    st.integers(1, 4),
-    st.integers(1, 4),
-    st.integers(1, 4),
+LAYOUTS = (
+    st.lists(st.integers(0, 2), min_size=1, max_size=80),  # each sample's bucket
+    st.integers(1, 4),  # batch size
+    st.integers(1, 4),  # ranks before
+    st.integers(1, 4),  # ranks after
     st.sampled_from(["pad", "drop"]),
-    st.integers(0, 5),
+    st.integers(0, 5),  # batches taken before
 )
+
+
+@settings(max_examples=200, deadline=None)
+@given(*LAYOUTS)
 def test_ranks_take_whole_batches_and_an_elastic_resume_deals_the_rest(
     bucket_of: list[int], batch_size: int, old: int, new: int, even: str, taken: int
 ) -> None:
@@ -163,6 +168,80 @@ def test_ranks_take_whole_batches_and_an_elastic_resume_deals_the_rest(
     else:
         assert set(delivered) <= set(left) and len(delivered) == len(set(delivered))
         assert len(left) - len(delivered) < new * batch_size
+
+
+Row = tuple[int, ...]
+
+
+@settings(max_examples=300, deadline=None)
+@given(*LAYOUTS, st.integers(0, 4))
+def test_a_bucketed_state_resumes_on_any_world_the_rest_the_run_would_deal(
+    bucket_of: list[int], batch_size: int, old: int, new: int, even: str, taken: int, again: int
+) -> None:
+    """The state a bucketed rank saves after ``taken`` batches resumes on ``new`` ranks with
+    the batches the ``old`` ranks had still to deal — whole batches, never one that their
+    even rule left out — and a state saved on the new layout ``again`` batches later
+    resumes on the old one with the rest of that."""
+    n = len(bucket_of)
+    order = (np.asarray(bucket_of, dtype=np.int64), batch_size)
+    kw: dict[str, Any] = {"seed": 3, "epoch": 1, "shuffle": True, "even": even, "buckets": order}
+
+    def run(world: int) -> RunConfig:
+        shard = ShardConfig(even=even)  # type: ignore[arg-type]
+        return RunConfig(
+            batch_size=batch_size, seed=3, world_size=world, shard=shard, buckets=BUCKETS
+        )
+
+    def rows(world: int, span: tuple[int, int] | None) -> list[list[Row]]:
+        """Each rank's batches, dealing ``span`` of the order (None: all of it)."""
+        start, end = span or (0, None)
+        return [
+            [
+                tuple(b)
+                for b in epoch_indices(n, rank=r, world_size=world, start=start, end=end, **kw)
+                .reshape(-1, batch_size)
+                .tolist()
+            ]
+            for r in range(world)
+        ]
+
+    def resume(world: int, at: int, span: tuple[int, int] | None, to: int) -> Any:
+        """Where ``to`` ranks go on from the state of ``world`` ranks at batch ``at``."""
+        dealt = len(rows(world, span)[0]) * batch_size * world
+        state = loader_state(
+            run(world), epoch=1, next_batch=at, num_objects=n, span=span, dealt=dealt
+        )
+        fresh = loader_state(run(to), epoch=0, next_batch=0, num_objects=n, dealt=0)
+        return plan_resume(state, fresh)
+
+    first = rows(old, None)
+    every = {b for mine in first for b in mine}
+    taken = min(taken, len(first[0]))
+    left = {b for mine in first for b in mine[taken:]} - {b for mine in first for b in mine[:taken]}
+    plan = resume(old, taken, None, new)
+    if plan.epoch != 1:
+        assert not left  # nothing left of the epoch
+        return
+    rest = [mine[plan.next_batch :] for mine in rows(new, plan.span)]  # (the same layout)
+    assert len({len(mine) for mine in rest}) == 1
+    got = [b for mine in rest for b in mine]
+    if even == "pad":  # (and repeats of the epoch's batches, to even the last round)
+        assert left <= set(got) <= every
+    else:  # never a batch the old ranks left out; at most the new ranks' last round less
+        assert set(got) <= left and len(got) == len(set(got))
+        assert len(left) - len(got) < new
+    # Saved on the new layout `again` batches later, resumed on the old one.
+    again = min(again, len(rest[0]))
+    seen = {b for mine in rest for b in mine[:again]}
+    plan2 = resume(new, plan.next_batch + again, plan.span, old)
+    if plan2.epoch != 1:
+        assert seen == set(got)
+        return
+    final = {b for mine in rows(old, plan2.span) for b in mine[plan2.next_batch :]}
+    if even == "pad":
+        assert set(got) - seen <= final <= every
+    else:
+        assert final <= set(got) - seen
 
 
 # --- from moto: shapes, requests, pixels, extras, resume ----------------------------------
@@ -366,6 +445,23 @@ def test_resume_and_elastic_resume_of_a_bucketed_filtered_mix(shapes: tuple[str,
         assert set(delivered) | set(consumed) == set(flat) and not set(delivered) & set(consumed)
         extra = Counter(delivered) - Counter(flat)  # whole batches repeated to even the ranks
         assert sum(extra.values()) < new * 3
+
+    # even="drop": 3 ranks leave out the batches past their last full round; after one
+    # batch each, 2 ranks deal the rest of what the 3 would have dealt, and nothing else.
+    drop = al.ShardConfig(even="drop")
+    dealt = len(whole) - len(whole) % 3
+    assert dealt < len(whole)  # (the data leaves a batch out: the case this is about)
+    for rank in range(3):
+        with _loader(url, endpoint, rank=rank, world_size=3, shard=drop, **kw) as loader:
+            loader.set_epoch(1)
+            assert next(iter(loader))[1].tolist() == whole[rank]
+            saved = loader.state_dict() if rank == 0 else saved
+    rest = []
+    for rank in range(2):
+        with _loader(url, endpoint, rank=rank, world_size=2, shard=drop, **kw) as loader:
+            loader.load_state_dict(saved)
+            rest += [b[1] for b in _batches(loader)]
+    assert sorted(rest) == sorted(whole[3 : 3 + (dealt - 3) // 2 * 2])
 
 
 def test_warm_keeps_the_sizes_so_a_bucketed_run_reads_no_header(

@@ -463,7 +463,12 @@ class ImageLoader:
         consumed (``consumed`` of ``end``; they move in step, so one rank's state tells),
         which lets a run on another world size finish the epoch (version 2).
         """
-        return self._position.state(self._run_config, len(self.dataset.samples), self.dataset.mix)
+        return self._position.state(
+            self._run_config,
+            len(self.dataset.samples),
+            self.dataset.mix,
+            self._engine.epoch_samples,
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iteration starts at its next batch.

@@ -6,6 +6,7 @@ state dictionaries themselves are :mod:`._resume`'s.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .._base._config import RunConfig
@@ -75,8 +76,16 @@ class Position:
         """The iteration failed: where the consumer stands is not known."""
         self._at = None
 
-    def state(self, run: RunConfig, num_objects: int, mix: Mix | None = None) -> dict[str, Any]:
-        """The state dictionary of this place (see :func:`~._resume.loader_state`)."""
+    def state(
+        self,
+        run: RunConfig,
+        num_objects: int,
+        mix: Mix | None = None,
+        rank_samples: Callable[[int], int] | None = None,
+    ) -> dict[str, Any]:
+        """The state dictionary of this place (see :func:`~._resume.loader_state`);
+        ``rank_samples``: the samples a rank sees in an epoch (a bucketed run's state needs
+        it)."""
         if self._resume is not None:
             epoch, next_batch = self._resume
         elif self._requested is not None:
@@ -84,8 +93,18 @@ class Position:
         else:
             epoch, next_batch = self._at or (self.epoch, 0)
         span = self._span[1:] if self._span and self._span[0] == epoch else None
+        dealt = None
+        if span is None and run.buckets is not None:
+            assert rank_samples is not None, "a bucketed run's state needs its epoch's size"
+            dealt = rank_samples(epoch) * run.world_size
         return loader_state(
-            run, epoch=epoch, next_batch=next_batch, num_objects=num_objects, span=span, mix=mix
+            run,
+            epoch=epoch,
+            next_batch=next_batch,
+            num_objects=num_objects,
+            span=span,
+            mix=mix,
+            dealt=dealt,
         )
 
     def load(self, state: dict[str, Any], mine: dict[str, Any]) -> None:

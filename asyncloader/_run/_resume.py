@@ -117,13 +117,15 @@ def progress(
     world_size: int,
     even: str,
     span: tuple[int, int],
+    unit: int = 1,
 ) -> dict[str, int | None]:
     """The ``start``, ``end`` and ``consumed`` of a state (None under node-local shuffle,
-    whose nodes keep subsets of their own): ``span`` is the positions the epoch deals."""
+    whose nodes keep subsets of their own): ``span`` is the positions the epoch deals,
+    ``unit`` what the ranks take whole (a bucketed run's batches: ``batch_size``)."""
     if shuffle == "node":
         return {"start": None, "end": None, "consumed": None}
     start, end = span
-    end = start + covered(end - start, world_size, even)  # type: ignore[arg-type]
+    end = start + covered((end - start) // unit, world_size, even) * unit  # type: ignore[arg-type]
     consumed = consumed_prefix(next_batch, batch_size, world_size, start, end)
     return {"start": start, "end": end, "consumed": consumed}
 
@@ -136,12 +138,21 @@ def loader_state(
     num_objects: int,
     span: tuple[int, int] | None = None,
     mix: Mix | None = None,
+    dealt: int | None = None,
 ) -> dict[str, Any]:
     """The state of a loader of ``run`` over ``num_objects`` objects whose next batch is
     ``next_batch`` of ``epoch`` (that epoch dealing positions ``span`` of its order; None:
     all of them).  ``mix``: the sources' shares of an epoch (its order is ``mix.length``
     long), kept as text (``"sizes 30,10 quotas 20,20"``): another mix is another order; so
-    are ``filters`` (their canonical text: another filter is another dataset)."""
+    are ``filters`` (their canonical text: another filter is another dataset).
+
+    A bucketed run's order is its epoch regrouped into batches, less what no bucket fills,
+    and its ranks take whole batches: ``dealt``, the positions of that order the ranks deal
+    in ``epoch`` (each rank's samples times the world size), must be given for it."""
+    bucketed = run.buckets is not None
+    if span is None and bucketed:
+        assert dealt is not None, "a bucketed run's state needs the positions dealt"
+        span = (0, dealt)
     where = progress(
         shuffle=run.shuffle,
         next_batch=next_batch,
@@ -149,6 +160,7 @@ def loader_state(
         world_size=run.world_size,
         even=run.shard.even,
         span=span or (0, mix.length if mix is not None else num_objects),
+        unit=run.batch_size if bucketed else 1,
     )
     return {
         "version": VERSION,
@@ -276,6 +288,7 @@ def merge_worker_states(
                     world_size=int(merged["world_size"]),
                     even=str(merged["even"]),
                     span=(int(merged["start"]), int(merged["end"])),
+                    unit=int(merged["batch_size"]) if merged.get("buckets") else 1,
                 )
             )
     return merged
