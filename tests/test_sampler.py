@@ -6,13 +6,16 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asyncloader._dataset._mix import Mix, quotas
 from asyncloader._run._sampler import (
     consumed_prefix,
     covered,
+    epoch_deal,
     epoch_indices,
     mix_seed,
     node_subset,
     num_batches,
+    sample_seeds,
     unshuffled_batch,
 )
 
@@ -198,3 +201,81 @@ def test_elastic_resume_deals_exactly_the_rest(
         assert set(dealt) == set(left) and len(dealt) - len(left) < new
     else:
         assert len(dealt) == len(set(dealt)) == len(left) - len(left) % new
+
+
+# --- places: what each sample's seed is made from -----------------------------------------
+
+
+def _full_order(n: int, kw: dict[str, object]) -> np.ndarray:
+    """The epoch's order as one rank deals it (regrouped into batches, bucketed)."""
+    return epoch_deal(n, **kw)[0]  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(min_value=0, max_value=300),
+    seed=seeds,
+    world=st.integers(min_value=1, max_value=8),
+    new=st.integers(min_value=1, max_value=8),
+    taken=st.integers(min_value=0, max_value=20),
+    even=st.sampled_from(["pad", "drop"]),
+    shuffle=st.booleans(),
+    batch=st.integers(min_value=1, max_value=8),
+    bucketing=st.integers(min_value=0, max_value=3),
+)
+def test_a_place_is_the_sample_s_position_in_the_epoch_s_order(
+    n: int,
+    seed: int,
+    world: int,
+    new: int,
+    taken: int,
+    even: str,
+    shuffle: bool,
+    batch: int,
+    bucketing: int,
+) -> None:
+    """Every rank's samples stand at their places in the one-rank order; no two dealt
+    samples share a place (padding takes places after the order's end); the places of the
+    rest of an epoch dealt to ``new`` ranks after a resume are the uninterrupted run's."""
+    kw: dict[str, object] = {"seed": seed, "epoch": 2, "shuffle": shuffle, "even": even}
+    if bucketing:  # 1 to 3 buckets, the samples spread by their index
+        kw["buckets"] = (np.arange(n, dtype=np.int64) % bucketing, batch)
+    order = _full_order(n, kw)
+    assert np.array_equal(epoch_deal(n, **kw)[1], np.arange(len(order)))  # type: ignore[arg-type]
+
+    def check(start: int, end: int | None, ranks: int) -> list[int]:
+        places: list[int] = []
+        for r in range(ranks):
+            where: dict[str, object] = {"rank": r, "world_size": ranks, "start": start, "end": end}
+            got, at = epoch_deal(n, **where, **kw)  # type: ignore[arg-type]
+            assert np.array_equal(got, epoch_indices(n, **where, **kw))  # type: ignore[arg-type]
+            assert len(got) == len(at)
+            inside = at < len(order)
+            assert np.array_equal(order[at[inside]], got[inside])
+            assert (at >= start).all()
+            places += at.tolist()
+        assert len(places) == len(set(places))
+        return places
+
+    whole = check(0, None, world)
+    if even == "pad":  # every place of the order is dealt
+        assert set(range(len(order))) <= set(whole)
+    # The rest after every rank took `taken` batches (of one sample, unbucketed): its
+    # places are the uninterrupted run's.
+    unit = batch if bucketing else 1
+    end = covered(len(order) // unit, world, even) * unit  # type: ignore[arg-type]
+    start = consumed_prefix(taken, unit, world, 0, end)
+    rest = check(start, end, new)
+    assert {p for p in whole if start <= p < len(order)} >= {p for p in rest if p < len(order)}
+
+
+@given(sizes=st.lists(st.integers(1, 20), min_size=1, max_size=3), seed=seeds)
+def test_a_sample_drawn_twice_in_an_epoch_gets_two_seeds(sizes: list[int], seed: int) -> None:
+    """A mix that draws a source more often than it has samples repeats them; each draw has
+    its own place, so a transform drawing from its seed gets another crop each time."""
+    mix = Mix(tuple(f"s{i}" for i in range(len(sizes))), tuple(sizes), quotas(sizes, None, 97))
+    got, places = epoch_deal(sum(sizes), seed=seed, epoch=1, shuffle=True, mix=mix)
+    assert len(got) == 97 and len(set(got.tolist())) < 97  # repeats
+    seeds_ = sample_seeds(seed, 1, places)
+    assert len(set(seeds_)) == 97
+    assert seeds_ == sample_seeds(seed, 1, places) != sample_seeds(seed, 2, places)

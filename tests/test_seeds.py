@@ -1,8 +1,9 @@
 """Per-sample seeds for a user's own randomness: a decode hook that takes ``seed`` gets each
 sample's seed for the epoch, and ``extras=("seed",)`` delivers it beside the batch for a
 transform run in the trainer. The seed is made from the loader's seed, the epoch and the
-sample — the one the built-in transforms draw from — so it is the same under any engine or
-DataLoader worker count and after resume, and differs between epochs."""
+sample's place in the epoch's order — the one the built-in transforms draw from — so it is
+the same under any engine, DataLoader worker or rank count and after resume, differs
+between epochs, and differs between two draws of one sample in an epoch."""
 
 from __future__ import annotations
 
@@ -128,3 +129,32 @@ def test_the_seed_extra_is_what_the_built_in_transform_drew_from(
 def _index(server: S3TestServer) -> Any:
     keys = sorted(k for k in server.stats()["keys"] if k.endswith(".jpg"))
     return {k.removeprefix("train/"): i for i, k in enumerate(keys)}.__getitem__
+
+
+def test_a_sample_drawn_twice_gets_two_seeds_and_each_place_keeps_its_own_on_any_world(
+    light_server: S3TestServer,
+) -> None:
+    """``samples_per_epoch`` twice the folder: every sample is drawn twice in the epoch,
+    at two places of its order, so a hook gets two seeds for it (another crop each time);
+    the same epoch on two ranks gives every draw the seed it had on one."""
+    inline = al.EngineConfig(mode="inline")
+    twice = 2 * N_IMAGES
+
+    def draws(**kw: Any) -> list[tuple[str, int]]:
+        options = _options(light_server, engine=inline, samples_per_epoch=twice, **kw)
+        out: list[tuple[str, int]] = []
+        with al.ImageLoader("s3://b/train/", **options) as loader:
+            for images, _, extras in loader:  # type: ignore[misc]
+                for (name, seed), given in zip(_pairs(images), extras["seed"], strict=True):
+                    assert seed == given  # the hook's and the extra's
+                    out.append((name, seed))
+        return out
+
+    one = draws()
+    assert len(one) == twice
+    by_name: dict[str, set[int]] = {}
+    for name, seed in one:
+        by_name.setdefault(name, set()).add(seed)
+    assert len(by_name) == N_IMAGES and all(len(s) == 2 for s in by_name.values())
+    ranks = draws(rank=0, world_size=2) + draws(rank=1, world_size=2)
+    assert sorted(ranks) == sorted(one)

@@ -59,7 +59,8 @@ CROP_TOP_LEFT = "crop_top_left"
 (SDXL's ``crop_top_left``; a bucketed run's, filled in per batch)."""
 SEED = "seed"
 """The extra that gives each sample's seed for the epoch (the loader's seed, the epoch and
-the sample: the one the built-in transforms draw from), filled in per batch."""
+the sample's place in the epoch's order: the one the built-in transforms draw from), filled
+in per batch."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,8 +127,8 @@ class DecodeSpec:
 def takes_seed(fn: Callable[..., Any] | None) -> bool:
     """Whether the decode hook ``fn`` takes a ``seed`` keyword (a parameter of that name,
     or ``**kwargs``): then it gets each sample's seed, the one the built-in transforms
-    draw from — made from the loader's seed, the epoch and the sample, the same under any
-    engine or worker count and after resume."""
+    draw from — made from the loader's seed, the epoch and the sample's place in the epoch's
+    order, the same under any engine or worker count and after resume."""
     if fn is None:
         return False
     try:

@@ -4,7 +4,8 @@ A transform does not touch pixels: from the source size and a per-sample random 
 *plans* a crop box (in source pixels), an output size and a flip.  The decoder then uses
 the plan to pick a JPEG draft scale, does crop+resize in one Pillow call, and applies the
 flip for free while copying HWC pixels into the CHW batch slot.  Because the random stream is
-seeded from (seed, epoch, position), the same batch gets the same augmentation wherever it decodes.
+seeded from (seed, epoch, place in the epoch's order), the same batch gets the same
+augmentation wherever it decodes.
 """
 
 from __future__ import annotations

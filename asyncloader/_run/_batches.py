@@ -25,9 +25,8 @@ from .._dataset._sizes import bucket_index
 from .._decode._transforms import bucket_plan
 from ._sampler import (
     batch_owner,
-    mix_seed,
     num_batches,
-    run_indices,
+    run_deal,
     samples_per_epoch,
     unshuffled_batch,
 )
@@ -107,8 +106,10 @@ class BatchOrder:
 
     async def batches(
         self, epoch: int, first_batch: int, span: tuple[int, int] | None = None
-    ) -> AsyncGenerator[tuple[int, int, npt.NDArray[np.int64], bool], None]:
-        """(epoch, index, sample indices, last of its epoch) from ``epoch`` on, endlessly.
+    ) -> AsyncGenerator[tuple[int, int, npt.NDArray[np.int64], npt.NDArray[np.int64], bool], None]:
+        """(epoch, index, sample indices, their places in the epoch's order, last of its
+        epoch) from ``epoch`` on, endlessly (a sample's seed is made from its place: see
+        :func:`~._sampler.epoch_deal`).
 
         Only the batches made here (:meth:`mine`); in the first epoch only from
         ``first_batch`` on (a resume).  Every epoch ends with an END marker, so the "last"
@@ -131,11 +132,12 @@ class BatchOrder:
                         sel = unshuffled_batch(
                             b, r.batch_size, rank=r.rank, world_size=r.world_size
                         )
-                        yield epoch, b, sel, False
+                        # Unshuffled, a sample's place in the order is its index.
+                        yield epoch, b, sel, sel, False
                     b += 1
                 first_batch = b
                 self.check()
-            indices = run_indices(
+            indices, places = run_deal(
                 len(listing.samples),
                 r,
                 epoch=epoch,
@@ -147,10 +149,11 @@ class BatchOrder:
             nb = num_batches(len(indices), r.batch_size, r.shard.drop_last)
             mine = [b for b in range(first_batch, nb) if self.mine(b)]
             for b in mine:
-                sel = indices[b * r.batch_size : (b + 1) * r.batch_size]
-                yield epoch, b, sel, b == mine[-1]
+                part = slice(b * r.batch_size, (b + 1) * r.batch_size)
+                yield epoch, b, indices[part], places[part], b == mine[-1]
             if not mine:
-                yield epoch, -1, indices[:0], True  # nothing (more) for this worker: END only
+                # Nothing (more) for this worker: END only.
+                yield epoch, -1, indices[:0], places[:0], True
             first_batch = 0
             epoch += 1
 
@@ -176,8 +179,6 @@ class Geometry:
         buckets: The run's buckets.
         sizes: Each sample's recorded ``(height, width)``.
         bucket_of: Each sample's bucket.
-        seed: The loader's seed (each sample's seed is made from it, the epoch and the
-            sample, as its decode's).
     """
 
     def __init__(
@@ -185,12 +186,10 @@ class Geometry:
         buckets: Buckets,
         sizes: npt.NDArray[np.int64],
         bucket_of: npt.NDArray[np.int64],
-        seed: int,
     ) -> None:
         self.buckets = buckets
         self.sizes = sizes
         self.bucket_of = bucket_of
-        self.seed = seed
 
     @classmethod
     def of(
@@ -200,7 +199,7 @@ class Geometry:
         streams), else None."""
         if run.buckets is None or dataset is None or dataset.sizes is None or bucket_of is None:
             return None
-        return cls(run.buckets, dataset.sizes, bucket_of, run.seed)
+        return cls(run.buckets, dataset.sizes, bucket_of)
 
     def shape(self, indices: Sequence[int]) -> tuple[int, int]:
         """``(height, width)`` of the batch of samples ``indices`` (one bucket)."""
@@ -211,16 +210,19 @@ class Geometry:
         bh, bw = self.shape(indices)
         return [(bh, bw, int(self.sizes[i, 0]), int(self.sizes[i, 1])) for i in indices]
 
-    def extras(self, names: Sequence[str], epoch: int, indices: Sequence[int]) -> dict[str, Any]:
-        """Of ``names``, the geometry extras of the samples ``indices`` in ``epoch``."""
+    def extras(
+        self, names: Sequence[str], indices: Sequence[int], seeds: Sequence[int]
+    ) -> dict[str, Any]:
+        """Of ``names``, the geometry extras of the samples ``indices``, each drawn as its
+        decode draws it: from its seed of ``seeds`` (:func:`~._sampler.sample_seeds`)."""
         out: dict[str, list[Any]] = {n: [] for n in names if n in GEOMETRY}
         if not out:
             return out
         size = self.shape(indices)
         b = self.buckets
-        for i in indices:
+        for i, seed in zip(indices, seeds, strict=True):
             h, w = int(self.sizes[i, 0]), int(self.sizes[i, 1])
-            rng = random.Random(mix_seed(self.seed, epoch, i))
+            rng = random.Random(seed)
             _, corner = bucket_plan(w, h, size, rng, crop=b.crop, hflip=b.hflip)
             if ORIGINAL_SIZE in out:
                 out[ORIGINAL_SIZE].append((h, w))

@@ -22,7 +22,6 @@ from .._dataset._metadata import SEED, Extras, parse_sidecar
 from .._fetch import Fetcher
 from ._batches import Geometry
 from ._cache_fill import CacheFill, OnceFetcher, entry_key
-from ._sampler import mix_seed
 
 __all__ = ["ExtrasReader"]
 
@@ -38,7 +37,6 @@ class ExtrasReader:
         fetcher: Fetches sidecars (the images' fetcher: the same budget and store).
         filling: The SSD cache's way in, or None.
         counters: ``sidecars_cached`` and ``sidecars_fetched`` count sidecars.
-        seed: The loader's seed (each sample's ``"seed"`` is made from it).
         geometry: A bucketed run's (``original_size``, ``crop_top_left``), else None.
     """
 
@@ -48,11 +46,9 @@ class ExtrasReader:
         fetcher: Fetcher,
         filling: CacheFill | None,
         counters: Counters,
-        seed: int = 0,
         geometry: Geometry | None = None,
     ) -> None:
         self.extras = extras
-        self._seed = seed
         self._geometry = geometry
         self._fetcher = fetcher
         self._filling = filling
@@ -60,19 +56,20 @@ class ExtrasReader:
 
     async def batch(
         self,
-        epoch: int,
         indices: Sequence[int],
+        seeds: Sequence[int],
         failed: Callable[[AsyncLoaderError, str], BaseException],
     ) -> tuple[BatchExtras, dict[int, BaseException]]:
-        """The extras of the samples ``indices`` (a batch of ``epoch``), and the batch
-        positions whose sidecar failed: ``failed(error, key)`` decides (it raises under
-        ``"raise"``, else returns what the batch counts)."""
+        """The extras of the samples ``indices`` of a batch (``seeds``: theirs, as their
+        decodes draw from them), and the batch positions whose sidecar failed:
+        ``failed(error, key)`` decides (it raises under ``"raise"``, else returns what the
+        batch counts)."""
         ex = self.extras
         values: BatchExtras = {n: [col[i] for i in indices] for n, col in ex.columns.items()}
-        if SEED in ex.names:  # what the decode draws from: _pipeline gives it the same
-            values[SEED] = [mix_seed(self._seed, epoch, i) for i in indices]
+        if SEED in ex.names:  # what the decode draws from
+            values[SEED] = list(seeds)
         if self._geometry is not None:
-            values.update(self._geometry.extras(ex.names, epoch, indices))
+            values.update(self._geometry.extras(ex.names, indices, seeds))
         wanted: list[tuple[str, int, ObjectInfo]] = []
         for name, objs in ex.sidecars.items():
             values[name] = [None] * len(indices)

@@ -38,7 +38,7 @@ from ._batches import BatchOrder, Geometry, Mark, batch_geometry
 from ._cache_fill import CacheFill, InHand, OnceFetcher
 from ._extras import BatchExtras, ExtrasReader
 from ._notices import BatchReady, EpochEnd, Failed, Failure, Outbox, SampleFailures, Skipped
-from ._sampler import mix_seed
+from ._sampler import sample_seeds
 
 __all__ = ["Pipeline"]
 
@@ -106,7 +106,7 @@ class Pipeline:
         self._mix = dataset.mix if dataset is not None else None
         self._geometry = Geometry.of(run, dataset, self.order.bucket_of)
         self._extras = (
-            ExtrasReader(dataset.extras, fetcher, filling, counters, run.seed, self._geometry)
+            ExtrasReader(dataset.extras, fetcher, filling, counters, self._geometry)
             if dataset is not None and dataset.extras is not None
             else None
         )
@@ -196,7 +196,9 @@ class Pipeline:
         inflight: deque[tuple[int, int, bool, int, asyncio.Task[_Filled]]] = deque()
         self._failures.reset()
         batches = self.order.batches(epoch, first_batch, span)
-        nxt: asyncio.Task[tuple[int, int, npt.NDArray[np.int64], bool]] | None = None
+        nxt: (
+            asyncio.Task[tuple[int, int, npt.NDArray[np.int64], npt.NDArray[np.int64], bool]] | None
+        ) = None
         try:
             while True:
                 nxt = asyncio.create_task(_next(batches))
@@ -206,7 +208,7 @@ class Pipeline:
                     await asyncio.wait((nxt, inflight[0][4]), return_when=asyncio.FIRST_COMPLETED)
                     while inflight and inflight[0][4].done():
                         await self._publish(*inflight.popleft())
-                ep, b, sel, last = await nxt
+                ep, b, sel, places, last = await nxt
                 nxt = None
                 if b < 0:  # this worker has nothing left in `ep` (a resume past its end)
                     while inflight:
@@ -218,7 +220,7 @@ class Pipeline:
                 while inflight and (inflight[0][4].done() or self._free.empty()):
                     await self._publish(*inflight.popleft())
                 slot = await self._free.get()
-                task = asyncio.create_task(self._fill(slot, ep, sel, self._seq))
+                task = asyncio.create_task(self._fill(slot, ep, sel, places, self._seq))
                 self._seq += 1
                 inflight.append((ep, b, last, slot, task))
         except asyncio.CancelledError:
@@ -269,12 +271,19 @@ class Pipeline:
         if last:
             self.output.put(EpochEnd(epoch))
 
-    async def _fill(self, slot: int, epoch: int, sel: np.ndarray[Any, Any], seq: int) -> _Filled:
-        """Fill ``slot`` with the samples ``sel`` (batch ``seq`` of the stream); returns how
-        many made it, why not, and their extras (sidecars are fetched beside the images)."""
+    async def _fill(
+        self,
+        slot: int,
+        epoch: int,
+        sel: np.ndarray[Any, Any],
+        places: np.ndarray[Any, Any],
+        seq: int,
+    ) -> _Filled:
+        """Fill ``slot`` with the samples ``sel`` at ``places`` of the epoch's order (batch
+        ``seq`` of the stream); returns how many made it, why not, and their extras
+        (sidecars are fetched beside the images)."""
         # Each sample made once per batch (a compact sample list makes one per access).
         batch = [self.listing.samples[int(i)] for i in sel]
-        seed = self.run.seed
         cached: dict[str, CachedAt | None] = {}
         keys = [""] * len(sel)
         fill = self._filling
@@ -285,11 +294,11 @@ class Pipeline:
         hits = [j for j in range(len(sel)) if keys[j] in cached]
         hit_set = set(hits)
         shape, marks = batch_geometry(self._geometry, sel.tolist())
-        seeds = [mix_seed(seed, epoch, int(i)) for i in sel]
+        seeds = sample_seeds(self.run.seed, epoch, places)
         one = partial(self._sample, slot, epoch, seq)
         hit_results, side, *fetched = await asyncio.gather(
             self._hits(slot, epoch, seq, batch, hits, keys, cached, seeds, marks),
-            self._side(epoch, sel),
+            self._side(epoch, sel, seeds),
             *(
                 one(j, seeds[j], batch[j], keys[j], early.get(keys[j]), marks[j])
                 for j in range(len(sel))
@@ -334,13 +343,14 @@ class Pipeline:
         return mix.count(sel) if mix is not None and len(mix.urls) > 1 else None
 
     async def _side(
-        self, epoch: int, sel: np.ndarray[Any, Any]
+        self, epoch: int, sel: np.ndarray[Any, Any], seeds: list[int]
     ) -> tuple[BatchExtras | None, dict[int, BaseException]]:
-        """The batch's extras, and the samples whose sidecar failed (none asked: none)."""
+        """The batch's extras (``seeds``: its samples'), and the samples whose sidecar
+        failed (none asked: none)."""
         if self._extras is None:
             return None, {}
         return await self._extras.batch(
-            epoch, sel.tolist(), lambda exc, key: self._failures.failed(exc, epoch, "sidecar", key)
+            sel.tolist(), seeds, lambda exc, key: self._failures.failed(exc, epoch, "sidecar", key)
         )
 
     async def _hits(

@@ -6,7 +6,7 @@ machine, every time.  Property-tested in ``tests/test_sampler.py``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -19,12 +19,14 @@ __all__ = [
     "bucketed",
     "consumed_prefix",
     "covered",
+    "epoch_deal",
     "epoch_indices",
     "mix_seed",
     "mixed_order",
     "node_subset",
     "num_batches",
-    "run_indices",
+    "run_deal",
+    "sample_seeds",
     "samples_per_epoch",
     "unshuffled_batch",
 ]
@@ -50,6 +52,16 @@ def mix_seed(*values: int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
         h = z ^ (z >> 31)
     return h
+
+
+def sample_seeds(seed: int, epoch: int, places: npt.ArrayLike) -> list[int]:
+    """Each sample's seed in ``epoch``, from its place in the epoch's order (``places``, as
+    :func:`epoch_deal` gives them) and the loader's ``seed``: what the built-in transforms
+    and a bucket's crop draw from, what a decode hook with a ``seed`` parameter and
+    ``extras=("seed",)`` receive.  A sample drawn twice in an epoch (a mix's repeats, the
+    padding) draws anew each time; the same place gets the same seed under any world size,
+    DataLoader worker or engine count, and after a resume."""
+    return [mix_seed(seed, epoch, int(p)) for p in np.asarray(places).tolist()]
 
 
 def _even(order: npt.NDArray[np.int64], parts: int, even: EvenPolicy) -> npt.NDArray[np.int64]:
@@ -128,7 +140,13 @@ def batch_owner(batch: int, num_workers: int, engines: int) -> tuple[int, int]:
     return batch % num_workers, (batch // num_workers) % engines
 
 
-def epoch_indices(
+def epoch_indices(n: int, **options: Any) -> npt.NDArray[np.int64]:
+    """Indices into the object list that a rank visits in an epoch, in order: the first of
+    :func:`epoch_deal`'s pair, for the same keywords (see there)."""
+    return epoch_deal(n, **options)[0]
+
+
+def epoch_deal(
     n: int,
     *,
     seed: int,
@@ -142,8 +160,9 @@ def epoch_indices(
     end: int | None = None,
     mix: Mix | None = None,
     buckets: tuple[npt.NDArray[np.int64], int] | None = None,
-) -> npt.NDArray[np.int64]:
-    """Indices into the object list that ``rank`` visits in ``epoch``, in order.
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Indices into the object list that ``rank`` visits in ``epoch``, in order, and each
+    one's place in the epoch's order (what its seed is made from: see below).
 
     Global shuffle (``True``/``"global"``; ``False``: listing order): the epoch's order is a
     seeded permutation of ``range(n)`` and rank ``r`` takes positions ``r, r + world_size,
@@ -173,6 +192,13 @@ def epoch_indices(
     or drops the last round); ``start``/``end`` are then positions of the regrouped order,
     at batch boundaries.
 
+    The places: a sample's position in the epoch's order (the regrouped one, bucketed),
+    the same for any world size, DataLoader worker or engine count, and kept by a resume
+    (``start`` counts); the padding of ``even="pad"`` takes the places after the order's
+    end, so a sample repeated there, or drawn twice by a mix, has another place each time.
+    Node-local: node ``k``'s order takes places from ``k · (its length + local_world_size)``
+    on, so that no two nodes share one.
+
     Raises:
         ValueError: on an impossible rank, world size or node layout.
     """
@@ -200,7 +226,9 @@ def epoch_indices(
         # each epoch) is dropped, or the smaller ones repeat one.
         size = -(-n // nodes) if even == "pad" and n % nodes else n // nodes
         order = np.resize(order, size) if len(order) and size != len(order) else order[:size]
-        return _even(order, local, even)[local_rank::local]
+        order = _even(order, local, even)
+        places = node * (size + local) + np.arange(len(order), dtype=np.int64)
+        return order[local_rank::local], places[local_rank::local]
     if shuffle not in (True, False, "global"):
         raise ValueError(f"shuffle must be True, False, 'global' or 'node', not {shuffle!r}")
     if mix is not None:
@@ -211,13 +239,15 @@ def epoch_indices(
         order = np.arange(n, dtype=np.int64)
     if buckets is not None:
         bucket_of, size = buckets
-        order = bucketed(order, bucket_of, size)[start:end].reshape(-1, size)
-        return _even(order, world_size, even)[rank::world_size].reshape(-1)
-    if start or end is not None:
-        order = order[start:end]
+        rows = bucketed(order, bucket_of, size)[start:end].reshape(-1, size)
+        rows = _even(rows, world_size, even)
+        at = start + np.arange(rows.size, dtype=np.int64).reshape(-1, size)
+        return rows[rank::world_size].reshape(-1), at[rank::world_size].reshape(-1)
+    order = order[start:end]
     if world_size > 1:
-        order = _even(order, world_size, even)[rank::world_size]
-    return order
+        order = _even(order, world_size, even)
+    places = start + np.arange(len(order), dtype=np.int64)
+    return order[rank::world_size], places[rank::world_size]
 
 
 def bucketed(
@@ -279,7 +309,7 @@ def unshuffled_batch(
     return np.arange(first, first + batch_size, dtype=np.int64) * world_size + rank
 
 
-def run_indices(
+def run_deal(
     n: int,
     r: RunConfig,
     *,
@@ -287,11 +317,11 @@ def run_indices(
     mix: Mix | None = None,
     buckets: npt.NDArray[np.int64] | None = None,
     span: tuple[int, int] | None = None,
-) -> npt.NDArray[np.int64]:
-    """:func:`epoch_indices` of the run ``r`` (its order, rank and even rule) in ``epoch``;
-    ``buckets``: each sample's bucket (batches of ``r.batch_size``), ``span``: the positions
-    of the order to deal."""
-    return epoch_indices(
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """:func:`epoch_deal` of the run ``r`` (its order, rank and even rule) in ``epoch``: the
+    rank's samples and their places; ``buckets``: each sample's bucket (batches of
+    ``r.batch_size``), ``span``: the positions of the order to deal."""
+    return epoch_deal(
         n,
         seed=r.seed,
         epoch=epoch,
@@ -319,7 +349,7 @@ def samples_per_epoch(
     bucketed run's: ``buckets``, each sample's bucket, leaves over what does not fill a
     batch, which may differ between the epochs of a mix; that of ``epoch`` then)."""
     if buckets is not None:
-        return len(run_indices(n, r, epoch=epoch, mix=mix, buckets=buckets))
+        return len(run_deal(n, r, epoch=epoch, mix=mix, buckets=buckets)[0])
     if mix is not None:
         return len(_even(np.arange(mix.length), r.world_size, r.shard.even)[r.rank :: r.world_size])
     return len(
