@@ -362,6 +362,55 @@ def test_bucketed_batches_from_moto_with_filters_and_header_reads(
             assert np.array_equal(images[j].numpy().transpose(1, 2, 0), want), i
 
 
+def test_an_image_whose_header_cannot_be_read_stops_the_run_or_is_a_counted_skip(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """A corrupt image and a name no object has, in a bucketed folder without sizes: under
+    "raise" the run stops at its start, naming the image; under "skip" the rest of the
+    folder streams, the two counted as skipped in each epoch (each in a full batch of the
+    square bucket: 4 square photos and the two make 2 batches), and a second run on the
+    node reads again only their headers."""
+    bucket = "shapes-bad"
+    moto.create_bucket(bucket)
+    rows = []
+    for i in range(10):  # 4 square, 3 wide, 3 tall
+        moto.put(bucket, f"s/{i}.jpg", _jpeg(i))
+        rows.append({"file_name": f"{i}.jpg", "idx": i})
+    moto.put(bucket, "s/bad.jpg", _jpeg(0)[:40] + bytes(300))  # its header cut short
+    rows += [{"file_name": "bad.jpg", "idx": 10}, {"file_name": "gone.jpg", "idx": 11}]
+    moto.put(bucket, "s/metadata.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+    def loader(endpoint: str, **kw: Any) -> al.ImageLoader:
+        return al.ImageLoader(
+            f"s3://{bucket}/s/",
+            batch_size=3,
+            labels="idx",
+            buckets=BUCKETS,
+            cache_dir=str(tmp_path),
+            engine=al.EngineConfig(mode="inline"),
+            store=al.StoreConfig(options={"endpoint_url": endpoint}),
+            **kw,
+        )
+
+    with pytest.raises(al.AsyncLoaderError, match=r"bad\.jpg: no image size"):
+        loader(moto.endpoint)
+    skip = al.ErrorConfig(on_error="skip", max_failures=2)
+    with FaultProxy(moto.endpoint) as proxy:
+        with loader(proxy.endpoint, errors=skip) as run:
+            for epoch in range(2):
+                run.set_epoch(epoch)
+                seen = sorted(i for _, labels in run for i in labels.tolist())
+                assert seen == list(range(10))
+            stats = run.stats()
+        assert stats.skipped == {"DecodeError": 2, "ObjectNotFound": 2}
+        assert sorted(set(stats.skipped_keys)) == ["bad.jpg", "gone.jpg"]
+        headers = Counter(proxy.ranges)
+        with loader(proxy.endpoint, errors=skip) as again:
+            assert sorted(i for _, labels in again for i in labels.tolist()) == list(range(10))
+        second = Counter(proxy.ranges) - headers
+    assert second == Counter({f"GET /{bucket}/s/bad.jpg": 1, f"GET /{bucket}/s/gone.jpg": 1})
+
+
 def test_sizes_from_the_metadata_need_no_header_read(moto: MotoServer) -> None:
     bucket = "shapes-sized"
     moto.create_bucket(bucket)

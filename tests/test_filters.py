@@ -292,6 +292,30 @@ def test_a_filter_over_the_width_reads_the_headers_of_what_the_rest_keeps_once(
             next(iter(loader))
 
 
+def test_an_image_whose_header_cannot_be_read_under_a_width_filter(moto: MotoServer) -> None:
+    """Under a filter over the width, a corrupt image and a name no object has stop the run
+    at its start, naming the first; under "skip" both are kept, fail when read, and are
+    counted as skipped; the filter holds for the rest."""
+    bucket = "scored-bad"
+    moto.create_bucket(bucket)
+    rows = [{"file_name": f"{i}.jpg", "idx": i} for i in range(6)]
+    for i in range(6):
+        moto.put(bucket, f"f/{i}.jpg", _jpeg(i))
+    moto.put(bucket, "f/bad.jpg", b"\xff\xd8\xff" + bytes(200))  # no frame header
+    rows += [{"file_name": "bad.jpg", "idx": 6}, {"file_name": "gone.jpg", "idx": 7}]
+    moto.put(bucket, "f/metadata.jsonl", "\n".join(json.dumps(r) for r in rows).encode())
+    url, filters = f"s3://{bucket}/f/", [("width", ">=", 40)]
+    with pytest.raises(al.AsyncLoaderError, match=r"bad\.jpg: no image size"):
+        _loader(url, moto.endpoint, filters)
+    skip = al.ErrorConfig(on_error="skip", max_failures=2)
+    with _loader(url, moto.endpoint, filters, errors=skip) as loader:
+        got = sorted(i for _, labels in loader for i in labels.tolist())
+        stats = loader.stats()
+    assert got == [i for i in range(6) if 32 + 8 * (i % 3) >= 40]
+    assert stats.filtered_out == 2 and sum(stats.skipped.values()) == 2
+    assert sorted(stats.skipped_keys) == ["bad.jpg", "gone.jpg"]
+
+
 def test_the_filter_is_part_of_the_resume_state_and_of_len(scored: tuple[str, str]) -> None:
     bucket, endpoint = scored
     url = f"s3://{bucket}/jsonl/"

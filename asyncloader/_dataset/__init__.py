@@ -181,6 +181,7 @@ async def open_listing(
     filters: Normal | None = None,
     counters: Counters | None = None,
     sizes: bool = False,
+    skip_unreadable: bool = False,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """The run's samples: complete, or (``stream``: an unshuffled run) growing in key order
     while a task, returned with it, still lists.  ``listed(objects)`` is told of the whole
@@ -194,6 +195,8 @@ async def open_listing(
     where a copy of its listed ETag is kept (:func:`metadata_file`); ``counters``: its
     request, or its bytes read from the node's disk.  ``sizes``: each sample's pixel size
     is wanted (aspect-ratio buckets: :mod:`._sizes`); the listing then never streams.
+    ``skip_unreadable`` (``on_error="skip"``): an image whose header cannot be read keeps
+    an unknown size (it fails, and is counted, when read) rather than failing the listing.
 
     Raises:
         AsyncLoaderError: no samples under the URL (when complete; a growing listing raises
@@ -218,7 +221,7 @@ async def open_listing(
         dataset = await asyncio.to_thread(read_columnar_manifest, data, labels)
         check(dataset.samples.objects, dataset)
         if sizes:
-            dataset = await with_sizes(store, dataset, None, folder, counters)
+            dataset = await with_sizes(store, dataset, None, folder, counters, skip_unreadable)
         return Listing(of_length(dataset, store.url, samples_per_epoch)), None
     manifest_data = None
     if is_manifest(labels):
@@ -284,7 +287,7 @@ async def open_listing(
     check(all_listed, dataset)
     later = header_columns(filters, metadata)
     if sizes or later:
-        dataset = await with_sizes(store, dataset, metadata, folder, counters)
+        dataset = await with_sizes(store, dataset, metadata, folder, counters, skip_unreadable)
     if later:  # the filter again, with the headers' width and height
         assert filters is not None
         dataset = await asyncio.to_thread(filter_by_size, dataset, metadata, filters)
@@ -309,6 +312,7 @@ async def open_mixed_listing(
     filters: Normal | None = None,
     counters: Counters | None = None,
     sizes: bool = False,
+    skip_unreadable: bool = False,
 ) -> Listing:
     """The samples of several ``sources`` (``store``'s stores, in order; resolved, each
     with its labels and store options: :func:`~asyncloader._base._sources.as_sources`),
@@ -350,6 +354,7 @@ async def open_mixed_listing(
             filters=filters,
             counters=counters,
             sizes=sizes,
+            skip_unreadable=skip_unreadable,
         )
         assert listing.dataset is not None
         return listing.dataset
@@ -384,6 +389,7 @@ async def open_dataset(
     filters: Normal | None = None,
     counters: Counters | None = None,
     sizes: bool = False,
+    skip_unreadable: bool = False,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """A loader's samples, of one source (:func:`open_listing`) or of several
     (``sources``, ``store`` their :class:`MixedStore`: :func:`open_mixed_listing`, which
@@ -403,6 +409,7 @@ async def open_dataset(
             filters=filters,
             counters=counters,
             sizes=sizes,
+            skip_unreadable=skip_unreadable,
         )
         return mixed, None
     return await open_listing(
@@ -420,6 +427,7 @@ async def open_dataset(
         filters=filters,
         counters=counters,
         sizes=sizes,
+        skip_unreadable=skip_unreadable,
     )
 
 
@@ -429,9 +437,11 @@ async def with_sizes(
     metadata: Metadata | None,
     folder: str | None,
     counters: Counters | None,
+    skip_unreadable: bool = False,
 ) -> Dataset:
     """``dataset`` with each sample's pixel size: the metadata file's ``width`` and
-    ``height`` where it gives them, else its header's (:func:`._sizes.sample_sizes`)."""
+    ``height`` where it gives them, else its header's (:func:`._sizes.sample_sizes`;
+    ``skip_unreadable``: an unreadable one's is ``UNKNOWN``)."""
     objects = dataset.samples.objects
     keys = objects.keys()
     known: list[tuple[int, int] | None] = (
@@ -439,5 +449,7 @@ async def with_sizes(
         if metadata is not None
         else [None] * len(keys)
     )
-    pixels = await sample_sizes(store, objects, known, folder=folder, counters=counters)
+    pixels = await sample_sizes(
+        store, objects, known, folder=folder, counters=counters, skip=skip_unreadable
+    )
     return dataclasses.replace(dataset, sizes=pixels)

@@ -298,12 +298,15 @@ def _filtered(
 def filter_by_size(dataset: Dataset, metadata: Metadata | None, filters: Normal) -> Dataset:
     """``dataset`` (filtered already by :func:`build_dataset`, its ``sizes`` read) with
     ``filters`` applied again with the headers' ``width`` and ``height`` known: the samples
-    left out now are counted in ``filtered`` too, their extras and sizes dropped."""
+    left out now are counted in ``filtered`` too, their extras and sizes dropped.  An image
+    whose header could not be read (size ``(0, 0)``, under ``on_error="skip"``) is kept: it
+    fails, a counted skip, when it is read."""
     assert dataset.sizes is not None
     objects = dataset.samples.objects
     keys = objects.keys()
     rows = metadata_rows(metadata, keys) if metadata is not None else None
-    at = np.flatnonzero(passing(objects, keys, rows, metadata, filters, dataset.sizes))
+    unread = ~(dataset.sizes > 0).all(axis=1)
+    at = np.flatnonzero(passing(objects, keys, rows, metadata, filters, dataset.sizes) | unread)
     return dataclasses.replace(
         dataset,
         samples=SampleList(objects.take(at), dataset.samples.labels[at]),

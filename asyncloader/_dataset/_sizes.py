@@ -4,12 +4,19 @@ read per object (the first :data:`HEAD_BYTES`; a JPEG whose frame header lies fu
 a large EXIF block, is read again to :data:`HEAD_MAX`) — done once per node and kept in the
 cache folder beside the saved listing (``listings/<digest>.sizes.npz``, each size with its
 object's ETag), so later runs and ``warm`` read no header again.
+
+An image whose header cannot be read — missing, corrupt, or replaced since it was listed —
+stops the run at its start, naming it; under ``on_error="skip"`` it keeps an unknown size
+(:data:`UNKNOWN`, never saved) instead, and fails when its batch reads it, as any bad image
+does: a counted skip, each epoch.  A fault the store's retries could not get past (a
+throttled or unreachable store) stops the run either way: it is not the image's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -21,7 +28,13 @@ import numpy.typing as npt
 from PIL import Image
 
 from .._base._buckets import Buckets
-from .._base._errors import AsyncLoaderError, shown_key
+from .._base._errors import (
+    AsyncLoaderError,
+    DecodeError,
+    IntegrityError,
+    ObjectNotFound,
+    shown_key,
+)
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
 from ._labels import Dataset
@@ -29,6 +42,7 @@ from ._saved import ListingTurn, listing_path, make_listings_folder
 
 __all__ = [
     "HEAD_BYTES",
+    "UNKNOWN",
     "bucket_index",
     "header_size",
     "keep_sizes",
@@ -40,7 +54,14 @@ HEAD_BYTES = 64 * 1024
 """Bytes of an object read for its header: a JPEG's frame header, a PNG's IHDR, a WebP's."""
 HEAD_MAX = 1024 * 1024
 """Bytes read, at most, for a header beyond :data:`HEAD_BYTES` (a JPEG's EXIF thumbnail)."""
+log = logging.getLogger("asyncloader")
+
 _INFLIGHT = 64
+UNKNOWN = (0, 0)
+"""The recorded ``(height, width)`` of an image whose header could not be read, under
+``on_error="skip"``."""
+_THE_IMAGE_S = (ObjectNotFound, IntegrityError, DecodeError)
+"""The header read's failures that are the image's own: the ones ``"skip"`` counts."""
 
 
 def sizes_path(directory: str | os.PathLike[str], url: str) -> Path:
@@ -98,9 +119,10 @@ async def _read_header(
         if size is not None:
             return size
         if want < end or end >= HEAD_MAX:  # the whole object, or as far as a header goes
-            raise AsyncLoaderError(
+            raise DecodeError(
                 f"{shown_key(obj.key)}: no image size in its first {len(data)} bytes "
-                "(not an image Pillow reads?); aspect-ratio buckets need each image's size"
+                "(not an image Pillow reads?); aspect-ratio buckets need each image's size",
+                key=obj.key,
             )
         end = HEAD_MAX
 
@@ -112,15 +134,17 @@ async def sample_sizes(
     *,
     folder: str | None,
     counters: Counters | None = None,
+    skip: bool = False,
 ) -> npt.NDArray[np.int64]:
     """``(height, width)`` of each of ``objects`` (a dataset's samples): ``known[i]`` where
     given (the metadata file's), else kept in ``folder`` for that object's ETag, else read
     from its header; the sizes read are kept in ``folder`` for the next run, once per node
-    (the loaders of a node take turns, as for the listing).
+    (the loaders of a node take turns, as for the listing).  ``skip`` (``on_error="skip"``):
+    an image whose header cannot be read for a fault of its own gets :data:`UNKNOWN`.
 
     Raises:
-        AsyncLoaderError: an object whose header gives no size; StoreError: one that could
-            not be read.
+        DecodeError: an object whose header gives no size; StoreError: one that could not
+            be read (``skip``: only a fault that is not the image's own).
     """
     out = np.zeros((len(objects), 2), dtype=np.int64)
     todo = [i for i, k in enumerate(known) if k is None]
@@ -130,6 +154,7 @@ async def sample_sizes(
     if not todo:
         return out
     path = sizes_path(folder, store.url) if folder is not None else None
+    unreadable: dict[int, AsyncLoaderError] = {}
     turn = ListingTurn(path.with_suffix(".lock")) if path is not None else None
     if turn is not None:
         await turn.acquire()
@@ -140,9 +165,12 @@ async def sample_sizes(
 
         async def one(i: int) -> None:
             async with gate:
-                kept[(objects[i].key, objects[i].etag)] = await _read_header(
-                    store, objects[i], counters
-                )
+                try:
+                    size = await _read_header(store, objects[i], counters)
+                except _THE_IMAGE_S as exc:  # every header is read, to name the first
+                    unreadable[i] = exc
+                    return
+                kept[(objects[i].key, objects[i].etag)] = size
 
         if missing:
             async with asyncio.TaskGroup() as tg:
@@ -155,8 +183,24 @@ async def sample_sizes(
     finally:
         if turn is not None:
             turn.release()
+    bad = sorted(unreadable)
+    if bad and not skip:  # the first in the dataset's order, whichever failed first
+        first = unreadable[bad[0]]
+        if len(bad) > 1:
+            first.add_note(
+                f"asyncloader: {len(bad) - 1} more image(s) whose header could not be read"
+            )
+        raise first
     for i in todo:
-        out[i] = kept[(objects[i].key, objects[i].etag)]
+        out[i] = kept.get((objects[i].key, objects[i].etag), UNKNOWN)
+    if bad:
+        log.warning(
+            "asyncloader: %d image(s) whose header could not be read (%s%s): each is "
+            "skipped when its batch reads it (on_error='skip')",
+            len(bad),
+            ", ".join(shown_key(objects[i].key) for i in bad[:3]),
+            ", ..." if len(bad) > 3 else "",
+        )
     return out
 
 
@@ -185,7 +229,12 @@ def bucket_index(dataset: Dataset, buckets: Buckets) -> npt.NDArray[np.int64]:
     """
     if dataset.sizes is None:
         raise ValueError("a bucketed run needs each sample's size")
-    return buckets.nearest(dataset.sizes[:, 0], dataset.sizes[:, 1])
+    sizes = dataset.sizes
+    # An image of UNKNOWN size goes to the bucket nearest a square: it fails when read.
+    known = (sizes > 0).all(axis=1)
+    out = np.full(len(sizes), buckets.nearest([1], [1])[0], dtype=np.int64)
+    out[known] = buckets.nearest(sizes[known, 0], sizes[known, 1])
+    return out
 
 
 def metadata_sizes(

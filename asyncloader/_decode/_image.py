@@ -300,6 +300,12 @@ def _plan(
         assert spec.transform is not None
         return spec.transform.plan(width, height, rng)
     bh, bw, h, w = mark
+    if (h, w) == (0, 0):  # on_error="skip": not read when the run began (it logged why)
+        raise DecodeError(
+            f"{shown_key(key)}: its header could not be read when the run began, so it has "
+            "no bucket (on_error='skip' leaves it out)",
+            key=key,
+        )
     if (h, w) != (height, width):
         raise DecodeError(
             f"{shown_key(key)} is {width}x{height} pixels, but its size was recorded as "

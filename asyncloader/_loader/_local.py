@@ -132,6 +132,7 @@ class LocalEngine:
                     filters=p.run.filters,
                     counters=c,
                     sizes=p.run.buckets is not None,
+                    skip_unreadable=p.run.errors.on_error == "skip",
                 )
                 self.rt.listing_task = task
             if listing.dataset is not None:

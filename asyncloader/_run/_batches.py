@@ -222,8 +222,10 @@ class Geometry:
         b = self.buckets
         for i, seed in zip(indices, seeds, strict=True):
             h, w = int(self.sizes[i, 0]), int(self.sizes[i, 1])
-            rng = random.Random(seed)
-            _, corner = bucket_plan(w, h, size, rng, crop=b.crop, hflip=b.hflip)
+            corner = (0, 0)  # an image of unknown size: it fails when read, and goes
+            if h > 0 and w > 0:
+                rng = random.Random(seed)
+                _, corner = bucket_plan(w, h, size, rng, crop=b.crop, hflip=b.hflip)
             if ORIGINAL_SIZE in out:
                 out[ORIGINAL_SIZE].append((h, w))
             if CROP_TOP_LEFT in out:

@@ -35,6 +35,7 @@ def job_dataset(
     samples_per_epoch: int | None,
     filters: Filters | None = None,
     buckets: bool = False,
+    skip_unreadable: bool = False,
     folder: str | None,
     max_age: float,
     objects: Sequence[ObjectInfo] | None,
@@ -70,6 +71,7 @@ def job_dataset(
                 samples_per_epoch=samples_per_epoch,
                 filters=normalize(filters),
                 sizes=buckets,
+                skip_unreadable=skip_unreadable,
             )
             return listing.dataset if listing.dataset is not None else await listing.complete()
         finally:
