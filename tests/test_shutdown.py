@@ -256,7 +256,9 @@ def test_engines_import_the_package_the_parent_imported(
     copy = tmp_path / "checkout"
     shutil.copytree(Path(al.__file__).parent, copy / "asyncloader")
     with (copy / "asyncloader" / "_decode" / "_image.py").open("a") as f:
-        f.write("\nimport os as _os\nprint('COPY', _os.getpid(), flush=True)\n")
+        # One write(2) a line: the engines import it at once, and under PYTHONUNBUFFERED a
+        # print() is a write per piece, which interleave ("COPY COPY 11 12").
+        f.write("\nimport os as _os\n_os.write(1, f'COPY {_os.getpid()}\\n'.encode())\n")
     body = textwrap.dedent(
         f"""
         import os, sys
@@ -280,7 +282,7 @@ def test_engines_import_the_package_the_parent_imported(
     copies = {line.split()[1] for line in lines if line.startswith("COPY")}
     parent = next(line.split()[1] for line in lines if line.startswith("PARENT"))
     assert parent in copies
-    assert len(copies) == 3  # the parent and its two engine processes
+    assert len(copies) == 3, out.stdout  # the parent and its two engine processes
 
 
 def test_engines_that_met_a_bad_file_exit_without_a_word(
