@@ -7,6 +7,7 @@ file or one header read per object, kept for the next run; ``original_size`` and
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -242,6 +243,31 @@ def test_a_bucketed_state_resumes_on_any_world_the_rest_the_run_would_deal(
         assert set(got) - seen <= final <= every
     else:
         assert final <= set(got) - seen
+
+
+def test_merged_worker_states_of_a_bucketed_rank_end_at_whole_batches() -> None:
+    """A rank resumed elastically deals 5 batches of 2 (positions 4 to 14) to 3 ranks under
+    "drop": they deal 3 of them, so its state ends at position 10, also once its 2
+    DataLoader workers' states are merged with a batch delivered after the snapshot."""
+    shard = ShardConfig(even="drop", num_workers=2)
+    states = [
+        loader_state(
+            RunConfig(
+                batch_size=2,
+                world_size=3,
+                shard=dataclasses.replace(shard, worker=w),
+                buckets=BUCKETS,
+            ),
+            epoch=0,
+            next_batch=1,
+            num_objects=30,
+            span=(4, 14),
+        )
+        for w in range(2)
+    ]
+    assert states[0]["end"] == 10
+    merged = al.merge_worker_states(states, later_batches=1)
+    assert (merged["start"], merged["end"], merged["consumed"]) == (4, 10, 10)
 
 
 # --- from moto: shapes, requests, pixels, extras, resume ----------------------------------
