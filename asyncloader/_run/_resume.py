@@ -287,8 +287,7 @@ def merge_worker_states(
                     batch_size=int(merged["batch_size"]),
                     world_size=int(merged["world_size"]),
                     even=str(merged["even"]),
-                    span=(int(merged["start"]), int(merged["end"])),
-                    unit=int(merged["batch_size"]) if merged.get("buckets") else 1,
+                    span=(int(merged["start"]), int(merged["end"])),  # evened already
                 )
             )
     return merged
