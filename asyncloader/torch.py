@@ -71,9 +71,12 @@ from asyncloader._device._upload import Uploader
 from asyncloader._loader._health import WorkerPoints
 from asyncloader._run._dist import (
     Agreement,
+    StoreShare,
     adopt_store_address,
+    adopted,
     job_store,
     list_once,
+    own_store,
     store_address,
 )
 from asyncloader._run._job import Dataset, job_dataset, rank_batches
@@ -154,6 +157,15 @@ class ImageDataset(IterableDataset[Batch]):
         rank, world = dist_shard()
         # Where DataLoader workers find the job's store when no torchrun names it.
         self._store_address = store_address()
+        # Outside any job, a store of the dataset's own where its images' sizes are read
+        # (buckets, size filters): its loaders (the training process's count, each
+        # DataLoader worker's) read each header once between them.
+        self._own_store: Any = None
+        wants_sizes = options.get("buckets") is not None or options.get("filters") is not None
+        if self._store_address is None and wants_sizes:
+            made = own_store()
+            if made is not None:
+                self._own_store, self._store_address = made
         one = isinstance(url, str)  # else several sources: each listed where it is read
         name = url if isinstance(url, str) else " + ".join(_urls(url))
         agreement = Agreement.open(name, options.get("labels", "folder"), rank, world)
@@ -181,6 +193,7 @@ class ImageDataset(IterableDataset[Batch]):
         # Workers get the recipe, never a live loader (threads and sockets do not travel).
         state = self.__dict__.copy()
         state["_loader"] = None
+        state["_own_store"] = None  # the server stays here; workers reach it by address
         state["_pid"] = -1
         state["_dataset"] = None  # the training process's: a worker's loader lists its own
         return state
@@ -203,6 +216,7 @@ class ImageDataset(IterableDataset[Batch]):
                 filters=o.get("filters"),
                 buckets=o.get("buckets") is not None,
                 skip_unreadable=(o.get("errors") or ErrorConfig()).on_error == "skip",
+                share_sizes=StoreShare(a) if (a := self._store_address) is not None else None,
                 folder=cache.directory if cache is not None else None,
                 max_age=config.max_age,
                 objects=store.objects,
@@ -258,7 +272,8 @@ class ImageDataset(IterableDataset[Batch]):
         options = LoaderOptions(**self.options)
         shard = options.get("shard") or ShardConfig()
         options["shard"] = dataclasses.replace(shard, worker=worker, num_workers=workers)
-        self._loader = ImageLoader(self.url, rank=rank, world_size=world, **options)
+        with adopted(self._store_address):  # its engine shares the images' sizes there
+            self._loader = ImageLoader(self.url, rank=rank, world_size=world, **options)
         self._pid = os.getpid()
         return self._loader
 

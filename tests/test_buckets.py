@@ -388,6 +388,41 @@ def test_bucketed_batches_from_moto_with_filters_and_header_reads(
             assert np.array_equal(images[j].numpy().transpose(1, 2, 0), want), i
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataset_its_length_and_its_dataloader_workers_read_each_header_once(
+    shapes: tuple[str, str], workers: int
+) -> None:
+    """Without a cache folder and outside any job: ``len()`` in the training process and
+    the loaders it iterates (its own, or each DataLoader worker's) read each kept image's
+    header once between them, through the dataset's own store."""
+    from torch.utils.data import DataLoader
+
+    from asyncloader.torch import ImageDataset
+
+    bucket, endpoint = shapes
+    kept = [i for i in range(N) if _score(i) >= 1]
+    with FaultProxy(endpoint) as proxy:
+        ds = ImageDataset(
+            f"s3://{bucket}/a/",
+            batch_size=3,
+            labels="idx",
+            seed=4,
+            buckets=BUCKETS,
+            filters=[("score", ">=", 1)],
+            decode=al.DecodeConfig(workers=1),
+            store=al.StoreConfig(options={"endpoint_url": proxy.endpoint}),
+        )
+        batches = len(ds)
+        got = [y.tolist() for _, y in DataLoader(ds, batch_size=None, num_workers=workers)]
+        ds.close()
+        headers = Counter(proxy.ranges)
+    for i in range(N):
+        key = f"GET /{bucket}/a/{i:03d}.jpg"
+        assert headers[key] == (1 if i in kept else 0), (key, workers)
+    seen = [i for labels in got for i in labels]
+    assert len(got) == batches and len(seen) == len(set(seen)) and set(seen) <= set(kept)
+
+
 def test_an_image_whose_header_cannot_be_read_stops_the_run_or_is_a_counted_skip(
     moto: MotoServer, tmp_path: Path
 ) -> None:

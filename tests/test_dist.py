@@ -3,27 +3,34 @@ chunks; every rank's agreement on its object list; the digest that agreement com
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import io
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from PIL import Image
 from torch.distributed import PrefixStore, TCPStore
 
 from asyncloader import AsyncLoaderError, DecodeConfig, ListingMismatchError, ObjectInfo
 from asyncloader._dataset._objects import ObjectList
+from asyncloader._dataset._sizes import UNKNOWN, sample_sizes
 from asyncloader._run import _dist
 from asyncloader._run._dist import (
     Agreement,
     StoreAddress,
+    StoreShare,
     listing_key,
     share_listing,
     store_address,
 )
+from asyncloader.testing import MemoryStore
 
 
 @pytest.fixture
@@ -114,6 +121,91 @@ def test_a_restarted_job_and_another_prefix_start_afresh(server: TCPStore) -> No
     share_listing(_client(server, "asyncloader/r/0"), "k", "u", lambda: _objects(2))
     got = share_listing(_client(server, "asyncloader/r/1"), "k", "u", lambda: _objects(5))
     assert len(got) == 5
+
+
+def _jpegs(n: int) -> dict[str, bytes]:
+    out = {}
+    for i in range(n):
+        buf = io.BytesIO()
+        Image.new("RGB", (8 + 4 * i, 16), (i, 0, 0)).save(buf, "JPEG")
+        out[f"s/{i}.jpg"] = buf.getvalue()
+    return out
+
+
+def _sizes_in(
+    server: TCPStore,
+    store: MemoryStore,
+    folders: list[Path | None],
+    *,
+    skip: bool = False,
+    job: str = "asyncloader/t/0",
+) -> list[Any]:
+    """:func:`sample_sizes` of ``store``'s objects in as many "processes" as ``folders``
+    (each its own client of the store of ``job`` and its own cache folder), at once: what
+    each got, or raised."""
+    objects = _listed(store)
+
+    async def one(folder: Path | None) -> Any:
+        share = StoreShare(_client(server, job))
+        return await sample_sizes(
+            store,
+            objects,
+            [None] * len(objects),
+            folder=str(folder) if folder is not None else None,
+            skip=skip,
+            share=share,
+        )
+
+    async def every() -> list[Any]:
+        return await asyncio.gather(*(one(f) for f in folders), return_exceptions=True)
+
+    return asyncio.run(every())
+
+
+def _listed(store: MemoryStore) -> ObjectList:
+    async def listing() -> list[ObjectInfo]:
+        return [o async for o in store.list()]
+
+    return ObjectList.of(asyncio.run(listing()))
+
+
+def test_one_process_of_the_job_reads_the_headers_and_every_other_takes_its_sizes(
+    server: TCPStore, tmp_path: Path
+) -> None:
+    store = MemoryStore(_jpegs(6))
+    folders: list[Path | None] = [tmp_path / "node0", tmp_path / "node1", None]
+    got = _sizes_in(server, store, folders)
+    want = [[16, 8 + 4 * i] for i in range(6)]
+    assert all(g.tolist() == want for g in got), got
+    assert store.requests["get"] == 6  # one header read per object, in the whole job
+    # Each node kept them, also the one whose process took them from the job's store: a
+    # later run on either reads no header.
+    for folder in folders[:2]:
+        again = asyncio.run(sample_sizes(store, _listed(store), [None] * 6, folder=str(folder)))
+        assert again.tolist() == want
+    assert store.requests["get"] == 6
+
+
+def test_an_unreadable_header_stops_every_process_of_the_job_or_is_unknown_to_each(
+    server: TCPStore, tmp_path: Path
+) -> None:
+    images = _jpegs(4)
+    images["s/2.jpg"] = images["s/2.jpg"][:30] + bytes(100)  # its header cut short
+    store = MemoryStore(images, name="bad")
+    got = _sizes_in(server, store, [None, None])
+    raised = sorted(type(g).__name__ for g in got)
+    assert raised == ["AsyncLoaderError", "DecodeError"], got
+    told = next(g for g in got if type(g) is AsyncLoaderError)
+    assert "read the image sizes of mem://bad/ failed: DecodeError" in str(told)
+    assert "2.jpg" in str(told)
+    # Under on_error="skip" each gets the same sizes, the unreadable one unknown; it is
+    # kept nowhere, so the next run reads its header again.
+    reads = store.requests["get"]
+    got = _sizes_in(server, store, [tmp_path / "n0", tmp_path / "n1"], skip=True)
+    assert all(g.tolist()[2] == list(UNKNOWN) and g.tolist()[3] == [16, 20] for g in got), got
+    assert store.requests["get"] - reads == 4
+    got = _sizes_in(server, store, [tmp_path / "n1"], skip=True, job="asyncloader/t/1")  # next job
+    assert store.requests["get"] - reads == 5
 
 
 def test_listing_keys_differ_by_url_source_and_store_options() -> None:

@@ -387,6 +387,9 @@ def test_a_job_stopped_on_two_ranks_of_two_workers_resumes_on_other_layouts(
         assert {i % 5 for i in whole} <= {1, 2, 3, 4}  # the filter: score = i % 5 >= 1
         assert set(mix_consumed) <= set(whole) and len(mix_consumed) == 2 * 3
         assert all(r["head"] == r["whole"][:1] for r in ranks)  # as the whole epoch began
+        # Each kept image's header read once in the job, for both ranks and their four
+        # loaders (the job's store), and no filtered-out image's.
+        _headers_read(shapes, 1)
         for nproc, workers in ((3, 1), (1, 2)):
             out = tmp_path / f"{nproc}x{workers}.json"
             _torchrun(script, nproc, *servers, str(workers), str(first), str(out), "0")
@@ -403,6 +406,19 @@ def test_a_job_stopped_on_two_ranks_of_two_workers_resumes_on_other_layouts(
             assert not set(delivered) & set(mix_consumed), nproc
             extra = Counter(delivered) - Counter(whole)  # whole batches repeated to even ranks
             assert sum(extra.values()) < nproc * 3, nproc
+        _headers_read(shapes, 3)  # once more in each restarted job
+
+
+def _headers_read(shapes: S3TestServer, times: int) -> None:
+    """Each image of tests/test_buckets.py's mix whose score passes the filter had its
+    header read ``times`` times (a range request), and none other."""
+    from .test_buckets import N
+
+    read = shapes.stats()["ranges_by_key"]
+    for folder, base in (("a", 0), ("b", N)):
+        for i in range(base, base + N):
+            key = f"{folder}/{i:03d}.jpg"
+            assert read.get(key, 0) == (times if i % 5 else 0), (key, read.get(key))
 
 
 def test_default_loaders_of_a_node_share_its_cpus(two_ranks: Any) -> None:

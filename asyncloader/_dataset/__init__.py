@@ -51,10 +51,10 @@ from ._labels import (
 )
 from ._listing import list_and_save, list_objects, listing_turn, metadata_file, saved_listing
 from ._located import read_manifest_file
-from ._metadata import Metadata, metadata_object, read_metadata
+from ._metadata import metadata_object, read_metadata
 from ._objects import ObjectList
 from ._saved import listing_path, save_listing
-from ._sizes import metadata_sizes, sample_sizes
+from ._sizes import NO_SIZES, SizeReading, with_sizes
 
 __all__ = [
     "Listing",
@@ -180,8 +180,7 @@ async def open_listing(
     samples_per_epoch: int | None = None,
     filters: Normal | None = None,
     counters: Counters | None = None,
-    sizes: bool = False,
-    skip_unreadable: bool = False,
+    sizes: SizeReading = NO_SIZES,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """The run's samples: complete, or (``stream``: an unshuffled run) growing in key order
     while a task, returned with it, still lists.  ``listed(objects)`` is told of the whole
@@ -193,10 +192,12 @@ async def open_listing(
     the samples kept (:mod:`asyncloader._base._filters`), before anything is fetched;
     with them the listing never streams.  The metadata file comes from the cache folder
     where a copy of its listed ETag is kept (:func:`metadata_file`); ``counters``: its
-    request, or its bytes read from the node's disk.  ``sizes``: each sample's pixel size
-    is wanted (aspect-ratio buckets: :mod:`._sizes`); the listing then never streams.
-    ``skip_unreadable`` (``on_error="skip"``): an image whose header cannot be read keeps
-    an unknown size (it fails, and is counted, when read) rather than failing the listing.
+    request, or its bytes read from the node's disk.  ``sizes``: how the images' sizes are
+    read where they are needed (:class:`._sizes.SizeReading`): ``wanted``, each sample's
+    pixel size is kept (aspect-ratio buckets), and the listing then never streams;
+    ``skip`` (``on_error="skip"``), an image whose header cannot be read keeps an unknown
+    size (it fails, and is counted, when read) rather than failing the listing; ``share``,
+    the job's, so that one process of the job reads the headers.
 
     Raises:
         AsyncLoaderError: no samples under the URL (when complete; a growing listing raises
@@ -220,8 +221,8 @@ async def open_listing(
         data = await read_manifest_file(store, labels, store_options)
         dataset = await asyncio.to_thread(read_columnar_manifest, data, labels)
         check(dataset.samples.objects, dataset)
-        if sizes:
-            dataset = await with_sizes(store, dataset, None, folder, counters, skip_unreadable)
+        if sizes.wanted:
+            dataset = await with_sizes(store, dataset, None, folder, counters, sizes)
         return Listing(of_length(dataset, store.url, samples_per_epoch)), None
     manifest_data = None
     if is_manifest(labels):
@@ -237,8 +238,9 @@ async def open_listing(
     try:
         list_sorted = getattr(store, "list_sorted", None)
         # Sizes read it too: its width and height columns spare a header read each.
-        wants_metadata = bool(extras) or is_column(labels) or filters is not None or sizes
-        streams = stream and not wants_metadata and samples_per_epoch is None and not sizes
+        wanted = sizes.wanted
+        wants_metadata = bool(extras) or is_column(labels) or filters is not None or wanted
+        streams = stream and not wants_metadata and samples_per_epoch is None and not wanted
         if saved is None and not is_manifest(labels) and streams and list_sorted:
             listing = Listing()
 
@@ -286,14 +288,14 @@ async def open_listing(
     )
     check(all_listed, dataset)
     later = header_columns(filters, metadata)
-    if sizes or later:
-        dataset = await with_sizes(store, dataset, metadata, folder, counters, skip_unreadable)
+    if sizes.wanted or later:
+        dataset = await with_sizes(store, dataset, metadata, folder, counters, sizes)
     if later:  # the filter again, with the headers' width and height
         assert filters is not None
         dataset = await asyncio.to_thread(filter_by_size, dataset, metadata, filters)
         if not dataset.samples:
             raise AsyncLoaderError(no_samples(store.url, len(all_listed), extensions, dataset))
-        if not sizes:  # a bucketed run's only
+        if not sizes.wanted:  # a bucketed run's only
             dataset = dataclasses.replace(dataset, sizes=None)
     return Listing(of_length(dataset, store.url, samples_per_epoch)), None
 
@@ -311,8 +313,7 @@ async def open_mixed_listing(
     objects: Sequence[ObjectInfo] | None = None,
     filters: Normal | None = None,
     counters: Counters | None = None,
-    sizes: bool = False,
-    skip_unreadable: bool = False,
+    sizes: SizeReading = NO_SIZES,
 ) -> Listing:
     """The samples of several ``sources`` (``store``'s stores, in order; resolved, each
     with its labels and store options: :func:`~asyncloader._base._sources.as_sources`),
@@ -354,7 +355,6 @@ async def open_mixed_listing(
             filters=filters,
             counters=counters,
             sizes=sizes,
-            skip_unreadable=skip_unreadable,
         )
         assert listing.dataset is not None
         return listing.dataset
@@ -388,8 +388,7 @@ async def open_dataset(
     samples_per_epoch: int | None = None,
     filters: Normal | None = None,
     counters: Counters | None = None,
-    sizes: bool = False,
-    skip_unreadable: bool = False,
+    sizes: SizeReading = NO_SIZES,
 ) -> tuple[Listing, asyncio.Task[None] | None]:
     """A loader's samples, of one source (:func:`open_listing`) or of several
     (``sources``, ``store`` their :class:`MixedStore`: :func:`open_mixed_listing`, which
@@ -409,7 +408,6 @@ async def open_dataset(
             filters=filters,
             counters=counters,
             sizes=sizes,
-            skip_unreadable=skip_unreadable,
         )
         return mixed, None
     return await open_listing(
@@ -427,29 +425,4 @@ async def open_dataset(
         filters=filters,
         counters=counters,
         sizes=sizes,
-        skip_unreadable=skip_unreadable,
     )
-
-
-async def with_sizes(
-    store: ObjectStore,
-    dataset: Dataset,
-    metadata: Metadata | None,
-    folder: str | None,
-    counters: Counters | None,
-    skip_unreadable: bool = False,
-) -> Dataset:
-    """``dataset`` with each sample's pixel size: the metadata file's ``width`` and
-    ``height`` where it gives them, else its header's (:func:`._sizes.sample_sizes`;
-    ``skip_unreadable``: an unreadable one's is ``UNKNOWN``)."""
-    objects = dataset.samples.objects
-    keys = objects.keys()
-    known: list[tuple[int, int] | None] = (
-        metadata_sizes(metadata.file_names, metadata.columns, keys)
-        if metadata is not None
-        else [None] * len(keys)
-    )
-    pixels = await sample_sizes(
-        store, objects, known, folder=folder, counters=counters, skip=skip_unreadable
-    )
-    return dataclasses.replace(dataset, sizes=pixels)

@@ -1,9 +1,12 @@
 """Each sample's pixel size, for aspect-ratio buckets: from the metadata file's ``width``
 and ``height`` columns where it has them, else from the image's header — one small range
 read per object (the first :data:`HEAD_BYTES`; a JPEG whose frame header lies further, behind
-a large EXIF block, is read again to :data:`HEAD_MAX`) — done once per node and kept in the
-cache folder beside the saved listing (``listings/<digest>.sizes.npz``, each size with its
-object's ETag), so later runs and ``warm`` read no header again.
+a large EXIF block, is read again to :data:`HEAD_MAX`) — done once per job, like the
+listing: the first process of the job to need them (a rank, a DataLoader worker, the training
+process counting ``len()``) reads them, and every other takes them from the job's store
+(:class:`JobShare`).  Each node keeps them in its cache folder beside the saved listing
+(``listings/<digest>.sizes.npz``, each size with its object's ETag), so later runs and
+``warm`` read no header again.
 
 An image whose header cannot be read — missing, corrupt, or replaced since it was listed —
 stops the run at its start, naming it; under ``on_error="skip"`` it keeps an unknown size
@@ -15,13 +18,17 @@ throttled or unreachable store) stops the run either way: it is not the image's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import io
 import logging
 import os
 import threading
+import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -38,16 +45,22 @@ from .._base._errors import (
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
 from ._labels import Dataset
+from ._metadata import Metadata
+from ._objects import ObjectList
 from ._saved import ListingTurn, listing_path, make_listings_folder
 
 __all__ = [
     "HEAD_BYTES",
+    "JobShare",
+    "NO_SIZES",
+    "SizeReading",
     "UNKNOWN",
     "bucket_index",
     "header_size",
     "keep_sizes",
     "sample_sizes",
     "sizes_path",
+    "with_sizes",
 ]
 
 HEAD_BYTES = 64 * 1024
@@ -127,6 +140,74 @@ async def _read_header(
         end = HEAD_MAX
 
 
+class JobShare(Protocol):
+    """What one process of a job makes and every other reads (the job's store:
+    ``asyncloader._run._dist.StoreShare``): the first to :meth:`claim` a name makes it and
+    :meth:`publish` es it, or :meth:`fail` s; the others :meth:`read` it.  Every call may
+    block (a round trip; :meth:`read` until it is there)."""
+
+    def claim(self, name: str) -> bool: ...
+
+    def publish(self, name: str, data: bytes) -> None: ...
+
+    def fail(self, name: str, error: BaseException) -> None: ...
+
+    def read(self, name: str, what: str, doing: str) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SizeReading:
+    """How a run reads its images' sizes, where it needs them (aspect-ratio buckets, a
+    filter on ``width``/``height``) and the metadata file has none.
+
+    Attributes:
+        wanted: Each sample's size is kept with the dataset (a bucketed run); else the
+            sizes are read only for a size filter, and dropped after it.
+        skip: ``on_error="skip"``: an image whose header cannot be read for a fault of its
+            own gets :data:`UNKNOWN` (it fails, and is counted, when read).
+        share: The job's (:class:`JobShare`): one process of the job reads the headers,
+            every other takes the sizes it found; None: this process reads its own.
+    """
+
+    wanted: bool = False
+    skip: bool = False
+    share: JobShare | None = None
+
+
+NO_SIZES = SizeReading()
+"""A run that keeps no sizes (a size filter still reads them, each process its own)."""
+
+
+async def with_sizes(
+    store: ObjectStore,
+    dataset: Dataset,
+    metadata: Metadata | None,
+    folder: str | None,
+    counters: Counters | None,
+    reading: SizeReading = NO_SIZES,
+) -> Dataset:
+    """``dataset`` with each sample's pixel size: the metadata file's ``width`` and
+    ``height`` where it gives them, else its header's (:func:`sample_sizes`, read as
+    ``reading`` says)."""
+    objects = dataset.samples.objects
+    keys = objects.keys()
+    known: list[tuple[int, int] | None] = (
+        metadata_sizes(metadata.file_names, metadata.columns, keys)
+        if metadata is not None
+        else [None] * len(keys)
+    )
+    pixels = await sample_sizes(
+        store,
+        objects,
+        known,
+        folder=folder,
+        counters=counters,
+        skip=reading.skip,
+        share=reading.share,
+    )
+    return dataclasses.replace(dataset, sizes=pixels)
+
+
 async def sample_sizes(
     store: ObjectStore,
     objects: Sequence[ObjectInfo],
@@ -135,16 +216,21 @@ async def sample_sizes(
     folder: str | None,
     counters: Counters | None = None,
     skip: bool = False,
+    share: JobShare | None = None,
 ) -> npt.NDArray[np.int64]:
     """``(height, width)`` of each of ``objects`` (a dataset's samples): ``known[i]`` where
     given (the metadata file's), else kept in ``folder`` for that object's ETag, else read
     from its header; the sizes read are kept in ``folder`` for the next run, once per node
-    (the loaders of a node take turns, as for the listing).  ``skip`` (``on_error="skip"``):
-    an image whose header cannot be read for a fault of its own gets :data:`UNKNOWN`.
+    (the loaders of a node take turns, as for the listing).  ``share``: the job's, so that
+    one process of the job finds the sizes (from its folder, else the headers) and every
+    other takes them from it, keeping them in its own folder too.  ``skip``
+    (``on_error="skip"``): an image whose header cannot be read for a fault of its own gets
+    :data:`UNKNOWN`.
 
     Raises:
         DecodeError: an object whose header gives no size; StoreError: one that could not
             be read (``skip``: only a fault that is not the image's own).
+        AsyncLoaderError: the process of the job that read them failed (``share``).
     """
     out = np.zeros((len(objects), 2), dtype=np.int64)
     todo = [i for i, k in enumerate(known) if k is None]
@@ -153,6 +239,81 @@ async def sample_sizes(
             out[i] = k
     if not todo:
         return out
+    wanted = [objects[i] for i in todo]
+    if share is None:
+        found = await _found_sizes(store, wanted, folder, counters, skip)
+    else:
+        found = await _shared_sizes(store, wanted, folder, counters, skip, share)
+    out[todo] = found
+    bad = [i for i, hw in zip(todo, found.tolist(), strict=True) if tuple(hw) == UNKNOWN]
+    if bad:
+        log.warning(
+            "asyncloader: %d image(s) whose header could not be read (%s%s): each is "
+            "skipped when its batch reads it (on_error='skip')",
+            len(bad),
+            ", ".join(shown_key(objects[i].key) for i in bad[:3]),
+            ", ..." if len(bad) > 3 else "",
+        )
+    return out
+
+
+async def _shared_sizes(
+    store: ObjectStore,
+    objects: Sequence[ObjectInfo],
+    folder: str | None,
+    counters: Counters | None,
+    skip: bool,
+    share: JobShare,
+) -> npt.NDArray[np.int64]:
+    """:func:`_found_sizes` in the first process of the job to need these objects' sizes;
+    in every other, what it found (kept in this process's folder too)."""
+    listed = ObjectList.of(objects)
+    doc = f"{store.url}\0{int(skip)}\0{listed.digest()}"
+    name = "sizes/" + hashlib.sha256(doc.encode()).hexdigest()[:32]
+    if await asyncio.to_thread(share.claim, name):
+        try:
+            found = await _found_sizes(store, objects, folder, counters, skip)
+        except BaseException as exc:
+            await asyncio.to_thread(share.fail, name, exc)
+            raise
+        await asyncio.to_thread(share.publish, name, _encode_sizes(found))
+        return found
+    what = f"image sizes of {store.url}"
+    data = await asyncio.to_thread(share.read, name, what, f"read the {what}")
+    found = _decode_sizes(data, len(objects))
+    if folder is not None:  # this node's next run reads none either
+        keys, _, etags = listed.columns()
+        got = zip(keys, etags, found.tolist(), strict=True)
+        sizes = {(k, e): (h, w) for k, e, (h, w) in got if (h, w) != UNKNOWN}
+        await keep_sizes(store.url, folder, sizes)
+    return found
+
+
+def _encode_sizes(sizes: npt.NDArray[np.int64]) -> bytes:
+    return zlib.compress(sizes.astype("<i4").tobytes(), 1)
+
+
+def _decode_sizes(data: bytes, n: int) -> npt.NDArray[np.int64]:
+    flat = np.frombuffer(zlib.decompress(data), dtype="<i4")
+    if flat.size != 2 * n:
+        raise AsyncLoaderError(f"the job's store holds {flat.size // 2} image sizes, not {n}")
+    return flat.astype(np.int64).reshape(n, 2)
+
+
+async def _found_sizes(
+    store: ObjectStore,
+    objects: Sequence[ObjectInfo],
+    folder: str | None,
+    counters: Counters | None,
+    skip: bool,
+) -> npt.NDArray[np.int64]:
+    """Each of ``objects``'s ``(height, width)``: kept in ``folder`` for its ETag, else
+    read from its header (and kept there); :data:`UNKNOWN` where it cannot be read, under
+    ``skip``.
+
+    Raises:
+        As :func:`sample_sizes` (without ``skip``: the first unreadable image in order).
+    """
     path = sizes_path(folder, store.url) if folder is not None else None
     unreadable: dict[int, AsyncLoaderError] = {}
     turn = ListingTurn(path.with_suffix(".lock")) if path is not None else None
@@ -160,7 +321,7 @@ async def sample_sizes(
         await turn.acquire()
     try:
         kept = await asyncio.to_thread(_load, path) if path is not None else {}
-        missing = [i for i in todo if (objects[i].key, objects[i].etag) not in kept]
+        missing = [i for i, o in enumerate(objects) if (o.key, o.etag) not in kept]
         gate = asyncio.Semaphore(_INFLIGHT)
 
         async def one(i: int) -> None:
@@ -191,17 +352,8 @@ async def sample_sizes(
                 f"asyncloader: {len(bad) - 1} more image(s) whose header could not be read"
             )
         raise first
-    for i in todo:
-        out[i] = kept.get((objects[i].key, objects[i].etag), UNKNOWN)
-    if bad:
-        log.warning(
-            "asyncloader: %d image(s) whose header could not be read (%s%s): each is "
-            "skipped when its batch reads it (on_error='skip')",
-            len(bad),
-            ", ".join(shown_key(objects[i].key) for i in bad[:3]),
-            ", ..." if len(bad) > 3 else "",
-        )
-    return out
+    hw = [kept.get((o.key, o.etag), UNKNOWN) for o in objects]
+    return np.array(hw, dtype=np.int64).reshape(len(objects), 2)
 
 
 async def keep_sizes(url: str, folder: str, sizes: dict[tuple[str, str], tuple[int, int]]) -> None:
@@ -214,8 +366,9 @@ async def keep_sizes(url: str, folder: str, sizes: dict[tuple[str, str], tuple[i
     await turn.acquire()
     try:
         kept = await asyncio.to_thread(_load, path)
-        kept.update(sizes)
-        await asyncio.to_thread(_save, path, kept)
+        if any(kept.get(k) != hw for k, hw in sizes.items()):  # else kept already
+            kept.update(sizes)
+            await asyncio.to_thread(_save, path, kept)
     finally:
         turn.release()
 

@@ -42,7 +42,7 @@ from .._cache import ObjectCache
 from .._dataset._labels import Dataset, LabelSpec
 from .._decode._transforms import Transform
 from .._run._build import open_the_store, plan
-from .._run._dist import Agreement, list_each_once
+from .._run._dist import Agreement, list_each_once, store_address
 from .._run._position import Position
 from .._run._sampler import num_batches
 from ._consumer import Batch, Consumer
@@ -312,6 +312,7 @@ class ImageLoader:
                 # A sharded run checks the whole list before its first batch: no streaming.
                 stream=run.shuffle is False and agreement is None,
                 sources=sources,
+                job=store_address(),
             )
             del objects
 

@@ -24,6 +24,7 @@ from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
 from .._dataset import Listing, open_dataset
 from .._dataset._labels import Dataset
+from .._dataset._sizes import SizeReading
 from .._device._ring import BatchRing
 from .._run._build import (
     LoaderPlan,
@@ -33,6 +34,7 @@ from .._run._build import (
     make_pool,
     make_ring,
 )
+from .._run._dist import StoreShare
 from .._run._notices import BatchReady, Notice, Outbox
 from .._run._pipeline import Pipeline
 from .._run._runtime import Runtime
@@ -131,8 +133,11 @@ class LocalEngine:
                     samples_per_epoch=p.run.samples_per_epoch,
                     filters=p.run.filters,
                     counters=c,
-                    sizes=p.run.buckets is not None,
-                    skip_unreadable=p.run.errors.on_error == "skip",
+                    sizes=SizeReading(
+                        wanted=p.run.buckets is not None,
+                        skip=p.run.errors.on_error == "skip",
+                        share=StoreShare(spec.job) if spec.job is not None else None,
+                    ),
                 )
                 self.rt.listing_task = task
             if listing.dataset is not None:

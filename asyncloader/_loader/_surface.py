@@ -25,6 +25,7 @@ from .._base._types import ObjectInfo
 from .._dataset._labels import Dataset, LabelSpec
 from .._device._ring import BatchRing
 from .._run._build import LoaderPlan, ship_arena
+from .._run._dist import StoreAddress
 from .._run._notices import BatchReady, Notice
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class EngineSpec:
             agreement to check first).
         sources: Several sources (``url`` then names them all): their URLs, weights,
             labels and store options; None for one.
+        job: The job's store, where there is one: the images' sizes (buckets, size
+            filters) are read by one process of the job and shared there.
     """
 
     plan: LoaderPlan
@@ -66,6 +69,7 @@ class EngineSpec:
     objects: Sequence[ObjectInfo] | None
     stream: bool
     sources: tuple[Source, ...] | None = None
+    job: StoreAddress | None = None
 
     @property
     def folder(self) -> str | None:

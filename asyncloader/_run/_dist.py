@@ -1,4 +1,5 @@
-"""The job's own c10d store: one listing per job, and every rank's agreement on it.
+"""The job's own c10d store: one listing (and header pass) per job, and every rank's
+agreement on the listing.
 
 Every process of a ``torchrun`` job — each rank, and each rank's DataLoader workers — can
 reach the job's key-value store: the TCPStore of torchrun's agent (``MASTER_ADDR``,
@@ -16,6 +17,10 @@ builds (validation on rank 0 while the others wait at a barrier) lists and runs 
 * :func:`share_listing`: the first process to need a URL's listing claims it (``add``),
   lists and publishes the compact arrays, compressed, in chunks under the store's payload
   limit; the others wait for them (with a clear error after a time-out) and read them.
+* :class:`StoreShare`: that claim, publish and wait for any bytes made once per job — the
+  listing, and the images' sizes that aspect-ratio buckets and size filters need (one
+  header pass per job: ``asyncloader._dataset._sizes``).  :func:`own_store` makes a store
+  for a dataset's DataLoader workers where no job names one.
 * :class:`Agreement`: before its first batch a loader of a sharded run publishes the digest
   of its object list (count, keys, sizes, ETags) and compares it with the first one
   published for the URL; a rank that disagrees refuses, naming both counts, and tells the
@@ -26,15 +31,18 @@ builds (validation on rank 0 while the others wait at a barrier) lists and runs 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import io
 import json
+import logging
 import os
+import secrets
 import sys
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,13 +67,18 @@ __all__ = [
     "Agreement",
     "StoreAddress",
     "adopt_store_address",
+    "adopted",
+    "own_store",
     "job_store",
     "list_once",
     "listing_key",
     "listing_source",
     "share_listing",
     "store_address",
+    "StoreShare",
 ]
+
+log = logging.getLogger("asyncloader")
 
 # How long a process waits for the listing another one claimed, and for the verdict of ranks
 # that started the same run [seconds].  A listing of a million keys takes a minute or two.
@@ -125,13 +138,52 @@ def adopt_store_address(address: StoreAddress | None) -> None:
     _adopted = address
 
 
-def job_store() -> Any | None:
-    """A client of the job's store under this package's prefix (one per process), or None.
+@contextlib.contextmanager
+def adopted(address: StoreAddress | None) -> Iterator[None]:
+    """:func:`adopt_store_address` for the loaders made in the block only."""
+    global _adopted
+    before, _adopted = _adopted, address if address is not None else _adopted
+    try:
+        yield
+    finally:
+        _adopted = before
+
+
+def own_store() -> tuple[Any, StoreAddress] | None:
+    """A store of this process's own on 127.0.0.1, for the processes it starts (a dataset's
+    DataLoader workers) where no job names one, so that they too read what is made once
+    (the images' sizes) once: the server (it serves while it is referenced) and its
+    address, or None where ``torch.distributed`` cannot make one (then each reads its own).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return None
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    try:
+        server = TCPStore(
+            "127.0.0.1",
+            0,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=60),
+        )
+    except Exception as exc:  # no loopback socket here: each process reads its own
+        log.warning("asyncloader: no store for DataLoader workers to share in (%s)", exc)
+        return None
+    prefix = f"asyncloader/own/{os.getpid()}-{secrets.token_hex(4)}"
+    return server, StoreAddress("127.0.0.1", int(server.port), prefix)
+
+
+def job_store(address: StoreAddress | None = None) -> Any | None:
+    """A client of the job's store under this package's prefix (one per process), or None:
+    of ``address`` where given, else of :func:`store_address`.
 
     Raises:
         AsyncLoaderError: the store named by the environment cannot be reached.
     """
-    address = store_address()
+    address = address if address is not None else store_address()
     if address is None:
         return None
     key = (os.getpid(), address)
@@ -269,37 +321,104 @@ def share_listing(
             named), or published nothing within ``timeout`` [seconds].
         Whatever ``produce`` raises, in the process that lists.
     """
-    base = f"listing/{key}"
-    done = f"{base}/done"
-    if store.add(f"{base}/claim", 1) == 1:
-        if store.check([done]):  # a failed attempt before this one: start afresh
-            store.delete_key(done)
+    share = StoreShare(store, timeout=timeout)
+    name = f"listing/{key}"
+    if share.claim(name):
         try:
             objects = ObjectList.of(produce())
         except BaseException as exc:
-            store.set(done, f"error {type(exc).__name__}: {exc}"[:4000])
-            store.delete_key(f"{base}/claim")  # a later attempt may list again
+            share.fail(name, exc)
             raise
-        data = _encode(objects)
+        share.publish(name, _encode(objects))
+        return objects
+    return _decode(share.read(name, f"listing of {what}", f"listed {what}"))
+
+
+class StoreShare:
+    """What one process of the job makes and every other reads, through the job's store
+    (a :class:`~asyncloader._dataset._sizes.JobShare`): the first to :meth:`claim` a name
+    makes it and :meth:`publish` es its bytes (or :meth:`fail` s, naming its error); the
+    others :meth:`read` them, waiting.  Large values travel in chunks under the store's
+    payload limit.
+
+    Args:
+        store: A c10d ``Store`` (under this package's prefix), or the address of the job's
+            store (a client is made on first use, in the process that uses it).
+        timeout: How long :meth:`read` waits for the claimer [seconds].
+    """
+
+    def __init__(self, store: Any, *, timeout: float = LISTING_WAIT) -> None:
+        self._store = store
+        self.timeout = timeout
+
+    def __getstate__(self) -> dict[str, Any]:
+        if not isinstance(self._store, StoreAddress):
+            raise TypeError("a StoreShare made on a store client stays in its process")
+        return {"_store": self._store, "timeout": self.timeout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._store, self.timeout = state["_store"], state["timeout"]
+
+    @property
+    def store(self) -> Any:
+        """The store's client in this process (made here on first use).
+
+        Raises:
+            AsyncLoaderError: the job's store cannot be reached.
+        """
+        if isinstance(self._store, StoreAddress):
+            return job_store(self._store)
+        return self._store
+
+    def claim(self, name: str) -> bool:
+        """Whether this process is the first of the job to ask for ``name``: it makes it."""
+        store = self.store
+        if store.add(f"{name}/claim", 1) != 1:
+            return False
+        done = f"{name}/done"
+        if store.check([done]):  # a failed attempt before this one: start afresh
+            store.delete_key(done)
+        return True
+
+    def publish(self, name: str, data: bytes) -> None:
+        """``data``, made for ``name`` by the process that claimed it, to every other."""
+        store = self.store
         chunks = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
         for i, chunk in enumerate(chunks):
-            store.set(f"{base}/{i}", chunk)
-        store.set(done, f"ok {len(chunks)}")  # last: readers wait for it
-        return objects
-    _wait_for(
-        store,
-        [done],
-        timeout,
-        lambda: (
-            f"no listing of {what} reached the job's store within {timeout:.0f} s: the "
-            "process that claimed it (the first of the job to need it) did not publish it"
-        ),
-    )
-    status = store.get(done).decode()
-    if status.startswith("error"):
-        raise AsyncLoaderError(f"the process of this job that listed {what} failed: {status[6:]}")
-    n = int(status.split()[1])
-    return _decode(b"".join(store.get(f"{base}/{i}") for i in range(n)))
+            store.set(f"{name}/{i}", chunk)
+        store.set(f"{name}/done", f"ok {len(chunks)}")  # last: readers wait for it
+
+    def fail(self, name: str, error: BaseException) -> None:
+        """The claimer of ``name`` failed with ``error``: the processes waiting for it are
+        told, and the next to ask claims it again."""
+        store = self.store
+        store.set(f"{name}/done", f"error {type(error).__name__}: {error}"[:4000])
+        store.delete_key(f"{name}/claim")
+
+    def read(self, name: str, what: str, doing: str) -> bytes:
+        """The bytes another process published for ``name``, once it has (``what`` names
+        them in messages, ``doing`` what the claimer did: "listing of s3://b/",
+        "listed s3://b/").
+
+        Raises:
+            AsyncLoaderError: the claimer failed (its error is named), or published nothing
+                within :attr:`timeout`.
+        """
+        store, done = self.store, f"{name}/done"
+        _wait_for(
+            store,
+            [done],
+            self.timeout,
+            lambda: (
+                f"no {what} reached the job's store within {self.timeout:.0f} s: the "
+                "process that claimed it (the first of the job to need it) did not publish it"
+            ),
+        )
+        status = store.get(done).decode()
+        if status.startswith("error"):
+            raise AsyncLoaderError(f"the process of this job that {doing} failed: {status[6:]}")
+        n = int(status.split()[1])
+        return b"".join(store.get(f"{name}/{i}") for i in range(n))
 
 
 def _wait_for(

@@ -117,6 +117,7 @@ def control(st: ServerState, method: str, path: str, body: bytes) -> Answer:
         out = {
             "counters": dict(st.counters),
             "gets_by_key": dict(st.gets_by_key),
+            "ranges_by_key": dict(st.ranges_by_key),
             "keys": sorted(
                 k
                 for objs in st.buckets.values()
@@ -129,5 +130,6 @@ def control(st: ServerState, method: str, path: str, body: bytes) -> Answer:
     if path == "/_control/reset-stats" and method == "POST":
         st.counters.clear()
         st.gets_by_key.clear()
+        st.ranges_by_key.clear()
         return 200, b"{}", {}
     return 404, b"{}", {}

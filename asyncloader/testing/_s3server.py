@@ -218,6 +218,8 @@ class _Protocol(asyncio.Protocol):
         st.counters["get" if method == "GET" else "head"] += 1
         if method == "GET":
             st.gets_by_key[key] += 1
+            if "range" in headers:
+                st.ranges_by_key[key] += 1
         if not st.admit(asyncio.get_running_loop().time()):
             st.counters["rate_limited"] += 1
             self._respond(503, error_xml("SlowDown", "rate limit"), head=method == "HEAD")

@@ -74,6 +74,7 @@ class ServerState:
     faults_by_key: Counter[str] = field(default_factory=Counter)
     counters: Counter[str] = field(default_factory=Counter)
     gets_by_key: Counter[str] = field(default_factory=Counter)
+    ranges_by_key: Counter[str] = field(default_factory=Counter)  # GETs with a Range header
     sorted_keys: dict[str, list[str]] = field(default_factory=dict)  # bucket → keys, in order
     regions: dict[str, str] = field(default_factory=dict)  # bucket → region (else any)
     region_answer: str = "redirect"  # or "malformed": how a wrong region is answered

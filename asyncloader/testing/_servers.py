@@ -310,7 +310,8 @@ class S3TestServer(_Subprocess):
         _http("POST", f"{self.endpoint}/_control/bucket", body, context=self._context)
 
     def stats(self) -> dict[str, Any]:
-        """Request counters: ``counters`` (get, head, list, fault_*) and ``gets_by_key``."""
+        """Request counters: ``counters`` (get, head, list, fault_*), ``gets_by_key`` and
+        ``ranges_by_key`` (the GETs of a byte range)."""
         out: dict[str, Any] = json.loads(
             _http("GET", f"{self.endpoint}/_control/stats", context=self._context)
         )
