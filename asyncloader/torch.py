@@ -65,20 +65,18 @@ from asyncloader import (
     merge_worker_states,
     shard_from_env,
 )
+from asyncloader._base._jobstore import (
+    adopt_store_address,
+    adopted,
+    job_store,
+    own_store,
+    store_address,
+)
 from asyncloader._base._scalars import Point
 from asyncloader._device._device_spec import DeviceSpec
 from asyncloader._device._upload import Uploader
 from asyncloader._loader._health import WorkerPoints
-from asyncloader._run._dist import (
-    Agreement,
-    StoreShare,
-    adopt_store_address,
-    adopted,
-    job_store,
-    list_once,
-    own_store,
-    store_address,
-)
+from asyncloader._run._dist import Agreement, StoreShare, list_once
 from asyncloader._run._job import Dataset, job_dataset, rank_batches
 from asyncloader._run._resume import epoch_start, every_key, has_position
 

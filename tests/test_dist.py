@@ -7,6 +7,9 @@ import asyncio
 import datetime
 import io
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,16 +22,15 @@ from PIL import Image
 from torch.distributed import PrefixStore, TCPStore
 
 from asyncloader import AsyncLoaderError, DecodeConfig, ListingMismatchError, ObjectInfo
+from asyncloader._base import _jobstore
+from asyncloader._base._jobstore import StoreAddress, store_address
 from asyncloader._dataset._objects import ObjectList
 from asyncloader._dataset._sizes import UNKNOWN, sample_sizes
-from asyncloader._run import _dist
 from asyncloader._run._dist import (
     Agreement,
-    StoreAddress,
     StoreShare,
     listing_key,
     share_listing,
-    store_address,
 )
 from asyncloader.testing import MemoryStore
 
@@ -106,15 +108,54 @@ def test_a_failed_listing_is_named_to_the_waiting_processes_and_may_be_tried_aga
     assert list(share_listing(_client(server), "k", "s3://b/", lambda: _objects(3))) == _objects(3)
 
 
+@pytest.mark.parametrize(
+    "owner",
+    [None, f"{socket.gethostname()} {os.getpid()}", "another-host 1"],
+    ids=["unnamed", "alive-here", "elsewhere"],
+)
 def test_a_listing_claimed_but_never_published_is_a_clear_error_after_the_timeout(
-    server: TCPStore,
+    server: TCPStore, owner: str | None
 ) -> None:
     store = _client(server)
     store.add("listing/k/claim", 1)  # a process claimed it, then hung
+    if owner is not None:  # one that still runs here, or one on another host
+        store.set("listing/k/owner", owner)
     t0 = time.monotonic()
     with pytest.raises(AsyncLoaderError, match="no listing of s3://b/ reached the job's store"):
-        share_listing(_client(server), "k", "s3://b/", lambda: _objects(1), timeout=0.3)
-    assert time.monotonic() - t0 < 5
+        share_listing(_client(server), "k", "s3://b/", lambda: _objects(1), timeout=1.2)
+    assert time.monotonic() - t0 < 6
+
+
+def test_a_claimer_that_died_on_this_host_is_replaced_by_one_waiter(server: TCPStore) -> None:
+    """A DataLoader worker shut down while it read: a waiter of the same host notices
+    within a second, makes it in its place and publishes it; no one waits for the dead."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid runs nothing
+    store = _client(server)
+    store.add("listing/k/claim", 1)
+    store.set("listing/k/owner", f"{socket.gethostname()} {gone.pid}")
+    made = []
+
+    def produce(n: int) -> list[ObjectInfo]:
+        made.append(n)
+        return _objects(n)
+
+    got: list[Any] = []
+    threads = [
+        threading.Thread(
+            target=lambda n=n: got.append(
+                list(share_listing(_client(server), "k", "s3://b/", lambda: produce(n)))
+            )
+        )
+        for n in (2, 3)
+    ]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert time.monotonic() - t0 < 10
+    assert len(made) == 1 and got == [_objects(made[0])] * 2  # one made it, both have it
 
 
 def test_a_restarted_job_and_another_prefix_start_afresh(server: TCPStore) -> None:
@@ -299,7 +340,7 @@ def test_the_job_store_comes_from_torchrun_s_environment(
 
 def test_no_job_store_without_torchrun_or_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
-    monkeypatch.setattr(_dist, "_adopted", None)
+    monkeypatch.setattr(_jobstore, "_adopted", None)
     assert store_address() is None
     assert Agreement.open("s3://b/", "folder", 0, 2) is None
 

@@ -259,6 +259,7 @@ FACE_EXCEPTIONS = {
     ("torch.py", "asyncloader._device._upload"),
     # The job's store (one listing per job, the ranks' agreement) and the state's keys.
     ("torch.py", "asyncloader._run._dist"),
+    ("torch.py", "asyncloader._base._jobstore"),
     ("torch.py", "asyncloader._run._resume"),
     # The job's dataset as a rank counts it: ImageDataset.classes and len().
     ("torch.py", "asyncloader._run._job"),

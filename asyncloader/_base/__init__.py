@@ -13,4 +13,5 @@ processes below one and the CPU they spent (``_proctree``), shared memory (``_sh
 on Linux), one source of several (``_sources``), the CPUs each rank of a node is bound to
 (``_binding``), the adaptive budget of requests in flight and their pace (``_budget``) with
 the timer its paced requests wait on (``_timer``), which samples ``filters=`` keeps
-(``_filters``), and aspect-ratio buckets (``_buckets``)."""
+(``_filters``), aspect-ratio buckets (``_buckets``), and where the job's key-value store is
+and a client of it (``_jobstore``)."""

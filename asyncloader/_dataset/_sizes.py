@@ -142,17 +142,16 @@ async def _read_header(
 
 class JobShare(Protocol):
     """What one process of a job makes and every other reads (the job's store:
-    ``asyncloader._run._dist.StoreShare``): the first to :meth:`claim` a name makes it and
-    :meth:`publish` es it, or :meth:`fail` s; the others :meth:`read` it.  Every call may
-    block (a round trip; :meth:`read` until it is there)."""
+    ``asyncloader._run._dist.StoreShare``): :meth:`take` is None in the process that is to
+    make a name, which then :meth:`publish` es it or :meth:`fail` s; in every other it
+    waits for the bytes published and returns them.  Every call may block (a round trip;
+    :meth:`take` until the bytes are there)."""
 
-    def claim(self, name: str) -> bool: ...
+    def take(self, name: str, what: str, doing: str) -> bytes | None: ...
 
     def publish(self, name: str, data: bytes) -> None: ...
 
     def fail(self, name: str, error: BaseException) -> None: ...
-
-    def read(self, name: str, what: str, doing: str) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +269,9 @@ async def _shared_sizes(
     listed = ObjectList.of(objects)
     doc = f"{store.url}\0{int(skip)}\0{listed.digest()}"
     name = "sizes/" + hashlib.sha256(doc.encode()).hexdigest()[:32]
-    if await asyncio.to_thread(share.claim, name):
+    what = f"image sizes of {store.url}"
+    data = await asyncio.to_thread(share.take, name, what, f"read the {what}")
+    if data is None:  # this process reads them
         try:
             found = await _found_sizes(store, objects, folder, counters, skip)
         except BaseException as exc:
@@ -278,8 +279,6 @@ async def _shared_sizes(
             raise
         await asyncio.to_thread(share.publish, name, _encode_sizes(found))
         return found
-    what = f"image sizes of {store.url}"
-    data = await asyncio.to_thread(share.read, name, what, f"read the {what}")
     found = _decode_sizes(data, len(objects))
     if folder is not None:  # this node's next run reads none either
         keys, _, etags = listed.columns()

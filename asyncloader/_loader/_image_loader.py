@@ -33,6 +33,7 @@ from .._base._config import (
 )
 from .._base._errors import ClosedError
 from .._base._filters import Filters, normalize
+from .._base._jobstore import store_address
 from .._base._own_thread import run_on_own_thread
 from .._base._scalars import Point, scalars
 from .._base._sources import Source
@@ -42,7 +43,7 @@ from .._cache import ObjectCache
 from .._dataset._labels import Dataset, LabelSpec
 from .._decode._transforms import Transform
 from .._run._build import open_the_store, plan
-from .._run._dist import Agreement, list_each_once, store_address
+from .._run._dist import Agreement, list_each_once
 from .._run._position import Position
 from .._run._sampler import num_batches
 from ._consumer import Batch, Consumer

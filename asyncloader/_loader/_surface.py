@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .._base._config import decode_window, ring_slots
+from .._base._jobstore import StoreAddress
 from .._base._shm import SegmentRef
 from .._base._sources import Source
 from .._base._stats import Counters
@@ -25,7 +26,6 @@ from .._base._types import ObjectInfo
 from .._dataset._labels import Dataset, LabelSpec
 from .._device._ring import BatchRing
 from .._run._build import LoaderPlan, ship_arena
-from .._run._dist import StoreAddress
 from .._run._notices import BatchReady, Notice
 
 if TYPE_CHECKING:

@@ -2,11 +2,10 @@
 agreement on the listing.
 
 Every process of a ``torchrun`` job — each rank, and each rank's DataLoader workers — can
-reach the job's key-value store: the TCPStore of torchrun's agent (``MASTER_ADDR``,
-``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``), the same store under gloo and NCCL,
-with or without a process group.  Without torchrun, a process group initialised on a
-TCPStore (``init_process_group`` with ``env://`` or ``tcp://``) serves the same way.  Keys
-go under ``asyncloader/<run id>/<restart>``, so a restarted job starts afresh.
+reach the job's key-value store (where it is, and a client of it:
+:mod:`asyncloader._base._jobstore`): the TCPStore of torchrun's agent, or of a process group
+initialised on one.  Keys go under ``asyncloader/<run id>/<restart>``, so a restarted job
+starts afresh.
 
 Nothing here is a collective: only ``set``, ``get``, ``add``, ``compare_set``, ``check``
 and ``wait``, which never need another rank to take part.  So a dataset that one rank alone
@@ -17,10 +16,9 @@ builds (validation on rank 0 while the others wait at a barrier) lists and runs 
 * :func:`share_listing`: the first process to need a URL's listing claims it (``add``),
   lists and publishes the compact arrays, compressed, in chunks under the store's payload
   limit; the others wait for them (with a clear error after a time-out) and read them.
-* :class:`StoreShare`: that claim, publish and wait for any bytes made once per job — the
+* :class:`StoreShare`: that claim, publish and wait, for any bytes made once per job — the
   listing, and the images' sizes that aspect-ratio buckets and size filters need (one
-  header pass per job: ``asyncloader._dataset._sizes``).  :func:`own_store` makes a store
-  for a dataset's DataLoader workers where no job names one.
+  header pass per job: ``asyncloader._dataset._sizes``).
 * :class:`Agreement`: before its first batch a loader of a sharded run publishes the digest
   of its object list (count, keys, sizes, ETags) and compares it with the first one
   published for the URL; a rank that disagrees refuses, naming both counts, and tells the
@@ -31,25 +29,22 @@ builds (validation on rank 0 while the others wait at a barrier) lists and runs 
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import hashlib
 import io
 import json
 import logging
 import os
 import secrets
-import sys
+import socket
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from .._base._env import agent_store, in_dataloader_worker
 from .._base._errors import AsyncLoaderError, ListingMismatchError
+from .._base._jobstore import StoreAddress, job_store
 from .._base._manifest import is_columnar, is_manifest
 from .._base._own_thread import run_on_own_thread
 from .._base._sources import Source
@@ -65,16 +60,10 @@ __all__ = [
     "list_each_once",
     "LISTING_WAIT",
     "Agreement",
-    "StoreAddress",
-    "adopt_store_address",
-    "adopted",
-    "own_store",
-    "job_store",
     "list_once",
     "listing_key",
     "listing_source",
     "share_listing",
-    "store_address",
     "StoreShare",
 ]
 
@@ -88,124 +77,6 @@ _CHUNK = 4 << 20
 _SLICE = 0.02  # how often a waiting process looks again [seconds]
 # Added to an agreement's count of ranks that agreed when one refuses: below zero for good.
 _REFUSED = -(1 << 40)
-
-
-@dataclass(frozen=True, slots=True)
-class StoreAddress:
-    """Where the job's store is, picklable (a DataLoader worker connects to it anew)."""
-
-    host: str
-    port: int
-    prefix: str
-
-
-_adopted: StoreAddress | None = None
-_clients: dict[tuple[int, StoreAddress], Any] = {}
-
-
-def store_address() -> StoreAddress | None:
-    """The job's store: torchrun's agent store, else the default process group's
-    TCPStore (in the process that initialised it), else None (a single process, or a
-    process group on another kind of store)."""
-    agent = agent_store()
-    if agent is not None:
-        return StoreAddress(*agent)
-    if _adopted is not None:
-        return _adopted
-    if "torch" not in sys.modules:  # no process group without torch imported
-        return None
-    if in_dataloader_worker():  # its parent's group, not one of its own
-        return None
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
-    from torch.distributed.distributed_c10d import _get_default_store
-
-    store = _get_default_store()
-    while isinstance(store, PrefixStore):
-        store = store.underlying_store
-    if not isinstance(store, TCPStore):
-        return None
-    return StoreAddress(store.host, store.port, "asyncloader/pg")
-
-
-def adopt_store_address(address: StoreAddress | None) -> None:
-    """Use ``address`` in this process where the environment names no store (a
-    DataLoader worker of a process group started without torchrun)."""
-    global _adopted
-    _adopted = address
-
-
-@contextlib.contextmanager
-def adopted(address: StoreAddress | None) -> Iterator[None]:
-    """:func:`adopt_store_address` for the loaders made in the block only."""
-    global _adopted
-    before, _adopted = _adopted, address if address is not None else _adopted
-    try:
-        yield
-    finally:
-        _adopted = before
-
-
-def own_store() -> tuple[Any, StoreAddress] | None:
-    """A store of this process's own on 127.0.0.1, for the processes it starts (a dataset's
-    DataLoader workers) where no job names one, so that they too read what is made once
-    (the images' sizes) once: the server (it serves while it is referenced) and its
-    address, or None where ``torch.distributed`` cannot make one (then each reads its own).
-    """
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        return None
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-    try:
-        server = TCPStore(
-            "127.0.0.1",
-            0,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=60),
-        )
-    except Exception as exc:  # no loopback socket here: each process reads its own
-        log.warning("asyncloader: no store for DataLoader workers to share in (%s)", exc)
-        return None
-    prefix = f"asyncloader/own/{os.getpid()}-{secrets.token_hex(4)}"
-    return server, StoreAddress("127.0.0.1", int(server.port), prefix)
-
-
-def job_store(address: StoreAddress | None = None) -> Any | None:
-    """A client of the job's store under this package's prefix (one per process), or None:
-    of ``address`` where given, else of :func:`store_address`.
-
-    Raises:
-        AsyncLoaderError: the store named by the environment cannot be reached.
-    """
-    address = address if address is not None else store_address()
-    if address is None:
-        return None
-    key = (os.getpid(), address)
-    client = _clients.get(key)
-    if client is None:
-        from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
-
-        try:
-            tcp = TCPStore(
-                address.host,
-                address.port,
-                is_master=False,
-                wait_for_workers=False,
-                timeout=datetime.timedelta(seconds=60),
-            )
-        except Exception as exc:
-            raise AsyncLoaderError(
-                f"cannot reach the job's store at {address.host}:{address.port} "
-                f"(torchrun's MASTER_ADDR/MASTER_PORT): {exc}"
-            ) from exc
-        client = _clients[key] = PrefixStore(address.prefix, tcp)
-    return client
 
 
 def listing_source(labels: object) -> str:
@@ -323,29 +194,54 @@ def share_listing(
     """
     share = StoreShare(store, timeout=timeout)
     name = f"listing/{key}"
-    if share.claim(name):
-        try:
-            objects = ObjectList.of(produce())
-        except BaseException as exc:
-            share.fail(name, exc)
-            raise
-        share.publish(name, _encode(objects))
-        return objects
-    return _decode(share.read(name, f"listing of {what}", f"listed {what}"))
+    data = share.take(name, f"listing of {what}", f"listed {what}")
+    if data is not None:
+        return _decode(data)
+    try:
+        objects = ObjectList.of(produce())
+    except BaseException as exc:
+        share.fail(name, exc)
+        raise
+    share.publish(name, _encode(objects))
+    return objects
+
+
+class _TakenOver(Exception):
+    """The claimer died: this process claimed its name in its place."""
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 class StoreShare:
     """What one process of the job makes and every other reads, through the job's store
-    (a :class:`~asyncloader._dataset._sizes.JobShare`): the first to :meth:`claim` a name
+    (a :class:`~asyncloader._dataset._sizes.JobShare`): the first to :meth:`take` a name
     makes it and :meth:`publish` es its bytes (or :meth:`fail` s, naming its error); the
-    others :meth:`read` them, waiting.  Large values travel in chunks under the store's
-    payload limit.
+    others wait in :meth:`take` and get them.  Large values travel in chunks under the
+    store's payload limit.  A claimer that dies on the waiter's own host (a DataLoader
+    worker shut down while it read) is noticed, and one waiter makes it instead: no wait
+    for a process that is gone.
 
     Args:
         store: A c10d ``Store`` (under this package's prefix), or the address of the job's
             store (a client is made on first use, in the process that uses it).
-        timeout: How long :meth:`read` waits for the claimer [seconds].
+        timeout: How long :meth:`take` waits for the claimer [seconds].
     """
+
+    _LOOK = 0.5  # how often a waiter asks whether the claimer still runs [seconds]
 
     def __init__(self, store: Any, *, timeout: float = LISTING_WAIT) -> None:
         self._store = store
@@ -370,18 +266,62 @@ class StoreShare:
             return job_store(self._store)
         return self._store
 
-    def claim(self, name: str) -> bool:
-        """Whether this process is the first of the job to ask for ``name``: it makes it."""
-        store = self.store
-        if store.add(f"{name}/claim", 1) != 1:
-            return False
-        done = f"{name}/done"
-        if store.check([done]):  # a failed attempt before this one: start afresh
-            store.delete_key(done)
-        return True
+    def take(self, name: str, what: str, doing: str) -> bytes | None:
+        """None where this process is to make ``name`` (the first of the job to ask, or
+        in the place of a claimer that died), else the bytes another published, once it
+        has (``what`` names them in messages, ``doing`` what the claimer did: "listing
+        of s3://b/", "listed s3://b/").
+
+        Raises:
+            AsyncLoaderError: the claimer failed (its error is named), or published nothing
+                within :attr:`timeout`.
+        """
+        store, done = self.store, f"{name}/done"
+        me = f"{socket.gethostname()} {os.getpid()} {secrets.token_hex(4)}"  # this take
+        if store.add(f"{name}/claim", 1) == 1:
+            store.set(f"{name}/owner", me)
+            if store.check([done]):  # a failed attempt before this one: start afresh
+                store.delete_key(done)
+            return None
+        looked = [time.monotonic()]
+
+        def orphaned() -> None:  # between looks: has the claimer died here?
+            if time.monotonic() - looked[0] < self._LOOK:
+                return
+            looked[0] = time.monotonic()
+            owner_key = f"{name}/owner"
+            if not store.check([owner_key]):
+                return
+            owner = store.get(owner_key).decode()
+            host, pid, *_ = [*str(owner).split(), "", ""]
+            if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+                return
+            if store.compare_set(owner_key, owner, me).decode() == me:
+                raise _TakenOver
+
+        try:
+            _wait_for(
+                store,
+                [done],
+                self.timeout,
+                lambda: (
+                    f"no {what} reached the job's store within {self.timeout:.0f} s: the "
+                    "process that claimed it (the first of the job to need it) did not "
+                    "publish it"
+                ),
+                orphaned,
+            )
+        except _TakenOver:
+            log.warning("asyncloader: the process that claimed the %s died; making it here", what)
+            return None
+        status = store.get(done).decode()
+        if status.startswith("error"):
+            raise AsyncLoaderError(f"the process of this job that {doing} failed: {status[6:]}")
+        n = int(status.split()[1])
+        return b"".join(store.get(f"{name}/{i}") for i in range(n))
 
     def publish(self, name: str, data: bytes) -> None:
-        """``data``, made for ``name`` by the process that claimed it, to every other."""
+        """``data``, made for ``name`` by the process that took it to make, to every other."""
         store = self.store
         chunks = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
         for i, chunk in enumerate(chunks):
@@ -389,36 +329,11 @@ class StoreShare:
         store.set(f"{name}/done", f"ok {len(chunks)}")  # last: readers wait for it
 
     def fail(self, name: str, error: BaseException) -> None:
-        """The claimer of ``name`` failed with ``error``: the processes waiting for it are
+        """The maker of ``name`` failed with ``error``: the processes waiting for it are
         told, and the next to ask claims it again."""
         store = self.store
         store.set(f"{name}/done", f"error {type(error).__name__}: {error}"[:4000])
         store.delete_key(f"{name}/claim")
-
-    def read(self, name: str, what: str, doing: str) -> bytes:
-        """The bytes another process published for ``name``, once it has (``what`` names
-        them in messages, ``doing`` what the claimer did: "listing of s3://b/",
-        "listed s3://b/").
-
-        Raises:
-            AsyncLoaderError: the claimer failed (its error is named), or published nothing
-                within :attr:`timeout`.
-        """
-        store, done = self.store, f"{name}/done"
-        _wait_for(
-            store,
-            [done],
-            self.timeout,
-            lambda: (
-                f"no {what} reached the job's store within {self.timeout:.0f} s: the "
-                "process that claimed it (the first of the job to need it) did not publish it"
-            ),
-        )
-        status = store.get(done).decode()
-        if status.startswith("error"):
-            raise AsyncLoaderError(f"the process of this job that {doing} failed: {status[6:]}")
-        n = int(status.split()[1])
-        return b"".join(store.get(f"{name}/{i}") for i in range(n))
 
 
 def _wait_for(
