@@ -29,6 +29,7 @@ from asyncloader._dataset._sizes import UNKNOWN, sample_sizes
 from asyncloader._run._dist import (
     Agreement,
     StoreShare,
+    here,
     listing_key,
     share_listing,
 )
@@ -110,30 +111,35 @@ def test_a_failed_listing_is_named_to_the_waiting_processes_and_may_be_tried_aga
 
 @pytest.mark.parametrize(
     "owner",
-    [None, f"{socket.gethostname()} {os.getpid()}", "another-host 1"],
-    ids=["unnamed", "alive-here", "elsewhere"],
+    [None, f"{here()} {os.getpid()}", "another-host/1 {gone}", socket.gethostname() + "/0 {gone}"],
+    ids=["unnamed", "alive-here", "elsewhere", "another-pid-namespace"],
 )
 def test_a_listing_claimed_but_never_published_is_a_clear_error_after_the_timeout(
     server: TCPStore, owner: str | None
 ) -> None:
     store = _client(server)
     store.add("listing/k/claim", 1)  # a process claimed it, then hung
-    if owner is not None:  # one that still runs here, or one on another host
-        store.set("listing/k/owner", owner)
+    if owner is not None:  # one that runs here, or one this host cannot see: elsewhere
+        store.set("listing/k/owner", owner.format(gone=_gone_pid()))
     t0 = time.monotonic()
     with pytest.raises(AsyncLoaderError, match="no listing of s3://b/ reached the job's store"):
         share_listing(_client(server), "k", "s3://b/", lambda: _objects(1), timeout=1.2)
     assert time.monotonic() - t0 < 6
 
 
+def _gone_pid() -> int:
+    """The pid of a process that ran here and is gone (reaped: its pid runs nothing)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    return gone.pid
+
+
 def test_a_claimer_that_died_on_this_host_is_replaced_by_one_waiter(server: TCPStore) -> None:
     """A DataLoader worker shut down while it read: a waiter of the same host notices
     within a second, makes it in its place and publishes it; no one waits for the dead."""
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()  # reaped: its pid runs nothing
     store = _client(server)
     store.add("listing/k/claim", 1)
-    store.set("listing/k/owner", f"{socket.gethostname()} {gone.pid}")
+    store.set("listing/k/owner", f"{here()} {_gone_pid()}")
     made = []
 
     def produce(n: int) -> list[ObjectInfo]:

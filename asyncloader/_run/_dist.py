@@ -65,6 +65,7 @@ __all__ = [
     "listing_source",
     "share_listing",
     "StoreShare",
+    "here",
 ]
 
 log = logging.getLogger("asyncloader")
@@ -210,6 +211,16 @@ class _TakenOver(Exception):
     """The claimer died: this process claimed its name in its place."""
 
 
+def here() -> str:
+    """This process's host as a claim's owner names it: the host name and the PID namespace
+    (containers that share a host name may not see each other's processes)."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # not Linux: the host name alone
+        namespace = 0
+    return f"{socket.gethostname()}/{namespace}"
+
+
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` of this host still runs (a zombie does not)."""
     try:
@@ -277,7 +288,7 @@ class StoreShare:
                 within :attr:`timeout`.
         """
         store, done = self.store, f"{name}/done"
-        me = f"{socket.gethostname()} {os.getpid()} {secrets.token_hex(4)}"  # this take
+        me = f"{here()} {os.getpid()} {secrets.token_hex(4)}"  # this take
         if store.add(f"{name}/claim", 1) == 1:
             store.set(f"{name}/owner", me)
             if store.check([done]):  # a failed attempt before this one: start afresh
@@ -294,7 +305,7 @@ class StoreShare:
                 return
             owner = store.get(owner_key).decode()
             host, pid, *_ = [*str(owner).split(), "", ""]
-            if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+            if host != here() or not pid.isdigit() or _alive(int(pid)):
                 return
             if store.compare_set(owner_key, owner, me).decode() == me:
                 raise _TakenOver
