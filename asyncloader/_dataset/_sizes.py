@@ -238,7 +238,8 @@ async def sample_sizes(
             out[i] = k
     if not todo:
         return out
-    wanted = [objects[i] for i in todo]
+    # As arrays, not an ObjectInfo each (a million of them): the share digests them too.
+    wanted = ObjectList.of(objects).take(np.asarray(todo, dtype=np.int64))
     if share is None:
         found = await _found_sizes(store, wanted, folder, counters, skip)
     else:

@@ -222,7 +222,8 @@ class Geometry:
         b = self.buckets
         for i, seed in zip(indices, seeds, strict=True):
             h, w = int(self.sizes[i, 0]), int(self.sizes[i, 1])
-            corner = (0, 0)  # an image of unknown size: it fails when read, and goes
+            # An image of unknown size fails when its batch reads it: no crop drawn.
+            corner = (0, 0)
             if h > 0 and w > 0:
                 rng = random.Random(seed)
                 _, corner = bucket_plan(w, h, size, rng, crop=b.crop, hflip=b.hflip)
