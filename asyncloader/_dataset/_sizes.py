@@ -59,6 +59,7 @@ __all__ = [
     "header_size",
     "keep_sizes",
     "sample_sizes",
+    "share_name",
     "sizes_path",
     "with_sizes",
 ]
@@ -268,8 +269,7 @@ async def _shared_sizes(
     """:func:`_found_sizes` in the first process of the job to need these objects' sizes;
     in every other, what it found (kept in this process's folder too)."""
     listed = ObjectList.of(objects)
-    doc = f"{store.url}\0{int(skip)}\0{listed.digest()}"
-    name = "sizes/" + hashlib.sha256(doc.encode()).hexdigest()[:32]
+    name = share_name(store.url, listed, skip)
     what = f"image sizes of {store.url}"
     data = await asyncio.to_thread(share.take, name, what, f"read the {what}")
     if data is None:  # this process reads them
@@ -287,6 +287,13 @@ async def _shared_sizes(
         sizes = {(k, e): (h, w) for k, e, (h, w) in got if (h, w) != UNKNOWN}
         await keep_sizes(store.url, folder, sizes)
     return found
+
+
+def share_name(url: str, objects: ObjectList, skip: bool) -> str:
+    """The name in the job's store of the sizes of ``objects`` of ``url`` (read with
+    ``skip`` or without: an unreadable image is unknown, or fails them)."""
+    doc = f"{url}\0{int(skip)}\0{objects.digest()}"
+    return "sizes/" + hashlib.sha256(doc.encode()).hexdigest()[:32]
 
 
 def _encode_sizes(sizes: npt.NDArray[np.int64]) -> bytes:
