@@ -76,6 +76,7 @@ from asyncloader._base._scalars import Point
 from asyncloader._device._device_spec import DeviceSpec
 from asyncloader._device._upload import Uploader
 from asyncloader._loader._health import WorkerPoints
+from asyncloader._run._cache_fill import CacheHeads
 from asyncloader._run._dist import Agreement, StoreShare, list_once
 from asyncloader._run._job import Dataset, job_dataset, rank_batches
 from asyncloader._run._resume import epoch_start, every_key, has_position
@@ -215,6 +216,7 @@ class ImageDataset(IterableDataset[Batch]):
                 buckets=o.get("buckets") is not None,
                 skip_unreadable=(o.get("errors") or ErrorConfig()).on_error == "skip",
                 share_sizes=StoreShare(a) if (a := self._store_address) is not None else None,
+                cached=CacheHeads(cache) if cache is not None else None,
                 folder=cache.directory if cache is not None else None,
                 max_age=config.max_age,
                 objects=store.objects,

@@ -590,3 +590,45 @@ def test_warm_keeps_the_sizes_so_a_bucketed_run_reads_no_header(
         got = _batches(loader)
         assert loader.stats().requests == 0
     assert got and all(tuple(shape[2:]) in BUCKETS.sizes for shape, _, _, _ in got)
+
+
+def test_a_cache_a_plain_run_filled_gives_the_header_pass_its_headers(
+    shapes: tuple[str, str], tmp_path: Path
+) -> None:
+    """A cache filled by a run without buckets holds the images but no sizes: a bucketed
+    run after it, and ``len()`` of a bucketed dataset, read each header from the node's
+    disk — no request at all, the store stopped."""
+    from asyncloader.torch import ImageDataset
+
+    bucket, endpoint = shapes
+    url, cache = f"s3://{bucket}/b/", str(tmp_path)
+    kept = [i for i in range(N, 2 * N) if _score(i) >= 1]
+    with FaultProxy(endpoint) as proxy:
+        with _loader(url, proxy.endpoint, cache_dir=cache, buckets=None, extras=()) as plain:
+            assert sorted(i for _, labels in plain for i in labels.tolist()) == kept  # type: ignore[misc]
+        assert not proxy.ranges  # no header read: it has no buckets
+        gone = proxy.endpoint
+    ds = ImageDataset(
+        url,
+        batch_size=3,
+        labels="idx",
+        seed=2,
+        buckets=BUCKETS,
+        filters=[("score", ">=", 1)],
+        cache_dir=cache,
+        store=al.StoreConfig(options={"endpoint_url": gone}),
+    )
+    try:
+        batches = len(ds)
+    finally:
+        ds.close()
+    with _loader(url, gone, cache_dir=cache, seed=2) as loader:
+        got = _batches(loader)
+        stats = loader.stats()
+    assert stats.requests == 0 and stats.bytes_from_cache > 0
+    assert len(got) == batches
+    seen = [i for _, labels, _, _ in got for i in labels]
+    assert len(seen) == len(set(seen)) and set(seen) <= set(kept)
+    for shape, labels, extras, _ in got:
+        assert tuple(shape[2:]) in BUCKETS.sizes
+        assert extras["original_size"] == [SHAPES[i % 3] for i in labels]

@@ -309,6 +309,43 @@ def test_eviction_drops_the_oldest_pack_whole(tmp_path: Path) -> None:
     assert cache.verify() == (len(kept), 0)
 
 
+def test_heads_are_whole_verified_values_or_the_first_bytes_of_longer_ones(
+    tmp_path: Path,
+) -> None:
+    """``heads``: of each key held, the first ``n`` bytes — a value of at most ``n`` bytes
+    read whole and verified (a damaged one dropped, as a read drops it), of a longer one
+    the first ``n`` bytes of its pack; keys not held, and an entry whose pack was cut
+    short, left out."""
+    cache = ObjectCache(tmp_path)
+    small, packed, long, damaged, short = (
+        b"s" * 1000,
+        _value(1),
+        _value(2, 90_000),
+        _value(3),
+        _value(4, 90_000),
+    )
+    cache.put_many([("small", small), ("packed", packed), ("long", long), ("damaged", damaged)])
+    cache.put_many([("short", short)])  # the pack's last entry
+    at = cache.locate(["packed", "long", "damaged", "short"])
+    assert all(w is not None and w.offset >= 0 for w in at.values())
+    assert cache.locate(["small"]) == {"small": None}  # kept inside the index
+    bad, cut = at["damaged"], at["short"]
+    assert bad is not None and cut is not None
+    with open(tmp_path / "packs" / bad.filename, "r+b") as f:
+        f.seek(bad.offset + 100)
+        f.write(b"\x00\xff")
+    os.truncate(tmp_path / "packs" / cut.filename, cut.offset + 30_000)
+    keys = ["small", "packed", "long", "damaged", "short", "absent"]
+    assert cache.heads(keys, 50_000) == {
+        "small": small,
+        "packed": packed,
+        "long": long[:50_000],  # unverified: its CRC is of all 90 000 bytes
+    }
+    assert cache.take_damaged() == 1 and cache.get("damaged", len(damaged)) is None
+    assert cache.heads(["short"], 20_000) == {"short": short[:20_000]}  # held that far
+    cache.close()
+
+
 def test_a_batch_written_in_part_by_each_call_lands_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -263,6 +263,8 @@ FACE_EXCEPTIONS = {
     ("torch.py", "asyncloader._run._resume"),
     # The job's dataset as a rank counts it: ImageDataset.classes and len().
     ("torch.py", "asyncloader._run._job"),
+    # ... its images' headers read in the node's cache where it holds them.
+    ("torch.py", "asyncloader._run._cache_fill"),
     # The counts a rank's DataLoader workers leave for LoaderLogger, and their type.
     ("torch.py", "asyncloader._loader._health"),
     ("torch.py", "asyncloader._base._scalars"),

@@ -241,6 +241,35 @@ class ObjectCache:
                 found[key] = row_place(*rest)
         return found
 
+    def heads(self, keys: Sequence[str], n: int) -> dict[str, bytes]:
+        """The first ``n`` bytes of each of ``keys`` the cache holds (an image's header):
+        a value of at most ``n`` bytes whole and verified, as :meth:`read` gives it; of a
+        longer one its first ``n`` bytes as its file holds them, unverified (its CRC is of
+        the whole value: checked when the value is read whole, to decode it).  Keys not
+        held, evicted since, damaged (dropped) or cut short are left out."""
+        out: dict[str, bytes] = {}
+        for key, where in self.locate(keys).items():
+            if where is None:  # kept inside the index: small
+                value = self.get(key, -1)
+            elif where.offset < 0 or where.length <= n:
+                value = self.read(key, -1, where)
+            else:
+                value = self._head(where, n)
+            if value is not None:
+                out[key] = value[:n]
+        return out
+
+    def _head(self, where: CachedAt, n: int) -> bytes | None:
+        try:
+            fd = os.open(os.path.join(self._packs, where.filename), os.O_RDONLY)
+        except FileNotFoundError:
+            return None  # evicted since the index query
+        try:
+            value = os.pread(fd, n, where.offset)
+        finally:
+            os.close(fd)
+        return value if len(value) == n else None  # a pack cut short
+
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` under ``key`` (atomically visible once complete)."""
         self.put_many([(key, data)])

@@ -1,12 +1,13 @@
 """Each sample's pixel size, for aspect-ratio buckets: from the metadata file's ``width``
 and ``height`` columns where it has them, else from the image's header — one small range
 read per object (the first :data:`HEAD_BYTES`; a JPEG whose frame header lies further, behind
-a large EXIF block, is read again to :data:`HEAD_MAX`) — done once per job, like the
-listing: the first process of the job to need them (a rank, a DataLoader worker, the training
-process counting ``len()``) reads them, and every other takes them from the job's store
-(:class:`JobShare`).  Each node keeps them in its cache folder beside the saved listing
-(``listings/<digest>.sizes.npz``, each size with its object's ETag), so later runs and
-``warm`` read no header again.
+a large EXIF block, is read again to :data:`HEAD_MAX`), or none where the node's cache holds
+the object (:class:`CachedHeads`: a cache that a run without buckets filled) — done once per
+job, like the listing: the first process of the job to need them (a rank, a DataLoader
+worker, the training process counting ``len()``) reads them, and every other takes them
+from the job's store (:class:`JobShare`).  Each node keeps them in its cache folder beside
+the saved listing (``listings/<digest>.sizes.npz``, each size with its object's ETag), so
+later runs and ``warm`` read no header again.
 
 An image whose header cannot be read — missing, corrupt, or replaced since it was listed —
 stops the run at its start, naming it; under ``on_error="skip"`` it keeps an unknown size
@@ -50,6 +51,7 @@ from ._objects import ObjectList
 from ._saved import ListingTurn, listing_path, make_listings_folder
 
 __all__ = [
+    "CachedHeads",
     "HEAD_BYTES",
     "JobShare",
     "NO_SIZES",
@@ -141,6 +143,16 @@ async def _read_header(
         end = HEAD_MAX
 
 
+class CachedHeads(Protocol):
+    """The node's cache, as the header pass reads it (``_run``'s, over the SSD cache): the
+    first ``n`` bytes of each of ``objects`` of ``store`` it holds, by their index in
+    ``objects`` — none of them a request.  Blocking (the cache's index and files)."""
+
+    def __call__(
+        self, store: ObjectStore, objects: Sequence[ObjectInfo], n: int
+    ) -> dict[int, bytes]: ...
+
+
 class JobShare(Protocol):
     """What one process of a job makes and every other reads (the job's store:
     ``asyncloader._run._dist.StoreShare``): :meth:`take` is None in the process that is to
@@ -167,11 +179,14 @@ class SizeReading:
             own gets :data:`UNKNOWN` (it fails, and is counted, when read).
         share: The job's (:class:`JobShare`): one process of the job reads the headers,
             every other takes the sizes it found; None: this process reads its own.
+        cached: The node's cache (:class:`CachedHeads`): the headers of the objects it
+            holds are read there, not from the store; None: no cache.
     """
 
     wanted: bool = False
     skip: bool = False
     share: JobShare | None = None
+    cached: CachedHeads | None = None
 
 
 NO_SIZES = SizeReading()
@@ -204,6 +219,7 @@ async def with_sizes(
         counters=counters,
         skip=reading.skip,
         share=reading.share,
+        cached=reading.cached,
     )
     return dataclasses.replace(dataset, sizes=pixels)
 
@@ -217,10 +233,12 @@ async def sample_sizes(
     counters: Counters | None = None,
     skip: bool = False,
     share: JobShare | None = None,
+    cached: CachedHeads | None = None,
 ) -> npt.NDArray[np.int64]:
     """``(height, width)`` of each of ``objects`` (a dataset's samples): ``known[i]`` where
     given (the metadata file's), else kept in ``folder`` for that object's ETag, else read
-    from its header; the sizes read are kept in ``folder`` for the next run, once per node
+    from its header (in the node's cache, ``cached``, where it holds the object, else in
+    the store); the sizes read are kept in ``folder`` for the next run, once per node
     (the loaders of a node take turns, as for the listing).  ``share``: the job's, so that
     one process of the job finds the sizes (from its folder, else the headers) and every
     other takes them from it, keeping them in its own folder too.  ``skip``
@@ -242,9 +260,9 @@ async def sample_sizes(
     # As arrays, not an ObjectInfo each (a million of them): the share digests them too.
     wanted = ObjectList.of(objects).take(np.asarray(todo, dtype=np.int64))
     if share is None:
-        found = await _found_sizes(store, wanted, folder, counters, skip)
+        found = await _found_sizes(store, wanted, folder, counters, skip, cached)
     else:
-        found = await _shared_sizes(store, wanted, folder, counters, skip, share)
+        found = await _shared_sizes(store, wanted, folder, counters, skip, share, cached)
     out[todo] = found
     bad = [i for i, hw in zip(todo, found.tolist(), strict=True) if tuple(hw) == UNKNOWN]
     if bad:
@@ -265,6 +283,7 @@ async def _shared_sizes(
     counters: Counters | None,
     skip: bool,
     share: JobShare,
+    cached: CachedHeads | None,
 ) -> npt.NDArray[np.int64]:
     """:func:`_found_sizes` in the first process of the job to need these objects' sizes;
     in every other, what it found (kept in this process's folder too)."""
@@ -274,7 +293,7 @@ async def _shared_sizes(
     data = await asyncio.to_thread(share.take, name, what, f"read the {what}")
     if data is None:  # this process reads them
         try:
-            found = await _found_sizes(store, objects, folder, counters, skip)
+            found = await _found_sizes(store, objects, folder, counters, skip, cached)
         except BaseException as exc:
             await asyncio.to_thread(share.fail, name, exc)
             raise
@@ -313,9 +332,11 @@ async def _found_sizes(
     folder: str | None,
     counters: Counters | None,
     skip: bool,
+    cached: CachedHeads | None = None,
 ) -> npt.NDArray[np.int64]:
     """Each of ``objects``'s ``(height, width)``: kept in ``folder`` for its ETag, else
-    read from its header (and kept there); :data:`UNKNOWN` where it cannot be read, under
+    read from its header — in the node's cache (``cached``) where it holds the object, else
+    in the store — (and kept there); :data:`UNKNOWN` where it cannot be read, under
     ``skip``.
 
     Raises:
@@ -329,6 +350,9 @@ async def _found_sizes(
     try:
         kept = await asyncio.to_thread(_load, path) if path is not None else {}
         missing = [i for i, o in enumerate(objects) if (o.key, o.etag) not in kept]
+        if cached is not None and missing:
+            kept.update(await _cached_sizes(store, [objects[i] for i in missing], cached, counters))
+            missing = [i for i in missing if (objects[i].key, objects[i].etag) not in kept]
         gate = asyncio.Semaphore(_INFLIGHT)
 
         async def one(i: int) -> None:
@@ -361,6 +385,36 @@ async def _found_sizes(
         raise first
     hw = [kept.get((o.key, o.etag), UNKNOWN) for o in objects]
     return np.array(hw, dtype=np.int64).reshape(len(objects), 2)
+
+
+async def _cached_sizes(
+    store: ObjectStore,
+    objects: Sequence[ObjectInfo],
+    cached: CachedHeads,
+    counters: Counters | None,
+) -> dict[tuple[str, str], tuple[int, int]]:
+    """The ``(height, width)`` of each of ``objects`` the node's cache holds, by ``(key,
+    ETag)``: from its first :data:`HEAD_BYTES` there, or :data:`HEAD_MAX` where the header
+    lies further.  One whose header is not there is left to the store's read (which names
+    what is wrong with it)."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    todo = list(objects)
+    for n in (HEAD_BYTES, HEAD_MAX):
+        heads = await asyncio.to_thread(cached, store, todo, n)
+        further: list[ObjectInfo] = []
+        for i, data in heads.items():
+            obj = todo[i]
+            if counters is not None:
+                counters.bytes_from_cache += len(data)
+            size = header_size(data)
+            if size is not None:
+                out[(obj.key, obj.etag)] = size
+            elif len(data) == n:  # cut at n: its header may lie further
+                further.append(obj)
+        todo = further
+        if not todo:
+            break
+    return out
 
 
 async def keep_sizes(url: str, folder: str, sizes: dict[tuple[str, str], tuple[int, int]]) -> None:

@@ -34,6 +34,7 @@ from .._run._build import (
     make_pool,
     make_ring,
 )
+from .._run._cache_fill import CacheHeads
 from .._run._dist import StoreShare
 from .._run._notices import BatchReady, Notice, Outbox
 from .._run._pipeline import Pipeline
@@ -137,6 +138,7 @@ class LocalEngine:
                         wanted=p.run.buckets is not None,
                         skip=p.run.errors.on_error == "skip",
                         share=StoreShare(spec.job) if spec.job is not None else None,
+                        cached=CacheHeads(cache) if (cache := p.object_cache) else None,
                     ),
                 )
                 self.rt.listing_task = task

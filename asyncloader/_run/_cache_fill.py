@@ -37,6 +37,7 @@ from ._sampler import epoch_indices, node_subset
 __all__ = [
     "Admission",
     "CacheFill",
+    "CacheHeads",
     "InHand",
     "OnceFetcher",
     "node_admission",
@@ -55,6 +56,26 @@ def entry_key(store: ObjectStore, key: str, etag: str) -> str:
         source, key = store.part(key)
         return ObjectCache.entry_key(source.url, key, etag)
     return ObjectCache.entry_key(store.url, key, etag)
+
+
+class CacheHeads:
+    """The node's SSD cache as the header pass reads it (``_dataset._sizes.CachedHeads``):
+    the first bytes of each object it holds, under the key the loader's fetches keep it by
+    (a cache that a run without buckets, or an interrupted ``warm``, filled gives a bucketed
+    run its images' sizes, and the run starts with the store unreachable)."""
+
+    def __init__(self, cache: ObjectCache) -> None:
+        self.cache = cache
+
+    def __call__(
+        self, store: ObjectStore, objects: Sequence[ObjectInfo], n: int
+    ) -> dict[int, bytes]:
+        keys = [entry_key(store, o.key, o.etag) for o in objects]
+        try:
+            found = self.cache.heads(keys, n)
+        finally:
+            self.cache.close()  # this thread's handle: a worker thread of the caller's loop
+        return {i: found[k] for i, k in enumerate(keys) if k in found}
 
 
 def node_objects(objects: Sequence[ObjectInfo], run: RunConfig) -> Sequence[ObjectInfo]:

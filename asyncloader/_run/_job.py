@@ -16,7 +16,7 @@ from .._base._sources import Source, as_sources
 from .._base._types import ObjectInfo
 from .._dataset import open_dataset
 from .._dataset._labels import Dataset
-from .._dataset._sizes import JobShare, SizeReading, bucket_index
+from .._dataset._sizes import CachedHeads, JobShare, SizeReading, bucket_index
 from .._stores import open_sources, open_store
 from .._stores import store_options as store_options_for
 from ._sampler import num_batches
@@ -37,6 +37,7 @@ def job_dataset(
     buckets: bool = False,
     skip_unreadable: bool = False,
     share_sizes: JobShare | None = None,
+    cached: CachedHeads | None = None,
     folder: str | None,
     max_age: float,
     objects: Sequence[ObjectInfo] | None,
@@ -44,8 +45,9 @@ def job_dataset(
     """The samples a loader of these options reads — the same listing, labels, metadata
     file and mix (``_dataset.open_dataset``, as its engine builds them), from ``objects``
     where the job's listing is known, and through ``share_sizes`` where the job's images'
-    sizes are — on a store of its own, on a thread of its own: what a dataset of the job is
-    counted from before any loader runs (its classes, its length).
+    sizes are, the headers of the images the node's cache holds read there (``cached``) —
+    on a store of its own, on a thread of its own: what a dataset of the job is counted
+    from before any loader runs (its classes, its length).
 
     Raises:
         StoreError: the store could not be listed, or a manifest or metadata file read.
@@ -72,7 +74,9 @@ def job_dataset(
                 extras=extras,
                 samples_per_epoch=samples_per_epoch,
                 filters=normalize(filters),
-                sizes=SizeReading(wanted=buckets, skip=skip_unreadable, share=share_sizes),
+                sizes=SizeReading(
+                    wanted=buckets, skip=skip_unreadable, share=share_sizes, cached=cached
+                ),
             )
             return listing.dataset if listing.dataset is not None else await listing.complete()
         finally:
