@@ -15,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asyncloader as al
+from asyncloader._base._types import ObjectInfo
 from asyncloader._cache import IndexThread, ObjectCache, parse_size
+from asyncloader._cache._admission import admission, admitted
 from asyncloader.testing import MotoServer, S3TestServer
 
 from .conftest import N_IMAGES
@@ -346,6 +348,32 @@ def test_heads_are_whole_verified_values_or_the_first_bytes_of_longer_ones(
     cache.close()
 
 
+@pytest.mark.parametrize("limit", [10_000_000, 1_000_000])
+def test_whole_images_a_header_pass_fetched_are_kept_as_a_loader_keeps_them(
+    tmp_path: Path, limit: int
+) -> None:
+    """``CacheHeads.keeper``: the whole objects header reads fetched go into the cache
+    under the loader's keys, all of them where they fit, else the subset the cache's
+    admission takes (over the objects whose headers are read); ``heads`` then finds them."""
+    from asyncloader._run._cache_fill import CacheHeads, entry_key
+    from asyncloader.testing import MemoryStore
+
+    store = MemoryStore(name="heads")
+    objects = [ObjectInfo(f"img{i}.jpg", 40_000, f"e{i}") for i in range(50)]  # 2 MB
+    cache = ObjectCache(tmp_path, size_limit=limit)
+    heads = CacheHeads(cache)
+    keep = heads.keeper(store, objects)
+    threshold, share = admission([(o.key, o.size) for o in objects], limit)
+    taken = [o for o in objects if admitted(o.key, threshold)]
+    assert (share == 1.0) == (limit > 2_000_000) and 0 < len(taken) <= len(objects)
+    assert keep([(o, _value(i)) for i, o in enumerate(objects)]) == len(taken)
+    held = {k.split("\x00")[1] for k in cache.entry_keys()}
+    assert held == {o.key for o in taken}
+    assert ObjectCache.entry_key(store.url, "img0.jpg", "e0") == entry_key(store, "img0.jpg", "e0")
+    found = heads(store, objects, 100)
+    assert found == {i: _value(i)[:100] for i, o in enumerate(objects) if o in taken}
+
+
 def test_a_batch_written_in_part_by_each_call_lands_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -551,9 +579,6 @@ def test_a_cache_smaller_than_the_data_keeps_a_fixed_subset(
     """Shuffled epochs through a cache a third of the data's size: a fixed subset (a hash of
     the key) is stored once and hit in every later epoch; nothing else is ever written, so
     nothing is evicted (storing everything kept almost nothing: 6 % hits)."""
-    import asyncio
-
-    from asyncloader._cache._admission import admission, admitted
 
     async def sizes() -> dict[str, int]:  # keys as the loader sees them: under train/
         store = al.S3Store("b", prefix="train/", endpoint_url=light_server.endpoint)

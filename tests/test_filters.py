@@ -21,6 +21,7 @@ from PIL import Image
 import asyncloader as al
 from asyncloader._base._filters import describe, keep_mask, normalize
 from asyncloader._base._types import ObjectInfo
+from asyncloader._cache import ObjectCache
 from asyncloader._dataset._labels import build_dataset
 from asyncloader._dataset._metadata import read_metadata
 from asyncloader.testing import FaultProxy, MotoServer
@@ -287,6 +288,11 @@ def test_a_filter_over_the_width_reads_the_headers_of_what_the_rest_keeps_once(
                 assert asked == 0, (run, key)
             elif i not in kept:  # its header, and nothing else
                 assert asked == ranged == 1, (run, key, asked, ranged)
+        # Its header's read fetched each image whole (they are small), but the cache keeps
+        # only the ones the filter kept: those its width left out are no samples.
+        with ObjectCache(tmp_path) as cache:
+            cached = {k.split("\x00")[1] for k in cache.entry_keys()}
+        assert cached == {f"{i:03d}.jpg" for i in kept}, run
     with pytest.raises(al.AsyncLoaderError, match="filters= left out every one of its"):
         with _loader(f"s3://{bucket}/jsonl/", endpoint, [("width", ">", 48)]) as loader:
             next(iter(loader))

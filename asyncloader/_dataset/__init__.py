@@ -16,9 +16,9 @@ Its modules: compact object lists (``_objects``), which objects are samples and 
 labels (``_labels``), the root's metadata file and sidecars (``_metadata``), several sources'
 shares (``_mix``) and datasets as one (``_combine``), manifests by location (``_located``),
 the listing through a cache folder, once per node (``_listing``), saved listings and the
-listing turn (``_saved``), each sample's pixel size for aspect-ratio buckets (``_sizes``),
-which samples pass ``filters=`` (``_filtering``: the columns a filter names, the headers'
-width and height among them).
+listing turn (``_saved``), each sample's pixel size for aspect-ratio buckets (``_sizes``;
+the images' headers read for it, ``_headers``), which samples pass ``filters=``
+(``_filtering``: the columns a filter names, the headers' width and height among them).
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ async def open_listing(
         dataset = await asyncio.to_thread(read_columnar_manifest, data, labels)
         check(dataset.samples.objects, dataset)
         if sizes.wanted:
-            dataset = await with_sizes(store, dataset, None, folder, counters, sizes)
+            dataset = await with_sizes(store, dataset, None, folder, counters, sizes, all_stay=True)
         return Listing(of_length(dataset, store.url, samples_per_epoch)), None
     manifest_data = None
     if is_manifest(labels):
@@ -289,7 +289,9 @@ async def open_listing(
     check(all_listed, dataset)
     later = header_columns(filters, metadata)
     if sizes.wanted or later:
-        dataset = await with_sizes(store, dataset, metadata, folder, counters, sizes)
+        dataset = await with_sizes(
+            store, dataset, metadata, folder, counters, sizes, all_stay=not later
+        )
     if later:  # the filter again, with the headers' width and height
         assert filters is not None
         dataset = await asyncio.to_thread(filter_by_size, dataset, metadata, filters)

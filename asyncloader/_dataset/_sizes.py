@@ -1,13 +1,11 @@
 """Each sample's pixel size, for aspect-ratio buckets: from the metadata file's ``width``
-and ``height`` columns where it has them, else from the image's header — one small range
-read per object (the first :data:`HEAD_BYTES`; a JPEG whose frame header lies further, behind
-a large EXIF block, is read again to :data:`HEAD_MAX`), or none where the node's cache holds
-the object (:class:`CachedHeads`: a cache that a run without buckets filled) — done once per
-job, like the listing: the first process of the job to need them (a rank, a DataLoader
-worker, the training process counting ``len()``) reads them, and every other takes them
-from the job's store (:class:`JobShare`).  Each node keeps them in its cache folder beside
-the saved listing (``listings/<digest>.sizes.npz``, each size with its object's ETag), so
-later runs and ``warm`` read no header again.
+and ``height`` columns where it has them, else from the image's header (``_headers``: in
+the node's cache where it holds the image, else one small range read per object) — done
+once per job, like the listing: the first process of the job to need them (a rank, a
+DataLoader worker, the training process counting ``len()``) reads them, and every other
+takes them from the job's store (:class:`JobShare`).  Each node keeps them in its cache
+folder beside the saved listing (``listings/<digest>.sizes.npz``, each size with its
+object's ETag), so later runs and ``warm`` read no header again.
 
 An image whose header cannot be read — missing, corrupt, or replaced since it was listed —
 stops the run at its start, naming it; under ``on_error="skip"`` it keeps an unknown size
@@ -21,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import io
 import logging
 import os
 import threading
@@ -33,32 +30,23 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image
 
 from .._base._buckets import Buckets
-from .._base._errors import (
-    AsyncLoaderError,
-    DecodeError,
-    IntegrityError,
-    ObjectNotFound,
-    shown_key,
-)
+from .._base._errors import AsyncLoaderError, shown_key
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
+from ._headers import CachedHeads, read_headers
 from ._labels import Dataset
 from ._metadata import Metadata
 from ._objects import ObjectList
 from ._saved import ListingTurn, listing_path, make_listings_folder
 
 __all__ = [
-    "CachedHeads",
-    "HEAD_BYTES",
     "JobShare",
     "NO_SIZES",
     "SizeReading",
     "UNKNOWN",
     "bucket_index",
-    "header_size",
     "keep_sizes",
     "sample_sizes",
     "share_name",
@@ -66,34 +54,16 @@ __all__ = [
     "with_sizes",
 ]
 
-HEAD_BYTES = 64 * 1024
-"""Bytes of an object read for its header: a JPEG's frame header, a PNG's IHDR, a WebP's."""
-HEAD_MAX = 1024 * 1024
-"""Bytes read, at most, for a header beyond :data:`HEAD_BYTES` (a JPEG's EXIF thumbnail)."""
 log = logging.getLogger("asyncloader")
 
-_INFLIGHT = 64
 UNKNOWN = (0, 0)
 """The recorded ``(height, width)`` of an image whose header could not be read, under
 ``on_error="skip"``."""
-_THE_IMAGE_S = (ObjectNotFound, IntegrityError, DecodeError)
-"""The header read's failures that are the image's own: the ones ``"skip"`` counts."""
 
 
 def sizes_path(directory: str | os.PathLike[str], url: str) -> Path:
     """Where the sizes of ``url``'s images are kept in the cache folder ``directory``."""
     return listing_path(directory, url).with_suffix(".sizes.npz")
-
-
-def header_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
-    """``(height, width)`` from the first bytes of an image, or None where they do not
-    reach its header (or it is not an image Pillow reads)."""
-    try:
-        with Image.open(io.BytesIO(bytes(data))) as img:
-            width, height = img.size
-    except Exception:  # a truncated header, or not an image: the caller reads more, or fails
-        return None
-    return (height, width) if width > 0 and height > 0 else None
 
 
 def _load(path: Path) -> dict[tuple[str, str], tuple[int, int]]:
@@ -119,38 +89,6 @@ def _save(path: Path, known: dict[tuple[str, str], tuple[int, int]]) -> None:
             sizes=np.array([hw for _, hw in items], dtype=np.int64).reshape(-1, 2),
         )
     os.replace(tmp, path)
-
-
-async def _read_header(
-    store: ObjectStore, obj: ObjectInfo, counters: Counters | None
-) -> tuple[int, int]:
-    end = HEAD_BYTES
-    while True:
-        want = end if obj.size < 0 else min(end, obj.size)
-        data = await store.get(obj.key, start=0, end=want, etag=obj.etag)
-        if counters is not None:
-            counters.requests += 1
-            counters.bytes_fetched += len(data)
-        size = header_size(data)
-        if size is not None:
-            return size
-        if want < end or end >= HEAD_MAX:  # the whole object, or as far as a header goes
-            raise DecodeError(
-                f"{shown_key(obj.key)}: no image size in its first {len(data)} bytes "
-                "(not an image Pillow reads?); aspect-ratio buckets need each image's size",
-                key=obj.key,
-            )
-        end = HEAD_MAX
-
-
-class CachedHeads(Protocol):
-    """The node's cache, as the header pass reads it (``_run``'s, over the SSD cache): the
-    first ``n`` bytes of each of ``objects`` of ``store`` it holds, by their index in
-    ``objects`` — none of them a request.  Blocking (the cache's index and files)."""
-
-    def __call__(
-        self, store: ObjectStore, objects: Sequence[ObjectInfo], n: int
-    ) -> dict[int, bytes]: ...
 
 
 class JobShare(Protocol):
@@ -200,10 +138,13 @@ async def with_sizes(
     folder: str | None,
     counters: Counters | None,
     reading: SizeReading = NO_SIZES,
+    *,
+    all_stay: bool = False,
 ) -> Dataset:
     """``dataset`` with each sample's pixel size: the metadata file's ``width`` and
     ``height`` where it gives them, else its header's (:func:`sample_sizes`, read as
-    ``reading`` says)."""
+    ``reading`` says).  ``all_stay``: every sample stays one (no filter on the sizes
+    follows), so the images that their header's read fetched whole are worth caching."""
     objects = dataset.samples.objects
     keys = objects.keys()
     known: list[tuple[int, int] | None] = (
@@ -220,6 +161,7 @@ async def with_sizes(
         skip=reading.skip,
         share=reading.share,
         cached=reading.cached,
+        all_stay=all_stay,
     )
     return dataclasses.replace(dataset, sizes=pixels)
 
@@ -234,6 +176,7 @@ async def sample_sizes(
     skip: bool = False,
     share: JobShare | None = None,
     cached: CachedHeads | None = None,
+    all_stay: bool = False,
 ) -> npt.NDArray[np.int64]:
     """``(height, width)`` of each of ``objects`` (a dataset's samples): ``known[i]`` where
     given (the metadata file's), else kept in ``folder`` for that object's ETag, else read
@@ -243,7 +186,9 @@ async def sample_sizes(
     one process of the job finds the sizes (from its folder, else the headers) and every
     other takes them from it, keeping them in its own folder too.  ``skip``
     (``on_error="skip"``): an image whose header cannot be read for a fault of its own gets
-    :data:`UNKNOWN`.
+    :data:`UNKNOWN`.  ``all_stay``: every one of ``objects`` is a sample of the run (no
+    filter on the sizes follows): those that their header's read fetched whole are kept in
+    the node's cache (``cached``), for the first epoch to read there.
 
     Raises:
         DecodeError: an object whose header gives no size; StoreError: one that could not
@@ -260,9 +205,9 @@ async def sample_sizes(
     # As arrays, not an ObjectInfo each (a million of them): the share digests them too.
     wanted = ObjectList.of(objects).take(np.asarray(todo, dtype=np.int64))
     if share is None:
-        found = await _found_sizes(store, wanted, folder, counters, skip, cached)
+        found = await _found_sizes(store, wanted, folder, counters, skip, cached, all_stay)
     else:
-        found = await _shared_sizes(store, wanted, folder, counters, skip, share, cached)
+        found = await _shared_sizes(store, wanted, folder, counters, skip, share, cached, all_stay)
     out[todo] = found
     bad = [i for i, hw in zip(todo, found.tolist(), strict=True) if tuple(hw) == UNKNOWN]
     if bad:
@@ -284,6 +229,7 @@ async def _shared_sizes(
     skip: bool,
     share: JobShare,
     cached: CachedHeads | None,
+    all_stay: bool,
 ) -> npt.NDArray[np.int64]:
     """:func:`_found_sizes` in the first process of the job to need these objects' sizes;
     in every other, what it found (kept in this process's folder too)."""
@@ -293,7 +239,7 @@ async def _shared_sizes(
     data = await asyncio.to_thread(share.take, name, what, f"read the {what}")
     if data is None:  # this process reads them
         try:
-            found = await _found_sizes(store, objects, folder, counters, skip, cached)
+            found = await _found_sizes(store, objects, folder, counters, skip, cached, all_stay)
         except BaseException as exc:
             await asyncio.to_thread(share.fail, name, exc)
             raise
@@ -333,11 +279,12 @@ async def _found_sizes(
     counters: Counters | None,
     skip: bool,
     cached: CachedHeads | None = None,
+    all_stay: bool = False,
 ) -> npt.NDArray[np.int64]:
     """Each of ``objects``'s ``(height, width)``: kept in ``folder`` for its ETag, else
     read from its header — in the node's cache (``cached``) where it holds the object, else
     in the store — (and kept there); :data:`UNKNOWN` where it cannot be read, under
-    ``skip``.
+    ``skip``.  ``all_stay``: as :func:`._headers.read_headers` takes it.
 
     Raises:
         As :func:`sample_sizes` (without ``skip``: the first unreadable image in order).
@@ -350,28 +297,14 @@ async def _found_sizes(
     try:
         kept = await asyncio.to_thread(_load, path) if path is not None else {}
         missing = [i for i, o in enumerate(objects) if (o.key, o.etag) not in kept]
-        if cached is not None and missing:
-            kept.update(await _cached_sizes(store, [objects[i] for i in missing], cached, counters))
-            missing = [i for i in missing if (objects[i].key, objects[i].etag) not in kept]
-        gate = asyncio.Semaphore(_INFLIGHT)
-
-        async def one(i: int) -> None:
-            async with gate:
-                try:
-                    size = await _read_header(store, objects[i], counters)
-                except _THE_IMAGE_S as exc:  # every header is read, to name the first
-                    unreadable[i] = exc
-                    return
-                kept[(objects[i].key, objects[i].etag)] = size
-
         if missing:
-            async with asyncio.TaskGroup() as tg:
-                for i in missing:
-                    tg.create_task(one(i))
+            todo = [objects[i] for i in missing]
+            found, failed = await read_headers(store, todo, counters, cached, all_stay=all_stay)
+            for j, size in found.items():
+                kept[(todo[j].key, todo[j].etag)] = size
+            unreadable = {missing[j]: exc for j, exc in failed.items()}
             if path is not None:
                 await asyncio.to_thread(_save, path, kept)
-    except* AsyncLoaderError as group:
-        raise group.exceptions[0] from None
     finally:
         if turn is not None:
             turn.release()
@@ -385,36 +318,6 @@ async def _found_sizes(
         raise first
     hw = [kept.get((o.key, o.etag), UNKNOWN) for o in objects]
     return np.array(hw, dtype=np.int64).reshape(len(objects), 2)
-
-
-async def _cached_sizes(
-    store: ObjectStore,
-    objects: Sequence[ObjectInfo],
-    cached: CachedHeads,
-    counters: Counters | None,
-) -> dict[tuple[str, str], tuple[int, int]]:
-    """The ``(height, width)`` of each of ``objects`` the node's cache holds, by ``(key,
-    ETag)``: from its first :data:`HEAD_BYTES` there, or :data:`HEAD_MAX` where the header
-    lies further.  One whose header is not there is left to the store's read (which names
-    what is wrong with it)."""
-    out: dict[tuple[str, str], tuple[int, int]] = {}
-    todo = list(objects)
-    for n in (HEAD_BYTES, HEAD_MAX):
-        heads = await asyncio.to_thread(cached, store, todo, n)
-        further: list[ObjectInfo] = []
-        for i, data in heads.items():
-            obj = todo[i]
-            if counters is not None:
-                counters.bytes_from_cache += len(data)
-            size = header_size(data)
-            if size is not None:
-                out[(obj.key, obj.etag)] = size
-            elif len(data) == n:  # cut at n: its header may lie further
-                further.append(obj)
-        todo = further
-        if not todo:
-            break
-    return out
 
 
 async def keep_sizes(url: str, folder: str, sizes: dict[tuple[str, str], tuple[int, int]]) -> None:

@@ -28,6 +28,7 @@ from .._cache import IndexThread, ObjectCache
 from .._cache._admission import ADMIT_ALL, admission, admitted
 from .._cache._writer import CacheWriter
 from .._dataset import Listing
+from .._dataset._headers import Keep
 from .._decode import scaled_copies as scaled_jpeg_copies
 from .._decode import scaled_footprint
 from .._fetch import Fetcher
@@ -76,6 +77,24 @@ class CacheHeads:
         finally:
             self.cache.close()  # this thread's handle: a worker thread of the caller's loop
         return {i: found[k] for i, k in enumerate(keys) if k in found}
+
+    def keeper(self, store: ObjectStore, objects: Sequence[ObjectInfo]) -> Keep:
+        """Keeps whole objects the header reads of ``objects`` fetched, as the loader's
+        fetches would: those the cache's admission over ``objects`` takes (a cache too small
+        for them keeps a subset of what a node's loader keeps, which decides over the
+        node's part of them), with no scaled copies (they are smaller than a header read,
+        far below a copy's least size)."""
+        threshold, _ = admission([(o.key, o.size) for o in objects], self.cache.size_limit)
+
+        def keep(items: Sequence[tuple[ObjectInfo, bytes]]) -> int:
+            admitted_ = [(o, data) for o, data in items if admitted(o.key, threshold)]
+            try:
+                self.cache.put_many([(entry_key(store, o.key, o.etag), d) for o, d in admitted_])
+            finally:
+                self.cache.close()  # this thread's index handle and pack
+            return len(admitted_)
+
+        return keep
 
 
 def node_objects(objects: Sequence[ObjectInfo], run: RunConfig) -> Sequence[ObjectInfo]:

@@ -15,8 +15,9 @@ from .._base._own_thread import run_on_own_thread
 from .._base._sources import Source, as_sources
 from .._base._types import ObjectInfo
 from .._dataset import open_dataset
+from .._dataset._headers import CachedHeads
 from .._dataset._labels import Dataset
-from .._dataset._sizes import CachedHeads, JobShare, SizeReading, bucket_index
+from .._dataset._sizes import JobShare, SizeReading, bucket_index
 from .._stores import open_sources, open_store
 from .._stores import store_options as store_options_for
 from ._sampler import num_batches

@@ -36,9 +36,10 @@ from .._base._types import Blob, ObjectInfo, ObjectStore, derived_key
 from .._cache import ObjectCache
 from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import list_objects, metadata_file
+from .._dataset._headers import HEAD_BYTES, header_size
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
 from .._dataset._metadata import metadata_object
-from .._dataset._sizes import HEAD_BYTES, header_size, keep_sizes
+from .._dataset._sizes import keep_sizes
 from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
 from .._run._build import make_fetcher
 from .._run._cache_fill import CacheFill, entry_key, node_admission, node_objects

@@ -1,0 +1,200 @@
+"""Images' headers, read for their pixel sizes (``_sizes`` says whose, and keeps what they
+give): in the node's cache where it holds the image (:class:`CachedHeads`), else from the
+store — one small range read per object (the first :data:`HEAD_BYTES`; a JPEG whose frame
+header lies further, behind a large EXIF block, is read again to :data:`HEAD_MAX`), many at
+once.  An image no larger than the first read came whole: where every image read stays a
+sample (no filter on the sizes), the cache keeps it (:meth:`CachedHeads.keeper`, under the
+cache's admission), so that the run's first epoch reads it from the node's disk instead of
+fetching it a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from PIL import Image
+
+from .._base._errors import (
+    AsyncLoaderError,
+    DecodeError,
+    IntegrityError,
+    ObjectNotFound,
+    shown_key,
+)
+from .._base._stats import Counters
+from .._base._types import ObjectInfo, ObjectStore
+
+__all__ = ["HEAD_BYTES", "HEAD_MAX", "CachedHeads", "Keep", "header_size", "read_headers"]
+
+HEAD_BYTES = 64 * 1024
+"""Bytes of an object read for its header: a JPEG's frame header, a PNG's IHDR, a WebP's."""
+HEAD_MAX = 1024 * 1024
+"""Bytes read, at most, for a header beyond :data:`HEAD_BYTES` (a JPEG's EXIF thumbnail)."""
+log = logging.getLogger("asyncloader")
+
+_INFLIGHT = 64
+_THE_IMAGE_S = (ObjectNotFound, IntegrityError, DecodeError)
+"""The header read's failures that are the image's own: the ones ``"skip"`` counts."""
+_KEEP_CHUNK = 8 * 1024 * 1024
+"""Whole objects handed to the cache together [bytes]; at most two such hand-overs at once,
+and header reads wait for them (what the pass holds in memory stays small)."""
+
+Keep = Callable[[Sequence[tuple[ObjectInfo, bytes]]], int]
+"""Keeps whole objects in the node's cache (those its admission takes); how many it kept.
+Blocking."""
+
+
+class CachedHeads(Protocol):
+    """The node's cache, as the header pass reads it (``_run``'s, over the SSD cache)."""
+
+    def __call__(
+        self, store: ObjectStore, objects: Sequence[ObjectInfo], n: int
+    ) -> dict[int, bytes]:
+        """The first ``n`` bytes of each of ``objects`` of ``store`` the cache holds, by
+        their index in ``objects`` — none of them a request.  Blocking."""
+        ...
+
+    def keeper(self, store: ObjectStore, objects: Sequence[ObjectInfo]) -> Keep:
+        """What keeps the whole objects that header reads of ``objects`` fetched, as a
+        loader's fetches of them would be kept (its admission decided over ``objects``).
+        Blocking."""
+        ...
+
+
+def header_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """``(height, width)`` from the first bytes of an image, or None where they do not
+    reach its header (or it is not an image Pillow reads)."""
+    try:
+        with Image.open(io.BytesIO(bytes(data))) as img:
+            width, height = img.size
+    except Exception:  # a truncated header, or not an image: the caller reads more, or fails
+        return None
+    return (height, width) if width > 0 and height > 0 else None
+
+
+async def read_headers(
+    store: ObjectStore,
+    objects: Sequence[ObjectInfo],
+    counters: Counters | None,
+    cached: CachedHeads | None,
+    *,
+    all_stay: bool,
+) -> tuple[dict[int, tuple[int, int]], dict[int, AsyncLoaderError]]:
+    """The ``(height, width)`` of each of ``objects``, by index: read in the node's cache
+    (``cached``) where it holds the object, else from the store; and the failures that are
+    the images' own (every header is read, so that the caller can name the first).
+    ``all_stay``: every one of ``objects`` is a sample of the run (no filter on sizes): the
+    ones the first read fetched whole are kept in the cache.
+
+    Raises:
+        StoreError: a fault the store's retries could not get past (not the image's).
+    """
+    found: dict[int, tuple[int, int]] = {}
+    if cached is not None:
+        found = await _cached_sizes(store, objects, cached, counters)
+    todo = [i for i in range(len(objects)) if i not in found]
+    if not todo:
+        return found, {}
+    keep = (
+        await asyncio.to_thread(cached.keeper, store, objects)
+        if cached is not None and all_stay
+        else None
+    )
+    unreadable: dict[int, AsyncLoaderError] = {}
+    whole: list[tuple[ObjectInfo, bytes]] = []
+    held = [0]  # bytes in `whole`
+    gate, handing = asyncio.Semaphore(_INFLIGHT), asyncio.Semaphore(2)
+
+    async def hand_over(items: list[tuple[ObjectInfo, bytes]]) -> None:
+        assert keep is not None
+        async with handing:
+            try:
+                kept = await asyncio.to_thread(keep, items)
+            except Exception as exc:  # the cache's disk, say: the epoch fetches them instead
+                log.warning("asyncloader: images read whole for their headers not cached: %r", exc)
+                return
+        if counters is not None:
+            counters.cache_stored += kept
+
+    async def one(i: int) -> None:
+        obj = objects[i]
+        async with gate:
+            try:
+                found[i], data = await _read_header(store, obj, counters)
+            except _THE_IMAGE_S as exc:
+                unreadable[i] = exc
+                return
+            if keep is None or len(data) != obj.size:
+                return
+            whole.append((obj, bytes(data)))
+            held[0] += len(data)
+            if held[0] >= _KEEP_CHUNK:
+                items = whole[:]
+                whole.clear()
+                held[0] = 0
+                await hand_over(items)
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for i in todo:
+                tg.create_task(one(i))
+    except* AsyncLoaderError as group:
+        raise group.exceptions[0] from None
+    if whole:
+        await hand_over(whole)
+    return found, unreadable
+
+
+async def _read_header(
+    store: ObjectStore, obj: ObjectInfo, counters: Counters | None
+) -> tuple[tuple[int, int], bytes | bytearray | memoryview]:
+    end = HEAD_BYTES
+    while True:
+        want = end if obj.size < 0 else min(end, obj.size)
+        data = await store.get(obj.key, start=0, end=want, etag=obj.etag)
+        if counters is not None:
+            counters.requests += 1
+            counters.bytes_fetched += len(data)
+        size = header_size(data)
+        if size is not None:
+            return size, data
+        if want < end or end >= HEAD_MAX:  # the whole object, or as far as a header goes
+            raise DecodeError(
+                f"{shown_key(obj.key)}: no image size in its first {len(data)} bytes "
+                "(not an image Pillow reads?); aspect-ratio buckets need each image's size",
+                key=obj.key,
+            )
+        end = HEAD_MAX
+
+
+async def _cached_sizes(
+    store: ObjectStore,
+    objects: Sequence[ObjectInfo],
+    cached: CachedHeads,
+    counters: Counters | None,
+) -> dict[int, tuple[int, int]]:
+    """The ``(height, width)`` of each of ``objects`` the node's cache holds, by index:
+    from its first :data:`HEAD_BYTES` there, or :data:`HEAD_MAX` where the header lies
+    further.  One whose header is not there is left to the store's read (which names what
+    is wrong with it)."""
+    out: dict[int, tuple[int, int]] = {}
+    todo = list(range(len(objects)))
+    for n in (HEAD_BYTES, HEAD_MAX):
+        heads = await asyncio.to_thread(cached, store, [objects[i] for i in todo], n)
+        further: list[int] = []
+        for j, data in heads.items():
+            if counters is not None:
+                counters.bytes_from_cache += len(data)
+            size = header_size(data)
+            if size is not None:
+                out[todo[j]] = size
+            elif len(data) == n:  # cut at n: its header may lie further
+                further.append(todo[j])
+        todo = further
+        if not todo:
+            break
+    return out
