@@ -106,7 +106,7 @@ async def read_headers(
     )
     unreadable: dict[int, AsyncLoaderError] = {}
     whole: list[tuple[ObjectInfo, bytes]] = []
-    held = [0]  # bytes in `whole`
+    held = 0  # bytes in `whole`
     gate, handing = asyncio.Semaphore(_INFLIGHT), asyncio.Semaphore(2)
 
     async def hand_over(items: list[tuple[ObjectInfo, bytes]]) -> None:
@@ -121,6 +121,7 @@ async def read_headers(
             counters.cache_stored += kept
 
     async def one(i: int) -> None:
+        nonlocal whole, held
         obj = objects[i]
         async with gate:
             try:
@@ -131,11 +132,9 @@ async def read_headers(
             if keep is None or len(data) != obj.size:
                 return
             whole.append((obj, bytes(data)))
-            held[0] += len(data)
-            if held[0] >= _KEEP_CHUNK:
-                items = whole[:]
-                whole.clear()
-                held[0] = 0
+            held += len(data)
+            if held >= _KEEP_CHUNK:
+                items, whole, held = whole, [], 0
                 await hand_over(items)
 
     try:

@@ -1,0 +1,91 @@
+"""The images' headers, read for their sizes (``_dataset/_headers.py``): in the node's cache
+where it holds the image, else one range read per object from the store; an image that
+read fetched whole is handed to the cache in bounded chunks, only where every image read
+stays a sample."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from asyncloader._base._stats import Counters
+from asyncloader._base._types import ObjectInfo, ObjectStore
+from asyncloader._cache import ObjectCache
+from asyncloader._dataset import _headers
+from asyncloader._dataset._headers import HEAD_BYTES, Keep, read_headers
+from asyncloader._run._cache_fill import CacheHeads
+from asyncloader.testing import MemoryStore
+
+
+def _jpeg(i: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (20 + i, 10 + 2 * i), (9 * i, 80, 40)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+class _Counted(CacheHeads):
+    """The cache as the header pass sees it, counting its hand-overs."""
+
+    def __init__(self, cache: ObjectCache) -> None:
+        super().__init__(cache)
+        self.handed: list[int] = []
+
+    def keeper(self, store: ObjectStore, objects: Sequence[ObjectInfo]) -> Keep:
+        keep = super().keeper(store, objects)
+
+        def counted(items: Sequence[tuple[ObjectInfo, bytes]]) -> int:
+            self.handed.append(len(items))
+            return keep(items)
+
+        return counted
+
+
+@pytest.mark.parametrize("all_stay", [True, False])
+def test_whole_images_go_to_the_cache_in_chunks_and_are_read_there_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, all_stay: bool
+) -> None:
+    data = {f"i{i:02d}.jpg": _jpeg(i) for i in range(30)}
+    big = b"\xff\xd8" + b"\x00" * (HEAD_BYTES + 10)  # no header in its first read: not kept
+    store = MemoryStore({**data, "big.jpg": big}, name="heads")
+    listed = asyncio.run(_listed(store))
+    objects = [o for o in listed if o.key != "big.jpg"]
+    chunk = 3 * max(len(d) for d in data.values())
+    monkeypatch.setattr(_headers, "_KEEP_CHUNK", chunk)
+    cache = ObjectCache(tmp_path)
+    heads = _Counted(cache)
+    counters = Counters()
+    found, failed = asyncio.run(read_headers(store, objects, counters, heads, all_stay=all_stay))
+    want = {i: (10 + 2 * int(o.key[1:3]), 20 + int(o.key[1:3])) for i, o in enumerate(objects)}
+    assert found == want and failed == {}
+    assert counters.requests == len(objects)
+    if all_stay:  # every image, in several hand-overs of a few images each
+        assert sum(heads.handed) == len(objects) == counters.cache_stored
+        assert len(heads.handed) >= len(objects) // 4 and max(heads.handed) <= 4
+        assert {k.split("\x00")[1] for k in cache.entry_keys()} == {o.key for o in objects}
+    else:  # a filter on the sizes follows: none of them is known to be a sample
+        assert heads.handed == [] and counters.cache_stored == 0
+        assert list(cache.entry_keys()) == []
+    # Again: from the cache where it holds them, the store only for the rest.
+    again = Counters()
+    found, failed = asyncio.run(read_headers(store, objects, again, heads, all_stay=all_stay))
+    assert found == want and failed == {}
+    assert again.requests == (0 if all_stay else len(objects))
+    # An object whose first read holds no header is read again further, then fails as the
+    # image's own fault: it is never kept.
+    _, failed = asyncio.run(
+        read_headers(
+            store, [o for o in listed if o.key == "big.jpg"], Counters(), heads, all_stay=True
+        )
+    )
+    assert list(failed) == [0] and "big.jpg" in str(failed[0])
+    assert "big.jpg" not in {k.split("\x00")[1] for k in cache.entry_keys()}
+    cache.close()
+
+
+async def _listed(store: MemoryStore) -> list[ObjectInfo]:
+    return sorted([o async for o in store.list()], key=lambda o: o.key)
