@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,15 +36,25 @@ class _Counted(CacheHeads):
     def __init__(self, cache: ObjectCache) -> None:
         super().__init__(cache)
         self.handed: list[int] = []
+        self.threads: set[int] = set()  # where the hand-overs ran
+        self.closed: list[int] = []  # where the keeper was closed
 
     def keeper(self, store: ObjectStore, objects: Sequence[ObjectInfo]) -> Keep:
-        keep = super().keeper(store, objects)
+        return _CountedKeep(super().keeper(store, objects), self)
 
-        def counted(items: Sequence[tuple[ObjectInfo, bytes]]) -> int:
-            self.handed.append(len(items))
-            return keep(items)
 
-        return counted
+class _CountedKeep:
+    def __init__(self, keep: Keep, heads: _Counted) -> None:
+        self.keep, self.heads = keep, heads
+
+    def __call__(self, items: Sequence[tuple[ObjectInfo, bytes]]) -> int:
+        self.heads.handed.append(len(items))
+        self.heads.threads.add(threading.get_ident())
+        return self.keep(items)
+
+    def close(self) -> None:
+        self.heads.closed.append(threading.get_ident())
+        self.keep.close()
 
 
 @pytest.mark.parametrize("all_stay", [True, False])
@@ -63,10 +75,16 @@ def test_whole_images_go_to_the_cache_in_chunks_and_are_read_there_next(
     want = {i: (10 + 2 * int(o.key[1:3]), 20 + int(o.key[1:3])) for i, o in enumerate(objects)}
     assert found == want and failed == {}
     assert counters.requests == len(objects)
-    if all_stay:  # every image, in several hand-overs of a few images each
+    if all_stay:  # every image, in several hand-overs of a few images each, on one thread
         assert sum(heads.handed) == len(objects) == counters.cache_stored
         assert len(heads.handed) >= len(objects) // 4 and max(heads.handed) <= 4
         assert {k.split("\x00")[1] for k in cache.entry_keys()} == {o.key for o in objects}
+        assert len(heads.threads) == 1
+        for _ in range(100):  # closed there once its work is done
+            if heads.closed:
+                break
+            time.sleep(0.05)
+        assert heads.closed == list(heads.threads)
     else:  # a filter on the sizes follows: none of them is known to be a sample
         assert heads.handed == [] and counters.cache_stored == 0
         assert list(cache.entry_keys()) == []

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Protocol
 
 from PIL import Image
@@ -43,9 +44,19 @@ _KEEP_CHUNK = 8 * 1024 * 1024
 """Whole objects handed to the cache together [bytes]; at most two such hand-overs at once,
 and header reads wait for them (what the pass holds in memory stays small)."""
 
-Keep = Callable[[Sequence[tuple[ObjectInfo, bytes]]], int]
-"""Keeps whole objects in the node's cache (those its admission takes); how many it kept.
-Blocking."""
+
+class Keep(Protocol):
+    """Keeps whole objects in the node's cache (those its admission takes).  Blocking; every
+    call on one thread, and :meth:`close` last, on that thread too (a cache's handles are
+    its thread's: one pack file is appended to for the whole pass)."""
+
+    def __call__(self, items: Sequence[tuple[ObjectInfo, bytes]]) -> int:
+        """Keep ``items`` (each object with its bytes); how many were kept."""
+        ...
+
+    def close(self) -> None:
+        """Close this thread's handles on the cache."""
+        ...
 
 
 class CachedHeads(Protocol):
@@ -104,6 +115,28 @@ async def read_headers(
         if cached is not None and all_stay
         else None
     )
+    # Every hand-over on one thread of its own, which then closes its handles.
+    keeping = ThreadPoolExecutor(1, thread_name_prefix="asyncloader-keep") if keep else None
+    try:
+        return await _read_all(store, objects, todo, found, counters, keep, keeping)
+    finally:
+        if keep is not None and keeping is not None:
+            keeping.submit(keep.close)  # after the hand-overs still queued, if any
+            keeping.shutdown(wait=False)
+
+
+async def _read_all(
+    store: ObjectStore,
+    objects: Sequence[ObjectInfo],
+    todo: Sequence[int],
+    found: dict[int, tuple[int, int]],
+    counters: Counters | None,
+    keep: Keep | None,
+    keeping: Executor | None,
+) -> tuple[dict[int, tuple[int, int]], dict[int, AsyncLoaderError]]:
+    """:func:`read_headers`'s reads from the store: ``objects[todo]``'s headers into
+    ``found``; those read whole handed to ``keep``, on ``keeping``'s thread."""
+    loop = asyncio.get_running_loop()
     unreadable: dict[int, AsyncLoaderError] = {}
     whole: list[tuple[ObjectInfo, bytes]] = []
     held = 0  # bytes in `whole`
@@ -113,7 +146,7 @@ async def read_headers(
         assert keep is not None
         async with handing:
             try:
-                kept = await asyncio.to_thread(keep, items)
+                kept = await loop.run_in_executor(keeping, keep, items)
             except Exception as exc:  # the cache's disk, say: the epoch fetches them instead
                 log.warning("asyncloader: images read whole for their headers not cached: %r", exc)
                 return

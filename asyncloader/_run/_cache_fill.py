@@ -85,16 +85,23 @@ class CacheHeads:
         node's part of them), with no scaled copies (they are smaller than a header read,
         far below a copy's least size)."""
         threshold, _ = admission([(o.key, o.size) for o in objects], self.cache.size_limit)
+        return _Keeper(self.cache, store, threshold)
 
-        def keep(items: Sequence[tuple[ObjectInfo, bytes]]) -> int:
-            admitted_ = [(o, data) for o, data in items if admitted(o.key, threshold)]
-            try:
-                self.cache.put_many([(entry_key(store, o.key, o.etag), d) for o, d in admitted_])
-            finally:
-                self.cache.close()  # this thread's index handle and pack
-            return len(admitted_)
 
-        return keep
+class _Keeper:
+    """:meth:`CacheHeads.keeper`'s: one pack file appended to by the calls (all on one
+    thread), until :meth:`close` on that thread."""
+
+    def __init__(self, cache: ObjectCache, store: ObjectStore, threshold: int) -> None:
+        self.cache, self.store, self.threshold = cache, store, threshold
+
+    def __call__(self, items: Sequence[tuple[ObjectInfo, bytes]]) -> int:
+        taken = [(o, data) for o, data in items if admitted(o.key, self.threshold)]
+        self.cache.put_many([(entry_key(self.store, o.key, o.etag), d) for o, d in taken])
+        return len(taken)
+
+    def close(self) -> None:
+        self.cache.close()  # this thread's index handle and pack
 
 
 def node_objects(objects: Sequence[ObjectInfo], run: RunConfig) -> Sequence[ObjectInfo]:
