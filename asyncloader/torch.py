@@ -216,7 +216,9 @@ class ImageDataset(IterableDataset[Batch]):
                 buckets=o.get("buckets") is not None,
                 skip_unreadable=(o.get("errors") or ErrorConfig()).on_error == "skip",
                 share_sizes=StoreShare(a) if (a := self._store_address) is not None else None,
-                cached=CacheHeads(cache) if cache is not None else None,
+                cached=(
+                    CacheHeads(cache, scaled=config.scaled_jpegs) if cache is not None else None
+                ),
                 folder=cache.directory if cache is not None else None,
                 max_age=config.max_age,
                 objects=store.objects,

@@ -205,11 +205,7 @@ class ObjectCache:
         (no index query); None if it was evicted since, or is damaged (then dropped)."""
         try:
             if where.offset >= 0:
-                fd = os.open(os.path.join(self._packs, where.filename), os.O_RDONLY)
-                try:
-                    value = os.pread(fd, where.length, where.offset)
-                finally:
-                    os.close(fd)
+                value = self._pread(where, where.length)
             else:
                 with open(os.path.join(self.directory, "objects", where.filename), "rb") as f:
                     value = f.read()
@@ -254,21 +250,26 @@ class ObjectCache:
             elif where.offset < 0 or where.length <= n:
                 value = self.read(key, -1, where)
             else:
-                value = self._head(where, n)
+                try:
+                    value = self._pread(where, n)
+                except FileNotFoundError:
+                    value = None  # evicted since the index query
+                value = value if value is not None and len(value) == n else None  # cut short
             if value is not None:
                 out[key] = value[:n]
         return out
 
-    def _head(self, where: CachedAt, n: int) -> bytes | None:
+    def _pread(self, where: CachedAt, n: int) -> bytes:
+        """The first ``n`` bytes of a packed entry, as its pack holds them.
+
+        Raises:
+            FileNotFoundError: its pack is gone (evicted).
+        """
+        fd = os.open(os.path.join(self._packs, where.filename), os.O_RDONLY)
         try:
-            fd = os.open(os.path.join(self._packs, where.filename), os.O_RDONLY)
-        except FileNotFoundError:
-            return None  # evicted since the index query
-        try:
-            value = os.pread(fd, n, where.offset)
+            return os.pread(fd, n, where.offset)
         finally:
             os.close(fd)
-        return value if len(value) == n else None  # a pack cut short
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` under ``key`` (atomically visible once complete)."""

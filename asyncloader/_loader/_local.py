@@ -138,7 +138,11 @@ class LocalEngine:
                         wanted=p.run.buckets is not None,
                         skip=p.run.errors.on_error == "skip",
                         share=StoreShare(spec.job) if spec.job is not None else None,
-                        cached=CacheHeads(cache) if (cache := p.object_cache) else None,
+                        cached=(
+                            CacheHeads(cache, scaled=p.cache.scaled_jpegs)
+                            if (cache := p.object_cache)
+                            else None
+                        ),
                     ),
                 )
                 self.rt.listing_task = task

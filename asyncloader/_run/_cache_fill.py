@@ -15,7 +15,7 @@ then, and at the writer's record of the objects it wrote last.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import partial
 
@@ -42,6 +42,7 @@ __all__ = [
     "InHand",
     "OnceFetcher",
     "node_admission",
+    "objects_admission",
     "node_objects",
 ]
 
@@ -60,13 +61,16 @@ def entry_key(store: ObjectStore, key: str, etag: str) -> str:
 
 
 class CacheHeads:
-    """The node's SSD cache as the header pass reads it (``_dataset._sizes.CachedHeads``):
+    """The node's SSD cache as the header pass reads it (``_dataset._headers.CachedHeads``):
     the first bytes of each object it holds, under the key the loader's fetches keep it by
     (a cache that a run without buckets, or an interrupted ``warm``, filled gives a bucketed
-    run its images' sizes, and the run starts with the store unreachable)."""
+    run its images' sizes, and the run starts with the store unreachable).  ``scaled``: the
+    cache keeps large JPEGs' scaled copies (``CacheConfig.scaled_jpegs``), which count in
+    its admission."""
 
-    def __init__(self, cache: ObjectCache) -> None:
+    def __init__(self, cache: ObjectCache, *, scaled: bool = False) -> None:
         self.cache = cache
+        self.scaled = scaled
 
     def __call__(
         self, store: ObjectStore, objects: Sequence[ObjectInfo], n: int
@@ -84,7 +88,8 @@ class CacheHeads:
         for them keeps a subset of what a node's loader keeps, which decides over the
         node's part of them), with no scaled copies (they are smaller than a header read,
         far below a copy's least size)."""
-        threshold, _ = admission([(o.key, o.size) for o in objects], self.cache.size_limit)
+        limit = self.cache.size_limit
+        threshold, _ = objects_admission(objects, limit, scaled=self.scaled)
         return _Keeper(self.cache, store, threshold)
 
 
@@ -142,9 +147,16 @@ def node_admission(
     With ``scaled`` copies each large JPEG counts with them (``warm --scaled-jpegs`` and
     ``CacheConfig(scaled_jpegs=True)`` alike).
     """
+    return objects_admission(node_objects(objects, run), size_limit, scaled=scaled)
+
+
+def objects_admission(
+    objects: Iterable[ObjectInfo], size_limit: int, *, scaled: bool
+) -> tuple[int, float]:
+    """:func:`node_admission` over ``objects`` as given (the header pass's: every object
+    whose header it reads, a superset of what any node reads, so it admits a subset)."""
     footprint = scaled_footprint if scaled else int
-    mine = node_objects(objects, run)
-    return admission(((o.key, footprint(o.size)) for o in mine), size_limit)
+    return admission(((o.key, footprint(o.size)) for o in objects), size_limit)
 
 
 class Admission:
