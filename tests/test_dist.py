@@ -164,6 +164,94 @@ def test_a_claimer_that_died_on_this_host_is_replaced_by_one_waiter(server: TCPS
     assert len(made) == 1 and got == [_objects(made[0])] * 2  # one made it, both have it
 
 
+def test_a_claimer_that_stops_without_failing_hands_the_listing_to_one_waiter(
+    server: TCPStore,
+) -> None:
+    """A claimer interrupted while it lists (Ctrl-C, its loader closed) tells no one an
+    error that is not the listing's: one waiter lists in its place and the others read
+    that, wherever the claimer ran."""
+    made: list[int] = []
+    got: list[Any] = []
+    errors: list[BaseException] = []
+
+    def produce(n: int) -> list[ObjectInfo]:
+        made.append(n)
+        return _objects(n)
+
+    def waiter(n: int) -> None:
+        try:
+            got.append(list(share_listing(_client(server), "k", "s3://b/", lambda: produce(n))))
+        except BaseException as exc:
+            errors.append(exc)
+
+    t0 = time.monotonic()
+    share = StoreShare(_client(server))
+    assert share.take("listing/k", "listing of s3://b/", "listed s3://b/") is None  # claims
+    threads = [threading.Thread(target=waiter, args=(n,)) for n in (2, 3)]
+    for t in threads:
+        t.start()
+    claims = _client(server)
+    asyncio.run(_claims_reach(claims, "listing/k", 3))  # both wait for it
+    share.release("listing/k")  # as share_listing does when what it called is interrupted
+    for t in threads:
+        t.join(30)
+    assert errors == [] and time.monotonic() - t0 < 10
+    assert len(made) == 1 and got == [_objects(made[0])] * 2  # one made it, both have it
+    # A process that asks afterwards reads it.
+    assert list(share_listing(_client(server), "k", "s3://b/", lambda: [])) == _objects(made[0])
+
+
+def test_share_listing_releases_its_claim_when_interrupted(server: TCPStore) -> None:
+    def interrupted() -> list[ObjectInfo]:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        share_listing(_client(server), "k", "s3://b/", interrupted)
+    store = _client(server)
+    assert store.get("listing/k/owner") == b"released" and not store.check(["listing/k/done"])
+    # The next to ask lists (after one look at the owner), and is not told of an error.
+    assert list(share_listing(_client(server), "k", "s3://b/", lambda: _objects(4))) == _objects(4)
+
+
+async def _claims_reach(store: Any, name: str, n: int) -> None:
+    """Wait (10 s at most) until ``n`` processes have asked to make ``name``."""
+    for _ in range(1000):
+        if int(store.add(f"{name}/claim", 0)) >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{n} claims of {name} not seen")
+
+
+def test_a_cancelled_header_pass_hands_the_sizes_to_a_waiting_process(
+    server: TCPStore,
+) -> None:
+    """The process reading the job's headers is cancelled (its loader closed at its start):
+    a process waiting for the sizes reads them itself, not an error."""
+    store = MemoryStore(_jpegs(4), name="held")
+    objects = _listed(store)
+    name = share_name("mem://held/", objects, False)
+    claims = _client(server)
+    held = _HeldStore(store.bucket, lambda: False, name="held")  # reads that never end
+
+    async def job() -> Any:
+        first = asyncio.create_task(
+            sample_sizes(held, objects, [None] * 4, folder=None, share=StoreShare(_client(server)))
+        )
+        await _claims_reach(claims, name, 1)  # the first has claimed them
+        second = asyncio.create_task(
+            sample_sizes(store, objects, [None] * 4, folder=None, share=StoreShare(_client(server)))
+        )
+        await _claims_reach(claims, name, 2)  # the second waits for them
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        return await asyncio.wait_for(second, 10)
+
+    got = asyncio.run(job())
+    assert got.tolist() == [[16, 8 + 4 * i] for i in range(4)]
+    assert store.requests["get"] == 4  # read by the second, once each
+
+
 def test_a_restarted_job_and_another_prefix_start_afresh(server: TCPStore) -> None:
     share_listing(_client(server, "asyncloader/r/0"), "k", "u", lambda: _objects(2))
     got = share_listing(_client(server, "asyncloader/r/1"), "k", "u", lambda: _objects(5))

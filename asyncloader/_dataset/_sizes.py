@@ -94,7 +94,8 @@ def _save(path: Path, known: dict[tuple[str, str], tuple[int, int]]) -> None:
 class JobShare(Protocol):
     """What one process of a job makes and every other reads (the job's store:
     ``asyncloader._run._dist.StoreShare``): :meth:`take` is None in the process that is to
-    make a name, which then :meth:`publish` es it or :meth:`fail` s; in every other it
+    make a name, which then :meth:`publish` es it or :meth:`fail` s (or, stopped before it
+    finished without failing, :meth:`release` s it to a waiting process); in every other it
     waits for the bytes published and returns them.  Every call may block (a round trip;
     :meth:`take` until the bytes are there)."""
 
@@ -103,6 +104,8 @@ class JobShare(Protocol):
     def publish(self, name: str, data: bytes) -> None: ...
 
     def fail(self, name: str, error: BaseException) -> None: ...
+
+    def release(self, name: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,8 +243,11 @@ async def _shared_sizes(
     if data is None:  # this process reads them
         try:
             found = await _found_sizes(store, objects, folder, counters, skip, cached, all_stay)
-        except BaseException as exc:
+        except Exception as exc:
             await asyncio.to_thread(share.fail, name, exc)
+            raise
+        except BaseException:  # cancelled (its loader closed), interrupted: not a failure
+            await asyncio.to_thread(share.release, name)
             raise
         await asyncio.to_thread(share.publish, name, _encode_sizes(found))
         return found

@@ -200,15 +200,19 @@ def share_listing(
         return _decode(data)
     try:
         objects = ObjectList.of(produce())
-    except BaseException as exc:
+    except Exception as exc:
         share.fail(name, exc)
+        raise
+    except BaseException:  # interrupted, cancelled: not the listing's failure
+        share.release(name)
         raise
     share.publish(name, _encode(objects))
     return objects
 
 
 class _TakenOver(Exception):
-    """The claimer died: this process claimed its name in its place."""
+    """The claimer died, or stopped before it published: this process claimed its name in
+    its place (the exception's text says which)."""
 
 
 def here() -> str:
@@ -244,7 +248,8 @@ class StoreShare:
     others wait in :meth:`take` and get them.  Large values travel in chunks under the
     store's payload limit.  A claimer that dies on the waiter's own host (a DataLoader
     worker shut down while it read) is noticed, and one waiter makes it instead: no wait
-    for a process that is gone.
+    for a process that is gone.  So is one that stops before it publishes without failing
+    (interrupted, or its loader closed while it listed: :meth:`release`), wherever it ran.
 
     Args:
         store: A c10d ``Store`` (under this package's prefix), or the address of the job's
@@ -253,10 +258,12 @@ class StoreShare:
     """
 
     _LOOK = 0.5  # how often a waiter asks whether the claimer still runs [seconds]
+    _RELEASED = "released"  # the owner of a name whose claimer stopped before it published
 
     def __init__(self, store: Any, *, timeout: float = LISTING_WAIT) -> None:
         self._store = store
         self.timeout = timeout
+        self._mine: dict[str, str] = {}  # the names this process makes: its owner text
 
     def __getstate__(self) -> dict[str, Any]:
         if not isinstance(self._store, StoreAddress):
@@ -265,6 +272,7 @@ class StoreShare:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._store, self.timeout = state["_store"], state["timeout"]
+        self._mine = {}
 
     @property
     def store(self) -> Any:
@@ -279,7 +287,7 @@ class StoreShare:
 
     def take(self, name: str, what: str, doing: str) -> bytes | None:
         """None where this process is to make ``name`` (the first of the job to ask, or
-        in the place of a claimer that died), else the bytes another published, once it
+        in the place of a claimer that died or stopped), else the bytes another published, once it
         has (``what`` names them in messages, ``doing`` what the claimer did: "listing
         of s3://b/", "listed s3://b/").
 
@@ -293,10 +301,11 @@ class StoreShare:
             store.set(f"{name}/owner", me)
             if store.check([done]):  # a failed attempt before this one: start afresh
                 store.delete_key(done)
+            self._mine[name] = me
             return None
         looked = [time.monotonic()]
 
-        def orphaned() -> None:  # between looks: has the claimer died here?
+        def orphaned() -> None:  # between looks: has the claimer died here, or stopped?
             if time.monotonic() - looked[0] < self._LOOK:
                 return
             looked[0] = time.monotonic()
@@ -304,11 +313,17 @@ class StoreShare:
             if not store.check([owner_key]):
                 return
             owner = store.get(owner_key).decode()
-            host, pid, *_ = [*str(owner).split(), "", ""]
-            if host != here() or not pid.isdigit() or _alive(int(pid)):
-                return
+            if owner == self._RELEASED:
+                why = "stopped before it published it"
+            else:
+                host, pid, *_ = [*str(owner).split(), "", ""]
+                if host != here() or not pid.isdigit() or _alive(int(pid)):
+                    return
+                why = "died"
+            # One waiter wins the owner's place; the others go on waiting for its bytes.
             if store.compare_set(owner_key, owner, me).decode() == me:
-                raise _TakenOver
+                self._mine[name] = me
+                raise _TakenOver(why)
 
         try:
             _wait_for(
@@ -322,8 +337,10 @@ class StoreShare:
                 ),
                 orphaned,
             )
-        except _TakenOver:
-            log.warning("asyncloader: the process that claimed the %s died; making it here", what)
+        except _TakenOver as why:
+            log.warning(
+                "asyncloader: the process that claimed the %s %s; making it here", what, why
+            )
             return None
         status = store.get(done).decode()
         if status.startswith("error"):
@@ -338,6 +355,7 @@ class StoreShare:
         for i, chunk in enumerate(chunks):
             store.set(f"{name}/{i}", chunk)
         store.set(f"{name}/done", f"ok {len(chunks)}")  # last: readers wait for it
+        self._mine.pop(name, None)
 
     def fail(self, name: str, error: BaseException) -> None:
         """The maker of ``name`` failed with ``error``: the processes waiting for it are
@@ -345,6 +363,20 @@ class StoreShare:
         store = self.store
         store.set(f"{name}/done", f"error {type(error).__name__}: {error}"[:4000])
         store.delete_key(f"{name}/claim")
+        self._mine.pop(name, None)
+
+    def release(self, name: str) -> None:
+        """The maker of ``name`` stopped before it finished, without failing (interrupted,
+        cancelled: its loader closed while it made it): one process waiting for it makes
+        it instead, or else the next to ask.  Its waiters are not told of an error that is
+        not the name's own.  Nothing where this process does not hold ``name`` (any more)."""
+        me = self._mine.pop(name, None)
+        if me is None:
+            return
+        try:
+            self.store.compare_set(f"{name}/owner", me, self._RELEASED)
+        except Exception as exc:  # the store gone too: what stopped this one goes on
+            log.debug("asyncloader: could not release the claim on %s: %r", name, exc)
 
 
 def _wait_for(
