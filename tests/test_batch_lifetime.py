@@ -15,6 +15,7 @@ import torch
 
 import asyncloader as al
 from asyncloader._base._lifecycle import HELD_GRACE
+from asyncloader._device._ring import BatchRing
 from asyncloader.testing import S3TestServer
 
 from ._shm import memfds, segments
@@ -136,6 +137,25 @@ def test_batch_kept_after_close_stays_readable_and_memory_goes_with_it(
     del as_numpy
     assert _ring_segments() - before == set()
     assert _shm_names() == set()
+
+
+@pytest.mark.parametrize("shape", [None, (4, 4)], ids=["square", "bucketed"])
+def test_a_closed_ring_hands_out_no_batch(shape: tuple[int, int] | None) -> None:
+    """A loader closed from another thread while a batch was on its way: the consumer's
+    next lease is the loader's ClosedError, before the ring's memory is gone and after,
+    never a read of freed memory; a batch held from before stays whole."""
+    ring = BatchRing(2, 4, (3, 8, 8), shared=True)
+    ring.images[0] = 7
+    images, labels = ring.lease(0, 2, shape)
+    ring.close()
+    with pytest.raises(al.ClosedError, match="the loader is closed"):
+        ring.lease(1, 2, shape)  # the segment still mapped: the held batch keeps it
+    assert (images == 7).all() and len(labels) == 2
+    del images, labels
+    gc.collect()
+    assert ring.held == 0
+    with pytest.raises(al.ClosedError, match="the loader is closed"):
+        ring.lease(1, 2, shape)  # the segment gone
 
 
 def test_closing_with_no_batch_held_unlinks_at_once(slow_server: S3TestServer) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .._base._errors import ClosedError
 from .._base._lease import Lease, leased
 from .._base._shm import Segment, SegmentRef
 from .._base._types import SHIP_RECORD, Shipped
@@ -151,7 +152,11 @@ class BatchRing:
         """Views of the first ``n`` samples of ``slot`` (images, labels) that hold the slot
         until both, and everything made from them, are gone.  ``shape``: a bucketed
         batch's ``(height, width)`` (its samples packed at the slot's start).  A shipped
-        ring's images are a :class:`~asyncloader._base._types.Shipped` batch."""
+        ring's images are a :class:`~asyncloader._base._types.Shipped` batch.
+
+        Raises:
+            ClosedError: the ring is closed.
+        """
         lease = self._take(slot)
         images = self.images[slot, :n] if shape is None else self.batch_view(slot, shape)[:n]
         labels = leased(self.labels[slot, :n], lease)
@@ -175,8 +180,16 @@ class BatchRing:
         return flat[: self.batch_size * c * h * w].reshape(self.batch_size, c, h, w)
 
     def _take(self, slot: int) -> Lease:
-        """A lease that holds ``slot`` until it is let go."""
+        """A lease that holds ``slot`` until it is let go.
+
+        Raises:
+            ClosedError: the ring is closed (its loader was closed, from another thread
+                while a batch was on its way, say): no batch is handed out of it any more,
+                and its memory may be gone.
+        """
         with self._lock:
+            if self._closed:
+                raise ClosedError("the loader is closed")
             self._held += 1
         return Lease(functools.partial(self._returned, slot))
 
