@@ -390,6 +390,27 @@ def test_bucketed_batches_from_moto_with_filters_and_header_reads(
             assert np.array_equal(images[j].numpy().transpose(1, 2, 0), want), i
 
 
+def test_buckets_that_leave_every_sample_over_say_so(tmp_path: Path) -> None:
+    """No bucket fills one batch: the run stops at its start, saying what buckets leave
+    out and how full the fullest is, not only "0 samples"."""
+    for i in range(6):
+        (tmp_path / f"{i}.jpg").write_bytes(_jpeg(i))  # two of each of the three shapes
+    with (
+        pytest.raises(ValueError, match=r"0 batches per epoch") as refused,
+        al.ImageLoader(
+            str(tmp_path),
+            batch_size=3,
+            labels=None,
+            buckets=BUCKETS,
+            engine=al.EngineConfig(mode="inline"),
+        ) as loader,
+    ):
+        next(iter(loader))
+    said = str(refused.value)
+    assert "of the dataset's 6 samples, the fullest of its 3 buckets in use" in said, said
+    assert "holds 2" in said and "smaller batch_size" in said
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_dataset_its_length_and_its_dataloader_workers_read_each_header_once(
     shapes: tuple[str, str], workers: int

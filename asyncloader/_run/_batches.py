@@ -101,8 +101,24 @@ class BatchOrder:
             raise ValueError(
                 f"{batches} batches per epoch for this rank ({n} samples, "
                 f"batch_size={r.batch_size}, drop_last={r.shard.drop_last}): fewer than the "
-                f"{r.shard.num_workers} worker(s) sharing it"
+                f"{r.shard.num_workers} worker(s) sharing it{self._bucketed_why()}"
             )
+
+    def _bucketed_why(self) -> str:
+        """Why a bucketed run has so few batches, for :meth:`check`'s message ("" for a
+        run without buckets)."""
+        buckets, at = self.run.buckets, self.bucket_of
+        if buckets is None or at is None or len(at) == 0:
+            return ""
+        counts = np.bincount(at, minlength=len(buckets.sizes))
+        k = int(counts.argmax())
+        h, w = buckets.sizes[k]
+        return (
+            f". A bucketed epoch is made of whole batches of one bucket each, what a bucket "
+            f"leaves over left out: of the dataset's {len(at)} samples, the fullest of its "
+            f"{int((counts > 0).sum())} buckets in use ({h}x{w}) holds {int(counts[k])}. A "
+            "smaller batch_size, or fewer buckets (a larger make_buckets(step=)), keeps more"
+        )
 
     async def batches(
         self, epoch: int, first_batch: int, span: tuple[int, int] | None = None
