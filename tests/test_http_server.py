@@ -1,16 +1,21 @@
 """Python's own ``http.server`` (``python -m http.server``), a server nobody here wrote:
-HTTP/1.0 answers, a connection per request, a listen queue of five."""
+HTTP/1.0 answers, a connection per request, a listen queue of five, no ETags; and a caption
+folder on it, its objects named by its own metadata file (no manifest)."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 import asyncloader as al
 from asyncloader.testing import PythonHTTPServer
+
+from ._captions import caption_folder
 
 
 def _pixels(
@@ -56,3 +61,54 @@ def test_a_folder_from_python_http_server_streams_every_image_once(
     gets = Counter(path for method, path, status in requests if method == "GET" and status == 200)
     assert gets == Counter({"/" + k: 1 for k in files})
     assert all(status == 200 for _, _, status in requests)
+
+
+def _bucketed(url: str, cache: Path | None = None) -> tuple[list[Any], al.Stats]:
+    with al.ImageLoader(
+        url,
+        batch_size=2,
+        labels=None,
+        buckets=al.Buckets(((32, 32), (24, 48), (48, 24))),
+        filters=[("score", ">=", 1)],
+        extras=("text", "original_size"),
+        seed=3,
+        engine=al.EngineConfig(mode="inline"),
+        cache_dir=cache,
+    ) as loader:
+        got = [(x.numpy().copy(), e["text"], e["original_size"]) for x, _, e in loader]
+        return got, loader.stats()
+
+
+def test_a_caption_folder_streams_named_by_its_metadata_file(tmp_path: Path) -> None:
+    """No manifest: the folder's metadata.jsonl names its images (a web server has no
+    listing). Bucketed, filtered batches with their captions, the same as from the folder
+    on disk; an image the filter leaves out is never fetched."""
+    folder = caption_folder(tmp_path / "site")
+    want, _ = _bucketed(str(folder))
+    with PythonHTTPServer(folder) as server:
+        got, stats = _bucketed(server.endpoint + "/", tmp_path / "cache")
+        requests = server.requests()
+    assert len(got) == len(want) > 0
+    for (x, text, size), (wx, wtext, wsize) in zip(got, want, strict=True):
+        assert text == wtext and size == wsize and np.array_equal(x, wx)
+    kept = {f"photo {i}" for i in range(12) if i % 3 >= 1}
+    assert {t for _, texts, _ in got for t in texts} <= kept
+    assert stats.filtered_out == 4
+    # Filtered-out images: named by the metadata file, so sized (one HEAD each, when
+    # listing), never fetched.
+    gets = Counter(path for method, path, _ in requests if method == "GET")
+    for i in range(12):
+        name = f"/sub/{i:02d}.jpg" if i % 4 == 0 else f"/{i:02d}.jpg"
+        assert (gets[name] > 0) == (i % 3 >= 1), name
+    assert gets["/metadata.jsonl"] >= 1
+
+
+def test_a_web_folder_without_a_manifest_or_metadata_file_says_what_names_its_objects(
+    jpeg_folder: Path,
+) -> None:
+    with (
+        PythonHTTPServer(jpeg_folder) as server,
+        pytest.raises(al.StoreError, match=r"no metadata.jsonl, metadata.csv, metadata.parquet"),
+        al.ImageLoader(server.endpoint + "/", batch_size=4) as loader,
+    ):
+        next(iter(loader))

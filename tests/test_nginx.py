@@ -24,6 +24,7 @@ from asyncloader._fetch import Fetcher
 from asyncloader._stores._http_objects import parse_content_range
 from asyncloader.testing import MotoServer, Nginx, find_nginx
 
+from ._captions import caption_folder
 from .conftest import N_IMAGES, Backend
 
 pytestmark = pytest.mark.skipif(
@@ -312,3 +313,35 @@ def test_a_strict_rate_limiter_is_paced_not_given_up_on(site: Path, tmp_path: Pa
     gets = [a for a in answers if a.method == "GET"]  # (the listing's HEADs are paced too)
     refused = sum(a.status == 503 for a in gets)
     assert stats.retries["throttled"] == refused and refused < len(gets) / 2
+
+
+def test_a_caption_folder_on_nginx_runs_from_the_node_s_cache_with_nginx_stopped(
+    tmp_path: Path,
+) -> None:
+    """No manifest: the folder's metadata.jsonl names its images. ``warm`` fills the
+    node's cache (the listing, the metadata file by its ETag, the images); then, nginx
+    stopped, a bucketed run with captions starts and finishes from the node's disk."""
+    folder = caption_folder(tmp_path / "site")
+    cache = tmp_path / "cache"
+
+    def run(endpoint: str) -> tuple[list[str], al.Stats]:
+        with al.ImageLoader(
+            f"{endpoint}/",
+            batch_size=2,
+            labels=None,
+            buckets=al.Buckets(((32, 32), (24, 48), (48, 24))),
+            extras=("text", "original_size"),
+            engine=al.EngineConfig(mode="inline"),
+            cache_dir=cache,
+        ) as loader:
+            texts = [t for _, _, e in loader for t in e["text"]]
+            return texts, loader.stats()
+
+    with Nginx(folder) as nginx:
+        endpoint = nginx.endpoint
+        report = al.warm(f"{endpoint}/", str(cache))
+        assert report.listed == report.warmed == 12 and not report.failed
+        first, _ = run(endpoint)
+    again, stats = run(endpoint)  # nginx stopped: nothing answers there
+    assert sorted(again) == sorted(first) and len(first) == 12  # 4 buckets' worth of 3
+    assert stats.requests == 0

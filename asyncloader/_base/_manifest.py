@@ -2,6 +2,11 @@
 
 JSONL: one object per line, ``{"key": ..., "label": ..., "size": ..., "etag": ...}``.
 CSV: a header naming the columns, ``key`` first among them.  Only ``key`` is required.
+
+And the metadata files of Hugging Face's ``imagefolder`` (:data:`METADATA_NAMES`), whose
+rows name images by ``file_name``: :func:`metadata_rows` reads their rows, for the dataset's
+columns (``asyncloader._dataset._metadata``) and for a web folder's object list (a web
+server has no listing: its metadata file names the images).
 """
 
 from __future__ import annotations
@@ -10,8 +15,19 @@ import csv
 import io
 import json
 import re
+from typing import Any
 
-__all__ = ["is_columnar", "is_manifest", "normalize_etag", "read_manifest"]
+__all__ = [
+    "METADATA_NAMES",
+    "is_columnar",
+    "is_manifest",
+    "metadata_rows",
+    "normalize_etag",
+    "read_manifest",
+]
+
+METADATA_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
+"""The metadata files looked for at a source's root, in this order."""
 
 # A JSON value that does not become text by itself (true, false, null, a list or object
 # inside a row); a string that merely looks so only sends the file the slower way.
@@ -86,3 +102,59 @@ def read_manifest(data: bytes | bytearray, name: str) -> list[dict[str, str]]:
             raise ValueError(f"{name}:{lineno}: expected {{'key': ..., 'label': ...}}")
         rows.append(row)
     return rows
+
+
+def metadata_rows(data: bytes | bytearray, name: str) -> list[tuple[int, dict[str, Any]]]:
+    """The rows of a metadata file, each with its line (a Parquet file's row, from 1):
+    ``metadata.jsonl`` (values keep their JSON types), ``metadata.csv`` (text; an empty
+    field is ``None``; the header must name ``file_name``) or ``metadata.parquet`` (values
+    as pyarrow gives them in Python: numbers, text, lists; null is ``None``).
+
+    Raises:
+        ValueError: a malformed line, a header or table without ``file_name``; naming the
+            file and line.
+        ImportError: a Parquet file without pyarrow installed, saying how to install it.
+    """
+    if name.endswith(".parquet"):
+        return _parquet_rows(data, name)
+    try:
+        text = bytes(data).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    rows: list[tuple[int, dict[str, Any]]] = []
+    if name.endswith(".csv"):
+        reader = csv.DictReader(io.StringIO(text))
+        if not reader.fieldnames or "file_name" not in reader.fieldnames:
+            raise ValueError(f"{name}: the header needs a 'file_name' column")
+        for lineno, row in enumerate(reader, start=2):
+            rows.append((lineno, {k: (v if v != "" else None) for k, v in row.items() if k}))
+        return rows
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{name}:{lineno}: not JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{name}:{lineno}: expected a JSON object per line")
+        rows.append((lineno, obj))
+    return rows
+
+
+def _parquet_rows(data: bytes | bytearray, name: str) -> list[tuple[int, dict[str, Any]]]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(
+            f"{name} is read with pyarrow, which is not installed: "
+            "pip install 'asyncloader[parquet]'"
+        ) from None
+    try:
+        table = pq.read_table(pa.BufferReader(bytes(data)))
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{name}: not a Parquet file ({exc})") from None
+    if "file_name" not in table.column_names:
+        raise ValueError(f"{name}: the table needs a 'file_name' column")
+    return list(enumerate(table.to_pylist(), start=1))

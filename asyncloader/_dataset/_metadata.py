@@ -21,14 +21,13 @@ sidecar's extension.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._base._manifest import METADATA_NAMES, metadata_rows
 from .._base._types import ObjectInfo
 from ._objects import ObjectList
 
@@ -47,8 +46,6 @@ __all__ = [
     "resolve_extras",
 ]
 
-METADATA_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
-"""The metadata files looked for at a source's root, in this order."""
 SOURCE = "source"
 """The extra that names each sample's source (its URL)."""
 ORIGINAL_SIZE = "original_size"
@@ -97,49 +94,7 @@ def read_metadata(data: bytes | bytearray, name: str) -> Metadata:
             naming the file and line (a Parquet file's row counts from 1).
         ImportError: a Parquet file without pyarrow installed, saying how to install it.
     """
-    if name.endswith(".parquet"):
-        return _named_rows(name, _parquet_rows(data, name))
-    try:
-        text = bytes(data).decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    rows: list[tuple[int, dict[str, Any]]] = []
-    if name.endswith(".csv"):
-        reader = csv.DictReader(io.StringIO(text))
-        if not reader.fieldnames or "file_name" not in reader.fieldnames:
-            raise ValueError(f"{name}: the header needs a 'file_name' column")
-        for lineno, row in enumerate(reader, start=2):
-            rows.append((lineno, {k: (v if v != "" else None) for k, v in row.items() if k}))
-    else:
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{name}:{lineno}: not JSON ({exc})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{name}:{lineno}: expected a JSON object per line")
-            rows.append((lineno, obj))
-    return _named_rows(name, rows)
-
-
-def _parquet_rows(data: bytes | bytearray, name: str) -> list[tuple[int, dict[str, Any]]]:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError(
-            f"{name} is read with pyarrow, which is not installed: "
-            "pip install 'asyncloader[parquet]'"
-        ) from None
-    try:
-        table = pq.read_table(pa.BufferReader(bytes(data)))
-    except (pa.ArrowException, OSError) as exc:
-        raise ValueError(f"{name}: not a Parquet file ({exc})") from None
-    if "file_name" not in table.column_names:
-        raise ValueError(f"{name}: the table needs a 'file_name' column")
-    return list(enumerate(table.to_pylist(), start=1))
+    return _named_rows(name, metadata_rows(data, name))
 
 
 def _named_rows(name: str, rows: list[tuple[int, dict[str, Any]]]) -> Metadata:

@@ -1,7 +1,9 @@
 """Objects at plain HTTP(S) URLs, named by a manifest (a web server or CDN has no listing).
 
 The manifest (JSONL or CSV, see :mod:`asyncloader._base._manifest`) names each object by a key
-relative to the base URL or by an absolute URL, optionally with its ``size`` and ``etag``;
+relative to the base URL or by an absolute URL, optionally with its ``size`` and ``etag``.
+Without one, a caption folder's own metadata file at the base URL (``metadata.jsonl``,
+``.csv`` or ``.parquet``, Hugging Face's ``imagefolder``) names its images, by ``file_name``;
 objects without a size are HEAD-requested once when listing (a saved listing in the cache
 then spares that on later runs).  GETs use ``Range`` and ``If-Match`` and check the answer's
 length and ETag, so a server that ignores ``If-Match`` still cannot pass a changed object.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import posixpath
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -22,7 +25,7 @@ from yarl import URL
 from .._base._budget import InflightBudget
 from .._base._config import READ_TIMEOUT
 from .._base._errors import ObjectNotFound, StoreError, Throttled, shown_key
-from .._base._manifest import read_manifest
+from .._base._manifest import METADATA_NAMES, metadata_rows, read_manifest
 from .._base._types import Blob, ObjectInfo
 from ._http import (
     REQUESTS_CA_NAMES,
@@ -50,7 +53,10 @@ class HttpStore(HTTPStoreBase):
         base_url: Keys are resolved against it (``https://host/data/`` + ``cat/1.jpg``).  A
             query string on it (a signed token) is sent with every request and never shown.
         manifest: The object list: a local file, or a URL or key relative to ``base_url``.
-            Required to list; ``stat``/``get`` work without it.
+            Without it, the listing is the folder's metadata file and the images its
+            ``file_name`` column names (the first of ``metadata.jsonl``, ``.csv``,
+            ``.parquet`` the server has at ``base_url``), or, without one, an error;
+            ``stat``/``get`` work either way.
         headers: Extra headers for every request (``Authorization``: never shown or logged).
         max_connections: Connection pool size for HEADs (and GETs with aiohttp).
         read_timeout: Longest wait for an answer to start, and then between two reads
@@ -138,23 +144,55 @@ class HttpStore(HTTPStoreBase):
 
     async def _read_manifest(self) -> list[dict[str, str]]:
         if self._manifest is None:
-            raise StoreError(
-                f"{self._base} has no listing: name its objects with a manifest "
-                "(the store option manifest='train.jsonl': a loader's "
-                "StoreConfig(options={'manifest': 'train.jsonl'}), warm's and ls's "
-                "store_options=; or labels='train.jsonl')"
-            )
+            return await self._metadata_listing()
         name = os.fspath(self._manifest)
         if "://" not in name and await asyncio.to_thread(os.path.isfile, name):
             data: Blob = await asyncio.to_thread(Path(name).read_bytes)
         else:
-            url = self._target(name)
-            session = self._session_for(url)
-            answer, data = await retrying(
-                lambda: request(session, "GET", url, self._headers, what=shown_key(name), key=None)
-            )
-            data = _as_utf8(decoded(data, answer, what=shown_key(name), key=None), answer)
+            data = await self._served(name, text=True)
         return read_manifest(data, name)
+
+    async def _served(self, name: str, *, text: bool) -> Blob:
+        """The file ``name`` (a key under the base URL, or a URL) as served, its
+        ``Content-Encoding`` undone; ``text``: as UTF-8 (see :func:`_as_utf8`).
+
+        Raises:
+            ObjectNotFound: the server has no such file (404).
+        """
+        url = self._target(name)
+        session = self._session_for(url)
+        what = shown_key(name)
+        answer, body = await retrying(
+            lambda: request(session, "GET", url, self._headers, what=what, key=None)
+        )
+        data = decoded(body, answer, what=what, key=None)
+        return _as_utf8(data, answer) if text else data
+
+    async def _metadata_listing(self) -> list[dict[str, str]]:
+        """Without a manifest, the rows of the folder's metadata file (Hugging Face's
+        ``imagefolder``: the first of :data:`METADATA_NAMES` the server has at the base
+        URL): the file itself, and each image its ``file_name`` column names.
+
+        Raises:
+            StoreError: the server has none of them.
+        """
+        for name in METADATA_NAMES:
+            try:
+                data = await self._served(name, text=not name.endswith(".parquet"))
+            except ObjectNotFound:
+                continue
+            rows = await asyncio.to_thread(metadata_rows, data, name)
+            # Named as the dataset names them (relative to the root); a row without a
+            # file_name is the dataset's to refuse, naming its line, when it reads the file.
+            names = (r.get("file_name") for _, r in rows)
+            keys = [posixpath.normpath(n.lstrip("/")) for n in names if isinstance(n, str) and n]
+            return [{"key": k} for k in dict.fromkeys([name, *keys])]
+        raise StoreError(
+            f"{self._base} has no listing, and no {', '.join(METADATA_NAMES)} at its root "
+            "to name its images: name its objects with a manifest (the store option "
+            "manifest='train.jsonl': a loader's StoreConfig(options={'manifest': "
+            "'train.jsonl'}), warm's and ls's store_options=; or labels='train.jsonl')"
+        )
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]
         """The manifest's objects under ``prefix``; sizes not in it are HEAD-requested (an
