@@ -79,11 +79,14 @@ def _bucketed(url: str, cache: Path | None = None) -> tuple[list[Any], al.Stats]
         return got, loader.stats()
 
 
-def test_a_caption_folder_streams_named_by_its_metadata_file(tmp_path: Path) -> None:
-    """No manifest: the folder's metadata.jsonl names its images (a web server has no
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
+def test_a_caption_folder_streams_named_by_its_metadata_file(tmp_path: Path, kind: str) -> None:
+    """No manifest: the folder's metadata file names its images (a web server has no
     listing). Bucketed, filtered batches with their captions, the same as from the folder
     on disk; an image the filter leaves out is never fetched."""
-    folder = caption_folder(tmp_path / "site")
+    if kind == "parquet":
+        pytest.importorskip("pyarrow", reason="pip install 'asyncloader[parquet]'")
+    folder = caption_folder(tmp_path / "site", kind)
     want, _ = _bucketed(str(folder))
     with PythonHTTPServer(folder) as server:
         got, stats = _bucketed(server.endpoint + "/", tmp_path / "cache")
@@ -100,7 +103,7 @@ def test_a_caption_folder_streams_named_by_its_metadata_file(tmp_path: Path) -> 
     for i in range(12):
         name = f"/sub/{i:02d}.jpg" if i % 4 == 0 else f"/{i:02d}.jpg"
         assert (gets[name] > 0) == (i % 3 >= 1), name
-    assert gets["/metadata.jsonl"] >= 1
+    assert gets[f"/metadata.{kind}"] >= 1
 
 
 def test_a_web_folder_without_a_manifest_or_metadata_file_says_what_names_its_objects(
