@@ -139,6 +139,38 @@ def test_batch_kept_after_close_stays_readable_and_memory_goes_with_it(
     assert _shm_names() == set()
 
 
+@pytest.mark.parametrize("options", CASES)
+def test_one_iteration_at_a_time_the_newest_goes_on(
+    slow_server: S3TestServer, jpeg_folder: Path, options: dict[str, object]
+) -> None:
+    """A loader is one stream of batches. A peek (``next(iter(loader))``) then a loop: the
+    loop has the whole epoch. A second iteration started while one is in use (a peek
+    inside the loop, nested loops, another thread): the newer goes on with the whole
+    epoch, and the older, asked for its next batch, says it was superseded (after the
+    batches it had taken already, if any: an uploader's, taken ahead) — never a batch
+    the newer one has (silently repeated or lost samples)."""
+    keys = sorted(p.relative_to(jpeg_folder).as_posix() for p in jpeg_folder.rglob("*.jpg"))
+    index = {k: i for i, k in enumerate(keys)}
+    with _loader(slow_server, labels=index.__getitem__, **options) as loader:
+        first = next(iter(loader))[1].tolist()
+        labels = [x for _, batch in loader for x in batch.tolist()]
+        assert labels == list(range(N_IMAGES)) and labels[:BATCH] == first
+        outer = iter(loader)
+        seen = [x for _ in range(3) for x in next(outer)[1].tolist()]
+        assert seen == labels[: 3 * BATCH]
+        inner = iter(loader)
+        again = [x for _, batch in inner for x in batch.tolist()]
+        assert again == labels  # the whole epoch, from its start
+        rest: list[int] = []
+        with pytest.raises(al.AsyncLoaderError, match="superseded by a newer iteration"):
+            for _ in range(N_IMAGES):  # bounded: it raises within a few batches
+                rest += next(outer)[1].tolist()
+        # What it had taken: an uploader's batches ahead (its queue of 2, and the one it
+        # waits to put there), the old stream's next ones.
+        assert rest == labels[3 * BATCH : 3 * BATCH + len(rest)] and len(rest) <= 3 * BATCH
+        assert [x for _, batch in loader for x in batch.tolist()] == labels  # as before
+
+
 @pytest.mark.parametrize("shape", [None, (4, 4)], ids=["square", "bucketed"])
 def test_a_closed_ring_hands_out_no_batch(shape: tuple[int, int] | None) -> None:
     """A loader closed from another thread while a batch was on its way: the consumer's

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from ._surface import Engine
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Batch", "Consumer"]
+__all__ = ["Batch", "Consumer", "Superseded"]
 
 Batch = (
     tuple["torch.Tensor", "torch.Tensor"]
@@ -36,6 +37,13 @@ Batch = (
 ``extras=`` (each extra's values, one per sample, in batch order)."""
 Meta = tuple[int, int, dict[str, list[Any]]]
 """A batch's index, its sample count and its extras, beside its tensors."""
+
+
+class Superseded(AsyncLoaderError):
+    """An iteration of a loader asked for a batch after a newer iteration of the same
+    loader had started: a loader is one stream of batches, and only its newest iteration
+    goes on (the older ones sharing it would each miss some batches, and see others
+    twice)."""
 
 
 class Consumer:
@@ -81,6 +89,10 @@ class Consumer:
         self._max_inflight = max_inflight
         self._cpu_budget = cpu_budget
         self.produced: tuple[int, int, tuple[int, int] | None] | None = (0, 0, None)
+        # The newest iteration's number: an older one takes no notice of the engine's once
+        # a newer has started (the lock orders the start against every take).
+        self._iteration = 0
+        self._turn = threading.Lock()
 
     def deliver(
         self,
@@ -115,8 +127,8 @@ class Consumer:
                 ]
                 del images, labels, extras
                 yield batch.pop()
-        except GeneratorExit:
-            raise  # the consumer stopped early: the position stands
+        except (GeneratorExit, Superseded):
+            raise  # the consumer stopped early, or a newer iteration goes on: it stands
         except BaseException:
             position.lost()
             raise
@@ -145,17 +157,18 @@ class Consumer:
         import torch
 
         engine = self._engine
-        if self.produced != (epoch, first, span):
-            engine.start(epoch, first, span)
-            self.produced = (epoch, first, span)
+        with self._turn:  # this is now the newest iteration
+            self._iteration += 1
+            mine = self._iteration
+            if self.produced != (epoch, first, span):
+                engine.start(epoch, first, span)
+                self.produced = (epoch, first, span)
         c = self._counters
         while True:
-            notice = self._next_notice()
+            notice = self._next_notice(mine, epoch, span)
             if isinstance(notice, EpochEnd):
-                self.produced = (epoch + 1, 0, None)
                 return
             if isinstance(notice, Failed):
-                self.produced = None
                 exc = notice.error
                 if isinstance(exc, AsyncLoaderError):
                     raise exc
@@ -166,12 +179,17 @@ class Consumer:
                 c.count_skipped(ready.skipped, ready.skipped_keys)
             if ready.sources:
                 c.by_source.update(ready.sources)
-            self.produced = (epoch, ready.index + 1, span)
             # Yielded straight from the call: no local of this frame keeps the batch.
             meta = (ready.index, ready.n, ready.extras or {})
             yield _as_tensors(*engine.lease(ready), meta, torch.from_numpy)
 
-    def _next_notice(self) -> Notice:
+    def _next_notice(self, mine: int, epoch: int, span: tuple[int, int] | None) -> Notice:
+        """The engine's next notice for iteration ``mine`` (of ``epoch`` and ``span``), in
+        short waits; :attr:`produced` follows it.
+
+        Raises:
+            Superseded: a newer iteration has started.
+        """
         c = self._counters
         engine = self._engine
         t0 = time.perf_counter()
@@ -179,7 +197,19 @@ class Consumer:
         try:
             while True:
                 try:
-                    return engine.next_notice(WAIT_SLICE)
+                    with self._turn:
+                        if self._iteration != mine:
+                            raise Superseded(
+                                "this iteration of the loader was superseded by a newer "
+                                "iteration (iter(loader) again, or another for loop over it, "
+                                "in this thread or another): a loader is one stream of "
+                                "batches, and only its newest iteration goes on. Finish or "
+                                "drop one iteration before starting the next, or use a "
+                                "second loader"
+                            )
+                        notice = engine.next_notice(WAIT_SLICE)
+                        self.produced = _after(notice, epoch, span)
+                        return notice
                 except queue.Empty:
                     if engine.closed:
                         raise ClosedError("the loader is closed") from None
@@ -208,6 +238,18 @@ class Consumer:
                         ) from None
         finally:
             c.consumer_wait_seconds += time.perf_counter() - t0
+
+
+def _after(
+    notice: Notice, epoch: int, span: tuple[int, int] | None
+) -> tuple[int, int, tuple[int, int] | None] | None:
+    """Where the engine's output stands once ``notice`` (of ``epoch`` and ``span``) is
+    taken: see :attr:`Consumer.produced`."""
+    if isinstance(notice, EpochEnd):
+        return (epoch + 1, 0, None)
+    if isinstance(notice, Failed):
+        return None
+    return (epoch, notice.index + 1, span)
 
 
 def _as_tensors(
