@@ -26,6 +26,12 @@ fetched whole by it, and kept, so the epoch does not fetch it again).
 than the training size are (a bucket's whole image is then decoded at 1/2 or 1/4 scale
 where a square crop's box, a part of it, is decoded at a larger scale).
 
+``--decode-alone``: no loader, no server: each case's decode and resize (``decode_into``,
+as a decode worker runs it) over the same photos in this one process, pinned to one core
+where it can be, rounds interleaved; and the region decode alone (``_jpegroi``, what the
+crop needs at its DCT scale), so that what the loader adds and what the decode costs are
+told apart.  Printed: CPU ms per image and the ratio to ``square``, medians of the rounds.
+
 ``--megapixels M``: camera-sized photos instead, of about M megapixels in the three aspect
 ratios (made from the demo's photos as ``make_jpeg`` makes them).  ``--scaled``: the cache
 keeps each large JPEG's scaled copies (``CacheConfig(scaled_jpegs=True)`` in the epoch that
@@ -38,6 +44,8 @@ Run: ``python benchmarks/bench_buckets.py [--images 1200] [--rounds 3] [--epochs
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import resource
@@ -143,6 +151,63 @@ def run_case(case: str, endpoint: str, cache: str, epochs: int) -> dict[str, flo
     }
 
 
+def decode_alone(folder: Path, rounds: int) -> dict[str, dict[str, float]]:
+    """Each case's per-image CPU in one process: ``decode_into`` (the region decode and
+    the resize, as a decode worker runs them) and the region decode alone [ms]."""
+    import random
+
+    import numpy as np
+
+    from asyncloader._decode import _image
+    from asyncloader._decode._transforms import bucket_plan
+
+    with contextlib.suppress(OSError):  # one core: the figures are per core
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    datas = [f.read_bytes() for f in sorted(folder.glob("*.jpg"))]
+    sizes = []
+    for data in datas:
+        with Image.open(io.BytesIO(data)) as img:
+            sizes.append(img.size)
+    buckets = _options("buckets", "", "")["buckets"]
+    nearest = buckets.nearest([h for _, h in sizes], [w for w, _ in sizes])
+    transforms: dict[str, Any] = {"square": al.RandomResizedCrop(224), "cover": al.Resize(224)}
+
+    def plan(case: str, i: int) -> tuple[Any, Any, Any]:
+        w, h = sizes[i]
+        if case == "buckets":
+            bh, bw = buckets.sizes[nearest[i]]
+            spec = _image.DecodeSpec((3, bh, bw), buckets=buckets)
+            mark = (bh, bw, h, w)
+            return spec, mark, bucket_plan(w, h, (bh, bw), random.Random(i))[0]
+        t = transforms[case]
+        spec = _image.DecodeSpec((3, 224, 224), transform=t)
+        return spec, None, t.plan(w, h, random.Random(i))
+
+    def whole(case: str) -> float:
+        t0 = time.process_time()
+        for i, data in enumerate(datas):
+            spec, mark, _ = plan(case, i)
+            out = np.empty(spec.sample_shape, np.uint8)
+            _image.decode_into(data, out, spec, i, "k", mark)
+        return 1e3 * (time.process_time() - t0) / len(datas)
+
+    def region(case: str) -> float:
+        t0 = time.process_time()
+        for i, data in enumerate(datas):
+            w, h = sizes[i]
+            box, size = plan(case, i)[2].box, plan(case, i)[2].size
+            _image._decode_region(data, _image._jpeg_scale(w, h, box, size)[1], w, h, box, size)
+        return 1e3 * (time.process_time() - t0) / len(datas)
+
+    runs: dict[str, list[float]] = {}
+    cases = ["square", "cover", "buckets"]
+    for r in range(rounds):
+        for case in cases if r % 2 == 0 else cases[::-1]:
+            runs.setdefault(case, []).append(whole(case))
+            runs.setdefault(case + " region", []).append(region(case))
+    return {k: {"cpu_ms_per_image": statistics.median(v)} for k, v in runs.items()}
+
+
 def header_pass(endpoint: str, cache: str, objects: int) -> dict[str, float]:
     """The header pass from the store (the images not cached: ``sample_sizes`` itself, on
     the loader's store, with a folder of its own), then a bucketed loader on a cache holding
@@ -224,6 +289,11 @@ def main() -> None:
         action="store_true",
         help="the cache keeps each large JPEG's scaled copies, read by every case",
     )
+    p.add_argument(
+        "--decode-alone",
+        action="store_true",
+        help="each case's decode and resize in this one process: no loader, no server",
+    )
     p.add_argument("--data-dir", default="cache/bench-buckets")
     p.add_argument("--json", default="")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -238,6 +308,25 @@ def main() -> None:
     for k, v in TEST_ENV.items():
         os.environ.setdefault(k, v)
     folder = shaped_folder(Path(args.data_dir), args.images, args.long_side, args.megapixels)
+    if args.decode_alone:
+        alone = decode_alone(folder, args.rounds)
+        base = alone["square"]["cpu_ms_per_image"]
+        print(
+            f"{args.images} images in 3 aspect ratios, decoded in one process on one core "
+            f"(no loader); medians of {args.rounds} rounds"
+        )
+        for case, m in alone.items():
+            ms = m["cpu_ms_per_image"]
+            ratio = base / ms if " " not in case else float("nan")
+            print(
+                f"{case:15s} {ms:6.3f} CPU ms/img"
+                + (f"  ({ratio:.2f} x square's rate)" if " " not in case else "")
+            )
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps({"args": vars(args), "decode_alone": alone}, indent=1)
+            )
+        return
     rows: dict[str, list[dict[str, float]]] = {"square": [], "cover": [], "buckets": []}
     server = S3TestServer(load=folder, bucket="b", prefix="train/")
     with server, tempfile.TemporaryDirectory() as tmp:
