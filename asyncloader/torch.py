@@ -36,7 +36,8 @@ rank sees the same number of batches per epoch (``even="pad"`` repeats samples t
 last round; see the sampler), and a DataLoader's round-robin over its workers yields the
 rank's batches in order. The loader, its threads and its connections are created lazily in
 the process that iterates, so both the fork and the spawn start methods work; with
-``persistent_workers=True`` call ``set_epoch`` before the workers start, or not at all.
+``persistent_workers=True`` the workers, started once, still run the epoch ``set_epoch``
+chose in the training process (they read it, in shared memory, as each epoch starts).
 """
 
 from __future__ import annotations
@@ -186,6 +187,11 @@ class ImageDataset(IterableDataset[Batch]):
         # epoch + 1, 0 before any.  Its state_dict() cannot see how far they got.
         flag = torch.zeros(1, dtype=torch.int64)
         self._workers_in = flag.share_memory_()  # type: ignore[no-untyped-call]
+        # The epoch set_epoch chose in the training process, + 1 (0: never called), in shared
+        # memory the same way: persistent workers, started once, keep their copy of the
+        # dataset, and read it there as each epoch starts.
+        asked = torch.zeros(1, dtype=torch.int64)
+        self._asked_epoch = asked.share_memory_()  # type: ignore[no-untyped-call]
         self._worker_points = WorkerPoints()  # their loaders' counts, for LoaderLogger
 
     def __getstate__(self) -> dict[str, Any]:
@@ -254,8 +260,12 @@ class ImageDataset(IterableDataset[Batch]):
         )
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration runs (order and augmentation)."""
+        """The epoch the next iteration runs (order and augmentation): here, and in
+        DataLoader workers already running (``persistent_workers=True``) when they start
+        their next epoch."""
         self.epoch = epoch
+        if get_worker_info() is None:
+            self._asked_epoch[0] = epoch + 1
 
     def _get_loader(self) -> ImageLoader:
         if self._loader is not None and self._pid == os.getpid():
@@ -281,12 +291,15 @@ class ImageDataset(IterableDataset[Batch]):
 
     def __iter__(self) -> Iterator[Batch]:
         loader = self._get_loader()
+        info = get_worker_info()
         if self._resume is not None:
             loader.load_state_dict(self._resume)
             self._resume = None
         else:
+            asked = int(self._asked_epoch[0])
+            if info is not None and asked > 0:  # the training process's latest set_epoch
+                self.epoch = asked - 1
             loader.set_epoch(self.epoch)
-        info = get_worker_info()
         epoch = self.epoch  # load_state_dict set it to the state's
         points = self._worker_points
         for got in loader:
@@ -355,7 +368,7 @@ class ImageDataset(IterableDataset[Batch]):
             ValueError: a StatefulDataLoader state whose workers' states cannot be merged.
         """
         state = rank_state(state)
-        self.epoch = int(state["epoch"])
+        self.set_epoch(int(state["epoch"]))  # workers already running go on from it too
         self._resume = state if has_position(state) else None
 
     def close(self) -> None:

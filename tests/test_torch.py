@@ -66,6 +66,40 @@ def test_dataloader_workers_cover_the_epoch_in_order(
     assert sorted(x for b in got for x in b) == list(range(N_IMAGES))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_run_the_epoch_set_epoch_chose(
+    light_server: S3TestServer, context: str
+) -> None:
+    """``persistent_workers=True``: the workers, started once, keep their copy of the
+    dataset; ``set_epoch`` in the training process still chooses each epoch's order (not
+    epoch 0's again and again), as with workers started anew each epoch."""
+    ds = _dataset(light_server)
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=8,
+        seed=5,
+        labels=ds.options["labels"],
+        store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
+    ) as plain:
+        expected = []
+        for epoch in (0, 1, 2):
+            plain.set_epoch(epoch)
+            expected.append([lab.tolist() for _, lab in plain])
+    assert expected[0] != expected[1] != expected[2]
+    dl = DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context=context,
+        worker_init_fn=stacks_if_hung if context == "fork" else None,
+    )
+    for epoch in (0, 1, 2):
+        ds.set_epoch(epoch)
+        assert [labels.tolist() for _, labels in dl] == expected[epoch], epoch
+
+
 def test_a_dataset_has_classes_and_a_length(
     light_server: S3TestServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
