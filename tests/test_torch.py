@@ -34,21 +34,31 @@ def _dataset(server: S3TestServer) -> ImageDataset:
     )
 
 
+def _plain_epochs(
+    server: S3TestServer, ds: ImageDataset, epochs: list[int]
+) -> list[list[list[int]]]:
+    """The labels of each batch of ``epochs`` from one plain loader of ``ds``'s options."""
+    with al.ImageLoader(
+        "s3://b/train/",
+        batch_size=8,
+        seed=5,
+        labels=ds.options["labels"],
+        store=al.StoreConfig(options={"endpoint_url": server.endpoint}),
+    ) as plain:
+        out = []
+        for epoch in epochs:
+            plain.set_epoch(epoch)
+            out.append([lab.tolist() for _, lab in plain])
+        return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers_cover_the_epoch_in_order(
     light_server: S3TestServer, context: str
 ) -> None:
     ds = _dataset(light_server)
-    with al.ImageLoader(
-        "s3://b/train/",
-        batch_size=8,
-        seed=5,
-        labels=ds.options["labels"],
-        store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
-    ) as plain:
-        plain.set_epoch(1)
-        expected = [lab.tolist() for _, lab in plain]
+    expected = _plain_epochs(light_server, ds, [1])[0]
     dl = DataLoader(
         ds,
         batch_size=None,
@@ -75,17 +85,7 @@ def test_persistent_workers_run_the_epoch_set_epoch_chose(
     dataset; ``set_epoch`` in the training process still chooses each epoch's order (not
     epoch 0's again and again), as with workers started anew each epoch."""
     ds = _dataset(light_server)
-    with al.ImageLoader(
-        "s3://b/train/",
-        batch_size=8,
-        seed=5,
-        labels=ds.options["labels"],
-        store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
-    ) as plain:
-        expected = []
-        for epoch in (0, 1, 2):
-            plain.set_epoch(epoch)
-            expected.append([lab.tolist() for _, lab in plain])
+    expected = _plain_epochs(light_server, ds, [0, 1, 2])
     assert expected[0] != expected[1] != expected[2]
     dl = DataLoader(
         ds,
