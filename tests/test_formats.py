@@ -30,6 +30,7 @@ from PIL import Image
 
 import asyncloader as al
 from asyncloader._decode._image import DecodeSpec, decode_into
+from asyncloader._decode._transforms import bucket_plan
 from asyncloader.testing import MotoServer
 
 W, H = 97, 83  # odd sizes: no format's block or row alignment hides an error
@@ -254,5 +255,40 @@ def test_a_folder_of_every_format_through_the_loader(
                 want = reference(zoo()[name], transform, 0)
                 assert np.array_equal(image, want), name
                 seen.append(name)
+        assert loader.stats().skipped == {}
+    assert sorted(seen) == names
+
+
+def test_every_format_in_aspect_ratio_buckets_is_pillows_resize_of_its_crop(
+    moto: MotoServer, zoo_dataset: str
+) -> None:
+    """Bucketed: each format's size read from its header (no width/height anywhere), the
+    image to the bucket nearest its shape, its random crop (flipped or not) Pillow's
+    BILINEAR resize of the same box — JPEGs at the DCT scale Pillow's draft picks."""
+    names = sorted(zoo())
+    index = {f"kinds/{n}": i for i, n in enumerate(names)}
+    buckets = al.Buckets(((16, 32), (24, 24), (32, 16)), hflip=True)
+    with al.ImageLoader(
+        zoo_dataset,
+        batch_size=1,
+        buckets=buckets,
+        labels=index.__getitem__,
+        extras=("seed", "original_size"),
+        engine=al.EngineConfig(mode="inline"),
+        store=al.StoreConfig(options={"endpoint_url": moto.endpoint}),
+    ) as loader:
+        seen = []
+        for images, labels, extras in loader:
+            name, seed = names[int(labels[0])], extras["seed"][0]
+            data = zoo()[name]
+            width, height = Image.open(io.BytesIO(data)).size
+            assert tuple(extras["original_size"][0]) == (height, width), name
+            shape = tuple(images.shape[2:])
+            assert shape == buckets.sizes[int(buckets.nearest([height], [width])[0])], name
+            plan, _ = bucket_plan(width, height, shape, random.Random(seed), hflip=True)
+            want = np.asarray(pillow(data, plan.box, plan.size))
+            want = (want[:, ::-1] if plan.flip else want).transpose(2, 0, 1)
+            assert np.array_equal(images[0].numpy(), want), name
+            seen.append(name)
         assert loader.stats().skipped == {}
     assert sorted(seen) == names
