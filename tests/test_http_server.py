@@ -5,6 +5,7 @@ folder on it, its objects named by its own metadata file (no manifest)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,24 @@ def test_a_web_folder_without_a_manifest_or_metadata_file_says_what_names_its_ob
         al.ImageLoader(server.endpoint + "/", batch_size=4) as loader,
     ):
         next(iter(loader))
+
+
+def test_a_caption_folder_from_a_server_without_etags_runs_offline_from_the_cache(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``http.server`` sends no ETag, so the metadata file cannot be checked by one: while
+    the server answers it is fetched each run; once it does not, the copy the node kept
+    when it last answered (of the listed size) serves, with a warning that says so."""
+    folder = caption_folder(tmp_path / "site")
+    cache = tmp_path / "cache"
+    with PythonHTTPServer(folder) as server:
+        url = server.endpoint + "/"
+        report = al.warm(url, str(cache))
+        assert report.warmed == report.listed == 12 and not report.failed
+        online, _ = _bucketed(url, cache)
+    with caplog.at_level(logging.WARNING, logger="asyncloader"):
+        offline, stats = _bucketed(url, cache)  # nothing answers there now
+    assert [(t, s) for _, t, s in offline] == [(t, s) for _, t, s in online]
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(offline, online, strict=True))
+    assert "the copy of its metadata file kept on this node" in caplog.text
+    assert stats.requests == 0

@@ -2,13 +2,16 @@
 else listed (in parallel where the store can) and saved for the next run, once per node
 (the processes of a node that share the folder take turns: :func:`listing_turn`); and the
 root's metadata file the same way (:func:`metadata_file`): kept on the node's disk with its
-ETag, fetched again only when the listing says it changed."""
+ETag, fetched again only when the listing says it changed (from a server that gives no
+ETag, fetched while it answers, and the kept copy read when it does not)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
+from .._base._errors import TransientStoreError
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
 from ._objects import ObjectList, ObjectListBuilder
@@ -23,6 +26,8 @@ from ._saved import (
 )
 
 __all__ = ["list_and_save", "list_objects", "listing_turn", "metadata_file", "saved_listing"]
+
+log = logging.getLogger("asyncloader")
 
 
 async def saved_listing(
@@ -97,20 +102,46 @@ async def metadata_file(
     ETag) and kept there for the next run and for the loaders of a run started offline.
     ``counters``: the request and its bytes, or the bytes read from the node's disk.
 
+    A file listed without an ETag (a web server that gives none, such as Python's
+    ``http.server``) cannot be checked by one: it is fetched whenever the store answers, and
+    kept with its listed size; when the store does not answer (the node offline, as a warm
+    cache allows), the kept copy of that size serves, with a warning.
+
     Raises:
-        StoreError: the file could not be fetched (it changed since the listing, say).
+        StoreError: the file could not be fetched (it changed since the listing, say), and
+            no copy of it serves.
     """
-    path = metadata_path(folder, store.url, obj.key) if folder is not None and obj.etag else None
-    if path is not None:
-        kept = await asyncio.to_thread(load_metadata_copy, path, obj.etag)
+    path = metadata_path(folder, store.url, obj.key) if folder is not None else None
+    # What the kept copy must be of: the listed ETag, else the listed size.
+    version = obj.etag or f"size {obj.size}"
+    if path is not None and obj.etag:
+        kept = await asyncio.to_thread(load_metadata_copy, path, version)
         if kept is not None:
             if counters is not None:
                 counters.bytes_from_cache += len(kept)
             return kept
-    data = bytes(await store.get(obj.key, etag=obj.etag))
+    try:
+        data = bytes(await store.get(obj.key, etag=obj.etag))
+    except TransientStoreError:
+        # Not answering after its retries: a copy no ETag can check is the one the node
+        # kept when the store last answered, of the size the (saved) listing gives.
+        kept = None
+        if path is not None and not obj.etag:
+            kept = await asyncio.to_thread(load_metadata_copy, path, version)
+        if kept is None:
+            raise
+        log.warning(
+            "asyncloader: %s does not answer; %s is read from the copy of its metadata file "
+            "kept on this node (of the listed size: the server gives no ETag to check it by)",
+            store.url,
+            obj.key,
+        )
+        if counters is not None:
+            counters.bytes_from_cache += len(kept)
+        return kept
     if counters is not None:
         counters.requests += 1
         counters.bytes_fetched += len(data)
     if path is not None:
-        await asyncio.to_thread(save_metadata_copy, path, obj.etag, data)
+        await asyncio.to_thread(save_metadata_copy, path, version, data)
     return data
