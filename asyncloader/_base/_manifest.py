@@ -14,11 +14,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import posixpath
 import re
 from typing import Any
 
 __all__ = [
     "METADATA_NAMES",
+    "file_key",
     "is_columnar",
     "is_manifest",
     "metadata_rows",
@@ -102,6 +104,11 @@ def read_manifest(data: bytes | bytearray, name: str) -> list[dict[str, str]]:
             raise ValueError(f"{name}:{lineno}: expected {{'key': ..., 'label': ...}}")
         rows.append(row)
     return rows
+
+
+def file_key(file_name: str) -> str:
+    """A metadata row's ``file_name`` as the key it names (relative to the root, POSIX)."""
+    return posixpath.normpath(file_name.lstrip("/"))
 
 
 def metadata_rows(data: bytes | bytearray, name: str) -> list[tuple[int, dict[str, Any]]]:

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._base._manifest import METADATA_NAMES, metadata_rows
+from .._base._manifest import METADATA_NAMES, file_key, metadata_rows
 from .._base._types import ObjectInfo
 from ._objects import ObjectList
 
@@ -105,7 +105,7 @@ def _named_rows(name: str, rows: list[tuple[int, dict[str, Any]]]) -> Metadata:
         file_name = row.get("file_name")
         if not isinstance(file_name, str) or not file_name:
             raise ValueError(f"{name}:{lineno}: a row without its 'file_name'")
-        file_name = posixpath.normpath(file_name.lstrip("/"))
+        file_name = file_key(file_name)
         if file_name in seen:
             raise ValueError(f"{name}:{lineno}: {file_name!r} is named twice")
         seen.add(file_name)

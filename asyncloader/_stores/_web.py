@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import posixpath
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -25,7 +24,7 @@ from yarl import URL
 from .._base._budget import InflightBudget
 from .._base._config import READ_TIMEOUT
 from .._base._errors import ObjectNotFound, StoreError, Throttled, shown_key
-from .._base._manifest import METADATA_NAMES, metadata_rows, read_manifest
+from .._base._manifest import METADATA_NAMES, file_key, metadata_rows, read_manifest
 from .._base._types import Blob, ObjectInfo
 from ._http import (
     REQUESTS_CA_NAMES,
@@ -185,7 +184,7 @@ class HttpStore(HTTPStoreBase):
             # Named as the dataset names them (relative to the root); a row without a
             # file_name is the dataset's to refuse, naming its line, when it reads the file.
             names = (r.get("file_name") for _, r in rows)
-            keys = [posixpath.normpath(n.lstrip("/")) for n in names if isinstance(n, str) and n]
+            keys = [file_key(n) for n in names if isinstance(n, str) and n]
             return [{"key": k} for k in dict.fromkeys([name, *keys])]
         raise StoreError(
             f"{self._base} has no listing, and no {', '.join(METADATA_NAMES)} at its root "
