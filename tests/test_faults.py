@@ -1,15 +1,20 @@
 """Retries against our fault-injecting S3 server: 503 storms, 429, 500, resets, truncation,
-answers cut short."""
+answers cut short; and the fault proxy, stopped, leaves no socket behind."""
 
 from __future__ import annotations
 
+import gc
+import socket
 import time
+import warnings
+from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import pytest
 
 import asyncloader as al
-from asyncloader.testing import S3TestServer
+from asyncloader.testing import FaultProxy, PythonHTTPServer, S3TestServer
 
 from .conftest import N_IMAGES
 
@@ -230,3 +235,31 @@ def test_retry_after_of_a_real_answer_reaches_the_retry(
 
         assert asyncio.run(stat()) > 0
     assert len(waits) == 2 and waits[0] >= 3.0 and waits[1] >= 1.2, waits
+
+
+def test_a_stopped_fault_proxy_leaves_no_socket_open(tmp_path: Path) -> None:
+    """Clients that stopped reading a large answer, and one the proxy accepts as it stops:
+    every socket of the proxy's is closed by ``stop()``, none left to the collector (whose
+    ResourceWarning would fail whichever test ran then)."""
+    (tmp_path / "big").write_bytes(b"x" * (16 << 20))
+    with PythonHTTPServer(tmp_path) as origin:
+        proxy = FaultProxy(origin.endpoint)
+        proxy.start()
+        where = urlsplit(proxy.endpoint)
+        address = (str(where.hostname), int(where.port or 80))
+        clients = []
+        try:
+            for _ in range(3):
+                client = socket.create_connection(address)
+                client.sendall(b"GET /big HTTP/1.1\r\nHost: origin\r\n\r\n")
+                clients.append(client)
+            time.sleep(0.3)  # the answers start, and stall: nobody reads them
+            clients.append(socket.create_connection(address))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ResourceWarning)
+                proxy.stop()
+                gc.collect()
+        finally:
+            for client in clients:
+                client.close()
+    assert [str(w.message) for w in caught] == []
