@@ -1,6 +1,7 @@
 """Metadata and captions beside the images (``extras=``): the root's ``metadata.jsonl`` /
-``metadata.csv`` (Hugging Face's imagefolder convention) names the samples and gives them
-columns and labels; same-stem sidecar files (``x.txt``, ``x.json`` beside ``x.jpg``) are
+``metadata.csv`` (Hugging Face's imagefolder convention), and those of its folders (each
+naming images relative to its own folder), name the samples and give them columns and
+labels; same-stem sidecar files (``x.txt``, ``x.json`` beside ``x.jpg``) are
 fetched by the engine with their image, cached with it, and delivered in batch order; a
 missing sidecar is None, a malformed one follows ``on_error``.  Against moto, Azurite and
 the GCS emulator."""
@@ -14,12 +15,20 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from PIL import Image
 
 import asyncloader as al
 from asyncloader._base._types import ObjectInfo
 from asyncloader._dataset._labels import build_dataset
-from asyncloader._dataset._metadata import read_metadata, resolve_extras
+from asyncloader._dataset._metadata import (
+    merge_metadata,
+    metadata_objects,
+    read_metadata,
+    resolve_extras,
+)
+from asyncloader._dataset._objects import ObjectList
 
 from .conftest import Backend
 
@@ -106,6 +115,96 @@ def test_the_metadata_file_names_the_samples_and_gives_labels() -> None:
     )
     with pytest.raises(ValueError, match=r"gives no 'label' for 'a/1\.jpg'"):
         build_dataset(_objects(keys), "label", metadata=gap)
+
+
+def test_each_folder_s_metadata_file_is_found_and_the_root_s_comes_first() -> None:
+    keys = [
+        "b/metadata.csv",
+        "b/metadata.jsonl",  # a folder with two kinds: the first of jsonl, csv, parquet
+        "metadata.parquet",
+        "a/deep/metadata.jsonl",
+        "a/metadata.txt",
+        "a/x.jpg",
+        "notmetadata.jsonl",
+    ]
+    found = metadata_objects(ObjectList.of(_objects(keys)))
+    assert [o.key for o in found] == [
+        "metadata.parquet",
+        "a/deep/metadata.jsonl",
+        "b/metadata.jsonl",
+    ]
+    assert [o.etag for o in found] == ["e2", "e3", "e1"]  # the listed objects themselves
+    assert metadata_objects(ObjectList.of(_objects(["a/x.jpg"]))) == []
+
+
+def test_a_folder_s_metadata_file_names_images_in_its_folder() -> None:
+    meta = read_metadata(
+        b'{"file_name": "1.jpg", "caption": "one"}\n'
+        b'{"file_name": "/deeper/2.jpg"}\n'
+        b'{"file_name": "../up.jpg"}\n',
+        "a/b/metadata.jsonl",
+    )
+    assert meta.file_names == ["a/b/1.jpg", "a/b/deeper/2.jpg", "a/up.jpg"]
+    with pytest.raises(ValueError, match=r"a/b/metadata\.jsonl:2: 'a/b/1\.jpg' is named twice"):
+        read_metadata(b'{"file_name": "1.jpg"}\n{"file_name": "./1.jpg"}\n', "a/b/metadata.jsonl")
+    other = read_metadata(b'{"file_name": "b/1.jpg", "n": 1}\n', "a/metadata.jsonl")
+    with pytest.raises(
+        ValueError, match=r"'a/b/1\.jpg' is named by both a/b/metadata\.jsonl and a/metadata"
+    ):
+        merge_metadata([meta, other])
+
+
+_FOLDERS = st.sampled_from(["", "p1", "p2", "p2/q"])
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            _FOLDERS,
+            st.text(alphabet="abc", min_size=1, max_size=3),
+            st.one_of(st.none(), st.integers(0, 9)),
+            st.one_of(st.none(), st.text(alphabet="xy", max_size=2)),
+        ),
+        max_size=20,
+        unique_by=lambda r: (r[0], r[1]),
+    )
+)
+def test_metadata_split_across_folders_is_the_root_file_s_table(
+    rows: list[tuple[str, str, int | None, str | None]],
+) -> None:
+    """One root file, or the same rows kept in each image's folder (each naming its images
+    relative to it, each with only the columns its rows have): the same images, each with
+    the same values, a column a file lacks being None."""
+
+    def line(file_name: str, score: int | None, caption: str | None) -> bytes:
+        row: dict[str, Any] = {"file_name": file_name}
+        if score is not None:
+            row["score"] = score
+        if caption is not None:
+            row["caption"] = caption
+        return (json.dumps(row) + "\n").encode()
+
+    def table(meta: Any) -> dict[str, tuple[Any, ...]]:
+        names = sorted(meta.columns)
+        at = {c: meta.columns[c] for c in names}
+        return {
+            f: tuple((c, at[c][i]) for c in names if at[c][i] is not None)
+            for i, f in enumerate(meta.file_names)
+        }
+
+    whole = b"".join(
+        line(f"{folder}/{stem}.jpg" if folder else f"{stem}.jpg", s, c)
+        for folder, stem, s, c in rows
+    )
+    parts = []
+    for folder in sorted({r[0] for r in rows}):
+        data = b"".join(line(f"{stem}.jpg", s, c) for f, stem, s, c in rows if f == folder)
+        parts.append(
+            read_metadata(data, f"{folder}/metadata.jsonl" if folder else "metadata.jsonl")
+        )
+    merged = merge_metadata(parts) if parts else read_metadata(b"", "metadata.jsonl")
+    assert table(merged) == table(read_metadata(whole, "metadata.jsonl"))
+    assert sorted(merged.file_names) == sorted(read_metadata(whole, "metadata.jsonl").file_names)
 
 
 def test_an_extra_that_names_nothing_is_an_error_that_says_what_there_is() -> None:

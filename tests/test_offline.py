@@ -1,5 +1,6 @@
-"""Captions offline: the root's metadata file is kept on the node's disk beside the saved
-listing (with its ETag), warmed by ``warm``, counted in ``stats()``; a run with a warm cache
+"""Captions offline: the root's metadata file, and those of its folders, are kept on the
+node's disk beside the saved listing (with their ETags), warmed by ``warm``, counted in
+``stats()``; a run with a warm cache
 starts and finishes with the store unreachable, captions and filters included; a metadata
 file replaced in the store is fetched again once the listing says so."""
 
@@ -88,6 +89,54 @@ def test_a_warm_cache_runs_captions_with_the_store_stopped(
         got, _ = _captions(url, proxy.endpoint, cache)
         assert got == {i: f"second {i}" for i in range(N)}
         assert proxy.targets[f"GET /{bucket}/set/metadata.jsonl"] == 1
+
+
+def test_metadata_files_in_folders_are_warmed_and_read_offline(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """A dataset kept in folders, each with its own metadata file (naming its images
+    relative to itself; a JSONL and a CSV), and the root's: every file is fetched once by
+    ``warm``, and a run with the store gone gives each image its own row's caption, its
+    filter deciding on a column that one file alone has."""
+    bucket = "offline-folders"
+    moto.create_bucket(bucket)
+    where = {i: ("", "part-1/", "part-2/")[i % 3] for i in range(N)}
+    for i in range(N):
+        moto.put(bucket, f"set/{where[i]}{i:02d}.jpg", _jpeg(i))
+    root = [{"file_name": f"{i:02d}.jpg", "idx": i, "caption": f"root {i}"} for i in range(N)]
+    moto.put(
+        bucket,
+        "set/metadata.jsonl",
+        "".join(json.dumps(r) + "\n" for r in root if where[r["idx"]] == "").encode(),
+    )
+    one = [
+        {"file_name": f"{i:02d}.jpg", "idx": i, "caption": f"one {i}", "score": i}
+        for i in range(N)
+        if where[i] == "part-1/"
+    ]
+    moto.put(
+        bucket, "set/part-1/metadata.jsonl", "".join(json.dumps(r) + "\n" for r in one).encode()
+    )
+    two = "file_name,idx,caption\n" + "".join(
+        f"{i:02d}.jpg,{i},two {i}\n" for i in range(N) if where[i] == "part-2/"
+    )
+    moto.put(bucket, "set/part-2/metadata.csv", two.encode())
+    url, cache = f"s3://{bucket}/set/", tmp_path / "cache"
+    with FaultProxy(moto.endpoint) as proxy:
+        report = al.warm(url, cache, store_options={"endpoint_url": proxy.endpoint})
+        assert report.failed == [] and report.warmed == N
+        for name in ("metadata.jsonl", "part-1/metadata.jsonl", "part-2/metadata.csv"):
+            assert proxy.targets[f"GET /{bucket}/set/{name}"] == 1, name
+        endpoint = proxy.endpoint
+    # The store is gone.
+    tag = {"": "root", "part-1/": "one", "part-2/": "two"}
+    got, stats = _captions(url, endpoint, cache)
+    assert got == {i: f"{tag[where[i]]} {i}" for i in range(N)}
+    assert stats.requests == 0
+    # Only part-1's file has a score: the rows of the others have none, so fail it.
+    got, stats = _captions(url, endpoint, cache, filters=[("score", ">=", 4)])
+    assert got == {i: f"one {i}" for i in range(N) if where[i] == "part-1/" and i >= 4}
+    assert stats.filtered_out == N - len(got) and stats.requests == 0
 
 
 def test_the_metadata_file_is_counted_kept_and_checked_against_its_etag(

@@ -7,14 +7,14 @@ The form is pyarrow's (``pyarrow.parquet.read_table(filters=)``, Hugging Face's
 * a list of such lists: any of them holds (OR of ANDs).
 
 ``op`` is one of ``=``/``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``, ``not in``
-(``value`` a list, tuple or set for the last two).  The columns are the root's metadata
-file's (``metadata.jsonl``/``.csv``/``.parquet``), and the listing's own where the file has
-no column of that name: ``size`` (the object's bytes) and ``file_name`` (its key under the
-source); and ``width`` and ``height`` (the image's pixels) where the file has none of the
-name, from each image's header: one small range read per sample, and only for the samples
-that the rest of the filter keeps (:func:`keep_mask`'s ``later``: the filter is decided
-without those terms first, then again with them), kept beside the saved listing as a
-bucketed run's sizes are.
+(``value`` a list, tuple or set for the last two).  The columns are the metadata
+files' (``metadata.jsonl``/``.csv``/``.parquet``: the root's and its folders'), and the
+listing's own where the files have no column of that name: ``size`` (the object's
+bytes) and ``file_name`` (its key under the source); and ``width`` and ``height`` (the
+image's pixels) where the files have none of the name, from each image's header: one
+small range read per sample, and only for the samples that the rest of the filter keeps
+(:func:`keep_mask`'s ``later``: the filter is decided without those terms first, then
+again with them), kept beside the saved listing as a bucketed run's sizes are.
 
 Missing values follow pyarrow: a sample without a value (its row lacks the column, or it
 has no row, or its size is unknown) fails every comparison, ``!=`` included; ``in`` holds

@@ -83,8 +83,8 @@ class Stats:
             when they fit, else a fixed subset (picked by a hash of the key) that fills 90 %
             of ``cache_size``; the others are never written.
         cache_damaged: Cache entries that failed their length/CRC check, dropped and fetched.
-        unnamed_images: Images left out because the root's metadata file does not name
-            them (``extras=`` or a labels column read it; see docs/data.md).
+        unnamed_images: Images left out because no metadata file (the root's, its
+            folders') names them (``extras=`` or a labels column read it; see docs/data.md).
         filtered_out: Samples ``filters=`` left out at listing time (never requested).
         sidecars_cached, sidecars_fetched: Sidecar files (``extras=``) read from the SSD
             cache, and fetched from the store.

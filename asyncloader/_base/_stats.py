@@ -80,7 +80,7 @@ class Counters:
     ring_slots: int = 0
     listing_seconds: float = 0.0
     objects_listed: int = 0
-    unnamed_images: int = 0  # left out: images the root's metadata file does not name
+    unnamed_images: int = 0  # left out: images no metadata file names
     filtered_out: int = 0  # left out by filters=, never requested
     cache_hits: int = 0
     cache_scaled_hits: int = 0

@@ -13,7 +13,7 @@ The listing strategy lives here, on the loader's event loop:
 Which objects are samples and what their labels are is :mod:`asyncloader._dataset._labels` (pure).
 
 Its modules: compact object lists (``_objects``), which objects are samples and their
-labels (``_labels``), the root's metadata file and sidecars (``_metadata``), several sources'
+labels (``_labels``), the metadata files and sidecars (``_metadata``), several sources'
 shares (``_mix``) and datasets as one (``_combine``), manifests by location (``_located``),
 the listing through a cache folder, once per node (``_listing``), saved listings and the
 listing turn (``_saved``), each sample's pixel size for aspect-ratio buckets (``_sizes``;
@@ -51,7 +51,7 @@ from ._labels import (
 )
 from ._listing import list_and_save, list_objects, listing_turn, metadata_file, saved_listing
 from ._located import read_manifest_file
-from ._metadata import metadata_object, read_metadata
+from ._metadata import Metadata, merge_metadata, metadata_objects, read_metadata
 from ._objects import ObjectList
 from ._saved import listing_path, save_listing
 from ._sizes import NO_SIZES, SizeReading, with_sizes
@@ -187,7 +187,8 @@ async def open_listing(
     listing when it is complete.  ``objects``: listed already (nothing is listed).
     ``store_options``: how to reach a manifest URL outside the store's root.  ``extras``:
     what each sample carries besides its label; with them, or with a labels column, the
-    root's metadata file is read (:mod:`._metadata`), and the listing never streams.
+    metadata files (the root's and its folders') are read (:mod:`._metadata`), and the
+    listing never streams.
     ``samples_per_epoch``: an epoch of that many samples (see :mod:`._mix`).  ``filters``:
     the samples kept (:mod:`asyncloader._base._filters`), before anything is fetched;
     with them the listing never streams.  The metadata file comes from the cache folder
@@ -271,10 +272,8 @@ async def open_listing(
         manifest = parse_manifest(manifest_data, labels)
     all_listed = ObjectList.of(objects)
     metadata = None
-    found = metadata_object(all_listed) if wants_metadata and manifest is None else None
-    if found is not None:
-        data = await metadata_file(store, folder, found, counters)
-        metadata = await asyncio.to_thread(read_metadata, data, found.key)
+    if wants_metadata and manifest is None:
+        metadata = await _read_metadata_files(store, folder, all_listed, counters)
     dataset = await asyncio.to_thread(
         build_dataset,
         all_listed,
@@ -300,6 +299,35 @@ async def open_listing(
         if not sizes.wanted:  # a bucketed run's only
             dataset = dataclasses.replace(dataset, sizes=None)
     return Listing(of_length(dataset, store.url, samples_per_epoch)), None
+
+
+METADATA_READS = 16
+"""Metadata files read at once (a dataset kept in many folders has one in each)."""
+
+
+async def _read_metadata_files(
+    store: ObjectStore, folder: str | None, listed: ObjectList, counters: Counters | None
+) -> Metadata | None:
+    """The rows of every metadata file ``listed`` (:func:`~._metadata.metadata_objects`),
+    each read through the cache ``folder`` (:func:`~._listing.metadata_file`), as one
+    table; None where there is none.
+
+    Raises:
+        StoreError: a file could not be read; ValueError: one that is malformed, or an
+            image two of them name.
+    """
+    found = metadata_objects(listed)
+    if not found:
+        return None
+    gate = asyncio.Semaphore(METADATA_READS)
+
+    async def one(obj: ObjectInfo) -> Metadata:
+        async with gate:
+            data = await metadata_file(store, folder, obj, counters)
+        return await asyncio.to_thread(read_metadata, data, obj.key)
+
+    parts = await asyncio.gather(*(one(obj) for obj in found))
+    return merge_metadata(parts)
 
 
 async def open_mixed_listing(

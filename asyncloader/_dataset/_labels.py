@@ -103,7 +103,7 @@ class Dataset:
     """The samples of one run, in canonical order, and the class names (may be empty).
     ``samples`` is compact (a :class:`SampleList`: arrays, not an object per sample).
     ``extras``: what ``extras=`` asks for, per sample; ``unnamed``: images left out because
-    the root's metadata file does not name them; ``mix``: the sources the samples come
+    no metadata file names them; ``mix``: the sources the samples come
     from and their share of an epoch (several sources, or a ``samples_per_epoch``);
     ``filtered``: samples ``filters=`` left out; ``sizes``: each sample's ``(height,
     width)`` [pixels] where a bucketed run needs them (:mod:`._sizes`)."""
@@ -219,7 +219,7 @@ class KeyFilter:
 
 
 def is_column(labels: LabelSpec) -> bool:
-    """Whether ``labels`` names a column of the root's metadata file (``"label"``): a
+    """Whether ``labels`` names a column of the metadata files (``"label"``): a
     string that is neither ``"folder"`` nor a manifest's name."""
     return isinstance(labels, str) and labels != "folder" and not is_manifest(labels)
 
@@ -244,7 +244,7 @@ def build_dataset(
         extensions: Keep keys ending with one of these (case-insensitive); None keeps all.
         manifest: Parsed manifest rows; keys it names that the listing lacks are kept (with
             unknown size), so the run reports them as missing instead of silently dropping.
-        metadata: The root's metadata file: the images it names are the samples (see
+        metadata: The metadata files' rows: the images they name are the samples (see
             :mod:`._metadata`).
         extras: What each sample carries besides its label (:func:`resolve_extras`).
         source: The samples' source URL (the ``"source"`` extra).
@@ -338,7 +338,7 @@ def _samples(
     if is_column(labels):
         raise ValueError(
             f"labels={labels!r} names a column of a metadata file, and there is none "
-            f"({' or '.join(METADATA_NAMES)} at the root)"
+            f"({' or '.join(METADATA_NAMES)} at the root or in its folders)"
         )
     order = sorted((i for i, k in enumerate(keys) if keep(k)), key=keys.__getitem__)
     # One sample per key (a listing names each key once; a repeated one is kept once).

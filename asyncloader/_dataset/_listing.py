@@ -1,9 +1,10 @@
 """A store's object list through a cache folder: the listing saved there if young enough,
 else listed (in parallel where the store can) and saved for the next run, once per node
 (the processes of a node that share the folder take turns: :func:`listing_turn`); and the
-root's metadata file the same way (:func:`metadata_file`): kept on the node's disk with its
-ETag, fetched again only when the listing says it changed (from a server that gives no
-ETag, fetched while it answers, and the kept copy read when it does not)."""
+metadata files (the root's and its folders') the same way (:func:`metadata_file`): each
+kept on the node's disk with its ETag, fetched again only when the listing says it changed
+(from a server that gives no ETag, fetched while it answers, and the kept copy read when
+it does not)."""
 
 from __future__ import annotations
 

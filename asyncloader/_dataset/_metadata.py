@@ -2,13 +2,16 @@
 
 Two conventions users keep their folders in:
 
-* **A metadata file at the source's root** — Hugging Face's ``imagefolder``:
-  ``metadata.jsonl`` (a JSON object per line), ``metadata.csv`` (a header) or
-  ``metadata.parquet`` (read with pyarrow: ``pip install asyncloader[parquet]``), each row
-  naming an image by ``file_name``, relative to the root, and giving it columns
-  (``caption``, ``label``, …).  With one, the images it names are the samples (an image it
-  does not name is left out, counted; a name no object has is kept and reported missing
-  when read, as a manifest's is); ``labels="label"`` takes the labels from a column.
+* **Metadata files at the source's root and in its folders** — Hugging Face's
+  ``imagefolder``: ``metadata.jsonl`` (a JSON object per line), ``metadata.csv`` (a header)
+  or ``metadata.parquet`` (read with pyarrow: ``pip install asyncloader[parquet]``), each
+  row naming an image by ``file_name``, relative to the folder the file is in, and giving it
+  columns (``caption``, ``label``, …).  A large dataset keeps one per folder of images
+  (``part-0001/metadata.jsonl``, …): every one listed is read, and their rows are one table
+  (:func:`merge_metadata`; a column one file lacks is ``None`` for its rows).  With any,
+  the images they name are the samples (an image none names is left out, counted; a name
+  no object has is kept and reported missing when read, as a manifest's is);
+  ``labels="label"`` takes the labels from a column.
 * **Same-stem sidecar files** — img2dataset's "files" layout: ``x.txt`` and ``x.json``
   beside ``x.jpg``.  ``extras=("txt",)`` reads each image's ``.txt`` (``"json"``: its
   ``.json``, parsed); a missing one is ``None``.
@@ -40,7 +43,8 @@ __all__ = [
     "Extras",
     "Metadata",
     "find_metadata",
-    "metadata_object",
+    "merge_metadata",
+    "metadata_objects",
     "parse_sidecar",
     "read_metadata",
     "resolve_extras",
@@ -62,32 +66,43 @@ in per batch."""
 
 @dataclass(frozen=True, slots=True)
 class Metadata:
-    """A metadata file's rows: the images they name (``file_name``, relative to the root)
-    and their other columns (``None`` where a row lacks one), in the file's order."""
+    """Metadata files' rows: the images they name (``file_name``, as keys relative to the
+    root) and their other columns (``None`` where a row lacks one), in the files' order.
+    ``name``: the file's key, or (several files) what messages call them."""
 
     name: str
     file_names: list[str]
     columns: dict[str, list[Any]]
 
 
-def find_metadata(keys: Sequence[str]) -> str | None:
-    """The metadata file among the listed ``keys`` (at the root: no folder), or None."""
-    present = set(keys) & set(METADATA_NAMES)
-    return next((n for n in METADATA_NAMES if n in present), None)
+def find_metadata(keys: Sequence[str], folder: str = "") -> str | None:
+    """The metadata file among the listed ``keys`` in ``folder`` (``""``: the root;
+    ``"a/b"``: that folder, not its subfolders), or None: the first of
+    :data:`METADATA_NAMES` there, where a folder has several kinds."""
+    at = f"{folder}/" if folder else ""
+    present = set(keys)
+    return next((at + n for n in METADATA_NAMES if at + n in present), None)
 
 
-def metadata_object(listed: ObjectList) -> ObjectInfo | None:
-    """The listed object of the metadata file (:func:`find_metadata`), with its size and
-    ETag, or None."""
+def metadata_objects(listed: ObjectList) -> list[ObjectInfo]:
+    """The listed metadata files, one per folder that has any (:func:`find_metadata`: the
+    first of :data:`METADATA_NAMES` there), with their sizes and ETags, ordered by key (the
+    root's first): Hugging Face's ``imagefolder`` reads every one under the data folder."""
     keys = listed.keys()
-    name = find_metadata(keys)
-    return None if name is None else listed[keys.index(name)]
+    names = set(METADATA_NAMES)
+    folders = {posixpath.dirname(k) for k in keys if posixpath.basename(k) in names}
+    at = {k: i for i, k in enumerate(keys)}
+    chosen = (find_metadata(keys, folder) for folder in folders)
+    keys_found = sorted((k for k in chosen if k is not None), key=lambda k: ("/" in k, k))
+    return [listed[at[key]] for key in keys_found]
 
 
 def read_metadata(data: bytes | bytearray, name: str) -> Metadata:
     """Parse ``metadata.jsonl`` (values keep their JSON types), ``metadata.csv`` (text;
     an empty field is ``None``) or ``metadata.parquet`` (values as pyarrow gives them in
-    Python: numbers, text, lists; null is ``None``).
+    Python: numbers, text, lists; null is ``None``).  ``name``: the file's key: a file in
+    a folder (``a/metadata.jsonl``) names images relative to that folder, and its
+    ``file_names`` are given as keys relative to the root (``a/…``).
 
     Raises:
         ValueError: a malformed line, a row without ``file_name``, a name given twice;
@@ -98,14 +113,15 @@ def read_metadata(data: bytes | bytearray, name: str) -> Metadata:
 
 
 def _named_rows(name: str, rows: list[tuple[int, dict[str, Any]]]) -> Metadata:
-    """The metadata of a file's ``rows`` (each with its line)."""
+    """The metadata of a file's ``rows`` (each with its line); ``name``, its key."""
+    folder = posixpath.dirname(name)
     file_names: list[str] = []
     seen: set[str] = set()
     for lineno, row in rows:
         file_name = row.get("file_name")
         if not isinstance(file_name, str) or not file_name:
             raise ValueError(f"{name}:{lineno}: a row without its 'file_name'")
-        file_name = file_key(file_name)
+        file_name = file_key(f"{folder}/{file_name}" if folder else file_name)
         if file_name in seen:
             raise ValueError(f"{name}:{lineno}: {file_name!r} is named twice")
         seen.add(file_name)
@@ -113,6 +129,32 @@ def _named_rows(name: str, rows: list[tuple[int, dict[str, Any]]]) -> Metadata:
     names = list(dict.fromkeys(k for _, row in rows for k in row if k != "file_name"))
     columns = {c: [row.get(c) for _, row in rows] for c in names}
     return Metadata(name, file_names, columns)
+
+
+def merge_metadata(parts: Sequence[Metadata]) -> Metadata:
+    """Several metadata files' rows as one table, in the order given: the columns of any of
+    them, ``None`` in the rows of a file without that column.
+
+    Raises:
+        ValueError: an image named by two of the files, naming both.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    named_in: dict[str, str] = {}
+    for part in parts:
+        for file_name in part.file_names:
+            other = named_in.setdefault(file_name, part.name)
+            if other != part.name:
+                raise ValueError(f"{file_name!r} is named by both {other} and {part.name}")
+    names = list(dict.fromkeys(c for part in parts for c in part.columns))
+    columns: dict[str, list[Any]] = {c: [] for c in names}
+    for part in parts:
+        rows = len(part.file_names)
+        for c in names:
+            columns[c].extend(part.columns.get(c, [None] * rows))
+    shown = ", ".join(p.name for p in parts[:3]) + (", …" if len(parts) > 3 else "")
+    name = f"{len(parts)} metadata files ({shown})"
+    return Metadata(name, [f for part in parts for f in part.file_names], columns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +203,7 @@ def resolve_extras(
         samples: The samples' keys, in the dataset's order.
         listed: Every listed object by key (sidecars are found here, not requested).
         source: The URL of the samples' source.
-        metadata: The root's metadata file, if any.
+        metadata: The metadata files' rows, if there are any.
         rows: For each sample, its row in ``metadata`` (-1: none).
 
     Raises:
@@ -187,7 +229,7 @@ def resolve_extras(
                 have = (
                     f"; the columns of {metadata.name}: {', '.join(metadata.columns)}"
                     if (metadata is not None)
-                    else f"; no {', '.join(METADATA_NAMES)} at the root"
+                    else f"; no {', '.join(METADATA_NAMES)} at the root or in its folders"
                 )
                 raise ValueError(
                     f"extras: {name!r} is neither a metadata column nor a sidecar file "

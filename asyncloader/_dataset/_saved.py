@@ -4,8 +4,8 @@ list it (:class:`ListingTurn`), so that the processes of a node list it once.
 
 Files go in ``DIR/listings/``, named by a digest of the URL: ``.npz`` (the list), ``.lock``
 (the turn), ``.budget`` (the node's shared in-flight budget,
-:mod:`asyncloader._base._budget`) and ``.meta`` (a copy of the root's metadata file with
-its ETag, so that captions and columns come from the node's disk like the listing).
+:mod:`asyncloader._base._budget`) and ``.meta`` (a copy of a metadata file with
+its ETag, one per file, so that captions and columns come from the node's disk like the listing).
 Everything here takes the folder's path.
 """
 

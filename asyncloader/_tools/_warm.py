@@ -38,7 +38,7 @@ from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import list_objects, metadata_file
 from .._dataset._headers import HEAD_BYTES, header_size
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
-from .._dataset._metadata import metadata_object
+from .._dataset._metadata import metadata_objects
 from .._dataset._sizes import keep_sizes
 from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
 from .._run._build import make_fetcher
@@ -148,11 +148,11 @@ async def warm_cache(
             await asyncio.to_thread(shutil.rmtree, cache.directory, True)
         raise
     counters = Counters()
-    # The root's metadata file (captions, columns), kept beside the listing as a loader keeps
-    # it: a run with extras= then starts from the node's disk, the store unreachable.
+    # The metadata files (captions, columns: the root's and its folders'), kept beside the
+    # listing as a loader keeps them: a run with extras= then starts from the node's disk,
+    # the store unreachable.
     failed: list[tuple[str, str]] = []
-    meta = metadata_object(objects)
-    if meta is not None:
+    for meta in metadata_objects(objects):
         try:
             await metadata_file(store, cache.directory, meta, counters)
         except AsyncLoaderError as exc:
