@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,13 +75,12 @@ class Metadata:
     columns: dict[str, list[Any]]
 
 
-def find_metadata(keys: Sequence[str], folder: str = "") -> str | None:
-    """The metadata file among the listed ``keys`` in ``folder`` (``""``: the root;
-    ``"a/b"``: that folder, not its subfolders), or None: the first of
-    :data:`METADATA_NAMES` there, where a folder has several kinds."""
+def find_metadata(keys: Collection[str], folder: str = "") -> str | None:
+    """The metadata file among the listed ``keys`` (a set or mapping: looked up, not
+    scanned) in ``folder`` (``""``: the root; ``"a/b"``: that folder, not its subfolders),
+    or None: the first of :data:`METADATA_NAMES` there, where a folder has several kinds."""
     at = f"{folder}/" if folder else ""
-    present = set(keys)
-    return next((at + n for n in METADATA_NAMES if at + n in present), None)
+    return next((at + n for n in METADATA_NAMES if at + n in keys), None)
 
 
 def metadata_objects(listed: ObjectList) -> list[ObjectInfo]:
@@ -90,10 +89,14 @@ def metadata_objects(listed: ObjectList) -> list[ObjectInfo]:
     root's first): Hugging Face's ``imagefolder`` reads every one under the data folder."""
     keys = listed.keys()
     names = set(METADATA_NAMES)
-    folders = {posixpath.dirname(k) for k in keys if posixpath.basename(k) in names}
-    at = {k: i for i, k in enumerate(keys)}
-    chosen = (find_metadata(keys, folder) for folder in folders)
-    keys_found = sorted((k for k in chosen if k is not None), key=lambda k: ("/" in k, k))
+    # One pass of a C-level suffix test over the keys (a million of them: ~0.1 s).
+    at = {
+        k: i
+        for i, k in enumerate(keys)
+        if k.endswith(METADATA_NAMES) and posixpath.basename(k) in names
+    }
+    chosen = (find_metadata(at, posixpath.dirname(k)) for k in at)
+    keys_found = sorted({k for k in chosen if k is not None}, key=lambda k: ("/" in k, k))
     return [listed[at[key]] for key in keys_found]
 
 
