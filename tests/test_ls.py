@@ -29,6 +29,31 @@ def test_describe_a_folder(jpeg_folder: Path) -> None:
     assert f"samples: {N_IMAGES}" in inv.summary()
 
 
+def test_ls_names_the_metadata_files_a_loader_reads() -> None:
+    objects = [
+        al.ObjectInfo(key, 10)
+        for key in (
+            "part-2/metadata.csv",
+            "part-2/0.jpg",
+            "part-1/metadata.jsonl",
+            "part-1/0.jpg",
+            "metadata.parquet",
+            "notes/readme.txt",
+        )
+    ]
+    inv = inventory("s3://b/caps/", objects)
+    assert inv.metadata_files == [
+        "metadata.parquet",
+        "part-1/metadata.jsonl",
+        "part-2/metadata.csv",
+    ]
+    assert "metadata files: 3 (metadata.parquet, part-1/metadata.jsonl, part-2/metadata.csv)" in (
+        inv.summary()
+    )
+    plain = inventory("s3://b/caps/", objects[1:2])
+    assert plain.metadata_files == [] and "metadata files" not in plain.summary()
+
+
 def test_presigned_keys_are_counted_by_their_path() -> None:
     objects = [
         al.ObjectInfo("https://h/b/a/1.jpg?X-Amz-Signature=abc", 10),

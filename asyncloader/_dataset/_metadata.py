@@ -45,6 +45,7 @@ __all__ = [
     "find_metadata",
     "merge_metadata",
     "metadata_objects",
+    "some_names",
     "parse_sidecar",
     "read_metadata",
     "resolve_extras",
@@ -134,6 +135,12 @@ def _named_rows(name: str, rows: list[tuple[int, dict[str, Any]]]) -> Metadata:
     return Metadata(name, file_names, columns)
 
 
+def some_names(names: Sequence[str], most: int = 3) -> str:
+    """The first ``most`` of ``names``, comma-separated, and "…" where there are more: how
+    messages name a dataset's metadata files."""
+    return ", ".join(names[:most]) + (", …" if len(names) > most else "")
+
+
 def merge_metadata(parts: Sequence[Metadata]) -> Metadata:
     """Several metadata files' rows as one table, in the order given: the columns of any of
     them, ``None`` in the rows of a file without that column.
@@ -155,8 +162,7 @@ def merge_metadata(parts: Sequence[Metadata]) -> Metadata:
         rows = len(part.file_names)
         for c in names:
             columns[c].extend(part.columns.get(c, [None] * rows))
-    shown = ", ".join(p.name for p in parts[:3]) + (", …" if len(parts) > 3 else "")
-    name = f"{len(parts)} metadata files ({shown})"
+    name = f"{len(parts)} metadata files ({some_names([p.name for p in parts])})"
     return Metadata(name, [f for part in parts for f in part.file_names], columns)
 
 

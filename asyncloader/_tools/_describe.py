@@ -1,5 +1,5 @@
-"""``describe``: what is under a URL — objects, bytes, classes, sizes, extensions — from the
-listing the cache saved when there is one (``asyncloader ls``)."""
+"""``describe``: what is under a URL — objects, bytes, classes, sizes, extensions, the
+metadata files — from the listing the cache saved when there is one (``asyncloader ls``)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from .._dataset._labels import (
     no_samples,
 )
 from .._dataset._located import write_file
+from .._dataset._metadata import metadata_objects, some_names
 from .._dataset._objects import ObjectList
 from .._stores import open_store
 from .._stores import store_options as store_options_for
@@ -51,6 +52,9 @@ class Inventory:
         size_percentiles: p50, p90, p99 and max of the samples' sizes [bytes].
         extensions: Extension (lower case, ``""`` for none) → objects, most common first.
         from_saved_listing: The listing came from the cache, not from the store.
+        metadata_files: The metadata files a loader reads for ``extras=``, a labels column
+            or ``filters=`` (the root's and its folders': Hugging Face's ``imagefolder``),
+            by key; from the listing alone (none of them is read here).
     """
 
     url: str
@@ -62,6 +66,7 @@ class Inventory:
     size_percentiles: dict[str, int] = field(default_factory=dict)
     extensions: dict[str, int] = field(default_factory=dict)
     from_saved_listing: bool = False
+    metadata_files: list[str] = field(default_factory=list)
 
     def nothing_to_read(self) -> str:
         """Why a loader would find no samples here (for an inventory without any)."""
@@ -81,6 +86,12 @@ class Inventory:
             f"classes: {len(self.classes)}",
         ]
         lines += [f"  {name or '(top level)'}: {n}" for name, n in self.classes.items()]
+        if self.metadata_files:
+            shown = some_names(self.metadata_files)
+            lines.append(
+                f"metadata files: {len(self.metadata_files)} ({shown}): they name the samples "
+                "and give their columns to extras=, a labels column and filters="
+            )
         return "\n".join(lines)
 
 
@@ -114,6 +125,7 @@ def inventory(
         size_percentiles={"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "max": pct(1.0)},
         extensions=dict(exts.most_common()),
         from_saved_listing=from_saved_listing,
+        metadata_files=[o.key for o in metadata_objects(ObjectList.of(objects))],
     )
 
 
