@@ -24,6 +24,7 @@ from PIL import Image
 
 import asyncloader as al
 from asyncloader._base._config import RunConfig, ShardConfig
+from asyncloader._decode._image import DecodeSpec, decode_into
 from asyncloader._decode._transforms import bucket_plan
 from asyncloader._run._resume import loader_state, plan_resume
 from asyncloader._run._sampler import bucketed, consumed_prefix, epoch_indices
@@ -93,6 +94,48 @@ def test_a_bucket_plan_covers_the_bucket_from_inside_the_image(
     assert 0 <= left <= rw - bw and 0 <= top <= rh - bh
     if crop == "center":
         assert (top, left) == ((rh - bh) // 2, (rw - bw) // 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(24, 400),
+    st.integers(24, 400),
+    st.tuples(st.integers(8, 160), st.integers(8, 160)),
+    st.integers(0, 2**32),
+    st.sampled_from(["random", "center"]),
+)
+def test_the_documented_geometry_is_the_decode_bit_for_bit(
+    width: int, height: int, size: tuple[int, int], seed: int, crop: str
+) -> None:
+    """docs/data.md's formula, written out from ``original_size`` and ``crop_top_left``
+    alone: resized by ``s``, rounded, the box in source pixels (scaled as Pillow's
+    ``draft`` scales the decode where the JPEG is twice the size or more) — Pillow's
+    resize of it is the decoded sample exactly."""
+    bh, bw = size
+    rng = np.random.default_rng(seed % 1000)
+    small = (rng.random((height // 4 + 1, width // 4 + 1, 3)) * 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(small).resize((width, height), Image.Resampling.BILINEAR).save(buf, "JPEG")
+    data = buf.getvalue()
+    spec = DecodeSpec((3, bh, bw), buckets=al.Buckets((size,), crop=crop))
+    out = np.zeros((3, bh, bw), np.uint8)
+    decode_into(data, out, spec, seed, "k", mark=(bh, bw, height, width))
+    _, (top, left) = bucket_plan(width, height, size, random.Random(seed), crop=crop)
+    s = max(bw / width, bh / height)
+    rw, rh = max(bw, round(width * s)), max(bh, round(height * s))
+    sx, sy = width / rw, height / rh
+    box = (left * sx, top * sy, (left + bw) * sx, (top + bh) * sy)
+    with Image.open(io.BytesIO(data)) as img:
+        want = (
+            math.ceil(width * bw / (box[2] - box[0])),
+            math.ceil(height * bh / (box[3] - box[1])),
+        )
+        if want[0] * 2 <= width and want[1] * 2 <= height:
+            img.draft("RGB", want)
+            fx, fy = img.size[0] / width, img.size[1] / height
+            box = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
+        ref = img.convert("RGB").resize((bw, bh), Image.Resampling.BILINEAR, box=box)
+    assert np.array_equal(out, np.asarray(ref).transpose(2, 0, 1))
 
 
 @settings(max_examples=300, deadline=None)
