@@ -37,37 +37,31 @@ def stacks_if_hung(worker_id: int) -> None:
     faulthandler.dump_traceback_later(WORKER_HANG, exit=True)
 
 
-# The longest files, longest first: each file's summed test time (setup, call, teardown) in
-# a full run on 2 cores (2026-12-06, pytest --durations=0), from 82 s (test_examples) down
-# to 15 s (test_demo).  Started in this order, the files end at about the same time on the
-# two workers; ordered by slow marks alone, test_docs (no slow test) started last and ran
-# alone at the end.  pytest-xdist reorders files by their number of tests unless told not
-# to (--no-loadscope-reorder, as .ci/run runs it): by that order, test_gpu_check (one test,
-# 69 s) came near the end and one worker ran ~70 s more than the other.
+# The longest files, longest first: each file's summed test time in a clean-clone run of
+# .ci/run on 2 cores (pytest --junitxml), from 89 s (test_examples) down to 21 s
+# (test_demo).  Started in this order, the files end at about the same time on the two
+# workers; ordered by slow marks alone, test_docs (no slow test, 79 s) started last and ran
+# alone at the end.
 LONGEST = (
     "test_examples.py",
-    "test_gpu_check.py",
-    "test_dist_jobs.py",
     "test_docs.py",
     "test_cache.py",
+    "test_dist_jobs.py",
     "test_torchrun.py",
-    "test_torch.py",
-    "test_resume.py",
     "test_loader.py",
-    "test_shutdown.py",
+    "test_gpu_check.py",
     "test_engines.py",
-    "test_conformance.py",
-    "test_scaled_copies.py",
-    "test_engine_restart.py",
+    "test_resume.py",
+    "test_shutdown.py",
     "test_nginx.py",
-    "test_batch_lifetime.py",
-    "test_warm.py",
+    "test_conformance.py",
+    "test_engine_restart.py",
+    "test_scaled_copies.py",
     "test_ls.py",
-    "test_bench.py",
-    "test_secrets.py",
-    "test_shipped.py",
-    "test_cpu_binding.py",
     "test_faults.py",
+    "test_torch.py",
+    "test_secrets.py",
+    "test_batch_lifetime.py",
     "test_demo.py",
 )
 
