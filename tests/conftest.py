@@ -37,57 +37,6 @@ def stacks_if_hung(worker_id: int) -> None:
     faulthandler.dump_traceback_later(WORKER_HANG, exit=True)
 
 
-# The longest files, longest first: each file's summed test time in a clean-clone run of
-# .ci/run on 2 cores (pytest --junitxml), from 89 s (test_examples) down to 21 s
-# (test_demo).  Started in this order, the files end at about the same time on the two
-# workers; ordered by slow marks alone, test_docs (no slow test, 79 s) started last and ran
-# alone at the end.
-LONGEST = (
-    "test_examples.py",
-    "test_docs.py",
-    "test_cache.py",
-    "test_dist_jobs.py",
-    "test_torchrun.py",
-    "test_loader.py",
-    "test_gpu_check.py",
-    "test_engines.py",
-    "test_resume.py",
-    "test_shutdown.py",
-    "test_nginx.py",
-    "test_conformance.py",
-    "test_engine_restart.py",
-    "test_scaled_copies.py",
-    "test_ls.py",
-    "test_faults.py",
-    "test_torch.py",
-    "test_secrets.py",
-    "test_batch_lifetime.py",
-    "test_demo.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first (:data:`LONGEST`, then those with the most slow tests; each
-    file's tests in their order): with ``-n 2 --dist loadfile`` a long file collected last
-    runs alone at the end on one of the two workers; started first, the short files fill in
-    beside it (the longest-first rule of scheduling on two machines)."""
-
-    def file_of(item: pytest.Item) -> str:
-        return item.nodeid.split("::")[0]
-
-    slow: dict[str, int] = {}
-    for item in items:
-        slow[file_of(item)] = slow.get(file_of(item), 0) + bool(item.get_closest_marker("slow"))
-    first = {name: i for i, name in enumerate(slow)}
-
-    def rank(name: str) -> tuple[int, int, int]:
-        base = name.rsplit("/", 1)[-1]
-        at = LONGEST.index(base) if base in LONGEST else len(LONGEST)
-        return at, -slow[name], first[name]
-
-    items.sort(key=lambda item: rank(file_of(item)))
-
-
 def isolate_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The environment every test runs in (:func:`_aws_test_env`); a fixture of a wider
     scope, made before the tests' own, calls it in a ``MonkeyPatch.context()``."""
