@@ -320,14 +320,21 @@ async def _read_metadata_files(
     if not found:
         return None
     gate = asyncio.Semaphore(METADATA_READS)
+    parts: list[Metadata | None] = [None] * len(found)
 
-    async def one(obj: ObjectInfo) -> Metadata:
+    async def one(i: int) -> None:
         async with gate:
-            data = await metadata_file(store, folder, obj, counters)
-        return await asyncio.to_thread(read_metadata, data, obj.key)
+            data = await metadata_file(store, folder, found[i], counters)
+        parts[i] = await asyncio.to_thread(read_metadata, data, found[i].key)
 
-    parts = await asyncio.gather(*(one(obj) for obj in found))
-    return merge_metadata(parts)
+    # The first file that fails stops the others' reads, and is the error raised.
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for i in range(len(found)):
+                tg.create_task(one(i))
+    except* Exception as group:
+        raise group.exceptions[0] from None
+    return merge_metadata([part for part in parts if part is not None])
 
 
 async def open_mixed_listing(
