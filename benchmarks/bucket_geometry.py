@@ -8,10 +8,11 @@ decode worker does), each bucketed sample is compared with:
   as Pillow's ``draft`` scales it where the JPEG is twice the resized size or more): the
   loader's definition, expected equal everywhere;
 * ``resize-then-crop`` — ``img.resize((rw, rh), BILINEAR).crop(...)``: the whole image
-  resized, then cropped at ``crop_top_left`` (the same decode). Pillow computes this in
-  other steps (its box is single precision), so a level's difference here and there is
-  expected; printed: the share of samples with any difference, the share of their
-  pixels, and the largest difference.
+  resized, then cropped at ``crop_top_left`` (the same decode). Both are written from
+  :func:`asyncloader.testing.bucket_reference`. Pillow computes the second in other steps
+  (its box is single precision), so a level's difference here and there is expected;
+  printed: the share of samples with any difference, the share of their pixels, and the
+  largest difference.
 
 Run: ``python benchmarks/bucket_geometry.py [--cases 2000] [--seed 0]``.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import math
 import random
 
 import numpy as np
@@ -29,6 +29,7 @@ from PIL import Image
 import asyncloader as al
 from asyncloader._decode._image import DecodeSpec, decode_into
 from asyncloader._decode._transforms import bucket_plan
+from asyncloader.testing import bucket_reference
 
 
 def _one(rng: np.random.Generator, seed: int) -> tuple[bool, float, int]:
@@ -45,24 +46,11 @@ def _one(rng: np.random.Generator, seed: int) -> tuple[bool, float, int]:
     decode_into(data, out, spec, seed, "case", mark=(bh, bw, height, width))
     got = out.transpose(1, 2, 0).astype(np.int16)
     _, (top, left) = bucket_plan(width, height, (bh, bw), random.Random(seed))
-    s = max(bw / width, bh / height)
-    rw, rh = max(bw, round(width * s)), max(bh, round(height * s))
-    sx, sy = width / rw, height / rh
-    box = (left * sx, top * sy, (left + bw) * sx, (top + bh) * sy)
-    with Image.open(io.BytesIO(data)) as img:
-        want = (
-            math.ceil(width * bw / (box[2] - box[0])),
-            math.ceil(height * bh / (box[3] - box[1])),
-        )
-        if want[0] * 2 <= width and want[1] * 2 <= height:
-            img.draft("RGB", want)
-        fx, fy = img.size[0] / width, img.size[1] / height
-        rgb = img.convert("RGB")
-    scaled_box = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
-    by_box = np.asarray(rgb.resize((bw, bh), Image.Resampling.BILINEAR, box=scaled_box))
-    whole = rgb.resize((rw, rh), Image.Resampling.BILINEAR) if (fx, fy) == (1.0, 1.0) else None
-    if whole is None:  # a DCT-scaled decode: resize-then-crop has no single meaning there
+    img, box, (rw, rh) = bucket_reference(data, (bh, bw), (top, left))
+    by_box = np.asarray(img.resize((bw, bh), Image.Resampling.BILINEAR, box=box))
+    if img.size != (width, height):  # DCT-scaled: resize-then-crop has no one meaning there
         return bool(np.array_equal(got, by_box)), -1.0, 0
+    whole = img.resize((rw, rh), Image.Resampling.BILINEAR)
     cropped = np.asarray(whole.crop((left, top, left + bw, top + bh))).astype(np.int16)
     diff = np.abs(cropped - got).max(axis=2)
     return bool(np.array_equal(got, by_box)), float((diff > 0).mean()), int(diff.max())

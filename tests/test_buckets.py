@@ -28,7 +28,7 @@ from asyncloader._decode._image import DecodeSpec, decode_into
 from asyncloader._decode._transforms import bucket_plan
 from asyncloader._run._resume import loader_state, plan_resume
 from asyncloader._run._sampler import bucketed, consumed_prefix, epoch_indices
-from asyncloader.testing import FaultProxy, MotoServer
+from asyncloader.testing import FaultProxy, MotoServer, bucket_reference
 
 # --- the buckets, the plan and the epoch's batches (pure) ---------------------------------
 
@@ -120,21 +120,9 @@ def test_the_documented_geometry_is_the_decode_bit_for_bit(
     spec = DecodeSpec((3, bh, bw), buckets=al.Buckets((size,), crop=crop))
     out = np.zeros((3, bh, bw), np.uint8)
     decode_into(data, out, spec, seed, "k", mark=(bh, bw, height, width))
-    _, (top, left) = bucket_plan(width, height, size, random.Random(seed), crop=crop)
-    s = max(bw / width, bh / height)
-    rw, rh = max(bw, round(width * s)), max(bh, round(height * s))
-    sx, sy = width / rw, height / rh
-    box = (left * sx, top * sy, (left + bw) * sx, (top + bh) * sy)
-    with Image.open(io.BytesIO(data)) as img:
-        want = (
-            math.ceil(width * bw / (box[2] - box[0])),
-            math.ceil(height * bh / (box[3] - box[1])),
-        )
-        if want[0] * 2 <= width and want[1] * 2 <= height:
-            img.draft("RGB", want)
-            fx, fy = img.size[0] / width, img.size[1] / height
-            box = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
-        ref = img.convert("RGB").resize((bw, bh), Image.Resampling.BILINEAR, box=box)
+    _, corner = bucket_plan(width, height, size, random.Random(seed), crop=crop)
+    img, box, _ = bucket_reference(data, size, corner)
+    ref = img.resize((bw, bh), Image.Resampling.BILINEAR, box=box)
     assert np.array_equal(out, np.asarray(ref).transpose(2, 0, 1))
 
 

@@ -15,6 +15,8 @@
   pipeline tests that need no server.
 * :func:`check_object_store` (``_conformance``): the conformance suite every
   :class:`~asyncloader.ObjectStore` passes.
+* :func:`bucket_reference` (``_reference``): a bucketed sample's pixels by Pillow alone, as
+  docs/data.md defines them.
 * :func:`make_jpeg_folder`, :func:`demo_bucket`: the demo's ImageNet-like JPEGs (made from
   real photos) and the emulator bucket that serves them (they live in the package proper).
 
@@ -43,6 +45,7 @@ from ._memory import MemoryStore as MemoryStore
 from ._nginx import Nginx as Nginx
 from ._nginx import find_nginx as find_nginx
 from ._pyhttp import PythonHTTPServer as PythonHTTPServer
+from ._reference import bucket_reference as bucket_reference
 from ._s3state import FAULT_KINDS as FAULT_KINDS
 from ._servers import TEST_ENV as TEST_ENV
 from ._servers import MotoServer as MotoServer
@@ -69,6 +72,7 @@ __all__ = [
     "S3TestServer",
     "StoreFixture",
     "TokenServer",
+    "bucket_reference",
     "check_object_store",
     "demo_bucket",
     "descendants",

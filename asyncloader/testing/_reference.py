@@ -1,0 +1,40 @@
+"""A bucketed sample's pixels by Pillow alone, as docs/data.md defines them ("The geometry,
+exactly"): a reference to check a loader's bucketed samples against, written from what a
+batch carries (``original_size``, ``crop_top_left``, the bucket) and nothing of the
+loader's own code."""
+
+from __future__ import annotations
+
+import io
+import math
+
+from PIL import Image
+
+__all__ = ["bucket_reference"]
+
+
+def bucket_reference(
+    data: bytes, bucket: tuple[int, int], corner: tuple[int, int]
+) -> tuple[Image.Image, tuple[float, float, float, float], tuple[int, int]]:
+    """For the image ``data`` in the bucket ``(bh, bw)`` cropped at ``corner``
+    (``crop_top_left``, ``(top, left)``): the decoded image (RGB; a JPEG at least twice
+    the resized size at 1/2, 1/4 or 1/8 scale, as Pillow's ``draft`` decodes it), the
+    crop's box in that image's pixels, and the resized size ``(rw, rh)`` the crop is
+    taken from.  The sample is ``image.resize((bw, bh), Image.BILINEAR, box=box)``."""
+    bh, bw = bucket
+    top, left = corner
+    with Image.open(io.BytesIO(data)) as img:
+        width, height = img.size
+        s = max(bw / width, bh / height)
+        rw, rh = max(bw, round(width * s)), max(bh, round(height * s))
+        sx, sy = width / rw, height / rh
+        box = (left * sx, top * sy, (left + bw) * sx, (top + bh) * sy)
+        want = (
+            math.ceil(width * bw / (box[2] - box[0])),
+            math.ceil(height * bh / (box[3] - box[1])),
+        )
+        if want[0] * 2 <= width and want[1] * 2 <= height:
+            img.draft("RGB", want)
+        fx, fy = img.size[0] / width, img.size[1] / height
+        rgb = img.convert("RGB")
+    return rgb, (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy), (rw, rh)
