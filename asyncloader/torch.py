@@ -55,6 +55,7 @@ from asyncloader import (
     IMAGENET_STD,
     Buckets,
     CacheConfig,
+    DecodeConfig,
     ErrorConfig,
     ImageLoader,
     LoaderOptions,
@@ -220,6 +221,7 @@ class ImageDataset(IterableDataset[Batch]):
                 samples_per_epoch=o.get("samples_per_epoch"),
                 filters=o.get("filters"),
                 buckets=o.get("buckets") is not None,
+                upright=(o.get("decode") or DecodeConfig()).exif_orientation,
                 skip_unreadable=(o.get("errors") or ErrorConfig()).on_error == "skip",
                 share_sizes=StoreShare(a) if (a := self._store_address) is not None else None,
                 cached=(

@@ -13,5 +13,6 @@ processes below one and the CPU they spent (``_proctree``), shared memory (``_sh
 on Linux), one source of several (``_sources``), the CPUs each rank of a node is bound to
 (``_binding``), the adaptive budget of requests in flight and their pace (``_budget``) with
 the timer its paced requests wait on (``_timer``), which samples ``filters=`` keeps
-(``_filters``), aspect-ratio buckets (``_buckets``), and where the job's key-value store is
+(``_filters``), aspect-ratio buckets (``_buckets``), EXIF orientation and turning an image
+upright (``_orientation``), and where the job's key-value store is
 and a client of it (``_jobstore``)."""

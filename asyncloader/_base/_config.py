@@ -265,6 +265,12 @@ class DecodeConfig:
             fits is decoded on the CPU by its engine (``stats().gpu_to_cpu``).  Reserved
             with the rings: slots × ``batch_size`` × ``ship_bytes`` of memory (512 KiB: a
             batch of 256 in 5 slots, 640 MiB).
+        exif_orientation: Turn each image upright by its EXIF orientation (the tag a phone
+            or camera writes instead of turning the pixels) before the crop, as Hugging
+            Face's ``datasets`` and ``ImageOps.exif_transpose`` do: the crop is planned, an
+            aspect-ratio bucket chosen and ``original_size`` given for the upright image.
+            Default False: the pixels as stored, as Pillow and torchvision decode them.
+            With ``backend="cuda"`` a turned JPEG is decoded on the CPU.
 
     Raises:
         ValueError: a value out of range; ``backend="process"`` (gone: the message says
@@ -277,6 +283,7 @@ class DecodeConfig:
     sample_shape: tuple[int, int, int] | None = None
     max_pixels: int = MAX_PIXELS
     ship_bytes: int = SHIP_BYTES
+    exif_orientation: bool = False
 
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
@@ -296,6 +303,11 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig(sample_shape={shape!r}): (C, H, W), each >= 1")
         if self.hook is not None and shape is None:
             raise ValueError("DecodeConfig(hook=...) needs sample_shape=(C, H, W)")
+        if self.hook is not None and self.exif_orientation:
+            raise ValueError(
+                "DecodeConfig(exif_orientation=True) with a decode hook: the hook decodes "
+                "the bytes, orientation included (PIL.ImageOps.exif_transpose in it)"
+            )
         if self.max_pixels < 1:
             raise ValueError("DecodeConfig(max_pixels=) must be at least 1")
 

@@ -26,10 +26,19 @@ from .._base._errors import (
     ObjectNotFound,
     shown_key,
 )
+from .._base._orientation import orientation, upright_size
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
 
-__all__ = ["HEAD_BYTES", "HEAD_MAX", "CachedHeads", "Keep", "header_size", "read_headers"]
+__all__ = [
+    "HEAD_BYTES",
+    "HEAD_MAX",
+    "CachedHeads",
+    "Keep",
+    "header_size",
+    "header_sizes",
+    "read_headers",
+]
 
 HEAD_BYTES = 64 * 1024
 """Bytes of an object read for its header: a JPEG's frame header, a PNG's IHDR, a WebP's."""
@@ -76,15 +85,30 @@ class CachedHeads(Protocol):
         ...
 
 
-def header_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+def header_size(
+    data: bytes | bytearray | memoryview, upright: bool = False
+) -> tuple[int, int] | None:
     """``(height, width)`` from the first bytes of an image, or None where they do not
-    reach its header (or it is not an image Pillow reads)."""
+    reach its header (or it is not an image Pillow reads).  ``upright``: of the image
+    turned upright by its EXIF orientation (which lies before a JPEG's frame header)."""
+    both = header_sizes(data)
+    return None if both is None else both[1 if upright else 0]
+
+
+def header_sizes(
+    data: bytes | bytearray | memoryview,
+) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """:func:`header_size` both ways, as stored and upright, from one reading."""
     try:
         with Image.open(io.BytesIO(bytes(data))) as img:
             width, height = img.size
+            o = orientation(img)
     except Exception:  # a truncated header, or not an image: the caller reads more, or fails
         return None
-    return (height, width) if width > 0 and height > 0 else None
+    if width <= 0 or height <= 0:
+        return None
+    uw, uh = upright_size(width, height, o)
+    return (height, width), (uh, uw)
 
 
 async def read_headers(
@@ -94,19 +118,21 @@ async def read_headers(
     cached: CachedHeads | None,
     *,
     all_stay: bool,
+    upright: bool = False,
 ) -> tuple[dict[int, tuple[int, int]], dict[int, AsyncLoaderError]]:
     """The ``(height, width)`` of each of ``objects``, by index: read in the node's cache
     (``cached``) where it holds the object, else from the store; and the failures that are
     the images' own (every header is read, so that the caller can name the first).
     ``all_stay``: every one of ``objects`` is a sample of the run (no filter on sizes): the
-    ones the first read fetched whole are kept in the cache.
+    ones the first read fetched whole are kept in the cache.  ``upright``: the sizes of the
+    images turned upright by their EXIF orientation (:func:`header_size`).
 
     Raises:
         StoreError: a fault the store's retries could not get past (not the image's).
     """
     found: dict[int, tuple[int, int]] = {}
     if cached is not None:
-        found = await _cached_sizes(store, objects, cached, counters)
+        found = await _cached_sizes(store, objects, cached, counters, upright)
     todo = [i for i in range(len(objects)) if i not in found]
     if not todo:
         return found, {}
@@ -118,7 +144,7 @@ async def read_headers(
     # Every hand-over on one thread of its own, which then closes its handles.
     keeping = ThreadPoolExecutor(1, thread_name_prefix="asyncloader-keep") if keep else None
     try:
-        return await _read_all(store, objects, todo, found, counters, keep, keeping)
+        return await _read_all(store, objects, todo, found, counters, keep, keeping, upright)
     finally:
         if keep is not None and keeping is not None:
             keeping.submit(keep.close)  # after the hand-overs still queued, if any
@@ -133,6 +159,7 @@ async def _read_all(
     counters: Counters | None,
     keep: Keep | None,
     keeping: Executor | None,
+    upright: bool,
 ) -> tuple[dict[int, tuple[int, int]], dict[int, AsyncLoaderError]]:
     """:func:`read_headers`'s reads from the store: ``objects[todo]``'s headers into
     ``found``; those read whole handed to ``keep``, on ``keeping``'s thread."""
@@ -158,7 +185,7 @@ async def _read_all(
         obj = objects[i]
         async with gate:
             try:
-                found[i], data = await _read_header(store, obj, counters)
+                found[i], data = await _read_header(store, obj, counters, upright)
             except _THE_IMAGE_S as exc:
                 unreadable[i] = exc
                 return
@@ -182,7 +209,7 @@ async def _read_all(
 
 
 async def _read_header(
-    store: ObjectStore, obj: ObjectInfo, counters: Counters | None
+    store: ObjectStore, obj: ObjectInfo, counters: Counters | None, upright: bool
 ) -> tuple[tuple[int, int], bytes | bytearray | memoryview]:
     end = HEAD_BYTES
     while True:
@@ -191,7 +218,7 @@ async def _read_header(
         if counters is not None:
             counters.requests += 1
             counters.bytes_fetched += len(data)
-        size = header_size(data)
+        size = header_size(data, upright)
         if size is not None:
             return size, data
         if want < end or end >= HEAD_MAX:  # the whole object, or as far as a header goes
@@ -208,6 +235,7 @@ async def _cached_sizes(
     objects: Sequence[ObjectInfo],
     cached: CachedHeads,
     counters: Counters | None,
+    upright: bool,
 ) -> dict[int, tuple[int, int]]:
     """The ``(height, width)`` of each of ``objects`` the node's cache holds, by index:
     from its first :data:`HEAD_BYTES` there, or :data:`HEAD_MAX` where the header lies
@@ -221,7 +249,7 @@ async def _cached_sizes(
         for j, data in heads.items():
             if counters is not None:
                 counters.bytes_from_cache += len(data)
-            size = header_size(data)
+            size = header_size(data, upright)
             if size is not None:
                 out[todo[j]] = size
             elif len(data) == n:  # cut at n: its header may lie further

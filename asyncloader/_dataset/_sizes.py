@@ -5,7 +5,9 @@ once per job, like the listing: the first process of the job to need them (a ran
 DataLoader worker, the training process counting ``len()``) reads them, and every other
 takes them from the job's store (:class:`JobShare`).  Each node keeps them in its cache
 folder beside the saved listing (``listings/<digest>.sizes.npz``, each size with its
-object's ETag), so later runs and ``warm`` read no header again.
+object's ETag), so later runs and ``warm`` read no header again; the sizes of the images
+turned upright by their EXIF orientation (``DecodeConfig(exif_orientation=True)``) are
+kept apart, in ``listings/<digest>.upright-sizes.npz``.
 
 An image whose header cannot be read — missing, corrupt, or replaced since it was listed —
 stops the run at its start, naming it; under ``on_error="skip"`` it keeps an unknown size
@@ -61,9 +63,12 @@ UNKNOWN = (0, 0)
 ``on_error="skip"``."""
 
 
-def sizes_path(directory: str | os.PathLike[str], url: str) -> Path:
-    """Where the sizes of ``url``'s images are kept in the cache folder ``directory``."""
-    return listing_path(directory, url).with_suffix(".sizes.npz")
+def sizes_path(directory: str | os.PathLike[str], url: str, upright: bool = False) -> Path:
+    """Where the sizes of ``url``'s images are kept in the cache folder ``directory``
+    (``upright``: turned upright by their EXIF orientation, a file of their own)."""
+    return listing_path(directory, url).with_suffix(
+        ".upright-sizes.npz" if upright else ".sizes.npz"
+    )
 
 
 def _load(path: Path) -> dict[tuple[str, str], tuple[int, int]]:
@@ -122,12 +127,15 @@ class SizeReading:
             every other takes the sizes it found; None: this process reads its own.
         cached: The node's cache (:class:`CachedHeads`): the headers of the objects it
             holds are read there, not from the store; None: no cache.
+        upright: The sizes of the images turned upright by their EXIF orientation
+            (``DecodeConfig(exif_orientation=True)``), kept apart from the stored ones.
     """
 
     wanted: bool = False
     skip: bool = False
     share: JobShare | None = None
     cached: CachedHeads | None = None
+    upright: bool = False
 
 
 NO_SIZES = SizeReading()
@@ -165,6 +173,7 @@ async def with_sizes(
         share=reading.share,
         cached=reading.cached,
         all_stay=all_stay,
+        upright=reading.upright,
     )
     return dataclasses.replace(dataset, sizes=pixels)
 
@@ -180,6 +189,7 @@ async def sample_sizes(
     share: JobShare | None = None,
     cached: CachedHeads | None = None,
     all_stay: bool = False,
+    upright: bool = False,
 ) -> npt.NDArray[np.int64]:
     """``(height, width)`` of each of ``objects`` (a dataset's samples): ``known[i]`` where
     given (the metadata file's), else kept in ``folder`` for that object's ETag, else read
@@ -191,7 +201,9 @@ async def sample_sizes(
     (``on_error="skip"``): an image whose header cannot be read for a fault of its own gets
     :data:`UNKNOWN`.  ``all_stay``: every one of ``objects`` is a sample of the run (no
     filter on the sizes follows): those that their header's read fetched whole are kept in
-    the node's cache (``cached``), for the first epoch to read there.
+    the node's cache (``cached``), for the first epoch to read there.  ``upright``: the
+    headers' sizes of the images turned upright by their EXIF orientation (the metadata
+    file's are taken as they are).
 
     Raises:
         DecodeError: an object whose header gives no size; StoreError: one that could not
@@ -207,10 +219,11 @@ async def sample_sizes(
         return out
     # As arrays, not an ObjectInfo each (a million of them): the share digests them too.
     wanted = ObjectList.of(objects).take(np.asarray(todo, dtype=np.int64))
+    how = _How(skip, cached, all_stay, upright)
     if share is None:
-        found = await _found_sizes(store, wanted, folder, counters, skip, cached, all_stay)
+        found = await _found_sizes(store, wanted, folder, counters, how)
     else:
-        found = await _shared_sizes(store, wanted, folder, counters, skip, share, cached, all_stay)
+        found = await _shared_sizes(store, wanted, folder, counters, share, how)
     out[todo] = found
     bad = [i for i, hw in zip(todo, found.tolist(), strict=True) if tuple(hw) == UNKNOWN]
     if bad:
@@ -224,25 +237,33 @@ async def sample_sizes(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _How:
+    """How :func:`sample_sizes` reads the headers (its arguments of those names)."""
+
+    skip: bool
+    cached: CachedHeads | None
+    all_stay: bool
+    upright: bool
+
+
 async def _shared_sizes(
     store: ObjectStore,
     objects: Sequence[ObjectInfo],
     folder: str | None,
     counters: Counters | None,
-    skip: bool,
     share: JobShare,
-    cached: CachedHeads | None,
-    all_stay: bool,
+    how: _How,
 ) -> npt.NDArray[np.int64]:
     """:func:`_found_sizes` in the first process of the job to need these objects' sizes;
     in every other, what it found (kept in this process's folder too)."""
     listed = ObjectList.of(objects)
-    name = share_name(store.url, listed, skip)
+    name = share_name(store.url, listed, how.skip, how.upright)
     what = f"image sizes of {store.url}"
     data = await asyncio.to_thread(share.take, name, what, f"read the {what}")
     if data is None:  # this process reads them
         try:
-            found = await _found_sizes(store, objects, folder, counters, skip, cached, all_stay)
+            found = await _found_sizes(store, objects, folder, counters, how)
         except Exception as exc:
             await asyncio.to_thread(share.fail, name, exc)
             raise
@@ -256,14 +277,15 @@ async def _shared_sizes(
         keys, _, etags = listed.columns()
         got = zip(keys, etags, found.tolist(), strict=True)
         sizes = {(k, e): (h, w) for k, e, (h, w) in got if (h, w) != UNKNOWN}
-        await keep_sizes(store.url, folder, sizes)
+        await keep_sizes(store.url, folder, sizes, upright=how.upright)
     return found
 
 
-def share_name(url: str, objects: ObjectList, skip: bool) -> str:
+def share_name(url: str, objects: ObjectList, skip: bool, upright: bool = False) -> str:
     """The name in the job's store of the sizes of ``objects`` of ``url`` (read with
-    ``skip`` or without: an unreadable image is unknown, or fails them)."""
-    doc = f"{url}\0{int(skip)}\0{objects.digest()}"
+    ``skip`` or without: an unreadable image is unknown, or fails them; ``upright`` or
+    as stored)."""
+    doc = f"{url}\0{int(skip)}\0{objects.digest()}" + ("\0upright" if upright else "")
     return "sizes/" + hashlib.sha256(doc.encode()).hexdigest()[:32]
 
 
@@ -283,19 +305,18 @@ async def _found_sizes(
     objects: Sequence[ObjectInfo],
     folder: str | None,
     counters: Counters | None,
-    skip: bool,
-    cached: CachedHeads | None = None,
-    all_stay: bool = False,
+    how: _How,
 ) -> npt.NDArray[np.int64]:
     """Each of ``objects``'s ``(height, width)``: kept in ``folder`` for its ETag, else
     read from its header — in the node's cache (``cached``) where it holds the object, else
     in the store — (and kept there); :data:`UNKNOWN` where it cannot be read, under
-    ``skip``.  ``all_stay``: as :func:`._headers.read_headers` takes it.
+    ``how.skip``.  ``how.all_stay`` and ``how.upright``: as :func:`._headers.read_headers`
+    takes them.
 
     Raises:
         As :func:`sample_sizes` (without ``skip``: the first unreadable image in order).
     """
-    path = sizes_path(folder, store.url) if folder is not None else None
+    path = sizes_path(folder, store.url, how.upright) if folder is not None else None
     unreadable: dict[int, AsyncLoaderError] = {}
     turn = ListingTurn(path.with_suffix(".lock")) if path is not None else None
     if turn is not None:
@@ -305,7 +326,9 @@ async def _found_sizes(
         missing = [i for i, o in enumerate(objects) if (o.key, o.etag) not in kept]
         if missing:
             todo = [objects[i] for i in missing]
-            found, failed = await read_headers(store, todo, counters, cached, all_stay=all_stay)
+            found, failed = await read_headers(
+                store, todo, counters, how.cached, all_stay=how.all_stay, upright=how.upright
+            )
             for j, size in found.items():
                 kept[(todo[j].key, todo[j].etag)] = size
             unreadable = {missing[j]: exc for j, exc in failed.items()}
@@ -315,7 +338,7 @@ async def _found_sizes(
         if turn is not None:
             turn.release()
     bad = sorted(unreadable)
-    if bad and not skip:  # the first in the dataset's order, whichever failed first
+    if bad and not how.skip:  # the first in the dataset's order, whichever failed first
         first = unreadable[bad[0]]
         if len(bad) > 1:
             first.add_note(
@@ -326,12 +349,19 @@ async def _found_sizes(
     return np.array(hw, dtype=np.int64).reshape(len(objects), 2)
 
 
-async def keep_sizes(url: str, folder: str, sizes: dict[tuple[str, str], tuple[int, int]]) -> None:
+async def keep_sizes(
+    url: str,
+    folder: str,
+    sizes: dict[tuple[str, str], tuple[int, int]],
+    *,
+    upright: bool = False,
+) -> None:
     """Add ``sizes`` (``(key, ETag)`` → ``(height, width)``: headers read some other way,
-    by ``warm`` from the objects it fetched) to those kept for ``url`` in ``folder``."""
+    by ``warm`` from the objects it fetched; ``upright`` or as stored) to those kept for
+    ``url`` in ``folder``."""
     if not sizes:
         return
-    path = sizes_path(folder, url)
+    path = sizes_path(folder, url, upright)
     turn = ListingTurn(path.with_suffix(".lock"))
     await turn.acquire()
     try:

@@ -47,6 +47,7 @@ from typing import cast
 import torch
 
 from .._base._errors import DecodeError, shown_key
+from .._base._orientation import jpeg_turned
 from .._base._types import Blob, CacheEvent, DecodeJob, DecodePath, Outcome
 from ._completions import Completions, Group, Target
 from ._gpu_batch import MAX_BATCH, DecodeBatch, GpuBatcher, GpuWork, drain_stream
@@ -195,6 +196,8 @@ class GpuDecodePool:
         work = GpuWork(target, job, data, events, 0.0)
         header = jpeg_header(data)
         nvjpeg = header is not None and header[2] in (1, 3)  # grey or YCbCr (not CMYK)
+        if nvjpeg and spec.exif_orientation and jpeg_turned(data):
+            nvjpeg = False  # turned upright on the CPU
         if nvjpeg:
             assert header is not None
             width, height, _ = header

@@ -13,12 +13,19 @@ format (PNG, WebP, BMP, TIFF, GIF's first frame, PPM) and mode, and made RGB by
 gives Pillow's resize bit for bit (tested).  ``DecodeSpec(roi=False)`` keeps today's
 all-Pillow path.  A ``decode=`` hook replaces all of it for other blobs.
 
+With ``exif_orientation`` (:mod:`asyncloader._base._orientation`) the crop is planned for the
+image turned upright by its EXIF orientation; a JPEG is decoded by region in its stored axes
+(the region that holds the crop) and that region turned into an upright canvas, anything
+else turned by Pillow's ``transpose``: ``ImageOps.exif_transpose``'s pixels, then the same
+crop and resize (tested).
+
 *Scaled copies* (:func:`scaled_copies`, kept in the SSD cache beside large JPEGs with
 ``cache_scaled_jpegs``): for 1/4 and 1/8 scale, the same JPEG with the DCT coefficients that
 libjpeg's reduced inverse DCT never reads at that scale set to zero.  Decoded at that scale,
 a copy gives the original's pixels exactly (tested), from a fraction of the entropy-coded
 data: a 12-megapixel photo's 1/8 copy is ~8 % of its bytes.  :func:`decode_scale` tells
-which copy a sample's crop can use.
+which copy a sample's crop can use.  A copy keeps the original's EXIF orientation (an APP1
+segment of that tag alone).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +46,14 @@ from PIL import Image, UnidentifiedImageError
 from .._base._buckets import Buckets
 from .._base._config import MAX_PIXELS
 from .._base._errors import DecodeError, shown_key
+from .._base._orientation import (
+    TRANSPOSE,
+    exif_segment,
+    orientation,
+    stored_box,
+    upright_array,
+    upright_size,
+)
 from .._base._types import Blob, BlobCache, DecodeFn
 from ._transforms import Plan, Transform, bucket_plan
 
@@ -111,6 +126,9 @@ class DecodeSpec:
         hook_seed: ``decode_fn`` takes the sample's seed (``decode_fn(data, seed=...)``:
             :func:`takes_seed`).
         buckets: A bucketed run's buckets (how each crop is drawn), else None.
+        exif_orientation: Turn each image upright by its EXIF orientation before the crop
+            (:mod:`asyncloader._base._orientation`): the crop is planned, and a bucket
+            chosen, for the upright image.
     """
 
     sample_shape: tuple[int, int, int]
@@ -122,6 +140,7 @@ class DecodeSpec:
     scaled_copies: bool = False
     hook_seed: bool = False
     buckets: Buckets | None = None
+    exif_orientation: bool = False
 
 
 def takes_seed(fn: Callable[..., Any] | None) -> bool:
@@ -181,6 +200,17 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+class Region(NamedTuple):
+    """A JPEG decoded by region (:func:`_decode_region`), in place in a canvas of the
+    (scaled) image's size: pixels outside ``rect`` are not written, and not read."""
+
+    pixels: bytearray | U8Array
+    size: tuple[int, int]  # the canvas's (width, height)
+    channels: int  # bytes a pixel: 4 (RGBX)
+    box: tuple[float, float, float, float]  # the crop's box in the canvas
+    rect: tuple[int, int, int, int]  # the region decoded: left, top, width, height
+
+
 def decode_into(
     data: Blob | memoryview,
     out: U8Array,
@@ -217,7 +247,9 @@ def decode_into(
     assert spec.transform is not None or mark is not None
     try:
         img: Image.Image = open_image(data, spec.max_pixels)
-        width, height = img.size
+        stored = img.size
+        o = orientation(img) if spec.exif_orientation else 1
+        width, height = upright_size(*stored, o)  # the plan's image: upright
         if width * height > spec.max_pixels:
             raise DecodeError(
                 f"{shown_key(key)} is {width}x{height} pixels, over "
@@ -233,16 +265,19 @@ def decode_into(
         if img.format == "JPEG":
             want, scale = _jpeg_scale(width, height, plan.box, plan.size)
             if spec.roi and _jpegroi is not None and img.mode in ("RGB", "L"):
-                region = _decode_region(data, scale, width, height, plan.box, (out_w, out_h))
+                region = _oriented_region(data, scale, stored, o, plan.box, (out_w, out_h))
             if region is None and scale > 1:
-                img.draft("RGB", want)
-                sx, sy = img.size[0] / width, img.size[1] / height
+                img.draft("RGB", upright_size(*want, o))  # the stored image's axes
+                drafted = upright_size(*img.size, o)
+                sx, sy = drafted[0] / width, drafted[1] / height
                 left, top, right, bottom = left * sx, top * sy, right * sx, bottom * sy
         box = (left, top, right, bottom)
         if region is not None:
-            pixels, size, channels, box = region
+            pixels, size, channels, box, _ = region
         else:
             img = to_rgb(img)
+            if o != 1:
+                img = img.transpose(TRANSPOSE[o])
             if not (spec.roi and _resize is not None):  # today's path: Pillow resizes
                 img = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=box)
                 _store(np.asarray(img), out, plan.flip)
@@ -255,6 +290,46 @@ def decode_into(
         raise DecodeError(
             f"cannot decode {shown_key(key)}: {type(exc).__name__}: {exc}", key=key
         ) from exc
+
+
+def _oriented_region(
+    data: Blob | memoryview,
+    scale: int,
+    stored: tuple[int, int],
+    o: int,
+    box: tuple[float, float, float, float],
+    size: tuple[int, int],
+) -> Region | None:
+    """:func:`_decode_region` for ``box`` of the image upright (EXIF orientation ``o``; its
+    stored size ``stored``): the stored region that holds it, decoded, and turned into a
+    canvas of the upright scaled size (the region alone is copied; the rest of the canvas
+    is not written, as in a stored one), with the box in it."""
+    if o == 1:
+        return _decode_region(data, scale, *stored, box, size)
+    width, height = upright_size(*stored, o)
+    got = _decode_region(data, scale, *stored, stored_box(box, *stored, o), upright_size(*size, o))
+    if got is None:
+        return None
+    (cw, ch), (rx, ry, rw, rh) = got.size, got.rect
+    uw, uh = upright_size(cw, ch, o)
+    turned = np.empty((uh, uw), np.uint32)  # a pixel (RGBX) as one element: 4 bytes a copy
+    # The upright canvas seen as stored (the inverse turn, a view): the region goes in place.
+    back = upright_array(turned, _INVERSE.get(o, o))
+    src = np.frombuffer(got.pixels, np.uint32).reshape(ch, cw)
+    back[ry : ry + rh, rx : rx + rw] = src[ry : ry + rh, rx : rx + rw]
+    sx, sy = uw / width, uh / height
+    left, top, right, bottom = box
+    at = (left * sx, top * sy, right * sx, bottom * sy)
+    # The region's place upright: the stored canvas is the upright one turned back.
+    x0, y0, x1, y1 = (
+        int(v) for v in stored_box((rx, ry, rx + rw, ry + rh), uw, uh, _INVERSE.get(o, o))
+    )
+    pixels = turned.view(np.uint8).reshape(uh, uw, 4)
+    return Region(pixels, (uw, uh), 4, at, (x0, y0, x1 - x0, y1 - y0))
+
+
+_INVERSE = {6: 8, 8: 6}
+"""Each orientation's inverse turn, where it is not its own (the quarter turns)."""
 
 
 def _resize_into(
@@ -347,14 +422,17 @@ def decode_scale(
     img = open_image(data, spec.max_pixels)
     if img.format != "JPEG":
         return 1
-    width, height = img.size
+    o = orientation(img) if spec.exif_orientation else 1
+    width, height = upright_size(*img.size, o)
     plan = _plan(spec, width, height, seed, "", mark)
     return _jpeg_scale(width, height, plan.box, plan.size)[1]
 
 
 def scaled_name(scale: int) -> str:
-    """The name of a JPEG's copy for 1/``scale`` beside its cache entry."""
-    return f"jpeg/{scale}"
+    """The name of a JPEG's copy for 1/``scale`` beside its cache entry (``jpeg2``: the
+    copies that keep the original's EXIF orientation; earlier ones, without it, are not
+    read)."""
+    return f"jpeg2/{scale}"
 
 
 def scaled_copies(data: Blob | memoryview, max_pixels: int = MAX_PIXELS) -> list[tuple[str, bytes]]:
@@ -369,7 +447,18 @@ def scaled_copies(data: Blob | memoryview, max_pixels: int = MAX_PIXELS) -> list
         copies = _jpegroi.scaled(data, _SCALED, max_pixels)
     except ValueError:  # not a JPEG libjpeg can read: decoded (and refused) as it is
         return []
-    return [(scaled_name(s), c) for s, c in zip(_SCALED, copies, strict=True) if c is not None]
+    try:
+        o = orientation(Image.open(io.BytesIO(data)))
+    except Exception:  # libjpeg's, not Pillow's: decoded (and refused) as it is
+        o = 1
+    # libjpeg writes a copy without the original's markers: its orientation goes back in,
+    # for a decode that turns images upright to find it there.
+    mark = exif_segment(o) if o != 1 else b""
+    return [
+        (scaled_name(s), c[:2] + mark + c[2:])
+        for s, c in zip(_SCALED, copies, strict=True)
+        if c is not None
+    ]
 
 
 def _jpeg_scale(
@@ -406,10 +495,11 @@ def _decode_region(
     height: int,
     box: tuple[float, float, float, float],
     size: tuple[int, int],
-) -> tuple[bytearray, tuple[int, int], int, tuple[float, float, float, float]] | None:
+) -> Region | None:
     """The part of the JPEG, at 1/``scale``, that a BILINEAR resize of ``box`` to ``size``
     reads, in a canvas of the scaled image's size (RGBX): the canvas, its size, 4 bytes a
-    pixel, and the box in it; None when libjpeg-turbo leaves it to Pillow."""
+    pixel, the box in it and the region decoded there; None when libjpeg-turbo leaves it
+    to Pillow."""
     assert _jpegroi is not None
     sw, sh = -(-width // scale), -(-height // scale)  # libjpeg's scaled size
     sx, sy = sw / width, sh / height
@@ -426,5 +516,5 @@ def _decode_region(
     # The region is in place in a canvas of the scaled size, in Pillow's own RGBX layout
     # (pages never written are never backed), so the resize sees the same box, in the same
     # coordinates, as a whole decode: the same filter weights, the same pixels.
-    canvas, _, _, _, _, cw, ch = got
-    return canvas, (cw, ch), 4, (left, top, right, bottom)
+    canvas, rx, ry, rw, rh, cw, ch = got
+    return Region(canvas, (cw, ch), 4, (left, top, right, bottom), (rx, ry, rw, rh))

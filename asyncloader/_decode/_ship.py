@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._base._errors import DecodeError, shown_key
+from .._base._orientation import jpeg_turned
 from .._base._types import Blob, DecodeJob, DecodePath, Outcome
 from ._image import DecodeSpec, U8Array, decode_into
 from ._job import job_bytes, sample_view
@@ -120,6 +121,8 @@ class Shipper:
         record = self._records[job.slot, job.index : job.index + 1]  # a view
         record["seed"] = job.seed
         header = jpeg_header(data)
+        if header is not None and self._spec.exif_orientation and jpeg_turned(data):
+            header = None  # turned upright on the CPU
         if header is not None and header[2] in (1, 3):  # grey or YCbCr (not CMYK)
             width, height, _ = header
             if width * height > self._spec.max_pixels:

@@ -143,6 +143,7 @@ class LocalEngine:
                             if (cache := p.object_cache)
                             else None
                         ),
+                        upright=p.spec.exif_orientation,
                     ),
                 )
                 self.rt.listing_task = task

@@ -162,6 +162,7 @@ def plan(
         scaled_copies=object_cache is not None and hook is None,
         hook_seed=takes_seed(hook),
         buckets=run.buckets,
+        exif_orientation=decode.exif_orientation,
     )
     return LoaderPlan(
         spec=spec,

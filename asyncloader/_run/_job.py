@@ -36,6 +36,7 @@ def job_dataset(
     samples_per_epoch: int | None,
     filters: Filters | None = None,
     buckets: bool = False,
+    upright: bool = False,
     skip_unreadable: bool = False,
     share_sizes: JobShare | None = None,
     cached: CachedHeads | None = None,
@@ -46,7 +47,8 @@ def job_dataset(
     """The samples a loader of these options reads — the same listing, labels, metadata
     file and mix (``_dataset.open_dataset``, as its engine builds them), from ``objects``
     where the job's listing is known, and through ``share_sizes`` where the job's images'
-    sizes are, the headers of the images the node's cache holds read there (``cached``) —
+    sizes are, the headers of the images the node's cache holds read there (``cached``),
+    the images' sizes upright by their EXIF orientation where ``upright`` —
     on a store of its own, on a thread of its own: what a dataset of the job is counted
     from before any loader runs (its classes, its length).
 
@@ -76,7 +78,11 @@ def job_dataset(
                 samples_per_epoch=samples_per_epoch,
                 filters=normalize(filters),
                 sizes=SizeReading(
-                    wanted=buckets, skip=skip_unreadable, share=share_sizes, cached=cached
+                    wanted=buckets,
+                    skip=skip_unreadable,
+                    share=share_sizes,
+                    cached=cached,
+                    upright=upright,
                 ),
             )
             return listing.dataset if listing.dataset is not None else await listing.complete()

@@ -36,7 +36,7 @@ from .._base._types import Blob, ObjectInfo, ObjectStore, derived_key
 from .._cache import ObjectCache
 from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import list_objects, metadata_file
-from .._dataset._headers import HEAD_BYTES, header_size
+from .._dataset._headers import HEAD_BYTES, header_sizes
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
 from .._dataset._metadata import metadata_objects
 from .._dataset._sizes import keep_sizes
@@ -183,6 +183,7 @@ async def warm_cache(
     fetcher = make_fetcher(store, counters, FetchConfig(max_inflight=max_inflight), cache.directory)
     refreshed: set[str] = set()  # objects read from the cache for their copies (added first)
     sizes: dict[tuple[str, str], tuple[int, int]] = {}  # each image's, for buckets
+    upright: dict[tuple[str, str], tuple[int, int]] = {}  # the same, upright (EXIF)
 
     def written(objs: list[str], error: Exception | None) -> None:  # on the writer thread
         if error is None:
@@ -244,9 +245,10 @@ async def warm_cache(
                     except AsyncLoaderError as exc:
                         report.failed.append((shown_key(obj.key), str(exc).splitlines()[0]))
                         continue
-                # Its size, from the header in hand: a bucketed run reads no header again.
-                if (hw := header_size(memoryview(data)[:HEAD_BYTES])) is not None:
-                    sizes[(obj.key, obj.etag)] = hw
+                # Its size, from the header in hand: a bucketed run reads no header again
+                # (as stored, and upright by its EXIF orientation for exif_orientation=True).
+                if (both := header_sizes(memoryview(data)[:HEAD_BYTES])) is not None:
+                    sizes[(obj.key, obj.etag)], upright[(obj.key, obj.etag)] = both
                 if on_object is not None:
                     on_object(len(data))
 
@@ -261,6 +263,7 @@ async def warm_cache(
             report.scaled = len(made)
         report.seconds = time.perf_counter() - t0
         await keep_sizes(store.url, cache.directory, sizes)
+        await keep_sizes(store.url, cache.directory, upright, upright=True)
         report.bytes_fetched = counters.bytes_fetched
         report.retries = dict(counters.retries)
         return report

@@ -8,23 +8,27 @@ from __future__ import annotations
 import io
 import math
 
-from PIL import Image
+from PIL import Image, ImageOps
 
 __all__ = ["bucket_reference"]
 
 
 def bucket_reference(
-    data: bytes, bucket: tuple[int, int], corner: tuple[int, int]
+    data: bytes, bucket: tuple[int, int], corner: tuple[int, int], upright: bool = False
 ) -> tuple[Image.Image, tuple[float, float, float, float], tuple[int, int]]:
     """For the image ``data`` in the bucket ``(bh, bw)`` cropped at ``corner``
     (``crop_top_left``, ``(top, left)``): the decoded image (RGB; a JPEG at least twice
     the resized size at 1/2, 1/4 or 1/8 scale, as Pillow's ``draft`` decodes it), the
     crop's box in that image's pixels, and the resized size ``(rw, rh)`` the crop is
-    taken from.  The sample is ``image.resize((bw, bh), Image.BILINEAR, box=box)``."""
+    taken from.  The sample is ``image.resize((bw, bh), Image.BILINEAR, box=box)``.
+    ``upright``: a run with ``DecodeConfig(exif_orientation=True)``, whose image is
+    ``ImageOps.exif_transpose``'s."""
     bh, bw = bucket
     top, left = corner
     with Image.open(io.BytesIO(data)) as img:
-        width, height = img.size
+        o = int(img.getexif().get(0x0112, 1)) if upright else 1
+        turns = o in (5, 6, 7, 8)
+        width, height = img.size[::-1] if turns else img.size
         s = max(bw / width, bh / height)
         rw, rh = max(bw, round(width * s)), max(bh, round(height * s))
         sx, sy = width / rw, height / rh
@@ -34,7 +38,8 @@ def bucket_reference(
             math.ceil(height * bh / (box[3] - box[1])),
         )
         if want[0] * 2 <= width and want[1] * 2 <= height:
-            img.draft("RGB", want)
-        fx, fy = img.size[0] / width, img.size[1] / height
-        rgb = img.convert("RGB")
+            img.draft("RGB", want[::-1] if turns else want)  # the stored image's axes
+        turned = ImageOps.exif_transpose(img) if upright else img
+        fx, fy = turned.size[0] / width, turned.size[1] / height
+        rgb = turned.convert("RGB")
     return rgb, (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy), (rw, rh)

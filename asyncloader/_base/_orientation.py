@@ -1,0 +1,180 @@
+"""EXIF orientation (``DecodeConfig(exif_orientation=True)``): the tag a camera or phone
+writes instead of turning the pixels, read as Pillow's ``ImageOps.exif_transpose`` reads it,
+and the geometry of turning an image upright.
+
+Orientations 1–8 are the EXIF ones: 1 upright, 2 mirrored, 3 turned half round, 4 upside
+down mirrored, 5–8 the four that swap width and height.  :data:`TRANSPOSE` is the Pillow
+transpose that makes each upright (``exif_transpose``'s own table); :func:`upright_array`
+is the same on an ``(H, W, C)`` array; :func:`stored_box` maps a box in the upright image
+back to the stored one, where a decoder reads it.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+__all__ = [
+    "TRANSPOSE",
+    "exif_segment",
+    "jpeg_turned",
+    "orientation",
+    "stored_box",
+    "upright_array",
+    "upright_size",
+]
+
+_TAG = 0x0112  # Orientation, in IFD0
+
+TRANSPOSE: dict[int, Image.Transpose] = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+"""Each orientation's Pillow transpose to upright (``ImageOps.exif_transpose``'s)."""
+
+
+def orientation(img: Image.Image) -> int:
+    """The EXIF orientation of the opened ``img`` (1–8), as ``ImageOps.exif_transpose``
+    finds it (its EXIF block's IFD0, or its XMP where the EXIF has none); 1 where it has
+    none, or where the block cannot be read or holds no orientation 2–8 (a damaged EXIF
+    block turns nothing, and fails nothing: it is read here, without Pillow's warnings)."""
+    info = img.info
+    exif = info.get("exif")
+    if isinstance(exif, (bytes, bytearray)):
+        o = _ifd0_orientation(bytes(exif))
+        if o is not None:
+            return o if o in TRANSPOSE else 1
+    elif img.format in ("TIFF", "MPO") and hasattr(img, "tag_v2"):  # its tags are its EXIF
+        value = img.tag_v2.get(_TAG)  # type: ignore[attr-defined]
+        if value is not None:
+            return value if isinstance(value, int) and value in TRANSPOSE else 1
+    for name in ("XML:com.adobe.xmp", "xmp"):
+        xmp = info.get(name)
+        if isinstance(xmp, bytes):
+            xmp = xmp.decode("utf-8", "replace")
+        if isinstance(xmp, str):
+            found = _XMP.search(xmp)
+            if found:
+                return int(found[2]) if int(found[2]) in TRANSPOSE else 1
+    return 1
+
+
+_XMP = re.compile(r'tiff:Orientation(="|>)([0-9])')  # Pillow's own reading of XMP
+
+
+def _ifd0_orientation(block: bytes) -> int | None:
+    """The orientation tag of an EXIF block's first IFD (a TIFF header and IFDs, after an
+    ``Exif\0\0`` prefix where it has one); None where the block has none or is cut."""
+    if block.startswith(b"Exif\x00\x00"):
+        block = block[6:]
+    order = {b"II": "<", b"MM": ">"}.get(block[:2])
+    if order is None or len(block) < 8:
+        return None
+    (at,) = struct.unpack_from(order + "I", block, 4)
+    if at + 2 > len(block):
+        return None
+    (count,) = struct.unpack_from(order + "H", block, at)
+    for i in range(count):
+        entry = at + 2 + 12 * i
+        if entry + 12 > len(block):
+            return None
+        tag, kind, n = struct.unpack_from(order + "HHI", block, entry)
+        if tag != _TAG:
+            continue
+        if n < 1 or kind not in (3, 4):  # SHORT or LONG
+            return 0
+        return int(struct.unpack_from(order + ("H" if kind == 3 else "I"), block, entry + 8)[0])
+    return None
+
+
+def upright_size(width: int, height: int, o: int) -> tuple[int, int]:
+    """``(width, height)`` of the image upright, for a stored ``width × height``."""
+    return (height, width) if o >= 5 else (width, height)
+
+
+def upright_array(arr: np.ndarray[Any, Any], o: int) -> np.ndarray[Any, Any]:
+    """``arr`` (``(H, W, ...)``, stored) turned upright as Pillow's :data:`TRANSPOSE` turns
+    an image: a view (no copy)."""
+    if o == 2:
+        return arr[:, ::-1]
+    if o == 3:
+        return arr[::-1, ::-1]
+    if o == 4:
+        return arr[::-1]
+    if o == 5:
+        return arr.swapaxes(0, 1)
+    if o == 6:  # ROTATE_270: a quarter turn clockwise
+        return arr.swapaxes(0, 1)[:, ::-1]
+    if o == 7:
+        return arr.swapaxes(0, 1)[::-1, ::-1]
+    if o == 8:  # ROTATE_90: a quarter turn anticlockwise
+        return arr.swapaxes(0, 1)[::-1]
+    return arr
+
+
+def stored_box(
+    box: tuple[float, float, float, float], width: int, height: int, o: int
+) -> tuple[float, float, float, float]:
+    """The box ``(left, top, right, bottom)`` of the upright image, in the stored image
+    of ``width × height`` pixels (the same pixels, as a decoder finds them there)."""
+    left, top, right, bottom = box
+    w, h = float(width), float(height)
+    if o == 2:
+        return (w - right, top, w - left, bottom)
+    if o == 3:
+        return (w - right, h - bottom, w - left, h - top)
+    if o == 4:
+        return (left, h - bottom, right, h - top)
+    if o == 5:
+        return (top, left, bottom, right)
+    if o == 6:
+        return (top, h - right, bottom, h - left)
+    if o == 7:
+        return (w - bottom, h - right, w - top, h - left)
+    if o == 8:
+        return (w - bottom, left, w - top, right)
+    return box
+
+
+def exif_segment(o: int) -> bytes:
+    """A JPEG APP1 segment holding EXIF orientation ``o`` alone (a scaled copy's, which
+    libjpeg writes without the original's markers)."""
+    tiff = b"MM\x00\x2a" + struct.pack(">I", 8)  # big-endian TIFF, IFD0 at 8
+    tiff += struct.pack(">H", 1) + struct.pack(">HHIHH", _TAG, 3, 1, o, 0) + b"\x00" * 4
+    body = b"Exif\x00\x00" + tiff
+    return b"\xff\xe1" + struct.pack(">H", len(body) + 2) + body
+
+
+def jpeg_turned(data: bytes | bytearray | memoryview) -> bool:
+    """Whether the JPEG ``data`` has an EXIF orientation other than 1 (:func:`orientation`'s
+    answer): where its markers before the scan hold no APP1 segment (EXIF and XMP live
+    there), from them alone, in microseconds; else from Pillow's reading."""
+    view = memoryview(data)
+    n, i = len(view), 2
+    while i + 4 <= n and view[i] == 0xFF:
+        marker = view[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0xE1:
+            break
+        if marker == 0xDA or not 0xC0 <= marker <= 0xFE:  # the scan, or no segment
+            return False
+        i += 2 + ((view[i + 2] << 8) | view[i + 3])
+    else:
+        return False
+    try:
+        with Image.open(io.BytesIO(bytes(data))) as img:
+            return orientation(img) != 1
+    except Exception:  # not for Pillow either: the decode says what is wrong
+        return False
