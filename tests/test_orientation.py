@@ -431,3 +431,44 @@ def test_a_dataset_counts_its_batches_from_the_upright_sizes(
         ds.close()
     assert sizes_path(tmp_path, url, upright=True).is_file()
     assert not sizes_path(tmp_path, url).exists()
+
+
+def test_a_bucketed_state_resumes_upright_and_refuses_the_other_way(
+    moto: MotoServer, turned: tuple[str, dict[str, bytes]]
+) -> None:
+    """The option changes a bucketed epoch (some photos change bucket): a state saved with
+    it resumes the rest exactly with it, and is refused without it (and the other way)."""
+    url, _ = turned
+
+    def loader(upright: bool) -> al.ImageLoader:
+        return al.ImageLoader(
+            url,
+            batch_size=1,
+            labels=None,
+            seed=4,
+            buckets=BUCKETS,
+            extras=("text",),
+            decode=al.DecodeConfig(exif_orientation=upright),
+            engine=al.EngineConfig(mode="inline"),
+            store=al.StoreConfig(options={"endpoint_url": moto.endpoint}),
+        )
+
+    def names(it: Any) -> list[str]:
+        return [extras["text"][0] for _, _, extras in it]
+
+    with loader(True) as whole:
+        everything = names(whole)
+    with loader(True) as first:
+        it = iter(first)
+        head = names(next(it) for _ in range(2))
+        state = first.state_dict()
+    assert head == everything[:2] and state["buckets"].endswith(" upright")
+    with loader(True) as again:
+        again.load_state_dict(state)
+        assert names(again) == everything[2:]
+    with loader(False) as other:
+        with pytest.raises(ValueError, match="buckets"):
+            other.load_state_dict(state)
+        stored = other.state_dict()
+    with loader(True) as other, pytest.raises(ValueError, match="buckets"):
+        other.load_state_dict({**stored, "next_batch": 1})

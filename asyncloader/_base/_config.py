@@ -447,6 +447,10 @@ class RunConfig:
             the listing's (``[("aesthetic", ">=", 5)]``; see
             :mod:`asyncloader._base._filters`), applied at listing time: a sample left out
             is never requested.  Kept in canonical form (:func:`~._filters.normalize`).
+        upright: The images are turned upright by their EXIF orientation
+            (``DecodeConfig(exif_orientation=True)``, which sets it): a bucketed run's
+            buckets are the upright images' shapes, so its epoch's batches, and its resume
+            state, are those of the upright images.
     """
 
     batch_size: int
@@ -460,6 +464,7 @@ class RunConfig:
     samples_per_epoch: int | None = None
     filters: Normal | None = None
     buckets: Buckets | None = None
+    upright: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "filters", normalize(self.filters))

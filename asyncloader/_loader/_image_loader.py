@@ -236,6 +236,7 @@ class ImageLoader:
             samples_per_epoch=samples_per_epoch,
             filters=normalize(filters),
             buckets=Buckets.of(buckets),
+            upright=decoding.exif_orientation,
         )
         self.cache = ObjectCache.opened(cache_dir, cache_config)
         self._plan = p = plan(

@@ -170,7 +170,7 @@ def loader_state(
         "num_objects": num_objects,
         "mix": None if mix is None else mix.describe(),
         "filters": describe(run.filters),
-        "buckets": None if run.buckets is None else run.buckets.describe(),
+        "buckets": _buckets(run),
         "seed": run.seed,
         "shuffle": run.shuffle,
         "batch_size": run.batch_size,
@@ -182,6 +182,14 @@ def loader_state(
         "worker": run.shard.worker,
         "num_workers": run.shard.num_workers,
     }
+
+
+def _buckets(run: RunConfig) -> str | None:
+    """A bucketed run's buckets as its state keeps them: their text, and whether the images
+    are bucketed upright (EXIF orientation: another shape for some, another epoch)."""
+    if run.buckets is None:
+        return None
+    return run.buckets.describe() + (" upright" if run.upright else "")
 
 
 def plan_resume(state: Mapping[str, Any], mine: Mapping[str, Any]) -> Resume:
