@@ -45,7 +45,7 @@ from asyncloader._decode._image import DecodeSpec, decode_into
 from asyncloader._decode._transforms import bucket_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_buckets import shaped_folder  # noqa: E402  (the same photos)
+from bench_buckets import shaped_folder  # the same photos
 
 CASES = ("off", "on, untagged", "off, tagged 6", "on, tagged 6", "on, tagged 3")
 BUCKETS = al.make_buckets(224 * 224, ratios=(0.5, 2.0), step=32)

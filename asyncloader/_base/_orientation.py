@@ -44,20 +44,21 @@ TRANSPOSE: dict[int, Image.Transpose] = {
 
 
 def orientation(img: Image.Image) -> int:
-    """The EXIF orientation of the opened ``img`` (1–8), as ``ImageOps.exif_transpose``
-    finds it (its EXIF block's IFD0, or its XMP where the EXIF has none); 1 where it has
-    none, or where the block cannot be read or holds no orientation 2–8 (a damaged EXIF
-    block turns nothing, and fails nothing: it is read here, without Pillow's warnings)."""
+    """The EXIF orientation of the opened ``img`` (1–8) that is still to be applied, as
+    ``ImageOps.exif_transpose`` finds it (its EXIF block's IFD0, or its XMP where the EXIF
+    has none); 1 where it has none, or where the block cannot be read or holds no
+    orientation 2–8 (a damaged EXIF block turns nothing, and fails nothing: it is read
+    here, without Pillow's warnings), and for a TIFF (Pillow turns it as it loads it)."""
+    if img.format == "TIFF":
+        # Pillow turns a TIFF itself: its size is the upright one from the start, and its
+        # load turns the pixels (and drops the tag), with or without the option.
+        return 1
     info = img.info
     exif = info.get("exif")
     if isinstance(exif, (bytes, bytearray)):
         o = _ifd0_orientation(bytes(exif))
         if o is not None:
             return o if o in TRANSPOSE else 1
-    elif img.format in ("TIFF", "MPO") and hasattr(img, "tag_v2"):  # its tags are its EXIF
-        value = img.tag_v2.get(_TAG)  # type: ignore[attr-defined]
-        if value is not None:
-            return value if isinstance(value, int) and value in TRANSPOSE else 1
     for name in ("XML:com.adobe.xmp", "xmp"):
         xmp = info.get(name)
         if isinstance(xmp, bytes):

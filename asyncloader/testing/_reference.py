@@ -25,10 +25,12 @@ def bucket_reference(
     ``ImageOps.exif_transpose``'s."""
     bh, bw = bucket
     top, left = corner
-    with Image.open(io.BytesIO(data)) as img:
-        o = int(img.getexif().get(0x0112, 1)) if upright else 1
+    with Image.open(io.BytesIO(data)) as probe:  # as exif_transpose reads it: loaded
+        probe.load()
+        o = int(probe.getexif().get(0x0112, 1)) if upright else 1
         turns = o in (5, 6, 7, 8)
-        width, height = img.size[::-1] if turns else img.size
+        width, height = probe.size[::-1] if turns else probe.size
+    with Image.open(io.BytesIO(data)) as img:
         s = max(bw / width, bh / height)
         rw, rh = max(bw, round(width * s)), max(bh, round(height * s))
         sx, sy = width / rw, height / rh
