@@ -90,6 +90,8 @@ def zoo() -> dict[str, bytes]:
         "jpeg_gray.jpg": _save(rgb.convert("L"), "JPEG", quality=90),
         "jpeg_cmyk.jpg": _save(rgb.convert("CMYK"), "JPEG", quality=90),
         "jpeg_progressive.jpeg": _save(rgb, "JPEG", quality=90, progressive=True),
+        # Several pictures in one JPEG (MPF: a phone's gain map, a camera's preview).
+        "jpeg_mpo.jpg": _save(rgb, "MPO", quality=90, save_all=True, append_images=[other]),
         "png_rgb.png": _save(rgb, "PNG"),
         "png_palette.png": _save(palette, "PNG"),
         "png_palette_alpha.png": _save(palette, "PNG", transparency=bytes(range(0, 256, 4))),
@@ -119,7 +121,7 @@ def pillow(
     """Pillow's own decode of ``data`` for a crop of ``box`` to ``size``, as RGB."""
     img = Image.open(io.BytesIO(data))
     left, top, right, bottom = box
-    if img.format == "JPEG":
+    if img.format in ("JPEG", "MPO"):  # an MPO's first picture is a JPEG: draft scales it
         width, height = img.size
         want = (
             math.ceil(width * size[0] / max(right - left, 1)),
@@ -153,6 +155,7 @@ def test_the_zoo_holds_what_it_names() -> None:
     want = {
         "jpeg_gray.jpg": ("JPEG", "L"),
         "jpeg_cmyk.jpg": ("JPEG", "CMYK"),
+        "jpeg_mpo.jpg": ("MPO", "RGB"),
         "png_palette.png": ("PNG", "P"),
         "png_palette_alpha.png": ("PNG", "P"),
         "png_rgba.png": ("PNG", "RGBA"),
@@ -171,6 +174,7 @@ def test_the_zoo_holds_what_it_names() -> None:
         assert (modes[name].format, modes[name].mode) == (fmt, mode), name
     assert isinstance(modes["png_palette_alpha.png"].info["transparency"], bytes)
     assert getattr(modes["gif_animated.gif"], "n_frames", 1) == 2
+    assert getattr(modes["jpeg_mpo.jpg"], "n_frames", 1) == 2
     assert Image.open(io.BytesIO(zoo()["jpeg_progressive.jpeg"])).info.get("progressive")
 
 

@@ -94,6 +94,11 @@ _PILLOW_VERTICAL_FIRST = int(PIL.__version__.split(".")[0]) >= 13
 
 U8Array = npt.NDArray[np.uint8]
 
+_JPEGS = ("JPEG", "MPO")
+"""Pillow's names of a JPEG: ``MPO`` for one holding several pictures (MPF: a phone's HDR
+gain map, a camera's preview), whose first picture, the image, is a JPEG stream from the
+file's first byte: decoded by region and at DCT scale as any JPEG."""
+
 
 SCALED_COPY_MIN = 2**20
 """Objects of at least this many bytes get scaled copies (``cache_scaled_jpegs``) [bytes]:
@@ -262,7 +267,7 @@ def decode_into(
         out_w, out_h = plan.size
         region = None
         pixels: bytearray | U8Array
-        if img.format == "JPEG":
+        if img.format in _JPEGS:
             want, scale = _jpeg_scale(width, height, plan.box, plan.size)
             if spec.roi and _jpegroi is not None and img.mode in ("RGB", "L"):
                 region = _oriented_region(data, scale, stored, o, plan.box, (out_w, out_h))
@@ -420,7 +425,7 @@ def decode_scale(
     if spec.decode_fn is not None or (spec.transform is None and mark is None):
         return 1
     img = open_image(data, spec.max_pixels)
-    if img.format != "JPEG":
+    if img.format not in _JPEGS:
         return 1
     o = orientation(img) if spec.exif_orientation else 1
     width, height = upright_size(*img.size, o)
