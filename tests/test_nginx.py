@@ -71,7 +71,7 @@ def _read_all(endpoint: str, cache: Path, **options: object) -> al.Stats:
     ) as loader:
         labels = Counter(int(x) for _, batch in loader for x in batch)
         assert sum(labels.values()) + sum(loader.stats().skipped.values()) >= N_IMAGES
-        return loader.stats()
+    return loader.stats()  # once closed: the next epoch's requests, prefetched, counted too
 
 
 @pytest.mark.parametrize("server", ["", IGNORE_RANGES], ids=["ranges", "max_ranges-0"])
@@ -80,7 +80,8 @@ def test_each_image_streams_once_whether_or_not_the_server_honours_ranges(
 ) -> None:
     """Against nginx answering a range with the whole file (200), every image is fetched
     in one GET, once; where it honours ranges, the large ones in parts.  Either way no
-    more than 1.1 x the images' bytes move."""
+    more than 1.1 x the images' bytes move.  A request sent again is a hedge (a slow
+    answer on a busy machine) or a retry, of the same range: the loader counts each."""
     with Nginx(site, server=server) as nginx:
         stats = _read_all(nginx.endpoint, tmp_path)
         gets = [a for a in nginx.answers() if a.method == "GET" and a.path.endswith(".jpg")]
@@ -92,14 +93,22 @@ def test_each_image_streams_once_whether_or_not_the_server_honours_ranges(
     assert set(per_image) == set(images)
     large = [path for path, size in images.items() if size > PARTS.range_threshold]
     assert large  # the folder has images that take the ranged path
+    asked = {(a.path, a.range) for a in gets}  # each request once, whatever was sent again
     if server == IGNORE_RANGES:
-        assert all(n == 1 for n in per_image.values()), per_image.most_common(3)
+        assert Counter(path for path, _ in asked) == Counter(set(images))  # one range each
         assert all(a.status == 200 for a in gets)
     else:
         for path in large:  # ranges: a part each
             size = images[path]
-            assert per_image[path] == -(-size // PARTS.part_size)
+            assert sum(1 for p, _ in asked if p == path) == -(-size // PARTS.part_size), path
         assert {a.status for a in gets if a.path in large} == {206}
+    # A range asked again is a hedge or a retry (each counted), or the next epoch's,
+    # prefetched before the loader closed, of an object the cache writer could not keep up
+    # with on a busy machine (counted; at most a part a request): nothing else.
+    again = len(gets) - len(asked)
+    parts = -(-max(images.values()) // PARTS.part_size)
+    counted = stats.hedges_sent + sum(stats.retries.values()) + parts * stats.cache_store_skipped
+    assert again <= counted, (per_image.most_common(3), stats)
 
 
 @pytest.mark.parametrize("server", ["", IGNORE_RANGES], ids=["ranges", "max_ranges-0"])
