@@ -104,6 +104,8 @@ def _kinds(o: int) -> dict[str, bytes]:
         "jpeg": _tagged(pic, "JPEG", o, quality=92),
         "jpeg-gray": _tagged(pic.convert("L"), "JPEG", o, quality=92),
         "jpeg-large": _tagged(_picture(403, 251, 1), "JPEG", o, quality=90),  # DCT-scaled
+        "jpeg-progressive": _tagged(pic, "JPEG", o, quality=92, progressive=True),
+        "jpeg-cmyk": _tagged(pic.convert("CMYK"), "JPEG", o, quality=92),  # Pillow's path
         "png": _tagged(pic, "PNG", o),
         "webp": _tagged(pic, "WEBP", o, lossless=True),
         "tiff": _tagged(pic, "TIFF", o),  # the tag among the TIFF's own
