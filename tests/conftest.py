@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import io
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +34,13 @@ def stacks_if_hung(worker_id: int) -> None:
     """``worker_init_fn`` of forked DataLoader workers: a worker still alive after
     ``WORKER_HANG`` seconds prints every thread's stack to stderr and exits.  A hung worker
     then fails its test with its own stacks (the test's captured stderr); the suite's
-    timeout shows only the parent's, waiting on the workers' queue."""
+    timeout shows only the parent's, waiting on the workers' queue.  Every worker prints
+    its stacks 10 s before that too: the first to exit ends the test, and where one worker
+    hung while its sibling waited idle for the next request, the idle one may be first."""
     faulthandler.dump_traceback_later(WORKER_HANG, exit=True)
+    early = threading.Timer(WORKER_HANG - 10, faulthandler.dump_traceback)
+    early.daemon = True
+    early.start()
 
 
 def isolate_env(monkeypatch: pytest.MonkeyPatch) -> None:
