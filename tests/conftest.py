@@ -5,7 +5,7 @@ from __future__ import annotations
 import faulthandler
 import io
 import os
-import threading
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +34,13 @@ def stacks_if_hung(worker_id: int) -> None:
     """``worker_init_fn`` of forked DataLoader workers: a worker still alive after
     ``WORKER_HANG`` seconds prints every thread's stack to stderr and exits.  A hung worker
     then fails its test with its own stacks (the test's captured stderr); the suite's
-    timeout shows only the parent's, waiting on the workers' queue.  Every worker prints
-    its stacks 10 s before that too: the first to exit ends the test, and where one worker
-    hung while its sibling waited idle for the next request, the idle one may be first."""
+    timeout shows only the parent's, waiting on the workers' queue.  A worker terminated
+    prints its stacks too: where one worker hung while its sibling waited idle for the next
+    request, the idle one's timer may end the test first, and the DataLoader then
+    terminates the hung one (both by C handlers: a hang that holds the GIL is printed too).
+    """
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     faulthandler.dump_traceback_later(WORKER_HANG, exit=True)
-    early = threading.Timer(WORKER_HANG - 10, faulthandler.dump_traceback)
-    early.daemon = True
-    early.start()
 
 
 def isolate_env(monkeypatch: pytest.MonkeyPatch) -> None:
