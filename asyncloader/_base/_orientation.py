@@ -11,7 +11,6 @@ back to the stored one, where a decoder reads it.
 
 from __future__ import annotations
 
-import io
 import re
 import struct
 from typing import Any
@@ -22,6 +21,7 @@ from PIL import Image
 __all__ = [
     "TRANSPOSE",
     "exif_segment",
+    "jpeg_orientation",
     "jpeg_turned",
     "orientation",
     "stored_box",
@@ -55,22 +55,62 @@ def orientation(img: Image.Image) -> int:
         return 1
     info = img.info
     exif = info.get("exif")
-    if isinstance(exif, (bytes, bytearray)):
-        o = _ifd0_orientation(bytes(exif))
-        if o is not None:
-            return o if o in TRANSPOSE else 1
-    for name in ("XML:com.adobe.xmp", "xmp"):
-        xmp = info.get(name)
-        if isinstance(xmp, bytes):
-            xmp = xmp.decode("utf-8", "replace")
-        if isinstance(xmp, str):
-            found = _XMP.search(xmp)
-            if found:
-                return int(found[2]) if int(found[2]) in TRANSPOSE else 1
-    return 1
+    return _orientation_of(
+        bytes(exif) if isinstance(exif, (bytes, bytearray)) else None,
+        info.get("XML:com.adobe.xmp") or info.get("xmp"),  # Pillow's order
+    )
+
+
+def jpeg_orientation(data: bytes | bytearray | memoryview) -> int:
+    """:func:`orientation` of the JPEG ``data`` from its markers alone, in microseconds (no
+    Pillow): its APP1 segments before the scan, read as Pillow reads them (the EXIF ones
+    joined, the last XMP one)."""
+    view = memoryview(data)
+    n, i = len(view), 2
+    exif: bytes | None = None
+    xmp: bytes | None = None
+    while i + 4 <= n and view[i] == 0xFF:
+        marker = view[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0xDA or not 0xC0 <= marker <= 0xFE:  # the scan, or no segment
+            break
+        length = (view[i + 2] << 8) | view[i + 3]
+        if marker == 0xE1:
+            body = bytes(view[i + 4 : i + 2 + length])
+            if body.startswith(b"Exif\x00\x00"):
+                exif = body if exif is None else exif + body[6:]
+            elif body.startswith(_XMP_APP1):
+                xmp = body.split(b"\x00", 1)[1]
+        i += 2 + length
+    return _orientation_of(exif, xmp)
+
+
+def jpeg_turned(data: bytes | bytearray | memoryview) -> bool:
+    """Whether the JPEG ``data`` has an EXIF orientation other than 1
+    (:func:`jpeg_orientation`)."""
+    return jpeg_orientation(data) != 1
 
 
 _XMP = re.compile(r'tiff:Orientation(="|>)([0-9])')  # Pillow's own reading of XMP
+_XMP_APP1 = b"http://ns.adobe.com/xap/1.0/\x00"  # an XMP APP1 segment's start
+
+
+def _orientation_of(exif: bytes | None, xmp: object) -> int:
+    """The orientation an EXIF block (``exif``) and XMP text (``xmp``, str or bytes) give:
+    the EXIF tag, else the XMP one, else 1; 1 for a value outside 1–8."""
+    if exif is not None:
+        o = _ifd0_orientation(exif)
+        if o is not None:
+            return o if o in TRANSPOSE else 1
+    if isinstance(xmp, bytes):
+        xmp = xmp.decode("utf-8", "replace")
+    if isinstance(xmp, str):
+        found = _XMP.search(xmp)
+        if found:
+            return int(found[2]) if int(found[2]) in TRANSPOSE else 1
+    return 1
 
 
 def _ifd0_orientation(block: bytes) -> int | None:
@@ -154,28 +194,3 @@ def exif_segment(o: int) -> bytes:
     tiff += struct.pack(">H", 1) + struct.pack(">HHIHH", _TAG, 3, 1, o, 0) + b"\x00" * 4
     body = b"Exif\x00\x00" + tiff
     return b"\xff\xe1" + struct.pack(">H", len(body) + 2) + body
-
-
-def jpeg_turned(data: bytes | bytearray | memoryview) -> bool:
-    """Whether the JPEG ``data`` has an EXIF orientation other than 1 (:func:`orientation`'s
-    answer): where its markers before the scan hold no APP1 segment (EXIF and XMP live
-    there), from them alone, in microseconds; else from Pillow's reading."""
-    view = memoryview(data)
-    n, i = len(view), 2
-    while i + 4 <= n and view[i] == 0xFF:
-        marker = view[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker == 0xE1:
-            break
-        if marker == 0xDA or not 0xC0 <= marker <= 0xFE:  # the scan, or no segment
-            return False
-        i += 2 + ((view[i + 2] << 8) | view[i + 3])
-    else:
-        return False
-    try:
-        with Image.open(io.BytesIO(bytes(data))) as img:
-            return orientation(img) != 1
-    except Exception:  # not for Pillow either: the decode says what is wrong
-        return False

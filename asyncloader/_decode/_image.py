@@ -49,6 +49,7 @@ from .._base._errors import DecodeError, shown_key
 from .._base._orientation import (
     TRANSPOSE,
     exif_segment,
+    jpeg_orientation,
     orientation,
     stored_box,
     upright_array,
@@ -452,10 +453,7 @@ def scaled_copies(data: Blob | memoryview, max_pixels: int = MAX_PIXELS) -> list
         copies = _jpegroi.scaled(data, _SCALED, max_pixels)
     except ValueError:  # not a JPEG libjpeg can read: decoded (and refused) as it is
         return []
-    try:
-        o = orientation(Image.open(io.BytesIO(data)))
-    except Exception:  # libjpeg's, not Pillow's: decoded (and refused) as it is
-        o = 1
+    o = jpeg_orientation(data)
     # libjpeg writes a copy without the original's markers: its orientation goes back in,
     # for a decode that turns images upright to find it there.
     mark = exif_segment(o) if o != 1 else b""
