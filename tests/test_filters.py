@@ -111,6 +111,46 @@ def test_a_filter_decided_before_a_column_is_known_keeps_every_row_that_may_pass
     assert rows[again].tolist() == np.flatnonzero(whole).tolist()
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=12),
+    st.lists(
+        st.lists(
+            _term("size", st.integers(-1, 6)) | _term("file_name", st.sampled_from(["k0", "k1"])),
+            min_size=1,
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_sizes_asked_only_for_what_the_rest_of_the_filter_keeps_decide_the_same(
+    rows: list[tuple[int, bool]], groups: list[list[tuple[str, str, Any]]]
+) -> None:
+    """A web server's listing leaves some sizes unasked (``UNSIZED``): decided with them
+    unknown, a filter keeps every sample that the whole filter keeps; decided again with
+    the sizes of those kept then asked (the others still unknown), it keeps exactly the
+    samples it keeps with every size known."""
+    from asyncloader._base._types import UNSIZED
+    from asyncloader._dataset._filtering import passing
+    from asyncloader._dataset._objects import ObjectList
+
+    filters = normalize(groups) or ()
+    keys = [f"k{i % 3}" for i in range(len(rows))]
+
+    def objects(known: Any) -> ObjectList:
+        return ObjectList.of(
+            ObjectInfo(k, size if known(i, unasked) else UNSIZED)
+            for i, (k, (size, unasked)) in enumerate(zip(keys, rows, strict=True))
+        )
+
+    whole = passing(objects(lambda i, unasked: True), keys, None, None, filters)
+    before = passing(objects(lambda i, unasked: not unasked), keys, None, None, filters)
+    assert not np.any(whole & ~before)
+    again = passing(objects(lambda i, unasked: before[i] or not unasked), keys, None, None, filters)
+    assert again.tolist() == whole.tolist()
+
+
 def test_the_canonical_text_is_the_same_however_written() -> None:
     a = normalize([("score", "=", 5), ("tag", "in", {"b", "a"})])
     b = normalize([[("score", "==", 5), ("tag", "in", ["a", "b", "a"])]])

@@ -4,6 +4,7 @@ folder on it, its objects named by its own metadata file (no manifest)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections import Counter
@@ -98,12 +99,12 @@ def test_a_caption_folder_streams_named_by_its_metadata_file(tmp_path: Path, kin
     kept = {f"photo {i}" for i in range(12) if i % 3 >= 1}
     assert {t for _, texts, _ in got for t in texts} <= kept
     assert stats.filtered_out == 4
-    # Filtered-out images: named by the metadata file, so sized (one HEAD each, when
-    # listing), never fetched.
+    # Filtered-out images: named by the metadata file, never asked for (no HEAD, no GET).
+    asked = Counter(path for _, path, _ in requests)
     gets = Counter(path for method, path, _ in requests if method == "GET")
     for i in range(12):
         name = f"/sub/{i:02d}.jpg" if i % 4 == 0 else f"/{i:02d}.jpg"
-        assert (gets[name] > 0) == (i % 3 >= 1), name
+        assert (asked[name] > 0) == (gets[name] > 0) == (i % 3 >= 1), (name, requests)
     assert gets[f"/metadata.{kind}"] >= 1
 
 
@@ -137,3 +138,131 @@ def test_a_caption_folder_from_a_server_without_etags_runs_offline_from_the_cach
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(offline, online, strict=True))
     assert "the copy of its metadata file kept on this node" in caplog.text
     assert stats.requests == 0
+
+
+def test_a_filter_on_size_sizes_only_what_the_rest_keeps_and_the_next_run_is_offline(
+    tmp_path: Path,
+) -> None:
+    """A web folder's metadata file gives no sizes: the images the rest of the filter
+    keeps are sized (a HEAD each) and then filtered on ``size``; those it leaves out are
+    never asked for.  The listing kept on the node (its unasked sizes unknown) serves the
+    next run with the server gone: the same samples, no request."""
+    folder = caption_folder(tmp_path / "site")
+    rows = [json.loads(line) for line in (folder / "metadata.jsonl").read_text().splitlines()]
+    size = {"/" + r["file_name"]: (folder / r["file_name"]).stat().st_size for r in rows}
+    scored = sorted(size["/" + r["file_name"]] for r in rows if r["score"] >= 1)
+    limit = scored[len(scored) // 2]  # half of those the score keeps, about
+    filters = [("score", ">=", 1), ("size", ">=", limit)]
+
+    def run(url: str, cache: Path | None = None) -> tuple[list[Any], al.Stats]:
+        with al.ImageLoader(
+            url,
+            batch_size=2,
+            labels=None,
+            transform=al.Resize(16),
+            filters=filters,
+            extras=("text",),
+            shuffle=False,
+            engine=al.EngineConfig(mode="inline"),
+            cache_dir=cache,
+        ) as loader:
+            got = [(x.numpy().copy(), t) for x, _, e in loader for t in [e["text"]]]
+            return got, loader.stats()
+
+    want, _ = run(str(folder))
+    cache = tmp_path / "cache"
+    with PythonHTTPServer(folder) as server:
+        got, stats = run(server.endpoint + "/", cache)
+        requests = server.requests()
+    texts = sorted(t for _, ts in got for t in ts)
+    kept = sorted(
+        r["text"] for r in rows if r["score"] >= 1 and size["/" + r["file_name"]] >= limit
+    )
+    assert texts == kept and 0 < len(kept) < 8
+    assert stats.filtered_out == 12 - len(kept)
+    assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(got, want, strict=True))
+    heads = Counter(path for method, path, _ in requests if method == "HEAD")
+    gets = Counter(path for method, path, _ in requests if method == "GET")
+    for r in rows:
+        name = "/" + r["file_name"]
+        scored_in, sized_in = r["score"] >= 1, size[name] >= limit
+        assert heads[name] == (1 if scored_in else 0), (name, requests)
+        assert (gets[name] > 0) == (scored_in and sized_in), (name, requests)
+    again, stats = run(server.endpoint + "/", cache)  # nothing answers there now
+    assert stats.requests == 0 and stats.filtered_out == 12 - len(kept)
+    assert [t for _, t in again] == [t for _, t in got]
+    assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(again, got, strict=True))
+
+
+def test_a_web_folder_s_listing_asks_the_sizes_of_what_is_read_once_per_node(
+    tmp_path: Path,
+) -> None:
+    """A loader lists a web folder without its images' sizes (the metadata file's are
+    asked: it is read first); :func:`complete_sizes` asks those of the keys a run reads,
+    saves them in the listing kept on the node (as listed at the same time), and a second
+    process on the node finds them there, asking nothing.  Readers of the listing that do
+    not ask sizes themselves (``warm``, ``ls``) list again, every object sized."""
+    from asyncloader._base._types import UNSIZED
+    from asyncloader._dataset import list_objects, saved_listing
+    from asyncloader._dataset._listing import complete_sizes, list_and_save
+    from asyncloader._dataset._saved import listing_path, load_listing_made
+    from asyncloader._stores._web import HttpStore
+
+    folder = caption_folder(tmp_path / "site")
+    cache = str(tmp_path / "cache")
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*.*")}
+    read = {"01.jpg", "sub/04.jpg"}
+
+    async def main(url: str) -> None:
+        store = HttpStore(url)
+        try:
+            listed = await list_and_save(store, cache, unsized=True)
+            assert {o.key: o.size for o in listed} == {
+                k: s if k == "metadata.jsonl" else UNSIZED for k, s in files.items()
+            }
+            asked = len(server.requests())
+            path = listing_path(cache, store.url)
+            made = load_listing_made(path, store.url)
+            assert made is not None
+            sized = await complete_sizes(store, cache, listed, read)
+            assert sorted(r[:2] for r in server.requests()[asked:]) == [
+                ("HEAD", "/01.jpg"),
+                ("HEAD", "/sub/04.jpg"),
+            ]
+            want = {
+                k: s if k in read or k == "metadata.jsonl" else UNSIZED for k, s in files.items()
+            }
+            assert {o.key: o.size for o in sized} == want
+            kept = load_listing_made(path, store.url)
+            assert kept is not None and list(kept[0]) == list(sized) and kept[1] == made[1]
+            asked = len(server.requests())
+            again = await complete_sizes(store, cache, listed, read)  # another process
+            assert list(again) == list(sized) and len(server.requests()) == asked
+            assert await saved_listing(store, cache, 3600) is None
+            assert await saved_listing(store, cache, 3600, unsized=True) is not None
+            everything = await list_objects(store, cache, 3600)
+            assert {o.key: o.size for o in everything} == files
+        finally:
+            await store.close()
+
+    with PythonHTTPServer(folder) as server:
+        asyncio.run(main(server.endpoint + "/"))
+
+
+def test_sizes_asked_of_a_store_without_a_listing_s_way_are_its_stat_s(tmp_path: Path) -> None:
+    """Where a store has no ``stat_listed``, each key's ``stat``; an object it does not
+    have is of size -1 (reported missing when read); keys not asked keep theirs."""
+    from asyncloader._base._types import UNSIZED, ObjectInfo
+    from asyncloader._dataset._listing import complete_sizes
+    from asyncloader._dataset._objects import ObjectList
+    from asyncloader._stores._local import LocalStore
+
+    (tmp_path / "a.jpg").write_bytes(b"x" * 10)
+    (tmp_path / "b.jpg").write_bytes(b"y" * 20)
+    listed = ObjectList.of(
+        [ObjectInfo("a.jpg", UNSIZED), ObjectInfo("b.jpg", UNSIZED), ObjectInfo("c.jpg", UNSIZED)]
+    )
+    store = LocalStore(tmp_path)
+    got = asyncio.run(complete_sizes(store, None, listed, {"a.jpg", "c.jpg"}))
+    assert [o.size for o in got] == [10, UNSIZED, -1]
+    assert got[0].etag == asyncio.run(store.stat("a.jpg")).etag

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -324,6 +325,23 @@ def test_a_strict_rate_limiter_is_paced_not_given_up_on(site: Path, tmp_path: Pa
     assert stats.retries["throttled"] == refused and refused < len(gets) / 2
 
 
+def _captioned(endpoint: str, cache: Path, filters: Any = None) -> tuple[list[str], al.Stats]:
+    """A bucketed epoch of the caption folder at ``endpoint`` with its captions: the
+    captions, and the loader's stats."""
+    with al.ImageLoader(
+        f"{endpoint}/",
+        batch_size=2,
+        labels=None,
+        buckets=al.Buckets(((32, 32), (24, 48), (48, 24))),
+        filters=filters,
+        extras=("text", "original_size"),
+        engine=al.EngineConfig(mode="inline"),
+        cache_dir=cache,
+    ) as loader:
+        texts = [t for _, _, e in loader for t in e["text"]]
+        return texts, loader.stats()
+
+
 def test_a_caption_folder_on_nginx_runs_from_the_node_s_cache_with_nginx_stopped(
     tmp_path: Path,
 ) -> None:
@@ -332,25 +350,37 @@ def test_a_caption_folder_on_nginx_runs_from_the_node_s_cache_with_nginx_stopped
     stopped, a bucketed run with captions starts and finishes from the node's disk."""
     folder = caption_folder(tmp_path / "site")
     cache = tmp_path / "cache"
-
-    def run(endpoint: str) -> tuple[list[str], al.Stats]:
-        with al.ImageLoader(
-            f"{endpoint}/",
-            batch_size=2,
-            labels=None,
-            buckets=al.Buckets(((32, 32), (24, 48), (48, 24))),
-            extras=("text", "original_size"),
-            engine=al.EngineConfig(mode="inline"),
-            cache_dir=cache,
-        ) as loader:
-            texts = [t for _, _, e in loader for t in e["text"]]
-            return texts, loader.stats()
-
     with Nginx(folder) as nginx:
         endpoint = nginx.endpoint
         report = al.warm(f"{endpoint}/", str(cache))
         assert report.listed == report.warmed == 12 and not report.failed
-        first, _ = run(endpoint)
-    again, stats = run(endpoint)  # nginx stopped: nothing answers there
+        first, _ = _captioned(endpoint, cache)
+    again, stats = _captioned(endpoint, cache)  # nginx stopped: nothing answers there
     assert sorted(again) == sorted(first) and len(first) == 12  # 4 buckets' worth of 3
     assert stats.requests == 0
+
+
+def test_a_filtered_caption_folder_on_nginx_never_asks_for_what_the_filter_leaves_out(
+    tmp_path: Path,
+) -> None:
+    """No manifest, no ``warm``: a bucketed, filtered run asks nginx for the metadata file
+    and for the images the filter keeps (a HEAD each, its header, the image); the access
+    log holds no line for an image it leaves out.  Then, nginx stopped, the same run starts
+    and finishes from the node's disk: the listing kept there, its unasked sizes unknown."""
+    folder = caption_folder(tmp_path / "site")
+    cache = tmp_path / "cache"
+    filters = [[("score", "==", 2)], [("text", "in", ["photo 0", "photo 3"])]]
+    with Nginx(folder) as nginx:
+        first, stats = _captioned(nginx.endpoint, cache, filters)
+        answers = nginx.answers()
+    kept = {2, 5, 8, 11, 0, 3}
+    assert sorted(first) == sorted(f"photo {i}" for i in kept)
+    assert stats.filtered_out == 6
+    for i in range(12):
+        name = f"/sub/{i:02d}.jpg" if i % 4 == 0 else f"/{i:02d}.jpg"
+        lines = [a for a in answers if a.path == name]
+        assert bool(lines) == (i in kept), (name, answers)
+        if i in kept:
+            assert sum(a.method == "HEAD" for a in lines) == 1, lines
+    again, stats = _captioned(nginx.endpoint, cache, filters)  # nginx stopped
+    assert sorted(again) == sorted(first) and stats.requests == 0

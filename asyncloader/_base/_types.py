@@ -26,6 +26,7 @@ __all__ = [
     "SHIP_RECORD",
     "Sample",
     "Shipped",
+    "UNSIZED",
     "WritableStore",
     "derived_key",
 ]
@@ -34,13 +35,20 @@ Blob = bytes | bytearray
 """Object contents as the stores return them (a bytearray avoids a copy on receive)."""
 
 
+UNSIZED = -2
+"""An :class:`ObjectInfo`'s size not asked yet: a web server's folder names its images in
+a metadata file without their sizes, and only the images a run keeps are asked for them
+(a HEAD each: :meth:`asyncloader._stores._web.HttpStore.list_unsized`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """One object as listed by a store.
 
     Attributes:
         key: Key relative to the bucket/container (no leading slash).
-        size: Length [bytes].
+        size: Length [bytes]; -1: the store has no such object (a manifest named it),
+            reported missing when read; :data:`UNSIZED`: not asked yet.
         etag: The store's entity tag, without quotes; ``""`` when the store has none.
     """
 

@@ -48,10 +48,18 @@ from ._labels import (
     no_samples,
     parse_manifest,
     read_columnar_manifest,
+    read_keys,
 )
-from ._listing import list_and_save, list_objects, listing_turn, metadata_file, saved_listing
+from ._listing import (
+    complete_sizes,
+    list_and_save,
+    list_objects,
+    listing_turn,
+    metadata_file,
+    read_metadata_files,
+    saved_listing,
+)
 from ._located import read_manifest_file
-from ._metadata import Metadata, merge_metadata, metadata_objects, read_metadata
 from ._objects import ObjectList
 from ._saved import listing_path, save_listing
 from ._sizes import NO_SIZES, SizeReading, with_sizes
@@ -146,7 +154,8 @@ async def list_for(
     objects, a manifest's rows when every one has its size and ETag, else the store's
     listing (the cache's saved one if younger than ``max_age`` [seconds], else listed and
     saved, once per node).  ``store_options``: how to reach a manifest URL outside the
-    store's root.
+    store's root.  Every object is sized (one listing serves every process of a job, each
+    reading its own part).
 
     Raises:
         StoreError: the store or the manifest could not be read.
@@ -235,7 +244,7 @@ async def open_listing(
     saved = ObjectList.of(objects) if objects is not None else None
     turn = None
     if saved is None:
-        saved, turn = await listing_turn(store, folder, max_age)
+        saved, turn = await listing_turn(store, folder, max_age, unsized=True)
     try:
         list_sorted = getattr(store, "list_sorted", None)
         # Sizes read it too: its width and height columns spare a header read each.
@@ -262,7 +271,7 @@ async def open_listing(
                 turn = None
             await listing.wait(1)  # an empty or unreadable prefix fails here, at once
             return listing, task
-        objects = saved if saved is not None else await list_and_save(store, folder)
+        objects = saved if saved is not None else await list_and_save(store, folder, unsized=True)
     finally:
         if turn is not None:
             turn.release()
@@ -273,19 +282,34 @@ async def open_listing(
     all_listed = ObjectList.of(objects)
     metadata = None
     if wants_metadata and manifest is None:
-        metadata = await _read_metadata_files(store, folder, all_listed, counters)
-    dataset = await asyncio.to_thread(
-        build_dataset,
-        all_listed,
-        labels,
-        extensions=extensions,
-        manifest=manifest,
-        metadata=metadata,
-        extras=extras,
-        source=store.url,
-        filters=filters,
-    )
-    check(all_listed, dataset)
+        metadata = await read_metadata_files(store, folder, all_listed, counters)
+
+    def build(listed: ObjectList) -> Dataset:
+        return build_dataset(
+            listed,
+            labels,
+            extensions=extensions,
+            manifest=manifest,
+            metadata=metadata,
+            extras=extras,
+            source=store.url,
+            filters=filters,
+        )
+
+    dataset = await asyncio.to_thread(build, all_listed)
+    told = all_listed
+    if getattr(store, "list_unsized", None) is not None and dataset.samples:
+        # A web server's folder: the sizes of what the run reads are asked now, once the
+        # filter has left out what it never reads (built again with them: a filter on
+        # ``size`` decides then).  The ranks agree on the listing as read, whatever else
+        # a node happens to know.
+        reads = read_keys(dataset, all_listed)
+        sized = await complete_sizes(store, folder, all_listed, reads)
+        if sized is not all_listed:
+            all_listed = sized
+            dataset = await asyncio.to_thread(build, all_listed)
+        told = all_listed.unasked_but(reads)
+    check(told, dataset)
     later = header_columns(filters, metadata)
     if sizes.wanted or later:
         dataset = await with_sizes(
@@ -299,42 +323,6 @@ async def open_listing(
         if not sizes.wanted:  # a bucketed run's only
             dataset = dataclasses.replace(dataset, sizes=None)
     return Listing(of_length(dataset, store.url, samples_per_epoch)), None
-
-
-METADATA_READS = 16
-"""Metadata files read at once (a dataset kept in many folders has one in each)."""
-
-
-async def _read_metadata_files(
-    store: ObjectStore, folder: str | None, listed: ObjectList, counters: Counters | None
-) -> Metadata | None:
-    """The rows of every metadata file ``listed`` (:func:`~._metadata.metadata_objects`),
-    each read through the cache ``folder`` (:func:`~._listing.metadata_file`), as one
-    table; None where there is none.
-
-    Raises:
-        StoreError: a file could not be read; ValueError: one that is malformed, or an
-            image two of them name.
-    """
-    found = metadata_objects(listed)
-    if not found:
-        return None
-    gate = asyncio.Semaphore(METADATA_READS)
-    parts: list[Metadata | None] = [None] * len(found)
-
-    async def one(i: int) -> None:
-        async with gate:
-            data = await metadata_file(store, folder, found[i], counters)
-        parts[i] = await asyncio.to_thread(read_metadata, data, found[i].key)
-
-    # The first file that fails stops the others' reads, and is the error raised.
-    try:
-        async with asyncio.TaskGroup() as tg:
-            for i in range(len(found)):
-                tg.create_task(one(i))
-    except* Exception as group:
-        raise group.exceptions[0] from None
-    return merge_metadata([part for part in parts if part is not None])
 
 
 async def open_mixed_listing(

@@ -3,7 +3,10 @@ filter names, gathered for the samples of a listing — the metadata file's, the
 own (``size``, ``file_name``), and the headers' ``width`` and ``height`` where the file has
 none of the name.  Those are known only once the headers are read, and they are read only
 for the samples the rest of the filter keeps: the filter is decided first without them
-(:func:`header_columns`: their terms taken to hold), then again with them.
+(:func:`header_columns`: their terms taken to hold), then again with them.  So is ``size``
+where the listing has not asked it yet (a web server's folder,
+:data:`~asyncloader._base._types.UNSIZED`): the samples kept without it are asked, and the
+filter decided again.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._base._filters import HEADER_COLUMNS, LISTING_COLUMNS, Normal, keep_mask
+from .._base._types import UNSIZED
 from ._metadata import Metadata
 from ._objects import ObjectList
 
@@ -46,9 +50,9 @@ def passing(
     sizes: npt.NDArray[np.int64] | None = None,
 ) -> npt.NDArray[np.bool_]:
     """Which samples (``objects``, their keys ``keys`` and metadata rows ``rows``) pass
-    ``filters``: all of it where the headers' ``(height, width)`` ``sizes`` are given or
-    it names none of their columns, else every sample that may pass it once they are
-    known (see the module's docstring).
+    ``filters``: all of it where the headers' ``(height, width)`` ``sizes`` are given (and
+    the objects' sizes known) or it names none of their columns, else every sample that
+    may pass it once they are known (see the module's docstring).
 
     Raises:
         ValueError: a column there is not, naming those there are; a value that cannot be
@@ -59,8 +63,9 @@ def passing(
     own = set(LISTING_COLUMNS) - there
     headers = set(HEADER_COLUMNS) - there
     columns: dict[str, Sequence[Any]] = {}  # those the filters name: one list per column
+    listed = objects.sizes()
     if "size" in named & own:
-        columns["size"] = [s if s >= 0 else None for s in objects.sizes().tolist()]
+        columns["size"] = [s if s >= 0 else None for s in listed.tolist()]
     if "file_name" in named & own:
         columns["file_name"] = keys
     if sizes is not None:
@@ -76,4 +81,18 @@ def passing(
         table = f"{metadata.name} and the listing"
         known = [*metadata.columns, *sorted(own), *sorted(headers)]
     later = header_columns(filters, metadata) if sizes is None else frozenset()
-    return keep_mask(filters, columns, len(keys), keys, table=table, known=known, later=later)
+    keep = keep_mask(filters, columns, len(keys), keys, table=table, known=known, later=later)
+    unasked = np.flatnonzero((listed == UNSIZED) & ("size" in named & own))
+    if len(unasked):  # kept where they may pass once their sizes are asked
+        at = unasked.tolist()
+        some = {name: [v[i] for i in at] for name, v in columns.items() if name != "size"}
+        keep[unasked] = keep_mask(
+            filters,
+            some,
+            len(at),
+            [keys[i] for i in at],
+            table=table,
+            known=known,
+            later=later | {"size"},
+        )
+    return keep

@@ -32,7 +32,7 @@ from .._base._filters import Normal
 from .._base._manifest import is_manifest, normalize_etag, read_manifest
 from .._base._types import ObjectInfo, Sample
 from ._filtering import metadata_rows, passing
-from ._metadata import METADATA_NAMES, Extras, Metadata, resolve_extras
+from ._metadata import METADATA_NAMES, Extras, Metadata, metadata_objects, resolve_extras
 from ._mix import Mix
 from ._objects import ObjectList, SampleList, texts_from_arrays, texts_to_arrays
 
@@ -115,6 +115,17 @@ class Dataset:
     mix: Mix | None = None
     filtered: int = 0
     sizes: npt.NDArray[np.int64] | None = None
+
+
+def read_keys(dataset: Dataset, listed: ObjectList) -> set[str]:
+    """The keys of what a run of ``dataset`` (of ``listed``) reads: its samples, their
+    sidecars and the metadata files."""
+    keys = set(dataset.samples.objects.keys())
+    if dataset.extras is not None:
+        for objs in dataset.extras.sidecars.values():
+            keys.update(o.key for o in objs if o is not None)
+    keys.update(o.key for o in metadata_objects(listed))
+    return keys
 
 
 Rows = list[dict[str, str]]

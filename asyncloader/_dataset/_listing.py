@@ -11,40 +11,62 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable, Sequence
 
-from .._base._errors import TransientStoreError
+import numpy as np
+
+from .._base._errors import ObjectNotFound, TransientStoreError
 from .._base._stats import Counters
-from .._base._types import ObjectInfo, ObjectStore
+from .._base._types import UNSIZED, ObjectInfo, ObjectStore
+from ._metadata import Metadata, merge_metadata, metadata_objects, read_metadata
 from ._objects import ObjectList, ObjectListBuilder
 from ._saved import (
     ListingTurn,
     listing_path,
     load_listing,
+    load_listing_made,
     load_metadata_copy,
     metadata_path,
     save_listing,
     save_metadata_copy,
 )
 
-__all__ = ["list_and_save", "list_objects", "listing_turn", "metadata_file", "saved_listing"]
+__all__ = [
+    "complete_sizes",
+    "list_and_save",
+    "list_objects",
+    "listing_turn",
+    "metadata_file",
+    "read_metadata_files",
+    "saved_listing",
+]
+
+STATS_AT_ONCE = 32
+"""Sizes asked at once of a store without a listing's own way to ask them (``stat``)."""
 
 log = logging.getLogger("asyncloader")
 
 
 async def saved_listing(
-    store: ObjectStore, folder: str | None, max_age: float
+    store: ObjectStore, folder: str | None, max_age: float, *, unsized: bool = False
 ) -> ObjectList | None:
     """The object list saved in the cache ``folder`` for the store's URL, if younger than
-    ``max_age`` [seconds]."""
+    ``max_age`` [seconds].  One that holds objects of sizes not asked yet (a filtered
+    run's: :func:`complete_sizes`) only with ``unsized``: other readers list again, which
+    sizes every object."""
     if folder is None or max_age <= 0:
         return None
     path = listing_path(folder, store.url)
-    return await asyncio.to_thread(load_listing, path, store.url, max_age)
+    saved = await asyncio.to_thread(load_listing, path, store.url, max_age)
+    if saved is not None and not unsized and bool((saved.sizes() == UNSIZED).any()):
+        return None
+    return saved
 
 
 async def list_objects(store: ObjectStore, folder: str | None, max_age: float) -> ObjectList:
-    """The store's object list: the one saved in ``folder`` if young enough, else listed
-    and saved for the next run, once per node (see :func:`listing_turn`)."""
+    """The store's object list, every object sized: the one saved in ``folder`` if young
+    enough, else listed and saved for the next run, once per node (see
+    :func:`listing_turn`)."""
     saved, turn = await listing_turn(store, folder, max_age)
     if saved is not None:
         return saved
@@ -55,10 +77,16 @@ async def list_objects(store: ObjectStore, folder: str | None, max_age: float) -
             turn.release()
 
 
-async def list_and_save(store: ObjectStore, folder: str | None) -> ObjectList:
-    """List ``store`` (in parallel where it can) and save the list in ``folder``."""
+async def list_and_save(
+    store: ObjectStore, folder: str | None, *, unsized: bool = False
+) -> ObjectList:
+    """List ``store`` (in parallel where it can) and save the list in ``folder``.
+    ``unsized``: where the store can, without asking the sizes its listing lacks (a web
+    server's: :meth:`~asyncloader._stores._web.HttpStore.list_unsized`); the caller asks
+    those it keeps (:func:`complete_sizes`)."""
     builder = ObjectListBuilder()
-    async for info in store.list():
+    list_unsized = getattr(store, "list_unsized", None) if unsized else None
+    async for info in list_unsized() if list_unsized is not None else store.list():
         builder.add(info)
     objects = builder.build()
     if folder is not None:
@@ -67,8 +95,72 @@ async def list_and_save(store: ObjectStore, folder: str | None) -> ObjectList:
     return objects
 
 
+async def complete_sizes(
+    store: ObjectStore, folder: str | None, listed: ObjectList, keys: Iterable[str]
+) -> ObjectList:
+    """``listed`` with the sizes and ETags of ``keys`` (those a run reads) asked of the
+    store where it lists them as :data:`~asyncloader._base._types.UNSIZED`, and saved in
+    ``folder`` again where the listing kept there is this one (as listed at the same time);
+    the other objects keep theirs.  The processes of a node take turns
+    (:class:`ListingTurn`): the first asks, the others find the sizes it saved."""
+    at = _unsized(listed, keys)
+    if not at:
+        return listed
+    path = listing_path(folder, store.url) if folder is not None else None
+    turn = ListingTurn(path.with_suffix(".lock")) if path is not None else None
+    made = None  # when the saved listing was made (None: there is none)
+    same = True  # the saved listing is this one (or there is none): it takes the sizes
+    if turn is not None:
+        await turn.acquire()
+    try:
+        if path is not None:
+            found = await asyncio.to_thread(load_listing_made, path, store.url)
+            if found is not None:
+                saved, made = found
+                same = saved.keys() == listed.keys()
+                if same:  # what another process of the node asked already
+                    listed = listed.replaced((i, saved[i]) for i in at)
+                    at = [i for i in at if listed[i].size == UNSIZED]
+        if at:
+            names = [listed[i].key for i in at]
+            stat_listed = getattr(store, "stat_listed", None)
+            infos = await (stat_listed(names) if stat_listed else _stat_each(store, names))
+            listed = listed.replaced(zip(at, infos, strict=True))
+            if path is not None and same:  # never over another (a newer) listing
+                await asyncio.to_thread(save_listing, path, store.url, listed, made)
+        return listed
+    finally:
+        if turn is not None:
+            turn.release()
+
+
+def _unsized(listed: ObjectList, keys: Iterable[str]) -> list[int]:
+    """The places in ``listed`` of those of ``keys`` it lists as not sized yet."""
+    unsized = np.flatnonzero(listed.sizes() == UNSIZED)
+    if not len(unsized):
+        return []
+    wanted = set(keys)
+    names = listed.keys()
+    return [i for i in unsized.tolist() if names[i] in wanted]
+
+
+async def _stat_each(store: ObjectStore, keys: Sequence[str]) -> list[ObjectInfo]:
+    """Each key's ``stat``, :data:`STATS_AT_ONCE` at once (an object the store does not
+    have: size -1, reported missing when read)."""
+    gate = asyncio.Semaphore(STATS_AT_ONCE)
+
+    async def one(key: str) -> ObjectInfo:
+        async with gate:
+            try:
+                return await store.stat(key)
+            except ObjectNotFound:
+                return ObjectInfo(key, -1, "")
+
+    return list(await asyncio.gather(*(one(k) for k in keys)))
+
+
 async def listing_turn(
-    store: ObjectStore, folder: str | None, max_age: float
+    store: ObjectStore, folder: str | None, max_age: float, *, unsized: bool = False
 ) -> tuple[ObjectList | None, ListingTurn | None]:
     """A saved listing young enough, or this process's turn to list.
 
@@ -76,16 +168,19 @@ async def listing_turn(
     find no saved listing lists (the caller: then it saves and releases the turn), the
     others wait and read the listing it saved, even under ``max_age=0``
     (``refresh_listing``: it was made after they asked).  Returns ``(saved, None)`` or
-    ``(None, turn)``; ``(None, None)`` without a folder.
+    ``(None, turn)``; ``(None, None)`` without a folder.  ``unsized``: as
+    :func:`saved_listing` takes it.
     """
-    saved = await saved_listing(store, folder, max_age)
+    saved = await saved_listing(store, folder, max_age, unsized=unsized)
     if saved is not None or folder is None:
         return saved, None
     asked = time.time()
     turn = ListingTurn(listing_path(folder, store.url).with_suffix(".lock"))
     await turn.acquire()
     try:
-        saved = await saved_listing(store, folder, max(max_age, time.time() - asked))
+        saved = await saved_listing(
+            store, folder, max(max_age, time.time() - asked), unsized=unsized
+        )
     except BaseException:
         turn.release()
         raise
@@ -146,3 +241,39 @@ async def metadata_file(
     if path is not None:
         await asyncio.to_thread(save_metadata_copy, path, version, data)
     return data
+
+
+METADATA_READS = 16
+"""Metadata files read at once (a dataset kept in many folders has one in each)."""
+
+
+async def read_metadata_files(
+    store: ObjectStore, folder: str | None, listed: ObjectList, counters: Counters | None
+) -> Metadata | None:
+    """The rows of every metadata file ``listed`` (:func:`~._metadata.metadata_objects`),
+    each read through the cache ``folder`` (:func:`metadata_file`), as one
+    table; None where there is none.
+
+    Raises:
+        StoreError: a file could not be read; ValueError: one that is malformed, or an
+            image two of them name.
+    """
+    found = metadata_objects(listed)
+    if not found:
+        return None
+    gate = asyncio.Semaphore(METADATA_READS)
+    parts: list[Metadata | None] = [None] * len(found)
+
+    async def one(i: int) -> None:
+        async with gate:
+            data = await metadata_file(store, folder, found[i], counters)
+        parts[i] = await asyncio.to_thread(read_metadata, data, found[i].key)
+
+    # The first file that fails stops the others' reads, and is the error raised.
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for i in range(len(found)):
+                tg.create_task(one(i))
+    except* Exception as group:
+        raise group.exceptions[0] from None
+    return merge_metadata([part for part in parts if part is not None])

@@ -37,6 +37,7 @@ __all__ = [
     "budget_path",
     "listing_path",
     "load_listing",
+    "load_listing_made",
     "load_metadata_copy",
     "metadata_path",
     "make_listings_folder",
@@ -67,13 +68,16 @@ def budget_path(directory: str | os.PathLike[str], url: str) -> Path:
     return path
 
 
-def save_listing(path: Path, url: str, objects: Sequence[ObjectInfo]) -> None:
+def save_listing(
+    path: Path, url: str, objects: Sequence[ObjectInfo], made: float | None = None
+) -> None:
     """Keep the object list of ``url`` at ``path`` (written atomically): its arrays (see
-    :class:`ObjectList`), read back in milliseconds for a million keys."""
+    :class:`ObjectList`), read back in milliseconds for a million keys.  ``made``: when it
+    was listed (default: now), for a listing saved again with more of its sizes known."""
     make_listings_folder(path)
     doc: dict[str, Any] = {
         "url": np.frombuffer(url.encode(), np.uint8),
-        "time": np.array(time.time()),
+        "time": np.array(time.time() if made is None else made),
         **ObjectList.of(objects).arrays(),
     }
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
@@ -85,13 +89,20 @@ def save_listing(path: Path, url: str, objects: Sequence[ObjectInfo]) -> None:
 def load_listing(path: Path, url: str, max_age: float) -> ObjectList | None:
     """The object list of ``url`` saved at ``path`` if younger than ``max_age`` [seconds],
     else None (also when the file is damaged: the prefix is listed again)."""
+    found = load_listing_made(path, url)
+    if found is None or time.time() - found[1] > max_age:
+        return None
+    return found[0]
+
+
+def load_listing_made(path: Path, url: str) -> tuple[ObjectList, float] | None:
+    """The object list of ``url`` saved at ``path`` and when it was listed, whatever its
+    age; None where there is none (or a damaged one)."""
     try:
         with np.load(path, allow_pickle=False) as doc:
             if doc["url"].tobytes() != url.encode():
                 return None
-            if time.time() - float(doc["time"]) > max_age:
-                return None
-            return ObjectList.from_arrays(doc)
+            return ObjectList.from_arrays(doc), float(doc["time"])
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
 

@@ -5,8 +5,10 @@ relative to the base URL or by an absolute URL, optionally with its ``size`` and
 Without one, a caption folder's own metadata file at the base URL (``metadata.jsonl``,
 ``.csv`` or ``.parquet``, Hugging Face's ``imagefolder``) names its images, by ``file_name``;
 objects without a size are HEAD-requested once when listing (a saved listing in the cache
-then spares that on later runs).  GETs use ``Range`` and ``If-Match`` and check the answer's
-length and ETag, so a server that ignores ``If-Match`` still cannot pass a changed object.
+then spares that on later runs), or, listed by a loader (:meth:`HttpStore.list_unsized`),
+only those it keeps: an image that ``filters=`` leaves out is never asked for.  GETs use
+``Range`` and ``If-Match`` and check the answer's length and ETag, so a server that ignores
+``If-Match`` still cannot pass a changed object.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
@@ -25,7 +27,7 @@ from .._base._budget import InflightBudget
 from .._base._config import READ_TIMEOUT
 from .._base._errors import ObjectNotFound, StoreError, Throttled, shown_key
 from .._base._manifest import METADATA_NAMES, file_key, metadata_rows, read_manifest
-from .._base._types import Blob, ObjectInfo
+from .._base._types import UNSIZED, Blob, ObjectInfo
 from ._http import (
     REQUESTS_CA_NAMES,
     ca_bundle_for,
@@ -197,14 +199,38 @@ class HttpStore(HTTPStoreBase):
         """The manifest's objects under ``prefix``; sizes not in it are HEAD-requested (an
         object the server does not have is listed with size -1)."""
         rows = [r for r in await self._read_manifest() if r["key"].startswith(prefix)]
+        async for obj in self._infos(rows, lambda _: True):
+            yield obj
+
+    async def list_unsized(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        """:meth:`list` without its HEADs: an object whose size the manifest does not give
+        is listed with size :data:`~asyncloader._base._types.UNSIZED`, for the caller to
+        ask with :meth:`stat_listed` once it knows which it keeps (a filter leaves the
+        others unasked).  Metadata files are asked at once: they are read first."""
+        rows = [r for r in await self._read_manifest() if r["key"].startswith(prefix)]
+        async for obj in self._infos(rows, lambda key: key.rpartition("/")[2] in METADATA_NAMES):
+            yield obj
+
+    async def stat_listed(self, keys: Sequence[str]) -> Sequence[ObjectInfo]:
+        """The size and ETag of each of ``keys`` as :meth:`list` gives them (HEADs at once
+        through the listing's budget; an object the server does not have: size -1)."""
+        return [obj async for obj in self._infos([{"key": k} for k in keys], lambda _: True)]
+
+    async def _infos(
+        self, rows: Sequence[Mapping[str, str]], ask: Callable[[str], bool]
+    ) -> AsyncIterator[ObjectInfo]:
+        """Each row's object: its size and ETag from the row, else from a HEAD where
+        ``ask(key)``, else of size :data:`UNSIZED`."""
         # The HEADs go through an adaptive budget of their own, as a fetcher's GETs do: a
         # server that throttles (a rate limiter) is paced, not hammered until retries end.
         budget = InflightBudget(self._head_concurrency, floor=1)
 
-        async def info(row: dict[str, str]) -> ObjectInfo:
+        async def info(row: Mapping[str, str]) -> ObjectInfo:
             key = row["key"]
             if "size" in row:
                 return ObjectInfo(key, int(row["size"]), normalize_etag(row.get("etag", "")))
+            if not ask(key):
+                return ObjectInfo(key, UNSIZED, "")
             try:
                 return await retrying(lambda: self._sized(key, budget))
             except ObjectNotFound:
