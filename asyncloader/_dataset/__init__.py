@@ -33,7 +33,7 @@ from .._base._filters import Normal
 from .._base._manifest import is_columnar, is_manifest, read_manifest
 from .._base._sources import Source
 from .._base._stats import Counters
-from .._base._types import ObjectInfo, ObjectStore, Sample
+from .._base._types import UNSIZED, ObjectInfo, ObjectStore, Sample
 from .._stores._mixed import MixedStore
 from ._combine import combine, prefixed, with_length
 from ._filtering import header_columns
@@ -297,19 +297,16 @@ async def open_listing(
         )
 
     dataset = await asyncio.to_thread(build, all_listed)
-    told = all_listed
-    if getattr(store, "list_unsized", None) is not None and dataset.samples:
-        # A web server's folder: the sizes of what the run reads are asked now, once the
-        # filter has left out what it never reads (built again with them: a filter on
-        # ``size`` decides then).  The ranks agree on the listing as read, whatever else
-        # a node happens to know.
-        reads = read_keys(dataset, all_listed)
-        sized = await complete_sizes(store, folder, all_listed, reads)
+    if dataset.samples and bool((all_listed.sizes() == UNSIZED).any()):
+        # A web server's folder (listed by this loader: a job's one listing sizes every
+        # object): the sizes of what the run reads are asked now, once the filter has left
+        # out what it never reads (built again with them: a filter on ``size`` decides
+        # then).
+        sized = await complete_sizes(store, folder, all_listed, read_keys(dataset, all_listed))
         if sized is not all_listed:
             all_listed = sized
             dataset = await asyncio.to_thread(build, all_listed)
-        told = all_listed.unasked_but(reads)
-    check(told, dataset)
+    check(all_listed, dataset)
     later = header_columns(filters, metadata)
     if sizes.wanted or later:
         dataset = await with_sizes(

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import binascii
 import hashlib
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
 
-from .._base._types import UNSIZED, ObjectInfo, Sample
+from .._base._types import ObjectInfo, Sample
 
 __all__ = ["ObjectList", "ObjectListBuilder", "SampleList", "texts_from_arrays", "texts_to_arrays"]
 
@@ -284,17 +284,6 @@ class ObjectList(_Items, Sequence[ObjectInfo]):
     def columns(self) -> tuple[list[str], list[int], list[str]]:
         """Keys, sizes and ETags as three lists (one pass each)."""
         return self.keys(), self._sizes.tolist(), self._etags.all()
-
-    def unasked_but(self, keys: Container[str]) -> ObjectList:
-        """This list with every object but those of ``keys`` of size
-        :data:`~asyncloader._base._types.UNSIZED` and no ETag."""
-        sizes = self._sizes.copy()
-        etags = self._etags.all()
-        for i, key in enumerate(self.keys()):
-            if key not in keys:
-                sizes[i] = UNSIZED
-                etags[i] = ""
-        return _restore(self._keys, sizes, _Strings([e.encode() for e in etags], hex_ok=True))
 
     def replaced(self, known: Iterable[tuple[int, ObjectInfo]]) -> ObjectList:
         """This list with the size and ETag of some places replaced by those of
