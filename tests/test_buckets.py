@@ -7,6 +7,7 @@ file or one header read per object, kept for the next run; ``original_size`` and
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import json
@@ -24,6 +25,7 @@ from PIL import Image
 
 import asyncloader as al
 from asyncloader._base._config import RunConfig, ShardConfig
+from asyncloader._dataset._located import read_manifest_file
 from asyncloader._decode._image import DecodeSpec, decode_into
 from asyncloader._decode._transforms import bucket_plan
 from asyncloader._run._resume import loader_state, plan_resume
@@ -475,6 +477,40 @@ def test_a_dataset_its_length_and_its_dataloader_workers_read_each_header_once(
         assert headers[key] == (1 if i in kept else 0), (key, workers)
     seen = [i for labels in got for i in labels]
     assert len(got) == batches and len(seen) == len(set(seen)) and set(seen) <= set(kept)
+
+
+def test_throttled_reads_before_the_first_batch_are_retried(
+    shapes: tuple[str, str], tmp_path: Path
+) -> None:
+    """What a bucketed, captioned run reads before its first batch — the metadata file,
+    each image's header, a manifest — is retried when the store throttles (503 SlowDown)
+    or fails on the way (500), as the images' own reads are: the run starts, every retry
+    counted, none of it skipped."""
+    bucket, endpoint = shapes
+    kept = {i for i in range(N) if _score(i) >= 1}
+    with FaultProxy(endpoint) as proxy:
+        proxy.fail_next(2, path_contains="/a/metadata.jsonl")
+        proxy.fail_next(3, path_contains="/a/00")  # the first reads of images 000-009
+        proxy.fail_next(1, status=500, code="InternalError", path_contains="/a/01")
+        with _loader(f"s3://{bucket}/a/", proxy.endpoint, cache_dir=str(tmp_path)) as loader:
+            seen = {i for _, labels, _, _ in _batches(loader) for i in labels}
+            stats = loader.stats()
+        assert proxy.injected == 6
+    assert seen <= kept and len(seen) >= len(kept) - 3 * 2  # leftovers: < a batch a bucket
+    assert stats.retries == {"throttled": 5, "transient": 1} and not stats.skipped
+    with FaultProxy(endpoint) as proxy:
+        proxy.fail_next(2, path_contains="/a/metadata.jsonl")
+        proxy.fail_next(1, path_contains="/a/metadata.jsonl", status=500, code="InternalError")
+
+        async def manifest() -> bytes | bytearray:
+            store = al.open_store(f"s3://{bucket}/", endpoint_url=proxy.endpoint)
+            try:
+                return await read_manifest_file(store, "a/metadata.jsonl")
+            finally:
+                await store.close()
+
+        assert b'"file_name": "000.jpg"' in asyncio.run(manifest())
+        assert proxy.injected == 3
 
 
 def test_an_image_whose_header_cannot_be_read_stops_the_run_or_is_a_counted_skip(

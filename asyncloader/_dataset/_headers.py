@@ -15,6 +15,7 @@ import io
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from functools import partial
 from typing import Protocol
 
 from PIL import Image
@@ -29,6 +30,7 @@ from .._base._errors import (
 from .._base._orientation import orientation, upright_size
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
+from .._stores._retry import counted_retrying
 
 __all__ = [
     "HEAD_BYTES",
@@ -214,9 +216,10 @@ async def _read_header(
     end = HEAD_BYTES
     while True:
         want = end if obj.size < 0 else min(end, obj.size)
-        data = await store.get(obj.key, start=0, end=want, etag=obj.etag)
+        data = await counted_retrying(
+            partial(store.get, obj.key, start=0, end=want, etag=obj.etag), counters
+        )
         if counters is not None:
-            counters.requests += 1
             counters.bytes_fetched += len(data)
         size = header_size(data, upright)
         if size is not None:

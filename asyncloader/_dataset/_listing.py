@@ -12,12 +12,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from functools import partial
 
 import numpy as np
 
 from .._base._errors import ObjectNotFound, TransientStoreError
 from .._base._stats import Counters
 from .._base._types import UNSIZED, ObjectInfo, ObjectStore
+from .._stores._retry import counted_retrying
 from ._metadata import Metadata, merge_metadata, metadata_objects, read_metadata
 from ._objects import ObjectList, ObjectListBuilder
 from ._saved import (
@@ -217,7 +219,7 @@ async def metadata_file(
                 counters.bytes_from_cache += len(kept)
             return kept
     try:
-        data = bytes(await store.get(obj.key, etag=obj.etag))
+        data = bytes(await counted_retrying(partial(store.get, obj.key, etag=obj.etag), counters))
     except TransientStoreError:
         # Not answering after its retries: a copy no ETag can check is the one the node
         # kept when the store last answered, of the size the (saved) listing gives.
@@ -236,7 +238,6 @@ async def metadata_file(
             counters.bytes_from_cache += len(kept)
         return kept
     if counters is not None:
-        counters.requests += 1
         counters.bytes_fetched += len(data)
     if path is not None:
         await asyncio.to_thread(save_metadata_copy, path, version, data)

@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .._base._errors import StoreError, shown_key
 from .._base._types import ObjectStore, WritableStore
 from .._stores import HttpStore, LocalStore, lists_from_manifest, open_store, service_of
+from .._stores._retry import retrying
 
 __all__ = ["is_url", "object_at", "read_manifest_file", "write_file"]
 
@@ -67,10 +69,10 @@ async def read_manifest_file(
     the images."""
     if is_url(name):
         async with object_at(store, name, options) as (where, key):
-            return await where.get(key)
+            return await retrying(partial(where.get, key))
     if await asyncio.to_thread(os.path.exists, name):
         return await asyncio.to_thread(Path(name).read_bytes)
-    return await store.get(name)
+    return await retrying(partial(store.get, name))
 
 
 async def write_file(

@@ -22,7 +22,7 @@ from .._base._errors import LengthMismatch, StoreError, Throttled, shown_key
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore
 from .._stores._http_objects import whole_answer
-from .._stores._retry import retrying
+from .._stores._retry import retry_reason, retrying
 
 __all__ = ["Fetcher"]
 
@@ -207,12 +207,7 @@ class Fetcher:
                 c.node_loaders = budget.members if self._node is not None else 0
 
         def count(err: StoreError) -> None:
-            reason = "transient"
-            if isinstance(err, Throttled):
-                reason = "throttled"
-            elif isinstance(err, LengthMismatch):
-                reason = "short"
-            c.retries[reason] += 1
+            c.retries[retry_reason(err)] += 1
 
         return await retrying(attempt, self.config, on_retry=count, rng=self._rng)
 

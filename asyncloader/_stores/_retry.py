@@ -13,13 +13,25 @@ from typing import TypeVar
 
 from .._base._config import FetchConfig
 from .._base._errors import LengthMismatch, StoreError, Throttled, TransientStoreError
+from .._base._stats import Counters
 
-__all__ = ["CONTROL_RETRIES", "RETRIED", "retrying"]
+__all__ = ["CONTROL_RETRIES", "RETRIED", "counted_retrying", "retry_reason", "retrying"]
 
 RETRIED = (Throttled, TransientStoreError, LengthMismatch)
 """What is retried: throttling, transient failures, and answers cut short."""
 
 T = TypeVar("T")
+
+
+def retry_reason(exc: StoreError) -> str:
+    """How ``stats().retries`` names a retried error: ``throttled``, ``short`` (an answer
+    cut short) or ``transient``."""
+    if isinstance(exc, Throttled):
+        return "throttled"
+    if isinstance(exc, LengthMismatch):
+        return "short"
+    return "transient"
+
 
 CONTROL_RETRIES = FetchConfig(max_attempts=6)
 """The budget of a store's control requests (listing pages, HEADs)."""
@@ -62,3 +74,20 @@ async def retrying(
             if asked is not None:
                 delay = max(delay, min(asked, config.backoff_cap))
             await asyncio.sleep(delay)
+
+
+async def counted_retrying(attempt: Callable[[], Awaitable[T]], counters: Counters | None) -> T:
+    """:func:`retrying` for a read outside the fetcher (an image's header, a metadata
+    file), counted as the fetcher counts its own: each try a request sent
+    (``stats().requests``), each retry by its reason (``stats().retries``)."""
+
+    async def counted() -> T:
+        if counters is not None:
+            counters.requests += 1
+        return await attempt()
+
+    def retried(exc: StoreError) -> None:
+        if counters is not None:
+            counters.retries[retry_reason(exc)] += 1
+
+    return await retrying(counted, on_retry=retried)
