@@ -49,6 +49,7 @@ HEAD_MAX = 1024 * 1024
 log = logging.getLogger("asyncloader")
 
 _INFLIGHT = 64
+"""Header reads in flight at once (each of a fixed set of readers)."""
 _THE_IMAGE_S = (ObjectNotFound, IntegrityError, DecodeError)
 """The header read's failures that are the image's own: the ones ``"skip"`` counts."""
 _KEEP_CHUNK = 8 * 1024 * 1024
@@ -169,7 +170,7 @@ async def _read_all(
     unreadable: dict[int, AsyncLoaderError] = {}
     whole: list[tuple[ObjectInfo, bytes]] = []
     held = 0  # bytes in `whole`
-    gate, handing = asyncio.Semaphore(_INFLIGHT), asyncio.Semaphore(2)
+    handing = asyncio.Semaphore(2)
 
     async def hand_over(items: list[tuple[ObjectInfo, bytes]]) -> None:
         assert keep is not None
@@ -185,24 +186,31 @@ async def _read_all(
     async def one(i: int) -> None:
         nonlocal whole, held
         obj = objects[i]
-        async with gate:
-            try:
-                found[i], data = await _read_header(store, obj, counters, upright)
-            except _THE_IMAGE_S as exc:
-                unreadable[i] = exc
-                return
-            if keep is None or len(data) != obj.size:
-                return
-            whole.append((obj, bytes(data)))
-            held += len(data)
-            if held >= _KEEP_CHUNK:
-                items, whole, held = whole, [], 0
-                await hand_over(items)
+        try:
+            found[i], data = await _read_header(store, obj, counters, upright)
+        except _THE_IMAGE_S as exc:
+            unreadable[i] = exc
+            return
+        if keep is None or len(data) != obj.size:
+            return
+        whole.append((obj, bytes(data)))
+        held += len(data)
+        if held >= _KEEP_CHUNK:
+            items, whole, held = whole, [], 0
+            await hand_over(items)
+
+    # A fixed set of readers, each taking the next image: a task per image would hold a
+    # million of them (and their memory) for a million images.
+    left = iter(todo)
+
+    async def reader() -> None:
+        for i in left:
+            await one(i)
 
     try:
         async with asyncio.TaskGroup() as tg:
-            for i in todo:
-                tg.create_task(one(i))
+            for _ in range(min(_INFLIGHT, len(todo))):
+                tg.create_task(reader())
     except* AsyncLoaderError as group:
         raise group.exceptions[0] from None
     if whole:

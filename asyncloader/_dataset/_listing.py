@@ -149,16 +149,23 @@ def _unsized(listed: ObjectList, keys: Iterable[str]) -> list[int]:
 async def _stat_each(store: ObjectStore, keys: Sequence[str]) -> list[ObjectInfo]:
     """Each key's ``stat``, :data:`STATS_AT_ONCE` at once (an object the store does not
     have: size -1, reported missing when read)."""
-    gate = asyncio.Semaphore(STATS_AT_ONCE)
+    out: list[ObjectInfo | None] = [None] * len(keys)
+    left = iter(range(len(keys)))
 
-    async def one(key: str) -> ObjectInfo:
-        async with gate:
+    async def asker() -> None:
+        for i in left:
             try:
-                return await store.stat(key)
+                out[i] = await store.stat(keys[i])
             except ObjectNotFound:
-                return ObjectInfo(key, -1, "")
+                out[i] = ObjectInfo(keys[i], -1, "")
 
-    return list(await asyncio.gather(*(one(k) for k in keys)))
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(min(STATS_AT_ONCE, len(keys))):
+                tg.create_task(asker())
+    except* Exception as group:  # the first failure, as itself
+        raise group.exceptions[0] from None
+    return [o for o in out if o is not None]
 
 
 async def listing_turn(
