@@ -75,6 +75,7 @@ from asyncloader._base._jobstore import (
     store_address,
 )
 from asyncloader._base._scalars import Point
+from asyncloader._base._worker_resume import WorkerResume
 from asyncloader._device._device_spec import DeviceSpec
 from asyncloader._device._upload import Uploader
 from asyncloader._loader._health import WorkerPoints
@@ -179,7 +180,9 @@ class ImageDataset(IterableDataset[Batch]):
         if agreement is not None and store.objects is not None:
             agreement.check(store.objects)  # every rank holds the same list
         self.epoch = 0
-        self._resume: dict[str, Any] | None = None
+        # A state load_state_dict was given, for the next iteration here or in DataLoader
+        # workers (those started later, and those already running: persistent_workers).
+        self._resume = WorkerResume()
         self._loader: ImageLoader | None = None
         self._pid = -1
         self._dataset: Dataset | None = None  # the samples, once asked for (classes, len)
@@ -294,19 +297,25 @@ class ImageDataset(IterableDataset[Batch]):
     def __iter__(self) -> Iterator[Batch]:
         loader = self._get_loader()
         info = get_worker_info()
-        if self._resume is not None:
-            loader.load_state_dict(self._resume)
-            self._resume = None
-        else:
-            asked = int(self._asked_epoch[0])
-            if info is not None and asked > 0:  # the training process's latest set_epoch
-                self.epoch = asked - 1
+        asked = int(self._asked_epoch[0])
+        if info is not None and asked > 0:  # the training process's latest set_epoch
+            self.epoch = asked - 1
+        own = self._resume.own  # a state this worker was given (StatefulDataLoader): it wins
+        resume = self._resume.take(info.id if info is not None else None)
+        if resume is not None and (own or int(resume["epoch"]) == self.epoch):
+            loader.load_state_dict(resume)
+            self.epoch = loader.epoch  # the state's, or the next where it had finished it
+        else:  # none, or set_epoch chose another epoch since: that epoch, from its start
             loader.set_epoch(self.epoch)
-        epoch = self.epoch  # load_state_dict set it to the state's
+        epoch = self.epoch
+        delivered = False
         points = self._worker_points
         for got in loader:
             if info is not None:
                 self._workers_in[0] = epoch + 1  # the same value from every worker
+                if not delivered:  # the training process forgets a state taken here
+                    self._resume.delivered()
+                    delivered = True
                 if points.due():
                     points.write(info.id, loader.health_point())
                 # A DataLoader worker hands results to its parent process: copy them once,
@@ -338,8 +347,9 @@ class ImageDataset(IterableDataset[Batch]):
                 ``StatefulDataLoader`` (its ``state_dict()`` holds every worker's position)
                 or ``num_workers=0``.
         """
-        if self._resume is not None:  # loaded, not iterated yet: where it will go on
-            return every_key(self._resume)
+        pending = self._resume.pending()
+        if pending is not None and int(pending["epoch"]) == self.epoch:
+            return every_key(pending)  # loaded, not iterated yet: where it will go on
         if self._loader is None:
             in_worker = get_worker_info() is not None  # not started yet: at batch 0
             if not in_worker and int(self._workers_in[0]) == self.epoch + 1:
@@ -371,7 +381,9 @@ class ImageDataset(IterableDataset[Batch]):
         """
         state = rank_state(state)
         self.set_epoch(int(state["epoch"]))  # workers already running go on from it too
-        self._resume = state if has_position(state) else None
+        self._resume.load(
+            state if has_position(state) else None, worker=get_worker_info() is not None
+        )
 
     def close(self) -> None:
         if self._loader is not None:

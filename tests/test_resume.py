@@ -47,6 +47,14 @@ def _batches(loader: al.ImageLoader, epoch: int) -> list[list[int]]:
     return [lab.tolist() for _, lab in loader]
 
 
+def _dataset(server: S3TestServer) -> Any:
+    """An ImageDataset of the light server's folder, labelled as :func:`_loader`'s samples
+    (the key's index), with :func:`_loader`'s batch size, seed and decode workers."""
+    from .test_torch import _dataset as keyed
+
+    return keyed(server, seed=11, decode=al.DecodeConfig(workers=1))
+
+
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_workers_split_a_rank_round_robin(light_server: S3TestServer, world_size: int) -> None:
     for rank in range(world_size):
@@ -251,19 +259,8 @@ def test_stateful_dataloader_resumes_mid_epoch(
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     from asyncloader.torch import ImageDataset
 
-    from .test_torch import KeyIndex
-
-    keys = [k[len("train/") :] for k in light_server.stats()["keys"] if k.endswith(".jpg")]
-
     def dataset() -> ImageDataset:
-        ds = ImageDataset(
-            "s3://b/train/",
-            batch_size=8,
-            seed=11,
-            labels=KeyIndex(keys),
-            decode=al.DecodeConfig(workers=1),
-            store=al.StoreConfig(options={"endpoint_url": light_server.endpoint}),
-        )
+        ds = _dataset(light_server)
         ds.set_epoch(2)
         return ds
 
@@ -329,3 +326,49 @@ def test_the_training_process_state_under_dataloader_workers_is_refused(
         ds.set_epoch(4)  # the next epoch, from its start: nothing delivered of it yet
         assert ds.state_dict() == epoch_start(4)
         ds.set_epoch(3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_state_loaded_into_the_dataset_reaches_its_dataloader_workers_once(
+    light_server: S3TestServer, persistent: bool
+) -> None:
+    """``ds.load_state_dict(state)`` then iterating a plain DataLoader: its workers finish
+    the state's epoch (every sample once with the batches before it), and the next epoch
+    runs whole, as a plain loader runs it — not the state's rest again.  With
+    ``persistent_workers=True`` the workers were started (by an earlier epoch) before the
+    load, and still take it.  Afterwards the training process's ``state_dict()`` is the
+    workers' epoch again (refused: it cannot see how far they got), not the loaded one."""
+    import torch.utils.data
+
+    first = _dataset(light_server)
+    first.set_epoch(2)
+    it = iter(first)
+    seen = [x for _ in range(5) for x in next(it)[1].tolist()]
+    state = first.state_dict()
+    del it
+    first.close()
+    with _loader(light_server) as plain:  # the same labels: the key's index
+        plain.set_epoch(3)
+        epoch3 = [labels.tolist() for _, labels in plain]
+    ds = _dataset(light_server)
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=persistent,
+        multiprocessing_context="fork",
+        worker_init_fn=stacks_if_hung,
+    )
+    if persistent:
+        ds.set_epoch(0)
+        assert sum(len(labels) for _, labels in dl) == N_IMAGES  # the workers run
+    ds.load_state_dict(state)
+    assert ds.state_dict() == state
+    rest = [x for _, labels in dl for x in labels.tolist()]
+    assert len(seen) == 40 and sorted(seen + rest) == list(range(N_IMAGES))
+    with pytest.raises(RuntimeError, match="StatefulDataLoader"):
+        ds.state_dict()
+    ds.set_epoch(3)
+    assert [labels.tolist() for _, labels in dl] == epoch3
+    ds.close()

@@ -176,3 +176,62 @@ def test_rank_state_reads_a_stateful_dataloader_state() -> None:
     single = {"_num_yielded": 3, "_dataset_state": states[0], "_fetcher_state": None}
     assert rank_state(single) == states[0]
     assert rank_state(states[1]) is states[1]
+
+
+def test_a_loaded_state_reaches_each_worker_once_whenever_it_started() -> None:
+    """A state the training process loads reaches every DataLoader worker of the next
+    iteration once: those started after the load (their copy of the dataset holds it: a
+    shallow copy here, sharing the shared memory as a forked worker does) and those running
+    since before it (``persistent_workers``: through shared memory).  A later iteration's
+    workers, forked again from the training process's copy, do not take it again; the
+    training process forgets it once a worker has delivered a batch after taking it."""
+    import copy
+
+    from asyncloader._base._worker_resume import WorkerResume
+
+    state = {"epoch": 2, "next_batch": 5, "filters": "size >= 3"}
+    trainer = WorkerResume()
+    trainer.load(state)
+    assert trainer.pending() == state
+    fresh = [copy.copy(trainer) for _ in range(2)]  # the next iteration's two workers
+    assert fresh[1].take(1) == state and fresh[0].take(0) == state  # in any order
+    assert trainer.pending() == state  # taken, nothing delivered yet
+    fresh[0].delivered()
+    assert trainer.pending() is None
+    later = copy.copy(trainer)  # the iteration after: the state stays where it was used
+    assert later.take(0) is None and later.take(1) is None
+
+    trainer = WorkerResume()
+    running = [copy.copy(trainer) for _ in range(2)]  # started before any load
+    assert running[0].take(0) is None and trainer.pending() is None
+    trainer.load(state)
+    assert running[0].take(0) == state and running[1].take(1) == state
+    assert trainer.pending() == state
+    running[1].delivered()
+    assert trainer.pending() is None
+    assert running[0].take(0) is None and running[1].take(1) is None  # not again
+    trainer.load(None)  # an epoch's start: no position to take
+    assert running[0].take(0) is None and trainer.pending() is None
+    assert WorkerResume().take(None) is None
+    worker = copy.copy(trainer)  # torchdata's StatefulDataLoader: a worker's own state
+    worker.load(state, worker=True)
+    running[0].delivered()
+    assert worker.pending() == state and trainer.pending() is None
+    assert worker.take(0) == state and worker.take(0) is None
+
+
+def test_a_state_too_large_for_shared_memory_is_refused_only_where_it_must_travel() -> None:
+    import copy
+
+    from asyncloader._base._worker_resume import WorkerResume
+
+    trainer = WorkerResume()
+    persistent = copy.copy(trainer)
+    big = {"epoch": 0, "filters": "x" * WorkerResume.BOX}
+    trainer.load(big)
+    assert copy.copy(trainer).take(0) == big  # a worker started after the load has it
+    with pytest.raises(ValueError, match="persistent_workers"):
+        persistent.take(0)
+    with pytest.raises(ValueError, match="1024 workers"):
+        copy.copy(trainer).take(WorkerResume.WORKERS)
+    assert trainer.take(None) == big and trainer.take(None) is None  # in-process: once

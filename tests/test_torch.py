@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -23,14 +25,16 @@ class KeyIndex:
         return self.index[key]
 
 
-def _dataset(server: S3TestServer) -> ImageDataset:
+def _dataset(server: S3TestServer, seed: int = 5, **kw: Any) -> ImageDataset:
+    """The light server's folder in batches of 8, each sample labelled by its key's index."""
     keys = [k[len("train/") :] for k in server.stats()["keys"] if k.endswith(".jpg")]
     return ImageDataset(
         "s3://b/train/",
         batch_size=8,
-        seed=5,
+        seed=seed,
         labels=KeyIndex(keys),
         store=al.StoreConfig(options={"endpoint_url": server.endpoint}),
+        **kw,
     )
 
 

@@ -15,4 +15,5 @@ on Linux), one source of several (``_sources``), the CPUs each rank of a node is
 the timer its paced requests wait on (``_timer``), which samples ``filters=`` keeps
 (``_filters``), aspect-ratio buckets (``_buckets``), EXIF orientation and turning an image
 upright (``_orientation``), and where the job's key-value store is
-and a client of it (``_jobstore``)."""
+and a client of it (``_jobstore``); a resume state loaded into ``ImageDataset``, in shared
+memory on its way to the DataLoader workers (``_worker_resume``)."""
