@@ -57,6 +57,15 @@ def test_bad_buckets_are_refused(sizes: Any, says: str) -> None:
         al.Buckets(sizes)
 
 
+@pytest.mark.parametrize("extras", [("original_size",), ("text", "crop_top_left")])
+def test_the_crop_s_geometry_without_buckets_is_refused_by_name(extras: tuple[str, ...]) -> None:
+    """``original_size`` and ``crop_top_left`` are a bucketed run's: asked without buckets,
+    the options are refused before anything starts, naming them (not a failed pipeline)."""
+    with pytest.raises(ValueError, match=f"extras '{extras[-1]}'.*buckets="):
+        RunConfig(batch_size=4, extras=extras)
+    RunConfig(batch_size=4, extras=extras, buckets=al.Buckets(((8, 8),)))
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(

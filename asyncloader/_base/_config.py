@@ -485,6 +485,14 @@ class RunConfig:
             raise ValueError(f"extras must be a tuple of names, not {self.extras!r}")
         if len(set(self.extras)) != len(self.extras):
             raise ValueError(f"extras names one thing twice: {self.extras!r}")
+        geometry = [e for e in self.extras if e in ("original_size", "crop_top_left")]
+        if geometry and self.buckets is None:
+            raise ValueError(
+                f"extras {', '.join(map(repr, geometry))}: each sample's size before its "
+                "bucket's crop and the crop's corner come with aspect-ratio buckets "
+                "(buckets=asyncloader.make_buckets(...)); without them every image is "
+                "cropped by the transform"
+            )
         if self.shuffle not in (True, False, "global", "node"):
             raise ValueError(
                 f"shuffle must be True, False, 'global' or 'node', not {self.shuffle!r}"
