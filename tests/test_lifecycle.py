@@ -21,7 +21,7 @@ def test_an_engine_finishes_its_own_teardown_before_its_trainer_stops_waiting() 
         life.TASKS_CANCEL,
     )
     assert sum(steps) == life.RUNTIME_SHUTDOWN
-    assert life.ENGINE_TEARDOWN == life.RUNTIME_SHUTDOWN + life.LOOP_JOIN
+    assert life.ENGINE_TEARDOWN == life.RUNTIME_SHUTDOWN + life.LOOP_JOIN + life.EXECUTOR_END
     assert life.ENGINE_TEARDOWN < life.ENGINE_GRACE
     assert life.POOL_STOP >= 3 * life.WORKER_STEP  # ask, terminate, kill
     # The trainer's stop of an engine, whole, is far under the suite's 120 s per test.

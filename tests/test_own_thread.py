@@ -3,6 +3,7 @@ right after must not copy a lock its C library exit handlers hold (OpenSSL's).""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import os
@@ -11,7 +12,8 @@ import threading
 
 import pytest
 
-from asyncloader._base._own_thread import run_on_own_thread, wait_exited
+from asyncloader._base._own_thread import run_here, run_on_own_thread, wait_exited
+from asyncloader._run._runtime import Runtime
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="/proc/self/task and pthread keys"
@@ -60,3 +62,35 @@ def test_run_on_own_thread_returns_after_its_thread_is_gone() -> None:
 
     with pytest.raises(KeyError):
         run_on_own_thread(fail())
+
+
+def _slow_exit_here() -> int:
+    _slow_exit()
+    return threading.get_native_id()
+
+
+@pytest.mark.parametrize("run", [run_here, run_on_own_thread])
+def test_a_loop_s_blocking_calls_threads_are_gone_when_it_returns(run: object) -> None:
+    """``asyncio.to_thread``'s threads (botocore's credentials run there, making TLS
+    contexts) are ended for the OS too when the loop's runner returns: ``asyncio.run``
+    joins them, which leaves their C exit handlers running."""
+
+    async def work() -> int:
+        return await asyncio.to_thread(_slow_exit_here)
+
+    tid = run(work())  # type: ignore[operator]
+    assert tid != threading.get_native_id()
+    assert not os.path.exists(f"/proc/self/task/{tid}")
+
+
+def test_a_runtime_s_blocking_calls_threads_are_gone_when_it_closes() -> None:
+    """A loader's loop (``Runtime``): ``loop.close()`` does not wait for its executor's
+    threads at all; ``close()`` waits them out, for the OS too."""
+    runtime = Runtime()
+
+    async def work() -> int:
+        return await asyncio.to_thread(_slow_exit_here)
+
+    tid = runtime.call(work())
+    runtime.close()
+    assert not os.path.exists(f"/proc/self/task/{tid}")

@@ -103,7 +103,12 @@ RUNTIME_SHUTDOWN = STOP_PRODUCTION + WRITER_DRAIN + POOL_STOP + STORE_CLOSE + TA
 LOOP_JOIN = 5.0
 """The loop thread's end once the loop is stopped."""
 
-ENGINE_TEARDOWN = RUNTIME_SHUTDOWN + LOOP_JOIN
+EXECUTOR_END = 2.0
+"""The threads of a loop's default executor (``asyncio.to_thread``'s), once the loop has
+ended: each waited out for the operating system too, so that a ``fork()`` after copies no
+lock their C exit handlers hold (``_own_thread``)."""
+
+ENGINE_TEARDOWN = RUNTIME_SHUTDOWN + LOOP_JOIN + EXECUTOR_END
 """An engine's own teardown, at most."""
 
 # --- stopping, from the trainer ----------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._base import _lifecycle as life
 from .._base._errors import PipelineDeadError
-from .._base._own_thread import wait_exited
+from .._base._own_thread import ExitedExecutor, wait_exited
 from .._base._types import ObjectStore
 from .._decode import DecodePool
 from .._device._ring import BatchRing
@@ -48,6 +48,10 @@ class Runtime:
         self, loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     ) -> None:
         self.loop = loop_factory()
+        # Its blocking calls' threads (asyncio.to_thread), waited out at close as the loop
+        # thread is: loop.close() would leave them ending on their own (see _own_thread).
+        self._executor = ExitedExecutor("asyncloader-io")
+        self.loop.set_default_executor(self._executor)
         _live.add(self)
         self.thread = threading.Thread(target=self._main, name="asyncloader-loop", daemon=False)
         self.closed = False
@@ -127,6 +131,7 @@ class Runtime:
                 wait_exited(self.thread)  # a fork from now on is safe (see _own_thread)
             if not self.thread.is_alive() and not self.loop.is_closed():
                 self.loop.close()
+            self._executor.end(life.EXECUTOR_END)  # and after its helpers' ends too
         finally:
             if self.uploader is not None:
                 with contextlib.suppress(Exception):

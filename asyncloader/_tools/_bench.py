@@ -31,6 +31,7 @@ from typing import Any
 from .._base._config import CacheConfig, decode_worker_count, engine_processes
 from .._base._env import cpu_budget
 from .._base._errors import AsyncLoaderError, StoreError, Throttled
+from .._base._own_thread import run_here
 from .._base._proctree import machine_busy_seconds
 from .._base._types import Blob, ObjectInfo, ObjectStore
 from .._cache import ObjectCache
@@ -255,7 +256,7 @@ def bench(
     cpus = budget.cpus
     workers = decode_worker_count(decode_workers, budget=budget)  # the loader's default
     directory = str(cache_dir) if cache_dir is not None else None
-    m = asyncio.run(
+    m = run_here(
         _measure(url, dict(store_options or {}), directory, seconds, sample, max_inflight, seed)
     )
     objects: list[ObjectInfo] = m["objects"]

@@ -30,6 +30,7 @@ from .._base._config import (
 )
 from .._base._env import local_world_size, shard_from_env, usable_cpus
 from .._base._errors import AsyncLoaderError, shown_key
+from .._base._own_thread import run_here
 from .._base._sources import Source, as_sources
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore, derived_key
@@ -355,7 +356,7 @@ def warm(
         finally:
             await store.close()
 
-    return asyncio.run(main())
+    return run_here(main())  # its threads ended when it returns: a fork after is safe
 
 
 def _make_folder(cache: ObjectCache) -> bool:
