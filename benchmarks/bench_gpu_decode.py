@@ -136,7 +136,12 @@ def _synchronize() -> None:
 def case_loader(
     endpoint: str, cache: str, backend: str, cores: list[int], batch: int, epochs: int, mode: str
 ) -> dict[str, float]:
+    import torch
+
     os.sched_setaffinity(0, cores)
+    # torch sized its CPU thread pool by the cores it saw when imported (all of them):
+    # as many threads as the cores this case holds, or they take turns on them.
+    torch.set_num_threads(len(cores))
     spent = _time_phases() if backend == "cuda" else {}
     with _loader(
         endpoint,
