@@ -37,7 +37,8 @@ last round; see the sampler), and a DataLoader's round-robin over its workers yi
 rank's batches in order. The loader, its threads and its connections are created lazily in
 the process that iterates, so both the fork and the spawn start methods work; with
 ``persistent_workers=True`` the workers, started once, still run the epoch ``set_epoch``
-chose in the training process (they read it, in shared memory, as each epoch starts).
+chose in the training process (they read it, in shared memory, as each epoch starts), and
+take a state ``load_state_dict`` was given there once, at their next iteration.
 """
 
 from __future__ import annotations

@@ -219,6 +219,15 @@ def test_a_loaded_state_reaches_each_worker_once_whenever_it_started() -> None:
     assert worker.pending() == state and trainer.pending() is None
     assert worker.take(0) == state and worker.take(0) is None
 
+    trainer = WorkerResume()  # a state loaded here, and workers given their own besides
+    trainer.load(state)
+    own = copy.copy(trainer)
+    own.load({"epoch": 2, "next_batch": 7}, worker=True)
+    assert own.take(0) == {"epoch": 2, "next_batch": 7}
+    own.delivered()
+    assert copy.copy(trainer).take(0) is None  # the next iteration's new worker 0
+    assert trainer.take(None) is None  # nor the training process, iterating it itself
+
 
 def test_a_state_too_large_for_shared_memory_is_refused_only_where_it_must_travel() -> None:
     import copy

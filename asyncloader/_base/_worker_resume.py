@@ -79,8 +79,8 @@ class WorkerResume:
             ValueError: a running worker's state is too large for the shared box, or it is
                 worker ``WORKERS`` or later.
         """
-        if worker is None or self.own:  # the training process's, or a worker's own: once
-            state, self.state, self.own = self.state, None, False
+        if worker is None:  # iterated in the training process: once, if no worker took it
+            state, self.state = self.pending(), None
             return state
         if not 0 <= worker < self.WORKERS:
             raise ValueError(
@@ -88,6 +88,11 @@ class WorkerResume:
                 f"{self.WORKERS} workers a DataLoader"
             )
         latest = int(self.gens[0])
+        if self.own:  # this worker's own, once; what the training process loaded is past
+            state, self.state, self.own = self.state, None, False
+            self.seen = max(self.seen, latest)
+            self.taken[worker] = self.seen
+            return state
         if latest > self.seen:  # loaded after this worker's copy was made: in the box
             self.state, self.seen = self._unbox(), latest
         if int(self.taken[worker]) >= self.seen:  # an earlier iteration of it took it
