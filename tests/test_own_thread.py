@@ -94,3 +94,19 @@ def test_a_runtime_s_blocking_calls_threads_are_gone_when_it_closes() -> None:
     tid = runtime.call(work())
     runtime.close()
     assert not os.path.exists(f"/proc/self/task/{tid}")
+
+
+def test_run_here_where_a_loop_already_runs_runs_on_a_thread_of_its_own() -> None:
+    """A notebook's cell runs inside an event loop, where ``asyncio.run`` is refused:
+    ``run_here`` (``warm``'s and ``bench``'s) then runs the coroutine on a thread of its
+    own, and still returns only once that thread's helpers have ended."""
+
+    async def work() -> tuple[int, int]:
+        return threading.get_native_id(), await asyncio.to_thread(_slow_exit_here)
+
+    async def cell() -> tuple[int, int]:
+        return run_here(work())
+
+    where, helper = asyncio.run(cell())
+    assert where != threading.get_native_id()
+    assert not os.path.exists(f"/proc/self/task/{helper}")

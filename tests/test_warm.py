@@ -46,6 +46,19 @@ def test_shards_cover_the_prefix_exactly_once(light_server: S3TestServer, tmp_pa
     assert len(keys_a | keys_b) == N_IMAGES
 
 
+def test_warm_from_inside_a_running_event_loop(light_server: S3TestServer, tmp_path: Path) -> None:
+    """``asyncloader.warm`` in a notebook cell (an event loop already runs there) warms, as
+    ``ImageLoader`` does, instead of failing on ``asyncio.run``."""
+    import asyncio
+
+    async def cell() -> al.WarmReport:
+        return al.warm("s3://b/train/", tmp_path, store_options=opts)
+
+    opts = {"endpoint_url": light_server.endpoint}
+    report = asyncio.run(cell())
+    assert report.warmed == N_IMAGES and not report.failed
+
+
 def test_killed_warm_resumes_and_verifies_clean(light_server: S3TestServer, tmp_path: Path) -> None:
     light_server.set_faults({}, latency=0.1)
     cache_dir = tmp_path / "c"

@@ -69,7 +69,16 @@ class ExitedExecutor(ThreadPoolExecutor):
 
 def run_here(coro: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(coro)`` in this thread, returning once the threads its loop ran
-    blocking calls on (``asyncio.to_thread``) have ended for the operating system too."""
+    blocking calls on (``asyncio.to_thread``) have ended for the operating system too.
+    Where a loop already runs in this thread (a notebook's, an async caller's), which
+    ``asyncio.run`` refuses, ``coro`` runs on a thread of its own instead
+    (:func:`run_on_own_thread`); blocking either way."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # none: this thread's own
+        pass
+    else:
+        return run_on_own_thread(coro)
     executor = ExitedExecutor("asyncloader-blocking-io")
 
     async def main() -> T:
