@@ -301,9 +301,8 @@ class ImageDataset(IterableDataset[Batch]):
         asked = int(self._asked_epoch[0])
         if info is not None and asked > 0:  # the training process's latest set_epoch
             self.epoch = asked - 1
-        own = self._resume.own  # a state this worker was given (StatefulDataLoader): it wins
-        resume = self._resume.take(info.id if info is not None else None)
-        if resume is not None and (own or int(resume["epoch"]) == self.epoch):
+        resume = self._resume.take(info.id if info is not None else None, self.epoch)
+        if resume is not None:
             loader.load_state_dict(resume)
             self.epoch = loader.epoch  # the state's, or the next where it had finished it
         else:  # none, or set_epoch chose another epoch since: that epoch, from its start

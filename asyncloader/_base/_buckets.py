@@ -19,7 +19,16 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Buckets", "make_buckets"]
+__all__ = ["CROP_TOP_LEFT", "GEOMETRY", "ORIGINAL_SIZE", "Buckets", "make_buckets"]
+
+ORIGINAL_SIZE = "original_size"
+"""The extra that gives each sample's size before its bucket's crop, ``(height, width)``
+(SDXL's ``original_size``; a bucketed run's, filled in per batch)."""
+CROP_TOP_LEFT = "crop_top_left"
+"""The extra that gives each sample's crop corner in its resized image, ``(top, left)``
+(SDXL's ``crop_top_left``; a bucketed run's, filled in per batch)."""
+GEOMETRY = (ORIGINAL_SIZE, CROP_TOP_LEFT)
+"""The extras of a bucketed run's crop geometry: asked for only with buckets."""
 
 
 @dataclass(frozen=True, slots=True)

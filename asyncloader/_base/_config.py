@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._buckets import Buckets
+from ._buckets import GEOMETRY, Buckets
 from ._env import CpuBudget, cpu_budget, local_world_size
 from ._filters import Normal, normalize
 from ._types import DecodeFn, ObjectInfo, ObjectStore
@@ -485,7 +485,7 @@ class RunConfig:
             raise ValueError(f"extras must be a tuple of names, not {self.extras!r}")
         if len(set(self.extras)) != len(self.extras):
             raise ValueError(f"extras names one thing twice: {self.extras!r}")
-        geometry = [e for e in self.extras if e in ("original_size", "crop_top_left")]
+        geometry = [e for e in self.extras if e in GEOMETRY]
         if geometry and self.buckets is None:
             raise ValueError(
                 f"extras {', '.join(map(repr, geometry))}: each sample's size before its "

@@ -71,9 +71,12 @@ class WorkerResume:
             self.state = None
         return self.state
 
-    def take(self, worker: int | None) -> dict[str, Any] | None:
+    def take(self, worker: int | None, epoch: int | None = None) -> dict[str, Any] | None:
         """The state an iteration starting now resumes from: ``worker`` (None: the training
-        process itself) takes the latest state loaded, once.
+        process itself) takes the latest state loaded, once.  An iteration of ``epoch``
+        (None: any) resumes from a state of that epoch only: one of another was set aside
+        by a later ``set_epoch``.  A worker's own state (torchdata's) holds whatever the
+        epoch.
 
         Raises:
             ValueError: a running worker's state is too large for the shared box, or it is
@@ -81,7 +84,7 @@ class WorkerResume:
         """
         if worker is None:  # iterated in the training process: once, if no worker took it
             state, self.state = self.pending(), None
-            return state
+            return _of(state, epoch)
         if not 0 <= worker < self.WORKERS:
             raise ValueError(
                 f"DataLoader worker {worker}: an ImageDataset runs in at most "
@@ -99,7 +102,7 @@ class WorkerResume:
             self.state = None
         self.taken[worker] = self.seen
         state, self.state = self.state, None
-        return state
+        return _of(state, epoch)
 
     def delivered(self) -> None:
         """A worker delivered a batch of an iteration that began with what it knows of."""
@@ -119,3 +122,10 @@ class WorkerResume:
             )
         state: dict[str, Any] | None = pickle.loads(bytes(self.box[8 : 8 + length].numpy()))
         return state
+
+
+def _of(state: dict[str, Any] | None, epoch: int | None) -> dict[str, Any] | None:
+    """``state`` where it is of ``epoch`` (None: any), else None."""
+    if state is None or epoch is None or int(state["epoch"]) == epoch:
+        return state
+    return None

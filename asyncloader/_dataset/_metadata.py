@@ -30,6 +30,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._base._buckets import CROP_TOP_LEFT, ORIGINAL_SIZE
 from .._base._manifest import METADATA_NAMES, file_key, metadata_rows
 from .._base._types import ObjectInfo
 from ._objects import ObjectList
@@ -53,12 +54,6 @@ __all__ = [
 
 SOURCE = "source"
 """The extra that names each sample's source (its URL)."""
-ORIGINAL_SIZE = "original_size"
-"""The extra that gives each sample's size before its bucket's crop, ``(height, width)``
-(SDXL's ``original_size``; a bucketed run's, filled in per batch)."""
-CROP_TOP_LEFT = "crop_top_left"
-"""The extra that gives each sample's crop corner in its resized image, ``(top, left)``
-(SDXL's ``crop_top_left``; a bucketed run's, filled in per batch)."""
 SEED = "seed"
 """The extra that gives each sample's seed for the epoch (the loader's seed, the epoch and
 the sample's place in the epoch's order: the one the built-in transforms draw from), filled

@@ -15,12 +15,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._base._buckets import Buckets
+from .._base._buckets import CROP_TOP_LEFT, GEOMETRY, ORIGINAL_SIZE, Buckets
 from .._base._config import RunConfig
 from .._base._errors import AsyncLoaderError
 from .._dataset import Listing
 from .._dataset._labels import Dataset
-from .._dataset._metadata import CROP_TOP_LEFT, ORIGINAL_SIZE
 from .._dataset._sizes import bucket_index
 from .._decode._transforms import bucket_plan
 from ._sampler import (
@@ -31,7 +30,7 @@ from ._sampler import (
     unshuffled_batch,
 )
 
-__all__ = ["GEOMETRY", "BatchOrder", "Geometry", "Mark", "batch_geometry"]
+__all__ = ["BatchOrder", "Geometry", "Mark", "batch_geometry"]
 
 
 class BatchOrder:
@@ -179,9 +178,6 @@ class BatchOrder:
         k, n = self.part
         return batch_owner(b, self.run.shard.num_workers, n) == (self.run.shard.worker, k)
 
-
-GEOMETRY = (ORIGINAL_SIZE, CROP_TOP_LEFT)
-"""The extras a bucketed batch's geometry gives."""
 
 Mark = tuple[int, int, int, int]
 """What a decode job of a bucketed batch is told: the bucket's height and width, and the
