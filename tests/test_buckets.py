@@ -57,6 +57,13 @@ def test_bad_buckets_are_refused(sizes: Any, says: str) -> None:
         al.Buckets(sizes)
 
 
+def test_a_set_made_by_make_buckets_takes_another_crop() -> None:
+    made = al.make_buckets(512 * 512, ratios=(0.5, 2.0))
+    centred = al.Buckets(made, crop="center", hflip=True)
+    assert centred.sizes == made.sizes and centred.crop == "center" and centred.hflip
+    assert centred.describe() != made.describe()  # another crop: another resume state
+
+
 @pytest.mark.parametrize("extras", [("original_size",), ("text", "crop_top_left")])
 def test_the_crop_s_geometry_without_buckets_is_refused_by_name(extras: tuple[str, ...]) -> None:
     """``original_size`` and ``crop_top_left`` are a bucketed run's: asked without buckets,

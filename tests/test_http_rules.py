@@ -1,11 +1,14 @@
 """The HTTP rules the stores share, as pure functions: which proxy a URL goes through (the
 environment as curl and requests read it, NO_PROXY included), a Content-Encoding undone,
-and a served manifest's charset."""
+a served manifest's charset, and a web server's folder page read as a listing."""
 
 from __future__ import annotations
 
 import gzip
+import html
+import json
 import zlib
+from urllib.parse import quote
 
 import pytest
 from hypothesis import given
@@ -15,6 +18,7 @@ import asyncloader as al
 from asyncloader._stores._http import proxy_for
 from asyncloader._stores._http_objects import decoded, whole_answer
 from asyncloader._stores._web import _as_utf8
+from asyncloader._stores._web_index import Index, read_index
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
@@ -101,3 +105,107 @@ def test_a_whole_answer_is_told_from_a_part(size: int, start: int, length: int) 
     assert not whole_answer(b"x" * (end - start), start, end, size)  # the part asked for
     assert whole_answer(b"x" * size, start, end, size) == (end - start != size)
     assert not whole_answer(b"x" * size, 0, None, size)  # no range asked: no whole answer
+
+
+# A file or folder name as a server's folder holds it: any text without "/" or NUL (the
+# names "." and ".." are the folder and its parent, not entries).
+NAMES = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="/\x00"),
+    min_size=1,
+    max_size=12,
+).filter(lambda n: n not in (".", ".."))
+
+
+def _nginx_html(files: list[str], folders: list[str]) -> bytes:
+    """A page as nginx's autoindex writes it (``../`` first, hrefs percent-encoded, names
+    HTML-escaped, sizes and dates after each link)."""
+    rows = ['<a href="../">../</a>']
+    rows += [
+        f'<a href="{quote(d)}/">{html.escape(d)}/</a>   06-Dec-2026 14:41   -' for d in folders
+    ]
+    rows += [f'<a href="{quote(f)}">{html.escape(f)}</a>   06-Dec-2026 14:41   675' for f in files]
+    body = "<html><head><title>Index of /x/</title></head><body><h1>Index of /x/</h1><hr><pre>"
+    return (body + "\n".join(rows) + "</pre><hr></body></html>").encode()
+
+
+def _http_server_html(files: list[str], folders: list[str]) -> bytes:
+    """A page as Python's ``http.server`` writes it (a list, folders with a trailing ``/``
+    in both the href and the text)."""
+    items = [f'<li><a href="{quote(d)}/">{html.escape(d)}/</a></li>' for d in folders]
+    items += [f'<li><a href="{quote(f)}">{html.escape(f)}</a></li>' for f in files]
+    return ("<!DOCTYPE HTML><html><body><ul>" + "".join(items) + "</ul></body></html>").encode()
+
+
+@given(
+    files=st.lists(NAMES, max_size=6, unique=True),
+    folders=st.lists(NAMES, max_size=4, unique=True),
+    depth=st.sampled_from(["", "a b/", "ü/%25/"]),
+)
+def test_a_folder_page_lists_what_it_links_below_itself(
+    files: list[str], folders: list[str], depth: str
+) -> None:
+    """Whatever the names, each of the servers' page kinds gives back exactly the files and
+    folders in it, keyed below the base URL; nginx's JSON and XML with their sizes."""
+    folders = [d for d in folders if d not in files]
+    base = "http://127.0.0.1:8080/data/"
+    page = base + quote(depth)
+    want_folders = {depth + d + "/" for d in folders}
+    for body, ctype in (
+        (_nginx_html(files, folders), "text/html"),
+        (_http_server_html(files, folders), "text/html; charset=utf-8"),
+    ):
+        index = read_index(body, ctype, page, base)
+        if not files and not folders:
+            assert index is None  # no link below the page: not a folder page
+            continue
+        assert index is not None
+        assert dict(index.files) == {depth + f: None for f in files}
+        assert set(index.folders) == want_folders
+    entries = [{"name": d, "type": "directory", "mtime": "x"} for d in folders]
+    entries += [{"name": f, "type": "file", "mtime": "x", "size": i} for i, f in enumerate(files)]
+    index = read_index(json.dumps(entries).encode(), "application/json", page, base)
+    assert index is not None
+    assert dict(index.files) == {depth + f: i for i, f in enumerate(files)}
+    assert set(index.folders) == want_folders
+    xml = "".join(f"<directory>{html.escape(d)}</directory>" for d in folders)
+    xml += "".join(f'<file size="{i}">{html.escape(f)}</file>' for i, f in enumerate(files))
+    if all(n.isprintable() for n in files + folders):  # XML 1.0 has no control characters
+        index = read_index(
+            f'<?xml version="1.0"?><list>{xml}</list>'.encode(), "text/xml", page, base
+        )
+        assert index is not None and dict(index.files) == {
+            depth + f: i for i, f in enumerate(files)
+        }
+
+
+def test_links_that_are_not_the_folder_s_are_left_out() -> None:
+    """The parent, the server's root, another host, a sibling folder, a query (Apache's
+    sort links) or a fragment, and the page itself: none of them is the folder's."""
+    base = "https://host/data/"
+    page = base + "cats/"
+    hrefs = [
+        "../",
+        "/",
+        "/data/",
+        "/data/dogs/1.jpg",
+        "https://other/data/cats/1.jpg",
+        "http://host/data/cats/1.jpg",  # another scheme: another origin
+        "?C=N;O=D",
+        "1.jpg?download=1",
+        "#top",
+        "./",
+        "",
+        "a/../../dogs/2.jpg",
+        "1.jpg",
+        "/data/cats/2.jpg",
+        "https://host/data/cats/small/",
+        "./3.jpg",
+    ]
+    body = "".join(f'<a href="{h}">x</a>' for h in hrefs).encode()
+    index = read_index(body, "text/html", page, base)
+    assert index == Index(
+        files=(("cats/1.jpg", None), ("cats/2.jpg", None), ("cats/3.jpg", None)),
+        folders=("cats/small/",),
+    )
+    assert read_index(b"<html><a href='../'>up</a></html>", "text/html", page, base) is None
+    assert read_index(b"not a page at all", "text/plain", page, base) is None

@@ -1,6 +1,7 @@
 """Python's own ``http.server`` (``python -m http.server``), a server nobody here wrote:
-HTTP/1.0 answers, a connection per request, a listen queue of five, no ETags; and a caption
-folder on it, its objects named by its own metadata file (no manifest)."""
+HTTP/1.0 answers, a connection per request, a listen queue of five, no ETags; a caption
+folder on it, its objects named by its own metadata file (no manifest); and a plain class
+folder, listed by the server's own folder pages."""
 
 from __future__ import annotations
 
@@ -109,15 +110,90 @@ def test_a_caption_folder_streams_named_by_its_metadata_file(tmp_path: Path, kin
     assert gets[f"/metadata.{kind}"] >= 1
 
 
-def test_a_web_folder_without_a_manifest_or_metadata_file_says_what_names_its_objects(
-    jpeg_folder: Path,
+def _folder_epoch(
+    url: str, cache: Path
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...], al.Stats]:
+    """One epoch of a class folder, labelled by its folders, in key order."""
+    with al.ImageLoader(
+        url,
+        batch_size=16,
+        transform=al.Resize(24),
+        shuffle=False,
+        engine=al.EngineConfig(mode="inline"),
+        cache_dir=cache,
+    ) as loader:
+        pairs = [(images.numpy().copy(), labels.numpy().copy()) for images, labels in loader]
+        classes, stats = loader.classes, loader.stats()
+    images = np.concatenate([p[0] for p in pairs])
+    return images, np.concatenate([p[1] for p in pairs]), classes, stats
+
+
+def test_a_plain_folder_is_listed_by_its_folder_pages(jpeg_folder: Path, tmp_path: Path) -> None:
+    """No manifest and no metadata file: ``http.server``'s folder pages list the class
+    folders and the images in them, as ``fsspec`` reads a web folder.  The samples, their
+    labels and pixels are the local folder's; each folder page is asked once, each image
+    HEAD-asked once (the pages give no sizes) and fetched once; the next run reads the
+    saved listing and the node's cache with the server stopped."""
+    want, want_labels, want_classes, _ = _folder_epoch(str(jpeg_folder), tmp_path / "local")
+    cache = tmp_path / "cache"
+    with PythonHTTPServer(jpeg_folder) as server:
+        url = server.endpoint + "/"
+        got, labels, classes, stats = _folder_epoch(url, cache)
+        requests = server.requests()
+    assert classes == want_classes and len(classes) > 1
+    np.testing.assert_array_equal(labels, want_labels)
+    np.testing.assert_array_equal(got, want)
+    pages = Counter(path for method, path, _ in requests if path.endswith("/"))
+    assert set(pages) == {"/", *(f"/{c}/" for c in classes)} and set(pages.values()) == {1}
+    files = sorted(p.relative_to(jpeg_folder).as_posix() for p in jpeg_folder.rglob("*.jpg"))
+    for method in ("HEAD", "GET"):
+        asked = Counter(path for m, path, _ in requests if m == method and path.endswith(".jpg"))
+        assert asked == {f"/{k}": 1 for k in files}, method
+    again, again_labels, _, stats = _folder_epoch(url, cache)  # nothing answers there now
+    np.testing.assert_array_equal(again, want)
+    np.testing.assert_array_equal(again_labels, want_labels)
+    assert stats.requests == 0
+
+
+def test_a_web_folder_without_a_manifest_metadata_file_or_folder_page_says_what_names_its_objects(
+    jpeg_folder: Path, tmp_path: Path
 ) -> None:
+    """A folder served with an ``index.html`` of its own (no links below it) is no listing:
+    the error says what would name its objects."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text('<html><a href="/">home</a> <a href="../">up</a></html>')
+    (site / "0.jpg").write_bytes(sorted(jpeg_folder.rglob("*.jpg"))[0].read_bytes())
     with (
-        PythonHTTPServer(jpeg_folder) as server,
-        pytest.raises(al.StoreError, match=r"no metadata.jsonl, metadata.csv, metadata.parquet"),
+        PythonHTTPServer(site) as server,
+        pytest.raises(al.StoreError, match=r"no metadata.jsonl, .*and no folder page of links"),
         al.ImageLoader(server.endpoint + "/", batch_size=4) as loader,
     ):
         next(iter(loader))
+
+
+def test_folder_pages_that_link_into_themselves_are_an_error_not_a_walk_without_end(
+    jpeg_folder: Path, tmp_path: Path
+) -> None:
+    """A symlink to a parent folder, served as a folder: its pages go down for ever.  The
+    walk stops at its depth bound with an error that says why."""
+    site = tmp_path / "site"
+    (site / "a").mkdir(parents=True)
+    (site / "a" / "0.jpg").write_bytes(sorted(jpeg_folder.rglob("*.jpg"))[0].read_bytes())
+    (site / "a" / "up").symlink_to("..", target_is_directory=True)
+
+    async def listed(url: str) -> list[str]:
+        store = al.open_store(url)
+        try:
+            return [obj.key async for obj in store.list()]
+        finally:
+            await store.close()
+
+    with PythonHTTPServer(site) as server:
+        with pytest.raises(al.StoreError, match=r"folders deep .* links into itself"):
+            asyncio.run(listed(server.endpoint + "/"))
+        pages = [path for _, path, _ in server.requests() if path.endswith("/")]
+    assert len(pages) == len(set(pages)) <= 40  # each page once, and the walk ended
 
 
 def test_a_caption_folder_from_a_server_without_etags_runs_offline_from_the_cache(

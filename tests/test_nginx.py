@@ -384,3 +384,62 @@ def test_a_filtered_caption_folder_on_nginx_never_asks_for_what_the_filter_leave
             assert sum(a.method == "HEAD" for a in lines) == 1, lines
     again, stats = _captioned(nginx.endpoint, cache, filters)  # nginx stopped
     assert sorted(again) == sorted(first) and stats.requests == 0
+
+
+def _class_site(root: Path, jpeg_folder: Path) -> dict[str, int]:
+    """Two class folders of the test photos, each photo with a ``.txt`` caption beside it,
+    one name with a space, an ampersand and a non-ASCII letter; each image's size by key."""
+    sizes = {}
+    for i, photo in enumerate(sorted(jpeg_folder.rglob("*.jpg"))[:8]):
+        name = f"{'cat' if i % 2 else 'dog'}/{'a b&ü ' if i == 3 else ''}{i}.jpg"
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(photo.read_bytes())
+        (root / name).with_suffix(".txt").write_text(f"photo {i}")
+        sizes[name] = photo.stat().st_size
+    return sizes
+
+
+@pytest.mark.parametrize("listing", ["html", "json"])
+def test_a_class_folder_on_nginx_s_autoindex_streams_without_a_manifest(
+    jpeg_folder: Path, tmp_path: Path, listing: str
+) -> None:
+    """No manifest and no metadata file: nginx's ``autoindex`` pages list the class folders,
+    their images and the captions beside them.  A filter on ``size`` keeps the smaller half:
+    nginx's JSON pages give every size (no HEAD at all), its HTML pages none (a HEAD for
+    each image, then the filter); an image the filter leaves out is never fetched, and, with
+    the JSON pages, never asked at all.  Nginx stopped, the same run comes from the node."""
+    site = tmp_path / "site"
+    sizes = _class_site(site, jpeg_folder)
+    cut = sorted(sizes.values())[len(sizes) // 2]
+    kept = {k for k, size in sizes.items() if size < cut}
+    server = "autoindex on;" + (" autoindex_format json;" if listing == "json" else "")
+    cache = tmp_path / "cache"
+
+    def epoch() -> tuple[dict[str, str], tuple[str, ...], al.Stats]:
+        with al.ImageLoader(
+            f"{endpoint}/",
+            batch_size=2,
+            transform=al.Resize(24),
+            filters=[("size", "<", cut)],
+            extras=("txt",),
+            cache_dir=cache,
+        ) as loader:
+            got = {}
+            for _, labels, extras in loader:
+                for label, text in zip(labels.tolist(), extras["txt"], strict=True):
+                    got[text] = loader.classes[label]
+            return got, loader.classes, loader.stats()
+
+    with Nginx(site, server=server) as nginx:
+        endpoint = nginx.endpoint
+        got, classes, stats = epoch()
+        answers = nginx.answers()
+    assert classes == ("cat", "dog")
+    want = {f"photo {k.split('/')[1].split()[-1][:-4]}": k.split("/")[0] for k in kept}
+    assert got == want and stats.filtered_out == len(sizes) - len(kept)
+    for key in sizes:
+        asked = {a.method for a in answers if a.path == f"/{key}"}
+        heads = set() if listing == "json" else {"HEAD"}
+        assert asked == (heads | {"GET"} if key in kept else heads), (key, asked)
+    again, _, stats = epoch()  # nginx stopped
+    assert again == want and stats.requests == 0

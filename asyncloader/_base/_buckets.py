@@ -37,7 +37,7 @@ class Buckets:
 
     Attributes:
         sizes: ``(height, width)`` of each bucket [pixels]; a bucket's index is its place
-            here.
+            here.  Another :class:`Buckets` (``make_buckets``'s) gives its sizes.
         crop: ``"random"``: the crop's corner drawn from the sample's seed; ``"center"``:
             centred.
         hflip: Mirror left-right with probability 0.5 (drawn from the sample's seed).
@@ -48,6 +48,10 @@ class Buckets:
     hflip: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.sizes, Buckets):
+            # Buckets(make_buckets(...), crop="center"): another set's sizes, cropped and
+            # flipped as this one says.
+            object.__setattr__(self, "sizes", self.sizes.sizes)
         if isinstance(self.sizes, (str, bytes)) or not self.sizes:
             raise ValueError(f"buckets: at least one (height, width) size, not {self.sizes!r}")
         sizes = []

@@ -4,11 +4,13 @@
 * ``gs://bucket/prefix/`` (Google Cloud Storage)
 * ``az://container/prefix/`` (account from the environment), ``az://account/container/prefix/``
   or ``https://ACCOUNT.blob.core.windows.net/container/prefix/``
-* ``https://host/path/`` (other hosts): objects named by a manifest
+* ``https://host/path/`` (other hosts): objects named by a manifest, the folder's metadata
+  file, or the server's folder pages
 * ``file:///path/`` or a plain path
 
 Its modules: one per backend (``_s3`` with ``_s3_pages`` and ``_s3_hosts``, ``_gcs``,
-``_azure``, ``_web``, ``_local``, and ``_mixed``: several sources' stores as one), their
+``_azure``, ``_web`` with its folder pages read in ``_web_index``, ``_local``, and
+``_mixed``: several sources' stores as one), their
 credentials (``_s3_auth``, ``_gcs_auth``, ``_azure_auth``, ``_bearer``), the HTTP clients
 (``_http``, ``_lean_http``, ``_tls``, and ``_gate``: how many requests at once to a server
 that closes every connection), an object read over HTTP and its checks

@@ -4,6 +4,8 @@ The manifest (JSONL or CSV, see :mod:`asyncloader._base._manifest`) names each o
 relative to the base URL or by an absolute URL, optionally with its ``size`` and ``etag``.
 Without one, a caption folder's own metadata file at the base URL (``metadata.jsonl``,
 ``.csv`` or ``.parquet``, Hugging Face's ``imagefolder``) names its images, by ``file_name``;
+without that either, the server's folder pages (nginx's ``autoindex``, ``http.server``:
+:mod:`._web_index`) list the folder and the folders below it, as ``fsspec`` reads them;
 objects without a size are HEAD-requested once when listing (a saved listing in the cache
 then spares that on later runs), or, listed by a loader (:meth:`HttpStore.list_unsized`),
 only those it keeps: an image that ``filters=`` leaves out is never asked for.  GETs use
@@ -25,7 +27,7 @@ from yarl import URL
 
 from .._base._budget import InflightBudget
 from .._base._config import READ_TIMEOUT
-from .._base._errors import ObjectNotFound, StoreError, Throttled, shown_key
+from .._base._errors import AccessDenied, ObjectNotFound, StoreError, Throttled, shown_key
 from .._base._manifest import METADATA_NAMES, file_key, metadata_rows, read_manifest
 from .._base._types import UNSIZED, Blob, ObjectInfo
 from ._http import (
@@ -40,6 +42,7 @@ from ._http_objects import decoded, get_object, object_headers, object_info, par
 from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient, tls_context
 from ._retry import retrying
+from ._web_index import MAX_DEPTH, Index, read_index
 
 if TYPE_CHECKING:
     import aiohttp
@@ -56,8 +59,9 @@ class HttpStore(HTTPStoreBase):
         manifest: The object list: a local file, or a URL or key relative to ``base_url``.
             Without it, the listing is the folder's metadata file and the images its
             ``file_name`` column names (the first of ``metadata.jsonl``, ``.csv``,
-            ``.parquet`` the server has at ``base_url``), or, without one, an error;
-            ``stat``/``get`` work either way.
+            ``.parquet`` the server has at ``base_url``), or, without one, the files its
+            folder pages link below ``base_url`` (nginx's ``autoindex``, ``python -m
+            http.server``), or, without those, an error; ``stat``/``get`` work either way.
         headers: Extra headers for every request (``Authorization``: never shown or logged).
         max_connections: Connection pool size for HEADs (and GETs with aiohttp).
         read_timeout: Longest wait for an answer to start, and then between two reads
@@ -188,11 +192,78 @@ class HttpStore(HTTPStoreBase):
             names = (r.get("file_name") for _, r in rows)
             keys = [file_key(n) for n in names if isinstance(n, str) and n]
             return [{"key": k} for k in dict.fromkeys([name, *keys])]
+        listed = await self._index_listing()
+        if listed is not None:
+            return listed
         raise StoreError(
-            f"{self._base} has no listing, and no {', '.join(METADATA_NAMES)} at its root "
-            "to name its images: name its objects with a manifest (the store option "
+            f"{self._base} has no listing: no {', '.join(METADATA_NAMES)} at its root to "
+            "name its images, and no folder page of links there (nginx's autoindex, "
+            "python -m http.server): name its objects with a manifest (the store option "
             "manifest='train.jsonl': a loader's StoreConfig(options={'manifest': "
             "'train.jsonl'}), warm's and ls's store_options=; or labels='train.jsonl')"
+        )
+
+    async def _index_listing(self) -> list[dict[str, str]] | None:
+        """Without a manifest or a metadata file, the server's folder pages (nginx's
+        ``autoindex``, ``http.server``, Apache's): every file the base URL's page links
+        below itself, and every file of the folders it links, walked down (a few pages at
+        once), sorted by key; a size where the page gives it exactly (nginx's JSON and XML
+        formats).  None where the base URL's page is not a folder page (404, 403, or a page
+        without links below it).
+
+        Raises:
+            StoreError: folders deeper than :data:`~._web_index.MAX_DEPTH` (a loop).
+        """
+        first = await self._index_page("")
+        if first is None:
+            return None
+        files: dict[str, int | None] = {}
+        seen: set[str] = set()
+        level = [first]
+        at_once = asyncio.Semaphore(self._head_concurrency)
+
+        async def page(key: str) -> Index | None:
+            async with at_once:
+                return await self._index_page(key)
+
+        while level:
+            folders: list[str] = []
+            for index in level:
+                for key, size in index.files:
+                    files.setdefault(key, size)
+                folders += [f for f in index.folders if f not in seen]
+                seen.update(index.folders)
+            deep = [f for f in folders if f.count("/") > MAX_DEPTH]
+            if deep:
+                raise StoreError(
+                    f"{self._base}{deep[0]} is over {MAX_DEPTH} folders deep in the server's "
+                    "folder pages: a folder that links into itself (a symlink to a parent)? "
+                    "Name the objects with a manifest instead"
+                )
+            pages = await asyncio.gather(*(page(f) for f in folders))
+            level = [p for p in pages if p is not None]
+        return [
+            {"key": key} if size is None else {"key": key, "size": str(size)}
+            for key, size in sorted(files.items())
+        ]
+
+    async def _index_page(self, folder: str) -> Index | None:
+        """The folder page at ``folder`` (a key ending in ``/``; ``""``: the base URL) read
+        by :func:`~._web_index.read_index`; None where the server has none there (404,
+        403: nginx without ``autoindex``) or the page links nothing below itself."""
+        url = self._target(folder)
+        session = self._session_for(url)
+        what = self._base + folder
+        try:
+            answer, body = await retrying(
+                lambda: request(session, "GET", url, self._headers, what=what, key=None)
+            )
+        except (ObjectNotFound, AccessDenied):
+            return None
+        data = decoded(body, answer, what=what, key=None)
+        page = self._base + quote(folder, safe="/~")
+        return await asyncio.to_thread(
+            read_index, bytes(data), answer.get("content-type", ""), page, self._base
         )
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]

@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from ._gcs import _die_with_parent
 from ._servers import _Subprocess, free_port
@@ -33,7 +34,7 @@ class Answer:
     """One line of the access log: what nginx answered."""
 
     method: str
-    path: str
+    path: str  # unquoted, without the query
     status: int
     body_bytes: int
     range: str  # the request's Range header ("" for none)
@@ -102,7 +103,7 @@ http {{
     {temp}
     types {{ image/jpeg jpg jpeg; image/png png; text/plain txt; application/json json; }}
     default_type application/octet-stream;
-    log_format answers '$request_method $uri $status $body_bytes_sent "$http_range"';
+    log_format answers '$request_method $request_uri $status $body_bytes_sent "$http_range"';
     access_log {work / "access.log"} answers;
     {self.http}
     server {{
@@ -135,7 +136,9 @@ http {{
         out = []
         log = Path(self._dir.name) / "access.log"
         for line in log.read_text().splitlines() if log.exists() else []:
-            method, path, status, sent, rng = line.split(" ", 4)
+            # The request's path as sent (percent-encoded: no spaces), its query left out.
+            method, sent_uri, status, sent, rng = line.split(" ", 4)
+            path = unquote(sent_uri.partition("?")[0])
             rng = rng.strip('"')
             out.append(Answer(method, path, int(status), int(sent), "" if rng == "-" else rng))
         return out

@@ -1,0 +1,156 @@
+"""A web server's folder pages, read as a listing (pure): nginx's ``autoindex`` (HTML, JSON
+or XML), Python's ``http.server``, Apache's ``mod_autoindex``, and any page of links.
+
+A plain web server has no listing API, but most serve a folder without an ``index.html``
+as a page of links to what it holds, and a user who points a loader at such a folder
+expects what ``fsspec``'s ``HTTPFileSystem`` gives: the files it links, and the folders'
+files below it.  :func:`read_index` turns one such page into the files and folders it
+names below the page; :mod:`._web` walks the folders.
+
+Only links below the page itself count: ``../``, a link to another host, to a folder
+elsewhere on the server, or with a query or fragment (Apache's sort links, ``?C=N;O=D``)
+are not the folder's.  nginx's JSON and XML pages give each file's exact size; an HTML
+page's sizes are not read (nginx rounds them unless told not to, ``http.server`` gives
+none): those files are sized as a manifest's files without sizes are.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from urllib.parse import quote, unquote, urljoin, urlsplit
+
+__all__ = ["MAX_DEPTH", "Index", "read_index"]
+
+MAX_DEPTH = 32
+"""Folders below the base URL that a walk of folder pages goes down at most: deeper is a
+server whose folders link into themselves (a symlink to a parent, served as a folder),
+where a walk would never end."""
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """What one folder page names below itself.
+
+    Attributes:
+        files: Each file's key (relative to the listing's base URL, unquoted, POSIX) and
+            its size in bytes where the page gives it exactly (else None).
+        folders: Each folder's key, ending in ``/``, relative to the base URL.
+    """
+
+    files: tuple[tuple[str, int | None], ...]
+    folders: tuple[str, ...]
+
+
+class _Links(HTMLParser):
+    """Every ``href`` of an ``<a>`` in a page, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            for name, value in attrs:
+                if name == "href" and value:
+                    self.hrefs.append(value)
+
+
+def _below(url: str, page: str, base: str) -> str | None:
+    """The key of ``url`` relative to ``base`` where it lies strictly below the folder
+    ``page`` (same scheme and host, no query, no fragment); else None."""
+    parts = urlsplit(url)
+    at = urlsplit(page)
+    if parts.query or parts.fragment or (parts.scheme, parts.netloc) != (at.scheme, at.netloc):
+        return None
+    path = unquote(parts.path)
+    if not path.startswith(unquote(at.path)) or len(path) <= len(unquote(at.path)):
+        return None
+    key = path[len(unquote(urlsplit(base).path)) :]
+    # "a/./b" or "a//b" is not a file of its own: a key is the normalised path.
+    normal = posixpath.normpath(key) + ("/" if key.endswith("/") else "")
+    if normal.startswith(("../", "/")) or normal in (".", "./", ".."):
+        return None
+    return normal
+
+
+def _names(body: bytes, ctype: str) -> list[tuple[str, bool, int | None]] | None:
+    """nginx's ``autoindex_format json`` or ``xml`` page as (name, is a folder, size);
+    None where the page is neither."""
+    text = body.lstrip()
+    if "json" in ctype or text.startswith(b"["):
+        try:
+            entries = json.loads(body)
+        except ValueError:
+            return None
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries
+        ):
+            return None
+        return [
+            (e["name"], e.get("type") == "directory", _size(e.get("size")))
+            for e in entries
+            if e.get("type") in ("file", "directory")
+        ]
+    if "xml" in ctype or text.startswith(b"<?xml"):
+        try:
+            root = ET.fromstring(body)
+        except ET.ParseError:
+            return None
+        if root.tag != "list":
+            return None
+        return [
+            (e.text or "", e.tag == "directory", _size(e.get("size")))
+            for e in root
+            if e.tag in ("file", "directory") and e.text
+        ]
+    return None
+
+
+def _size(value: object) -> int | None:
+    """An exact size from a page, or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
+    """The files and folders that the folder page ``body`` (served at ``page``, with the
+    ``Content-Type`` ``ctype``) names below itself, as keys relative to ``base``; None where
+    the page is not a folder page at all (no link below it, and not nginx's JSON or XML).
+    ``page`` and ``base`` are URLs of folders (ending in ``/``)."""
+    files: dict[str, int | None] = {}
+    folders: dict[str, None] = {}
+    named = _names(body, ctype.lower())
+    if named is not None:
+        for name, folder, size in named:
+            key = _below(urljoin(page, quote(name) + ("/" if folder else "")), page, base)
+            if key is None:
+                continue
+            if key.endswith("/"):
+                folders[key] = None
+            else:
+                files[key] = size
+        return Index(tuple(files.items()), tuple(folders))
+    links = _Links()
+    try:
+        links.feed(body.decode("utf-8", errors="replace"))
+        links.close()
+    except AssertionError:  # an HTMLParser's complaint about a page it cannot read
+        return None
+    for href in links.hrefs:
+        key = _below(urljoin(page, href.strip()), page, base)
+        if key is None:
+            continue
+        if key.endswith("/"):
+            folders[key] = None
+        else:
+            files.setdefault(key, None)
+    if not files and not folders:
+        return None
+    return Index(tuple(files.items()), tuple(folders))
