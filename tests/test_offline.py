@@ -139,6 +139,47 @@ def test_metadata_files_in_folders_are_warmed_and_read_offline(
     assert stats.filtered_out == N - len(got) and stats.requests == 0
 
 
+def test_sidecars_are_warmed_with_their_images_and_read_offline(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """img2dataset's "files" layout: ``x.txt`` and ``x.json`` beside ``x.jpg``.  ``warm``
+    fetches each image's sidecars with it (once each, counted apart), not other files; a
+    run with the store gone gives every sample its caption and its JSON."""
+    bucket = "offline-sidecars"
+    moto.create_bucket(bucket)
+    for i in range(N):
+        moto.put(bucket, f"set/{i:02d}.jpg", _jpeg(i))
+        if i % 3:
+            moto.put(bucket, f"set/{i:02d}.txt", f"caption {i}".encode())
+        moto.put(bucket, f"set/{i:02d}.json", json.dumps({"idx": i}).encode())
+    moto.put(bucket, "set/notes.txt", b"not a sidecar: no image of that name")
+    url, cache = f"s3://{bucket}/set/", tmp_path / "cache"
+    sidecars = N + sum(1 for i in range(N) if i % 3)
+    with FaultProxy(moto.endpoint) as proxy:
+        report = al.warm(url, cache, store_options={"endpoint_url": proxy.endpoint})
+        assert report.failed == [] and report.sidecars == sidecars
+        assert report.warmed == report.listed == N + sidecars
+        assert proxy.targets[f"GET /{bucket}/set/01.txt"] == 1
+        assert proxy.targets[f"GET /{bucket}/set/00.json"] == 1
+        assert proxy.targets[f"GET /{bucket}/set/notes.txt"] == 0
+        endpoint = proxy.endpoint
+    # The store is gone.
+    with al.ImageLoader(
+        url,
+        batch_size=4,
+        labels=None,
+        extras=("txt", "json"),
+        cache_dir=str(cache),
+        store=al.StoreConfig(options={"endpoint_url": endpoint}),
+    ) as loader:
+        got = {
+            j["idx"]: t for _, _, extras in loader for t, j in zip(*extras.values(), strict=True)
+        }
+        stats = loader.stats()
+    assert got == {i: (f"caption {i}" if i % 3 else None) for i in range(N)}
+    assert stats.requests == 0 and stats.sidecars_cached == sidecars
+
+
 def test_the_metadata_file_is_counted_kept_and_checked_against_its_etag(
     moto: MotoServer, tmp_path: Path
 ) -> None:

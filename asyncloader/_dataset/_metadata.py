@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ __all__ = [
     "metadata_objects",
     "some_names",
     "parse_sidecar",
+    "sidecar_objects",
     "read_metadata",
     "resolve_extras",
 ]
@@ -77,6 +78,26 @@ def find_metadata(keys: Collection[str], folder: str = "") -> str | None:
     or None: the first of :data:`METADATA_NAMES` there, where a folder has several kinds."""
     at = f"{folder}/" if folder else ""
     return next((at + n for n in METADATA_NAMES if at + n in keys), None)
+
+
+def sidecar_objects(
+    listed: Iterable[ObjectInfo], images: Sequence[ObjectInfo], is_image: Callable[[str], bool]
+) -> list[ObjectInfo]:
+    """The same-stem sidecar files of ``images`` among ``listed`` (``x.txt`` and ``x.json``
+    beside ``x.jpg``: any listed object of the image's key less its suffix and another
+    suffix that ``is_image`` does not take, and not a metadata file), in the images' order:
+    what ``warm`` fetches beside the images so that ``extras=("txt",)`` runs from the
+    node's disk."""
+    by_stem: dict[str, list[ObjectInfo]] = {}
+    for obj in listed:
+        if is_image(obj.key) or posixpath.basename(obj.key) in METADATA_NAMES:
+            continue
+        stem, suffix = posixpath.splitext(obj.key)
+        if suffix:
+            by_stem.setdefault(stem, []).append(obj)
+    if not by_stem:
+        return []
+    return [s for image in images for s in by_stem.get(posixpath.splitext(image.key)[0], ())]
 
 
 def metadata_objects(listed: ObjectList) -> list[ObjectInfo]:

@@ -39,7 +39,7 @@ from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import list_objects, metadata_file
 from .._dataset._headers import HEAD_BYTES, header_sizes
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
-from .._dataset._metadata import metadata_objects
+from .._dataset._metadata import metadata_objects, sidecar_objects
 from .._dataset._sizes import keep_sizes
 from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
 from .._run._build import make_fetcher
@@ -53,7 +53,7 @@ class WarmReport:
     """What a warm did.
 
     Attributes:
-        listed: Objects in this shard.
+        listed: Objects in this shard: its images, and their sidecars.
         already_cached: Skipped: present before the warm started.
         warmed: Fetched, verified and written.
         failed: ``(key, error text)`` of every object that could not be warmed (a key that
@@ -65,6 +65,8 @@ class WarmReport:
         not_admitted: Left out: the shard does not fit the cache, which keeps a fixed
             subset of it (the one loaders keep; counted in ``listed``).
         scaled: Objects given scaled copies (``scaled_jpegs``), cached before or now.
+        sidecars: Of ``listed``, the images' same-stem sidecar files (``x.txt`` and
+            ``x.json`` beside ``x.jpg``), warmed with them for a run's ``extras=``.
     """
 
     listed: int = 0
@@ -77,6 +79,7 @@ class WarmReport:
     write_cpu_seconds: float = 0.0
     not_admitted: int = 0
     scaled: int = 0
+    sidecars: int = 0
 
     def add(self, other: WarmReport) -> None:
         """Count ``other`` (another source's warm) in this report."""
@@ -95,6 +98,7 @@ class WarmReport:
             f"{self.bytes_fetched / secs / 1e6:.1f} MB/s; {self.already_cached} already "
             f"cached, {len(self.failed)} failed, retries {sum(self.retries.values())}"
             + (f"; {self.scaled} given scaled copies" if self.scaled else "")
+            + (f"; {self.sidecars} of the objects are sidecars" if self.sidecars else "")
             + (
                 f"; {self.not_admitted} left out: the data does not fit the cache, which "
                 "keeps a fixed subset"
@@ -180,6 +184,12 @@ async def warm_cache(
         kept = [o for o in mine if admitted(o.key, threshold)]
         report.not_admitted = len(mine) - len(kept)
         mine = kept
+    # Each image's sidecars (x.txt beside x.jpg), as a loader with extras=("txt",) fetches
+    # them beside it: the run then reads them from the node's disk too.
+    sidecars = sidecar_objects(objects, mine, wanted)
+    report.sidecars = len(sidecars)
+    report.listed += len(sidecars)
+    mine += sidecars
     keys = {o.key: entry_key(store, o.key, o.etag) for o in mine}
     fetcher = make_fetcher(store, counters, FetchConfig(max_inflight=max_inflight), cache.directory)
     refreshed: set[str] = set()  # objects read from the cache for their copies (added first)
