@@ -42,10 +42,11 @@ from ._http_objects import decoded, get_object, object_headers, object_info, par
 from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient, tls_context
 from ._retry import retrying
-from ._web_index import MAX_DEPTH, Index, read_index
 
 if TYPE_CHECKING:
     import aiohttp
+
+    from ._web_index import Index
 
 __all__ = ["HttpStore"]
 
@@ -214,6 +215,10 @@ class HttpStore(HTTPStoreBase):
         Raises:
             StoreError: folders deeper than :data:`~._web_index.MAX_DEPTH` (a loop).
         """
+        # Imported here: a store read by a manifest or a metadata file (an engine's, say)
+        # never pays for the HTML parser.
+        from ._web_index import MAX_DEPTH
+
         first = await self._index_page("")
         if first is None:
             return None
@@ -262,6 +267,8 @@ class HttpStore(HTTPStoreBase):
             return None
         data = decoded(body, answer, what=what, key=None)
         page = self._base + quote(folder, safe="/~")
+        from ._web_index import read_index
+
         return await asyncio.to_thread(
             read_index, bytes(data), answer.get("content-type", ""), page, self._base
         )
