@@ -1,0 +1,139 @@
+"""A class folder on nginx without a manifest: listed by its folder pages.
+
+The folder: the demo's JPEGs in 10 class folders, no metadata file, served by nginx
+(Debian's) with ``autoindex on``.  One loader epoch (labels from the folders, batches of
+32, ``Resize(64)``, one loader in this process, an empty cache folder each time) in three
+cases that alternate in each round, each on an nginx of its own:
+
+* ``manifest`` — the baseline: a manifest with every key and size beside the folder
+  (``asyncloader ls --write-manifest``'s), given as the store option ``manifest``;
+* ``pages-json`` — no manifest, nginx's ``autoindex_format json``: its pages give every
+  file's size, so nothing is asked but the pages and the images;
+* ``pages-html`` — no manifest, nginx's HTML pages: their sizes are not read, so each
+  image is HEAD-asked before it is read.
+
+Printed per case (medians of the rounds): pages, HEADs and GETs per image (nginx's access
+log), the seconds to the first batch and to the end of the epoch with their ratios to
+``manifest`` in the same round (after one epoch not measured, for the imports), the CPU
+seconds per image (this process and the engine processes it waited for) and the peak RSS.
+
+Run: ``python benchmarks/bench_web_pages.py [--images 2000] [--rounds 3] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import asyncloader as al
+from asyncloader.testing import Nginx, find_nginx, make_jpeg_folder
+
+CASES = {
+    "manifest": "",
+    "pages-json": "autoindex on; autoindex_format json;",
+    "pages-html": "autoindex on;",
+}
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have ended."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _epoch(url: str, cache: Path, manifest: str | None) -> tuple[float, float, float, int]:
+    """One epoch: seconds to the first batch and to the end, CPU seconds, samples."""
+    options = {"manifest": manifest} if manifest else {}
+    c0, t0 = _cpu(), time.perf_counter()
+    first = None
+    n = 0
+    with al.ImageLoader(
+        url,
+        batch_size=32,
+        transform=al.Resize(64),
+        store=al.StoreConfig(options=options),
+        cache_dir=cache,
+    ) as loader:
+        for images, _ in loader:
+            first = first if first is not None else time.perf_counter() - t0
+            n += len(images)
+    return first or 0.0, time.perf_counter() - t0, _cpu() - c0, n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if find_nginx() is None:
+        raise SystemExit("nginx is not installed (apt-get install nginx-light)")
+    root = Path(tempfile.mkdtemp(prefix="bench-web-pages-"))
+    folder = make_jpeg_folder(root / "site" / "train", images=args.images, classes=10)
+    files = {
+        "/train/" + p.relative_to(folder).as_posix(): p.stat().st_size
+        for p in folder.rglob("*.jpg")
+    }
+    manifest = root / "site" / "train.jsonl"  # beside the folder, as a user publishes one
+    rows = [{"key": k.removeprefix("/train/"), "size": s} for k, s in sorted(files.items())]
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs: dict[str, list[dict[str, float]]] = {c: [] for c in CASES}
+    with Nginx(root / "site") as server:  # not measured: the imports and first start
+        _epoch(
+            f"{server.endpoint}/train/", root / "cache-warm-up", f"{server.endpoint}/train.jsonl"
+        )
+    for r in range(args.rounds):
+        for case in list(CASES) if r % 2 == 0 else list(CASES)[::-1]:
+            with Nginx(root / "site", server=CASES[case]) as server:
+                given = f"{server.endpoint}/train.jsonl" if case == "manifest" else None
+                first, total, cpu, n = _epoch(
+                    f"{server.endpoint}/train/", root / f"cache-{case}-{r}", given
+                )
+                asked = server.answers()
+            assert n == len(files), (case, n, len(files))
+            count = Counter(a.method for a in asked if a.path in files)
+            pages = sum(a.path.endswith("/") for a in asked)
+            runs[case].append(
+                {
+                    "pages": pages,
+                    "heads_per_image": count["HEAD"] / len(files),
+                    "gets_per_image": count["GET"] / len(files),
+                    "first_batch_s": first,
+                    "epoch_s": total,
+                    "cpu_ms_per_image": cpu / len(files) * 1e3,
+                }
+            )
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "cases": {}}
+    print(
+        f"{len(files)} images in 10 class folders on nginx, one epoch from an empty cache; "
+        f"medians of {args.rounds} rounds; peak RSS of this process {peak_mb:.0f} MB"
+    )
+    for case, rows in runs.items():
+        med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+        for what in ("first_batch_s", "epoch_s"):
+            med[f"{what}_x_manifest"] = statistics.median(
+                b[what] / a[what] for a, b in zip(runs["manifest"], rows, strict=True)
+            )
+        out["cases"][case] = med
+        print(
+            f"{case:10s} pages {med['pages']:.0f}, per image {med['heads_per_image']:.2f} HEAD "
+            f"{med['gets_per_image']:.2f} GET; first batch {med['first_batch_s']:.2f} s "
+            f"({med['first_batch_s_x_manifest']:.2f} x), epoch {med['epoch_s']:.2f} s "
+            f"({med['epoch_s_x_manifest']:.2f} x); CPU {med['cpu_ms_per_image']:.2f} ms/image"
+        )
+    out["peak_rss_mb"] = peak_mb
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
