@@ -443,3 +443,30 @@ def test_a_class_folder_on_nginx_s_autoindex_streams_without_a_manifest(
         assert asked == (heads | {"GET"} if key in kept else heads), (key, asked)
     again, _, stats = epoch()  # nginx stopped
     assert again == want and stats.requests == 0
+
+
+def test_a_folder_whose_page_is_refused_is_named_not_listed(
+    jpeg_folder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder the pages link but nginx refuses (``deny all``: 403): its files cannot be
+    listed, and a warning names it; the other folders' files are listed."""
+    site = tmp_path / "site"
+    _class_site(site, jpeg_folder)
+    (site / "private").mkdir()
+    (site / "private" / "0.jpg").write_bytes(b"never listed")
+
+    async def listed(url: str) -> list[str]:
+        store = al.open_store(url)
+        try:
+            return [obj.key async for obj in store.list()]
+        finally:
+            await store.close()
+
+    with (
+        Nginx(site, server="autoindex on; location /private/ { deny all; }") as nginx,
+        caplog.at_level("WARNING", logger="asyncloader"),
+    ):
+        keys = asyncio.run(listed(f"{nginx.endpoint}/"))
+    assert keys and all(k.startswith(("cat/", "dog/")) for k in keys)
+    assert "1 folders its pages link gave no page (403 or 404)" in caplog.text
+    assert "private/" in caplog.text

@@ -16,6 +16,7 @@ only those it keeps: an image that ``filters=`` leaves out is never asked for.  
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from ._web_index import Index
 
 __all__ = ["HttpStore"]
+
+log = logging.getLogger("asyncloader")
 
 
 class HttpStore(HTTPStoreBase):
@@ -219,17 +222,21 @@ class HttpStore(HTTPStoreBase):
         # never pays for the HTML parser.
         from ._web_index import MAX_DEPTH
 
-        first = await self._index_page("")
+        first, _ = await self._index_page("")
         if first is None:
             return None
         files: dict[str, int | None] = {}
         seen: set[str] = set()
         level = [first]
         at_once = asyncio.Semaphore(self._head_concurrency)
+        refused: list[str] = []  # folders linked whose page the server would not give
 
         async def page(key: str) -> Index | None:
             async with at_once:
-                return await self._index_page(key)
+                index, denied = await self._index_page(key)
+            if denied:
+                refused.append(key)
+            return index
 
         while level:
             folders: list[str] = []
@@ -247,15 +254,25 @@ class HttpStore(HTTPStoreBase):
                 )
             pages = await asyncio.gather(*(page(f) for f in folders))
             level = [p for p in pages if p is not None]
+        if refused:
+            refused.sort()
+            log.warning(
+                "%s: %d folders its pages link gave no page (403 or 404), so their files "
+                "are not listed: %s",
+                self._base,
+                len(refused),
+                ", ".join(refused[:5]) + (", ..." if len(refused) > 5 else ""),
+            )
         return [
             {"key": key} if size is None else {"key": key, "size": str(size)}
             for key, size in sorted(files.items())
         ]
 
-    async def _index_page(self, folder: str) -> Index | None:
+    async def _index_page(self, folder: str) -> tuple[Index | None, bool]:
         """The folder page at ``folder`` (a key ending in ``/``; ``""``: the base URL) read
-        by :func:`~._web_index.read_index`; None where the server has none there (404,
-        403: nginx without ``autoindex``) or the page links nothing below itself."""
+        by :func:`~._web_index.read_index` (None where the page links nothing below
+        itself: an empty folder, or no folder page), and whether the server refused it
+        (404, 403: nginx without ``autoindex``, a folder it may not read)."""
         url = self._target(folder)
         session = self._session_for(url)
         what = self._base + folder
@@ -264,14 +281,15 @@ class HttpStore(HTTPStoreBase):
                 lambda: request(session, "GET", url, self._headers, what=what, key=None)
             )
         except (ObjectNotFound, AccessDenied):
-            return None
+            return None, True
         data = decoded(body, answer, what=what, key=None)
         page = self._base + quote(folder, safe="/~")
         from ._web_index import read_index
 
-        return await asyncio.to_thread(
+        index = await asyncio.to_thread(
             read_index, bytes(data), answer.get("content-type", ""), page, self._base
         )
+        return index, False
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]
         """The manifest's objects under ``prefix``; sizes not in it are HEAD-requested (an
