@@ -71,6 +71,22 @@ def _epoch(store: HttpStore, cache: Path) -> tuple[float, float, int]:
     return first or 0.0, time.perf_counter() - t0, n
 
 
+def round_medians(
+    runs: dict[str, list[dict[str, float]]], baseline: str, ratios: dict[str, str]
+) -> dict[str, dict[str, float]]:
+    """Each case's medians over its rounds, and for each figure of ``ratios`` the median
+    of its ratio to ``baseline``'s in the same round, under the name ``ratios`` gives."""
+    out = {}
+    for case, rows in runs.items():
+        med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+        for what, name in ratios.items():
+            med[name] = statistics.median(
+                b[what] / a[what] for a, b in zip(runs[baseline], rows, strict=True)
+            )
+        out[case] = med
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=2000)
@@ -111,18 +127,8 @@ def main() -> None:
         f"{len(scores)} images, {kept} kept by the filter, on {server_kind.__name__}; "
         f"medians of {args.rounds} rounds"
     )
-    for case, rows in runs.items():
-        med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
-        ratio = [
-            b["epoch_s"] / a["epoch_s"]
-            for a, b in zip(runs["sized-all"], rows, strict=True)  # the same round's
-        ]
-        first = [
-            b["first_batch_s"] / a["first_batch_s"]
-            for a, b in zip(runs["sized-all"], rows, strict=True)
-        ]
-        med["epoch_x_sized_all"] = statistics.median(ratio)
-        med["first_batch_x_sized_all"] = statistics.median(first)
+    ratios = {"epoch_s": "epoch_x_sized_all", "first_batch_s": "first_batch_x_sized_all"}
+    for case, med in round_medians(runs, "sized-all", ratios).items():
         out["cases"][case] = med
         print(
             f"{case:10s} per kept image: {med['heads_per_kept']:.2f} HEAD "

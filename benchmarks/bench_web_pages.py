@@ -25,12 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from bench_web_filters import round_medians
 
 import asyncloader as al
 from asyncloader.testing import Nginx, find_nginx, make_jpeg_folder
@@ -117,12 +118,8 @@ def main() -> None:
         f"{len(files)} images in 10 class folders on nginx, one epoch from an empty cache; "
         f"medians of {args.rounds} rounds; peak RSS of this process {peak_mb:.0f} MB"
     )
-    for case, rows in runs.items():
-        med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
-        for what in ("first_batch_s", "epoch_s"):
-            med[f"{what}_x_manifest"] = statistics.median(
-                b[what] / a[what] for a, b in zip(runs["manifest"], rows, strict=True)
-            )
+    ratios = {what: f"{what}_x_manifest" for what in ("first_batch_s", "epoch_s")}
+    for case, med in round_medians(runs, "manifest", ratios).items():
         out["cases"][case] = med
         print(
             f"{case:10s} pages {med['pages']:.0f}, per image {med['heads_per_image']:.2f} HEAD "

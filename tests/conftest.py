@@ -161,6 +161,22 @@ def jpeg_bytes(
     return buf.getvalue()
 
 
+def listed_keys(url: str) -> list[str]:
+    """The keys the store at ``url`` lists, in its order (one listing, the store closed)."""
+    import asyncio
+
+    import asyncloader as al
+
+    async def main() -> list[str]:
+        store = al.open_store(url)
+        try:
+            return [obj.key async for obj in store.list()]
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
 def _need_azurite() -> None:
     """Skip without Azurite installed; fail instead where CI asks for it."""
     if find_azurite() is None:

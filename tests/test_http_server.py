@@ -20,6 +20,7 @@ from asyncloader._stores._retry import CONTROL_RETRIES
 from asyncloader.testing import PythonHTTPServer
 
 from ._captions import caption_folder
+from .conftest import listed_keys
 
 
 def _pixels(
@@ -181,17 +182,9 @@ def test_folder_pages_that_link_into_themselves_are_an_error_not_a_walk_without_
     (site / "a").mkdir(parents=True)
     (site / "a" / "0.jpg").write_bytes(sorted(jpeg_folder.rglob("*.jpg"))[0].read_bytes())
     (site / "a" / "up").symlink_to("..", target_is_directory=True)
-
-    async def listed(url: str) -> list[str]:
-        store = al.open_store(url)
-        try:
-            return [obj.key async for obj in store.list()]
-        finally:
-            await store.close()
-
     with PythonHTTPServer(site) as server:
         with pytest.raises(al.StoreError, match=r"folders deep .* links into itself"):
-            asyncio.run(listed(server.endpoint + "/"))
+            listed_keys(server.endpoint + "/")
         pages = [path for _, path, _ in server.requests() if path.endswith("/")]
     assert len(pages) == len(set(pages)) <= 40  # each page once, and the walk ended
 

@@ -26,7 +26,7 @@ from asyncloader._stores._http_objects import parse_content_range
 from asyncloader.testing import MotoServer, Nginx, find_nginx
 
 from ._captions import caption_folder
-from .conftest import N_IMAGES, Backend
+from .conftest import N_IMAGES, Backend, listed_keys
 
 pytestmark = pytest.mark.skipif(
     find_nginx() is None and not os.environ.get("ASYNCLOADER_REQUIRE_NGINX"),
@@ -454,19 +454,11 @@ def test_a_folder_whose_page_is_refused_is_named_not_listed(
     _class_site(site, jpeg_folder)
     (site / "private").mkdir()
     (site / "private" / "0.jpg").write_bytes(b"never listed")
-
-    async def listed(url: str) -> list[str]:
-        store = al.open_store(url)
-        try:
-            return [obj.key async for obj in store.list()]
-        finally:
-            await store.close()
-
     with (
         Nginx(site, server="autoindex on; location /private/ { deny all; }") as nginx,
         caplog.at_level("WARNING", logger="asyncloader"),
     ):
-        keys = asyncio.run(listed(f"{nginx.endpoint}/"))
+        keys = listed_keys(f"{nginx.endpoint}/")
     assert keys and all(k.startswith(("cat/", "dog/")) for k in keys)
     assert "1 folders its pages link gave no page (403 or 404)" in caplog.text
     assert "private/" in caplog.text
