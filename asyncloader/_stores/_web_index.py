@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
 __all__ = ["MAX_DEPTH", "Index", "read_index"]
+
+# A relative name without a scheme, query or fragment, not starting with "/" or ".".
+_PLAIN = re.compile(r"[^/?#:.][^?#:]*")
 
 MAX_DEPTH = 32
 """Folders below the base URL that a walk of folder pages goes down at most: deeper is a
@@ -59,22 +63,45 @@ class _Links(HTMLParser):
                     self.hrefs.append(value)
 
 
-def _below(url: str, page: str, base: str) -> str | None:
-    """The key of ``url`` relative to ``base`` where it lies strictly below the folder
-    ``page`` (same scheme and host, no query, no fragment); else None."""
-    parts = urlsplit(url)
-    at = urlsplit(page)
-    if parts.query or parts.fragment or (parts.scheme, parts.netloc) != (at.scheme, at.netloc):
-        return None
-    path = unquote(parts.path)
-    if not path.startswith(unquote(at.path)) or len(path) <= len(unquote(at.path)):
-        return None
-    key = path[len(unquote(urlsplit(base).path)) :]
-    # "a/./b" or "a//b" is not a file of its own: a key is the normalised path.
-    normal = posixpath.normpath(key) + ("/" if key.endswith("/") else "")
-    if normal.startswith(("../", "/")) or normal in (".", "./", ".."):
-        return None
-    return normal
+class _Below:
+    """Keys of the URLs below one folder page: the page's and the base's parts split and
+    decoded once, not for each of a large folder's links."""
+
+    __slots__ = ("_base_len", "_origin", "_page", "_page_key", "_page_path")
+
+    def __init__(self, page: str, base: str) -> None:
+        at = urlsplit(page)
+        self._page = page
+        self._origin = (at.scheme, at.netloc)
+        self._page_path = unquote(at.path)
+        self._base_len = len(unquote(urlsplit(base).path))
+        self._page_key = self._page_path[self._base_len :]
+
+    def href(self, href: str) -> str | None:
+        """The key of a link's ``href`` on the page (see :meth:`key`).  A plain relative
+        name (``cat.jpg``, ``a%20b/``: what index pages write) is joined without
+        ``urljoin``, a hundred thousand of them in a fraction of its time."""
+        if _PLAIN.fullmatch(href):
+            name = unquote(href)
+            if "//" not in name and "/." not in "/" + name:
+                return self._page_key + name
+        return self.key(urljoin(self._page, href))
+
+    def key(self, url: str) -> str | None:
+        """The key of ``url`` relative to the base where it lies strictly below the page
+        (same scheme and host, no query, no fragment); else None."""
+        parts = urlsplit(url)
+        if parts.query or parts.fragment or (parts.scheme, parts.netloc) != self._origin:
+            return None
+        path = unquote(parts.path)
+        if len(path) <= len(self._page_path) or not path.startswith(self._page_path):
+            return None
+        key = path[self._base_len :]
+        # "a/./b" or "a//b" is not a file of its own: a key is the normalised path.
+        normal = posixpath.normpath(key) + ("/" if key.endswith("/") else "")
+        if normal.startswith(("../", "/")) or normal in (".", "./", ".."):
+            return None
+        return normal
 
 
 def _names(body: bytes, ctype: str) -> list[tuple[str, bool, int | None]] | None:
@@ -126,10 +153,11 @@ def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
     ``page`` and ``base`` are URLs of folders (ending in ``/``)."""
     files: dict[str, int | None] = {}
     folders: dict[str, None] = {}
+    below = _Below(page, base)
     named = _names(body, ctype.lower())
     if named is not None:
         for name, folder, size in named:
-            key = _below(urljoin(page, quote(name) + ("/" if folder else "")), page, base)
+            key = below.href(quote(name) + ("/" if folder else ""))
             if key is None:
                 continue
             if key.endswith("/"):
@@ -144,7 +172,7 @@ def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
     except AssertionError:  # an HTMLParser's complaint about a page it cannot read
         return None
     for href in links.hrefs:
-        key = _below(urljoin(page, href.strip()), page, base)
+        key = below.href(href.strip())
         if key is None:
             continue
         if key.endswith("/"):
