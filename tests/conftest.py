@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import io
 import os
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
+import asyncloader as al
 from asyncloader.testing import (
     TEST_ENV,
     Azurite,
@@ -163,9 +165,6 @@ def jpeg_bytes(
 
 def listed_keys(url: str) -> list[str]:
     """The keys the store at ``url`` lists, in its order (one listing, the store closed)."""
-    import asyncio
-
-    import asyncloader as al
 
     async def main() -> list[str]:
         store = al.open_store(url)

@@ -168,14 +168,23 @@ class HttpStore(HTTPStoreBase):
         Raises:
             ObjectNotFound: the server has no such file (404).
         """
+        answer, data = await self._page(name, shown_key(name))
+        return _as_utf8(data, answer) if text else data
+
+    async def _page(self, name: str, what: str) -> tuple[Mapping[str, str], Blob]:
+        """A GET of ``name`` (a key under the base URL, or a URL), retried as every read
+        is: the answer's headers and its body, ``Content-Encoding`` undone; ``what``
+        names it in errors.
+
+        Raises:
+            ObjectNotFound: 404.  AccessDenied: 401, 403.
+        """
         url = self._target(name)
         session = self._session_for(url)
-        what = shown_key(name)
         answer, body = await retrying(
             lambda: request(session, "GET", url, self._headers, what=what, key=None)
         )
-        data = decoded(body, answer, what=what, key=None)
-        return _as_utf8(data, answer) if text else data
+        return answer, decoded(body, answer, what=what, key=None)
 
     async def _metadata_listing(self) -> list[dict[str, str]]:
         """Without a manifest, the rows of the folder's metadata file (Hugging Face's
@@ -273,16 +282,10 @@ class HttpStore(HTTPStoreBase):
         by :func:`~._web_index.read_index` (None where the page links nothing below
         itself: an empty folder, or no folder page), and whether the server refused it
         (404, 403: nginx without ``autoindex``, a folder it may not read)."""
-        url = self._target(folder)
-        session = self._session_for(url)
-        what = self._base + folder
         try:
-            answer, body = await retrying(
-                lambda: request(session, "GET", url, self._headers, what=what, key=None)
-            )
+            answer, data = await self._page(folder, self._what(folder))
         except (ObjectNotFound, AccessDenied):
             return None, True
-        data = decoded(body, answer, what=what, key=None)
         page = self._base + quote(folder, safe="/~")
         from ._web_index import read_index
 

@@ -151,34 +151,28 @@ def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
     ``Content-Type`` ``ctype``) names below itself, as keys relative to ``base``; None where
     the page is not a folder page at all (no link below it, and not nginx's JSON or XML).
     ``page`` and ``base`` are URLs of folders (ending in ``/``)."""
+    named = _names(body, ctype.lower())
+    if named is not None:
+        links = [(quote(name) + ("/" if folder else ""), size) for name, folder, size in named]
+    else:
+        parser = _Links()
+        try:
+            parser.feed(body.decode("utf-8", errors="replace"))
+            parser.close()
+        except AssertionError:  # an HTMLParser's complaint about a page it cannot read
+            return None
+        links = [(href.strip(), None) for href in parser.hrefs]
     files: dict[str, int | None] = {}
     folders: dict[str, None] = {}
     below = _Below(page, base)
-    named = _names(body, ctype.lower())
-    if named is not None:
-        for name, folder, size in named:
-            key = below.href(quote(name) + ("/" if folder else ""))
-            if key is None:
-                continue
-            if key.endswith("/"):
-                folders[key] = None
-            else:
-                files[key] = size
-        return Index(tuple(files.items()), tuple(folders))
-    links = _Links()
-    try:
-        links.feed(body.decode("utf-8", errors="replace"))
-        links.close()
-    except AssertionError:  # an HTMLParser's complaint about a page it cannot read
-        return None
-    for href in links.hrefs:
-        key = below.href(href.strip())
+    for href, size in links:
+        key = below.href(href)
         if key is None:
             continue
         if key.endswith("/"):
             folders[key] = None
         else:
-            files.setdefault(key, None)
-    if not files and not folders:
+            files.setdefault(key, size)
+    if named is None and not files and not folders:
         return None
     return Index(tuple(files.items()), tuple(folders))
