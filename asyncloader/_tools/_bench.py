@@ -191,9 +191,12 @@ async def _measure(
         first_bytes = (await _run_level(store, sample, 4, seconds * 0.1, start=0, end=1))[2]
         levels = _levels(max_inflight)
         per_level = seconds * 0.35 / len(levels)
-        background = await _background(min(0.5, per_level))
         fetch_levels = []
         for n in levels:
+            # The rest of the machine's own load, just before each level: a neighbour that
+            # starts or stops meanwhile (a training job, another test) is not counted as
+            # the store's CPU per GET.
+            background = await _background(min(0.25, per_level / 4))
             gets, nbytes, lat, cpu, other, thr, wall = await _run_level(
                 store, sample, n, per_level, background
             )
