@@ -177,7 +177,9 @@ def test_sidecars_are_warmed_with_their_images_and_read_offline(
         }
         stats = loader.stats()
     assert got == {i: (f"caption {i}" if i % 3 else None) for i in range(N)}
-    assert stats.requests == 0 and stats.sidecars_cached == sidecars
+    # Every sidecar from the node's cache: this epoch's, and those of the next epoch's
+    # batches the loader prefetched meanwhile (as many as it got to: timing's).
+    assert stats.requests == 0 and stats.sidecars_cached >= sidecars
 
 
 def test_the_metadata_file_is_counted_kept_and_checked_against_its_etag(
