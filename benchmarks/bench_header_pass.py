@@ -50,7 +50,7 @@ objects = [ObjectInfo(f"{i:07d}.jpg", len(data), etag) for i in range(n)]
 store = MemoryStore(bucket)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 cpu0, t0 = time.process_time(), time.perf_counter()
-found, failed = asyncio.run(read_headers(store, objects, None, None, all_stay=False))
+found, failed = asyncio.run(read_headers(store, objects, None, None, stays=None))
 cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
 assert len(found) == n and not failed
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

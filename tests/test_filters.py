@@ -151,6 +151,40 @@ def test_sizes_asked_only_for_what_the_rest_of_the_filter_keeps_decide_the_same(
     assert again.tolist() == whole.tolist()
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(0, 9)), max_size=10),
+    st.lists(
+        st.lists(
+            _term("width", st.integers(0, 7))
+            | _term("height", st.integers(0, 7))
+            | _term("size", st.integers(0, 10)),
+            min_size=1,
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_each_image_read_whole_is_judged_as_the_whole_filter_judges_it(
+    rows: list[tuple[int, int, int]], groups: list[list[tuple[str, str, Any]]]
+) -> None:
+    """The header pass asks of each image it read whole whether the filter keeps it once
+    its header's size is known (so that the cache keeps only samples): the same answer as
+    the filter applied to every sample with every size known; a key not listed, none."""
+    from asyncloader._dataset._filtering import passing, size_test
+    from asyncloader._dataset._objects import ObjectList
+
+    filters = normalize(groups) or ()
+    keys = [f"{i}.jpg" for i in range(len(rows))]
+    objects = ObjectList.of(ObjectInfo(k, n) for k, (_, _, n) in zip(keys, rows, strict=True))
+    hw = np.array([(h, w) for h, w, _ in rows], dtype=np.int64).reshape(-1, 2)
+    whole = passing(objects, keys, None, None, filters, hw)
+    stays = size_test(objects, None, filters)
+    assert [stays(k, (h, w)) for k, (h, w, _) in zip(keys, rows, strict=True)] == whole.tolist()
+    assert not stays("gone.jpg", (1, 1))
+
+
 def test_the_canonical_text_is_the_same_however_written() -> None:
     a = normalize([("score", "=", 5), ("tag", "in", {"b", "a"})])
     b = normalize([[("score", "==", 5), ("tag", "in", ["a", "b", "a"])]])
@@ -303,8 +337,10 @@ def test_a_filter_over_the_width_reads_the_headers_of_what_the_rest_keeps_once(
 ) -> None:
     """``width`` is no column of the metadata file: it comes from each image's header.  The
     images the rest of the filter leaves out are never requested; those left out by their
-    width only for their header (a range request); a second run on the same node requests
-    none of them, its sizes kept beside the listing."""
+    width only for their header (a range request); those it keeps once, by the same read
+    (they are small: it fetched them whole, and the cache kept them for the epoch); a
+    second run on the same node requests none of them, its sizes kept beside the listing
+    and the images in the cache."""
     bucket, endpoint = scored
     filters = [("score", ">=", 5), ("width", ">=", 40)]  # widths 32, 40, 48 (i % 3)
     maybe = [i for i in range(N) if _score(i) >= 5]
@@ -324,9 +360,9 @@ def test_a_filter_over_the_width_reads_the_headers_of_what_the_rest_keeps_once(
             key = f"GET /{bucket}/jsonl/{i:03d}.jpg"
             asked = sum(n for t, n in targets.items() if t.split("?")[0] == key)
             ranged = sum(n for t, n in ranges.items() if t.split("?")[0] == key)
-            if i not in maybe or (run == 1 and i not in kept):
+            if i not in maybe or run == 1:
                 assert asked == 0, (run, key)
-            elif i not in kept:  # its header, and nothing else
+            else:  # its header, and nothing else: kept or not, it came whole with it
                 assert asked == ranged == 1, (run, key, asked, ranged)
         # Its header's read fetched each image whole (they are small), but the cache keeps
         # only the ones the filter kept: those its width left out are no samples.

@@ -1,7 +1,7 @@
 """The images' headers, read for their sizes (``_dataset/_headers.py``): in the node's cache
 where it holds the image, else one range read per object from the store; an image that
-read fetched whole is handed to the cache in bounded chunks, only where every image read
-stays a sample."""
+read fetched whole is handed to the cache in bounded chunks, only where it stays a sample
+(every image read, or those a filter on the sizes keeps)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from asyncloader._base._stats import Counters
 from asyncloader._base._types import ObjectInfo, ObjectStore
 from asyncloader._cache import ObjectCache
 from asyncloader._dataset import _headers
-from asyncloader._dataset._headers import HEAD_BYTES, Keep, read_headers
+from asyncloader._dataset._headers import HEAD_BYTES, Keep, Stays, every_one, read_headers
 from asyncloader._run._cache_fill import CacheHeads
 from asyncloader.testing import MemoryStore
 
@@ -57,9 +57,14 @@ class _CountedKeep:
         self.keep.close()
 
 
-@pytest.mark.parametrize("all_stay", [True, False])
+def _wide(key: str, size: tuple[int, int]) -> bool:
+    """A filter on the sizes: ``width >= 35`` (images 15 to 29 of :func:`_jpeg`'s)."""
+    return size[1] >= 35
+
+
+@pytest.mark.parametrize("stays", [every_one, _wide, None], ids=["every", "filter", "none"])
 def test_whole_images_go_to_the_cache_in_chunks_and_are_read_there_next(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, all_stay: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stays: Stays | None
 ) -> None:
     data = {f"i{i:02d}.jpg": _jpeg(i) for i in range(30)}
     big = b"\xff\xd8" + b"\x00" * (HEAD_BYTES + 10)  # no header in its first read: not kept
@@ -71,38 +76,44 @@ def test_whole_images_go_to_the_cache_in_chunks_and_are_read_there_next(
     cache = ObjectCache(tmp_path)
     heads = _Counted(cache)
     counters = Counters()
-    found, failed = asyncio.run(read_headers(store, objects, counters, heads, all_stay=all_stay))
+    found, failed = asyncio.run(read_headers(store, objects, counters, heads, stays=stays))
     want = {i: (10 + 2 * int(o.key[1:3]), 20 + int(o.key[1:3])) for i, o in enumerate(objects)}
     assert found == want and failed == {}
     assert counters.requests == len(objects)
-    if all_stay:  # every image, in several hand-overs of a few images each, on one thread
-        assert sum(heads.handed) == len(objects) == counters.cache_stored
-        assert len(heads.handed) >= len(objects) // 4 and max(heads.handed) <= 4
-        assert {k.split("\x00")[1] for k in cache.entry_keys()} == {o.key for o in objects}
+    staying = {o.key for i, o in enumerate(objects) if stays is not None and stays(o.key, want[i])}
+    assert len(staying) == {"every": 30, "filter": 15, "none": 0}[_id(stays)]
+    if staying:  # those, in several hand-overs of a few images each, on one thread
+        assert sum(heads.handed) == len(staying) == counters.cache_stored
+        assert len(heads.handed) >= len(staying) // 4 and max(heads.handed) <= 4
+        assert {k.split("\x00")[1] for k in cache.entry_keys()} == staying
         assert len(heads.threads) == 1
         for _ in range(100):  # closed there once its work is done
             if heads.closed:
                 break
             time.sleep(0.05)
         assert heads.closed == list(heads.threads)
-    else:  # a filter on the sizes follows: none of them is known to be a sample
+    else:  # none of them is known to be a sample
         assert heads.handed == [] and counters.cache_stored == 0
         assert list(cache.entry_keys()) == []
     # Again: from the cache where it holds them, the store only for the rest.
     again = Counters()
-    found, failed = asyncio.run(read_headers(store, objects, again, heads, all_stay=all_stay))
+    found, failed = asyncio.run(read_headers(store, objects, again, heads, stays=stays))
     assert found == want and failed == {}
-    assert again.requests == (0 if all_stay else len(objects))
+    assert again.requests == len(objects) - len(staying)
     # An object whose first read holds no header is read again further, then fails as the
     # image's own fault: it is never kept.
     _, failed = asyncio.run(
         read_headers(
-            store, [o for o in listed if o.key == "big.jpg"], Counters(), heads, all_stay=True
+            store, [o for o in listed if o.key == "big.jpg"], Counters(), heads, stays=every_one
         )
     )
     assert list(failed) == [0] and "big.jpg" in str(failed[0])
     assert "big.jpg" not in {k.split("\x00")[1] for k in cache.entry_keys()}
     cache.close()
+
+
+def _id(stays: Stays | None) -> str:
+    return {every_one: "every", _wide: "filter", None: "none"}[stays]
 
 
 async def _listed(store: MemoryStore) -> list[ObjectInfo]:

@@ -36,7 +36,8 @@ from .._base._stats import Counters
 from .._base._types import UNSIZED, ObjectInfo, ObjectStore, Sample
 from .._stores._mixed import MixedStore
 from ._combine import combine, prefixed, with_length
-from ._filtering import header_columns
+from ._filtering import header_columns, size_test
+from ._headers import Stays, every_one
 from ._labels import (
     Dataset,
     DatasetBuilder,
@@ -232,7 +233,9 @@ async def open_listing(
         dataset = await asyncio.to_thread(read_columnar_manifest, data, labels)
         check(dataset.samples.objects, dataset)
         if sizes.wanted:
-            dataset = await with_sizes(store, dataset, None, folder, counters, sizes, all_stay=True)
+            dataset = await with_sizes(
+                store, dataset, None, folder, counters, sizes, stays=every_one
+            )
         return Listing(of_length(dataset, store.url, samples_per_epoch)), None
     manifest_data = None
     if is_manifest(labels):
@@ -309,9 +312,13 @@ async def open_listing(
     check(all_listed, dataset)
     later = header_columns(filters, metadata)
     if sizes.wanted or later:
-        dataset = await with_sizes(
-            store, dataset, metadata, folder, counters, sizes, all_stay=not later
-        )
+        # The images their header's read fetched whole are cached where they stay samples:
+        # every one, or those the filter on the sizes keeps.
+        stays: Stays = every_one
+        if later:
+            assert filters is not None
+            stays = size_test(dataset.samples.objects, metadata, filters)
+        dataset = await with_sizes(store, dataset, metadata, folder, counters, sizes, stays=stays)
     if later:  # the filter again, with the headers' width and height
         assert filters is not None
         dataset = await asyncio.to_thread(filter_by_size, dataset, metadata, filters)

@@ -11,7 +11,7 @@ filter decided again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ from .._base._types import UNSIZED
 from ._metadata import Metadata
 from ._objects import ObjectList
 
-__all__ = ["header_columns", "metadata_rows", "passing"]
+__all__ = ["header_columns", "metadata_rows", "passing", "size_test"]
 
 
 def header_columns(filters: Normal | None, metadata: Metadata | None) -> frozenset[str]:
@@ -96,3 +96,30 @@ def passing(
             later=later | {"size"},
         )
     return keep
+
+
+def size_test(
+    objects: ObjectList, metadata: Metadata | None, filters: Normal
+) -> Callable[[str, tuple[int, int]], bool]:
+    """Whether the sample of a key of ``objects`` (those the filter kept without the
+    headers' columns) passes ``filters`` once its header's ``(height, width)`` is known:
+    what the header pass asks of each image it read whole, so that the cache keeps only
+    samples (``_headers.Stays``).  A key not there, or a value the filter cannot compare
+    (the filter applied to every sample afterwards names it), does not pass."""
+    keys = objects.keys()
+    at = {key: i for i, key in enumerate(keys)}
+    rows = metadata_rows(metadata, keys) if metadata is not None else None
+
+    def passes(key: str, size: tuple[int, int]) -> bool:
+        i = at.get(key)
+        if i is None:
+            return False
+        one = objects.take(np.array([i], dtype=np.int64))
+        row = None if rows is None else [rows[i]]
+        hw = np.array([size], dtype=np.int64)
+        try:
+            return bool(passing(one, [key], row, metadata, filters, hw)[0])
+        except ValueError:
+            return False
+
+    return passes

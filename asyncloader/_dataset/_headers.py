@@ -5,7 +5,8 @@ header lies further, behind a large EXIF block, is read again to :data:`HEAD_MAX
 once.  An image no larger than the first read came whole: where every image read stays a
 sample (no filter on the sizes), the cache keeps it (:meth:`CachedHeads.keeper`, under the
 cache's admission), so that the run's first epoch reads it from the node's disk instead of
-fetching it a second time.
+fetching it a second time; under a filter on the sizes, only the images it keeps
+(:data:`Stays`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import partial
 from typing import Protocol
@@ -37,6 +38,8 @@ __all__ = [
     "HEAD_MAX",
     "CachedHeads",
     "Keep",
+    "Stays",
+    "every_one",
     "header_size",
     "header_sizes",
     "read_headers",
@@ -55,6 +58,17 @@ _THE_IMAGE_S = (ObjectNotFound, IntegrityError, DecodeError)
 _KEEP_CHUNK = 8 * 1024 * 1024
 """Whole objects handed to the cache together [bytes]; at most two such hand-overs at once,
 and header reads wait for them (what the pass holds in memory stays small)."""
+
+
+Stays = Callable[[str, tuple[int, int]], bool]
+"""Whether the image of a key, its header's ``(height, width)`` read, is a sample of the run
+(a filter on ``width`` and ``height`` passes it): read whole, it is worth caching.  Called
+on the event loop, once per image read whole; it must not raise."""
+
+
+def every_one(key: str, size: tuple[int, int]) -> bool:
+    """:data:`Stays` of a run without a filter on the sizes: every image read is a sample."""
+    return True
 
 
 class Keep(Protocol):
@@ -120,14 +134,15 @@ async def read_headers(
     counters: Counters | None,
     cached: CachedHeads | None,
     *,
-    all_stay: bool,
+    stays: Stays | None,
     upright: bool = False,
 ) -> tuple[dict[int, tuple[int, int]], dict[int, AsyncLoaderError]]:
     """The ``(height, width)`` of each of ``objects``, by index: read in the node's cache
     (``cached``) where it holds the object, else from the store; and the failures that are
     the images' own (every header is read, so that the caller can name the first).
-    ``all_stay``: every one of ``objects`` is a sample of the run (no filter on sizes): the
-    ones the first read fetched whole are kept in the cache.  ``upright``: the sizes of the
+    ``stays``: which of ``objects`` are samples of the run (:func:`every_one` where no
+    filter on the sizes follows): those of them the first read fetched whole are kept in
+    the cache; None: none is known to be one, none is kept.  ``upright``: the sizes of the
     images turned upright by their EXIF orientation (:func:`header_size`).
 
     Raises:
@@ -141,13 +156,15 @@ async def read_headers(
         return found, {}
     keep = (
         await asyncio.to_thread(cached.keeper, store, objects)
-        if cached is not None and all_stay
+        if cached is not None and stays is not None
         else None
     )
     # Every hand-over on one thread of its own, which then closes its handles.
     keeping = ThreadPoolExecutor(1, thread_name_prefix="asyncloader-keep") if keep else None
     try:
-        return await _read_all(store, objects, todo, found, counters, keep, keeping, upright)
+        return await _read_all(
+            store, objects, todo, found, counters, (keep, stays), keeping, upright
+        )
     finally:
         if keep is not None and keeping is not None:
             keeping.submit(keep.close)  # after the hand-overs still queued, if any
@@ -160,12 +177,14 @@ async def _read_all(
     todo: Sequence[int],
     found: dict[int, tuple[int, int]],
     counters: Counters | None,
-    keep: Keep | None,
+    keeps: tuple[Keep | None, Stays | None],
     keeping: Executor | None,
     upright: bool,
 ) -> tuple[dict[int, tuple[int, int]], dict[int, AsyncLoaderError]]:
     """:func:`read_headers`'s reads from the store: ``objects[todo]``'s headers into
-    ``found``; those read whole handed to ``keep``, on ``keeping``'s thread."""
+    ``found``; those read whole that stay samples (``keeps``: what keeps them, and which
+    stay) handed to the keeper, on ``keeping``'s thread."""
+    keep, stays = keeps
     loop = asyncio.get_running_loop()
     unreadable: dict[int, AsyncLoaderError] = {}
     whole: list[tuple[ObjectInfo, bytes]] = []
@@ -191,7 +210,9 @@ async def _read_all(
         except _THE_IMAGE_S as exc:
             unreadable[i] = exc
             return
-        if keep is None or len(data) != obj.size:
+        if keep is None or stays is None or len(data) != obj.size:
+            return
+        if not stays(obj.key, found[i]):  # a filter on the sizes leaves it out
             return
         whole.append((obj, bytes(data)))
         held += len(data)

@@ -37,7 +37,7 @@ from .._base._buckets import Buckets
 from .._base._errors import AsyncLoaderError, shown_key
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
-from ._headers import CachedHeads, read_headers
+from ._headers import CachedHeads, Stays, read_headers
 from ._labels import Dataset
 from ._metadata import Metadata
 from ._objects import ObjectList
@@ -150,12 +150,13 @@ async def with_sizes(
     counters: Counters | None,
     reading: SizeReading = NO_SIZES,
     *,
-    all_stay: bool = False,
+    stays: Stays | None = None,
 ) -> Dataset:
     """``dataset`` with each sample's pixel size: the metadata file's ``width`` and
     ``height`` where it gives them, else its header's (:func:`sample_sizes`, read as
-    ``reading`` says).  ``all_stay``: every sample stays one (no filter on the sizes
-    follows), so the images that their header's read fetched whole are worth caching."""
+    ``reading`` says).  ``stays``: which samples stay ones once their size is known
+    (:func:`._headers.every_one` where no filter on the sizes follows): the images of those
+    that their header's read fetched whole are worth caching."""
     objects = dataset.samples.objects
     keys = objects.keys()
     known: list[tuple[int, int] | None] = (
@@ -172,7 +173,7 @@ async def with_sizes(
         skip=reading.skip,
         share=reading.share,
         cached=reading.cached,
-        all_stay=all_stay,
+        stays=stays,
         upright=reading.upright,
     )
     return dataclasses.replace(dataset, sizes=pixels)
@@ -188,7 +189,7 @@ async def sample_sizes(
     skip: bool = False,
     share: JobShare | None = None,
     cached: CachedHeads | None = None,
-    all_stay: bool = False,
+    stays: Stays | None = None,
     upright: bool = False,
 ) -> npt.NDArray[np.int64]:
     """``(height, width)`` of each of ``objects`` (a dataset's samples): ``known[i]`` where
@@ -199,9 +200,10 @@ async def sample_sizes(
     one process of the job finds the sizes (from its folder, else the headers) and every
     other takes them from it, keeping them in its own folder too.  ``skip``
     (``on_error="skip"``): an image whose header cannot be read for a fault of its own gets
-    :data:`UNKNOWN`.  ``all_stay``: every one of ``objects`` is a sample of the run (no
-    filter on the sizes follows): those that their header's read fetched whole are kept in
-    the node's cache (``cached``), for the first epoch to read there.  ``upright``: the
+    :data:`UNKNOWN`.  ``stays``: which of ``objects`` stay samples of the run once their
+    sizes are known (:data:`._headers.Stays`): those of them that their header's read
+    fetched whole are kept in the node's cache (``cached``), for the first epoch to read
+    there; None: none is kept.  ``upright``: the
     headers' sizes of the images turned upright by their EXIF orientation (the metadata
     file's are taken as they are).
 
@@ -219,7 +221,7 @@ async def sample_sizes(
         return out
     # As arrays, not an ObjectInfo each (a million of them): the share digests them too.
     wanted = ObjectList.of(objects).take(np.asarray(todo, dtype=np.int64))
-    how = _How(skip, cached, all_stay, upright)
+    how = _How(skip, cached, stays, upright)
     if share is None:
         found = await _found_sizes(store, wanted, folder, counters, how)
     else:
@@ -243,7 +245,7 @@ class _How:
 
     skip: bool
     cached: CachedHeads | None
-    all_stay: bool
+    stays: Stays | None
     upright: bool
 
 
@@ -310,7 +312,7 @@ async def _found_sizes(
     """Each of ``objects``'s ``(height, width)``: kept in ``folder`` for its ETag, else
     read from its header — in the node's cache (``cached``) where it holds the object, else
     in the store — (and kept there); :data:`UNKNOWN` where it cannot be read, under
-    ``how.skip``.  ``how.all_stay`` and ``how.upright``: as :func:`._headers.read_headers`
+    ``how.skip``.  ``how.stays`` and ``how.upright``: as :func:`._headers.read_headers`
     takes them.
 
     Raises:
@@ -327,7 +329,7 @@ async def _found_sizes(
         if missing:
             todo = [objects[i] for i in missing]
             found, failed = await read_headers(
-                store, todo, counters, how.cached, all_stay=how.all_stay, upright=how.upright
+                store, todo, counters, how.cached, stays=how.stays, upright=how.upright
             )
             for j, size in found.items():
                 kept[(todo[j].key, todo[j].etag)] = size
