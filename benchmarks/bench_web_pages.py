@@ -9,7 +9,10 @@ cases that alternate in each round, each on an nginx of its own:
   (``asyncloader ls --write-manifest``'s), given as the store option ``manifest``;
 * ``pages-json`` — no manifest, nginx's ``autoindex_format json``: its pages give every
   file's size, so nothing is asked but the pages and the images;
-* ``pages-html`` — no manifest, nginx's HTML pages: their sizes are not read, so each
+* ``pages-html`` — no manifest, nginx's HTML pages (``autoindex_exact_size on``, its
+  default): each row's size is read from them, as from the JSON pages;
+* ``pages-html-rounded`` — no manifest, nginx's HTML pages with ``autoindex_exact_size
+  off``: a size of 10,000 bytes or more is rounded (``45K``) and not read, so such an
   image is HEAD-asked before it is read.
 
 Printed per case (medians of the rounds): pages, HEADs and GETs per image (nginx's access
@@ -40,6 +43,7 @@ CASES = {
     "manifest": "",
     "pages-json": "autoindex on; autoindex_format json;",
     "pages-html": "autoindex on;",
+    "pages-html-rounded": "autoindex on; autoindex_exact_size off;",
 }
 
 

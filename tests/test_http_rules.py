@@ -116,16 +116,24 @@ NAMES = st.text(
 ).filter(lambda n: n not in (".", ".."))
 
 
-def _nginx_html(files: list[str], folders: list[str]) -> bytes:
+def _nginx_html(files: list[str], folders: list[str], sizes: list[int], exact: bool) -> bytes:
     """A page as nginx's autoindex writes it (``../`` first, hrefs percent-encoded, names
-    HTML-escaped, sizes and dates after each link)."""
-    rows = ['<a href="../">../</a>']
-    rows += [
-        f'<a href="{quote(d)}/">{html.escape(d)}/</a>   06-Dec-2026 14:41   -' for d in folders
-    ]
-    rows += [f'<a href="{quote(f)}">{html.escape(f)}</a>   06-Dec-2026 14:41   675' for f in files]
-    body = "<html><head><title>Index of /x/</title></head><body><h1>Index of /x/</h1><hr><pre>"
-    return (body + "\n".join(rows) + "</pre><hr></body></html>").encode()
+    HTML-escaped, each name padded to 50 columns, then the date and the size: in bytes,
+    or, not ``exact`` (``autoindex_exact_size off``), bytes below 10,000 and a rounded K
+    above)."""
+
+    def row(href: str, name: str, size: str) -> str:
+        pad = " " * max(0, 50 - len(name))
+        return f'<a href="{href}">{html.escape(name)}</a>{pad} 06-Dec-2026 14:41 {size}\r\n'
+
+    rows = ['<a href="../">../</a>\r\n']
+    rows += [row(f"{quote(d)}/", d + "/", "-".rjust(19 if exact else 6)) for d in folders]
+    for f, n in zip(files, sizes, strict=True):
+        shown = str(n).rjust(19) if exact or n <= 9999 else f"{(n + 512) // 1024:6d}K"
+        rows.append(row(quote(f), f, shown))
+    body = "<html>\r\n<head><title>Index of /x/</title></head>\r\n<body>\r\n"
+    body += "<h1>Index of /x/</h1><hr><pre>"
+    return (body + "".join(rows) + "</pre><hr></body>\r\n</html>\r\n").encode()
 
 
 def _http_server_html(files: list[str], folders: list[str]) -> bytes:
@@ -140,26 +148,42 @@ def _http_server_html(files: list[str], folders: list[str]) -> bytes:
     files=st.lists(NAMES, max_size=6, unique=True),
     folders=st.lists(NAMES, max_size=4, unique=True),
     depth=st.sampled_from(["", "a b/", "ü/%25/"]),
+    sizes=st.lists(st.integers(0, 3 * 10**9), min_size=6, max_size=6),
 )
 def test_a_folder_page_lists_what_it_links_below_itself(
-    files: list[str], folders: list[str], depth: str
+    files: list[str], folders: list[str], depth: str, sizes: list[int]
 ) -> None:
     """Whatever the names, each of the servers' page kinds gives back exactly the files and
-    folders in it, keyed below the base URL; nginx's JSON and XML with their sizes."""
+    folders in it, keyed below the base URL; nginx's pages with each size they write
+    exactly (its HTML rows: every one, or, rounded, those below 10,000 bytes; a name with a
+    line break breaks its row, and goes unsized)."""
     folders = [d for d in folders if d not in files]
+    sizes = sizes[: len(files)]
     base = "http://127.0.0.1:8080/data/"
     page = base + quote(depth)
     want_folders = {depth + d + "/" for d in folders}
-    for body, ctype in (
-        (_nginx_html(files, folders), "text/html"),
-        (_http_server_html(files, folders), "text/html; charset=utf-8"),
+
+    def shown(exact: bool) -> dict[str, int | None]:
+        return {
+            depth + f: n if (exact or n <= 9999) and not _breaks(f) else None
+            for f, n in zip(files, sizes, strict=True)
+        }
+
+    for body, ctype, want in (
+        (_nginx_html(files, folders, sizes, True), "text/html", shown(True)),
+        (_nginx_html(files, folders, sizes, False), "text/html", shown(False)),
+        (
+            _http_server_html(files, folders),
+            "text/html; charset=utf-8",
+            dict.fromkeys((depth + f for f in files), None),
+        ),
     ):
         index = read_index(body, ctype, page, base)
         if not files and not folders:
             assert index is None  # no link below the page: not a folder page
             continue
         assert index is not None
-        assert dict(index.files) == {depth + f: None for f in files}
+        assert dict(index.files) == want
         assert set(index.folders) == want_folders
     entries = [{"name": d, "type": "directory", "mtime": "x"} for d in folders]
     entries += [{"name": f, "type": "file", "mtime": "x", "size": i} for i, f in enumerate(files)]
@@ -176,6 +200,25 @@ def test_a_folder_page_lists_what_it_links_below_itself(
         assert index is not None and dict(index.files) == {
             depth + f: i for i, f in enumerate(files)
         }
+
+
+def _breaks(name: str) -> bool:
+    """Whether a name breaks its row on nginx's page, read line by line ("\\n" in it)."""
+    return "\n" in name
+
+
+def test_a_page_that_only_looks_like_nginx_s_gives_no_sizes() -> None:
+    """A row's number is read as a size only on nginx's own page (its ``<hr><pre>``, the
+    date before the number): the same rows on another page, or a number without the date,
+    size nothing."""
+    row = '<a href="a.jpg">a.jpg</a>   06-Dec-2026 14:41   675\n'
+    page = "http://h/x/"
+    nginx = read_index(f"<hr><pre>{row}</pre>".encode(), "text/html", page, page)
+    assert nginx == Index(files=(("a.jpg", 675),), folders=())
+    other = read_index(f"<pre>{row}</pre>".encode(), "text/html", page, page)
+    assert other == Index(files=(("a.jpg", None),), folders=())
+    dateless = '<hr><pre><a href="a.jpg">a.jpg</a>     675\n</pre>'
+    assert read_index(dateless.encode(), "text/html", page, page) == other
 
 
 def test_links_that_are_not_the_folder_s_are_left_out() -> None:

@@ -9,13 +9,17 @@ names below the page; :mod:`._web` walks the folders.
 
 Only links below the page itself count: ``../``, a link to another host, to a folder
 elsewhere on the server, or with a query or fragment (Apache's sort links, ``?C=N;O=D``)
-are not the folder's.  nginx's JSON and XML pages give each file's exact size; an HTML
-page's sizes are not read (nginx rounds them unless told not to, ``http.server`` gives
-none): those files are sized as a manifest's files without sizes are.
+are not the folder's.  nginx's JSON and XML pages give each file's exact size, and so do
+its HTML pages, in a row of their own after each link (``autoindex_exact_size on``, its
+default; under ``off``, only the sizes below 10,000 bytes are written in full, the rest
+rounded to a ``K``, ``M`` or ``G``).  Any other page's sizes are not read (Apache's and
+lighttpd's are rounded, ``http.server`` gives none): those files are sized as a
+manifest's files without sizes are.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import posixpath
 import re
@@ -28,6 +32,18 @@ __all__ = ["MAX_DEPTH", "Index", "read_index"]
 
 # A relative name without a scheme, query or fragment, not starting with "/" or ".".
 _PLAIN = re.compile(r"[^/?#:.][^?#:]*")
+
+# nginx's HTML page (ngx_http_autoindex_module): from "<hr><pre>" on, one line per entry,
+# its link (the href percent-encoded, the name HTML-escaped: no "<" of its own), then the
+# modification time ("06-Dec-2026 14:41") and the size: a number of bytes, "-" for a
+# folder, or (autoindex_exact_size off) a number and K, M or G — only a plain number is
+# read.  A name with a line break in it breaks its row: that file goes unsized.
+_NGINX_PAGE = b"<hr><pre>"
+_NGINX_ROW = re.compile(
+    r'(?:^|(?<=<hr><pre>))<a href="([^"]*)">[^\n]*?</a>'  # the link, from a row's start
+    r"\s+\d{2}-[A-Z][a-z]{2}-\d{4} \d{2}:\d{2}\s+(\d+)\r?$",  # the date, the size, its end
+    re.MULTILINE,
+)
 
 MAX_DEPTH = 32
 """Folders below the base URL that a walk of folder pages goes down at most: deeper is a
@@ -146,6 +162,14 @@ def _size(value: object) -> int | None:
     return None
 
 
+def _nginx_sizes(body: bytes, text: str) -> dict[str, int]:
+    """The exact sizes on nginx's HTML page, by href as a page's parser reads it (empty for
+    any other page)."""
+    if _NGINX_PAGE not in body:
+        return {}
+    return {html.unescape(m[1]).strip(): int(m[2]) for m in _NGINX_ROW.finditer(text)}
+
+
 def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
     """The files and folders that the folder page ``body`` (served at ``page``, with the
     ``Content-Type`` ``ctype``) names below itself, as keys relative to ``base``; None where
@@ -156,12 +180,14 @@ def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
         links = [(quote(name) + ("/" if folder else ""), size) for name, folder, size in named]
     else:
         parser = _Links()
+        text = body.decode("utf-8", errors="replace")
         try:
-            parser.feed(body.decode("utf-8", errors="replace"))
+            parser.feed(text)
             parser.close()
         except AssertionError:  # an HTMLParser's complaint about a page it cannot read
             return None
-        links = [(href.strip(), None) for href in parser.hrefs]
+        sizes = _nginx_sizes(body, text)
+        links = [(href.strip(), sizes.get(href.strip())) for href in parser.hrefs]
     files: dict[str, int | None] = {}
     folders: dict[str, None] = {}
     below = _Below(page, base)
