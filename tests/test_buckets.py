@@ -144,6 +144,60 @@ def test_the_documented_geometry_is_the_decode_bit_for_bit(
     assert np.array_equal(out, np.asarray(ref).transpose(2, 0, 1))
 
 
+def _kinds() -> dict[str, bytes]:
+    """One image of each kind a caption folder holds, in two aspect ratios: grayscale,
+    CMYK and progressive JPEGs, PNGs with alpha, a palette, gray with alpha and 16-bit
+    gray, WebP (lossy, and lossless with alpha), GIF, BMP, TIFF, a thumbnail smaller than
+    any bucket and a strip far outside the buckets' ratios."""
+    rng = np.random.default_rng(7)
+
+    def rgb(w: int, h: int) -> Image.Image:
+        return Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8))
+
+    def saved(img: Image.Image, fmt: str, **kw: Any) -> bytes:
+        buf = io.BytesIO()
+        img.save(buf, fmt, **kw)
+        return buf.getvalue()
+
+    sixteen = Image.fromarray((rng.random((200, 300)) * 65535).astype(np.uint16))
+    return {
+        "gray.jpg": saved(rgb(300, 200).convert("L"), "JPEG"),
+        "cmyk.jpg": saved(rgb(200, 300).convert("CMYK"), "JPEG"),
+        "progressive.jpg": saved(rgb(300, 300), "JPEG", progressive=True),
+        "rgba.png": saved(rgb(300, 200).convert("RGBA"), "PNG"),
+        "palette.png": saved(rgb(200, 300).convert("P"), "PNG"),
+        "la.png": saved(rgb(300, 200).convert("LA"), "PNG"),
+        "sixteen.png": saved(sixteen, "PNG"),
+        "lossy.webp": saved(rgb(300, 200), "WEBP", quality=90),
+        "alpha.webp": saved(rgb(200, 300).convert("RGBA"), "WEBP", lossless=True),
+        "palette.gif": saved(rgb(300, 200).convert("P"), "GIF"),
+        "plain.bmp": saved(rgb(300, 300), "BMP"),
+        "plain.tif": saved(rgb(200, 300), "TIFF"),
+        "thumbnail.jpg": saved(rgb(10, 7), "JPEG"),
+        "strip.jpg": saved(rgb(1000, 50), "JPEG"),
+    }
+
+
+@pytest.mark.parametrize("crop", ["random", "center"])
+def test_every_kind_of_image_is_the_reference_s_pixels(crop: str) -> None:
+    """Each kind of image, in the bucket nearest its shape, decodes to the reference's
+    pixels (:func:`asyncloader.testing.bucket_reference`, Pillow's alone): colour modes,
+    alpha, palettes, 16-bit gray (by its high byte, docs/data.md), other formats, an image
+    smaller than its bucket, one far outside the buckets' ratios."""
+    buckets = al.Buckets(al.make_buckets(128 * 128, ratios=(0.5, 2.0), step=32).sizes, crop=crop)
+    for i, (name, data) in enumerate(_kinds().items()):
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+        bh, bw = buckets.sizes[int(buckets.nearest([height], [width])[0])]
+        spec = DecodeSpec((3, bh, bw), buckets=buckets)
+        out = np.zeros((3, bh, bw), np.uint8)
+        decode_into(data, out, spec, i, name, mark=(bh, bw, height, width))
+        _, corner = bucket_plan(width, height, (bh, bw), random.Random(i), crop=crop)
+        img, box, _ = bucket_reference(data, (bh, bw), corner)
+        ref = img.resize((bw, bh), Image.Resampling.BILINEAR, box=box)
+        assert np.array_equal(out, np.asarray(ref).transpose(2, 0, 1)), name
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.integers(0, 3), min_size=0, max_size=60),

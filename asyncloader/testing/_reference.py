@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import math
 
+import numpy as np
 from PIL import Image, ImageOps
 
 __all__ = ["bucket_reference"]
@@ -43,5 +44,15 @@ def bucket_reference(
             img.draft("RGB", want[::-1] if turns else want)  # the stored image's axes
         turned = ImageOps.exif_transpose(img) if upright else img
         fx, fy = turned.size[0] / width, turned.size[1] / height
-        rgb = turned.convert("RGB")
+        rgb = _rgb(turned)
     return rgb, (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy), (rw, rh)
+
+
+def _rgb(img: Image.Image) -> Image.Image:
+    """``img`` as RGB, as docs/data.md's table of image kinds says: Pillow's ``convert``,
+    but a 16-bit grayscale image by the high byte of each sample (where ``convert`` would
+    clip every value above 255 to white)."""
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+        high = np.right_shift(np.asarray(img, dtype=np.uint16), 8).astype(np.uint8)
+        return Image.fromarray(high).convert("RGB")
+    return img.convert("RGB")
