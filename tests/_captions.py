@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+import asyncloader as al
+
 SHAPES = [(60, 60), (40, 90), (90, 40)]  # height, width
 
 
@@ -41,3 +43,48 @@ def caption_folder(root: Path, kind: str = "jsonl") -> Path:
     else:
         (root / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
+
+
+def class_site(root: Path, jpeg_folder: Path) -> dict[str, int]:
+    """Two class folders of the test photos, each photo with a ``.txt`` caption beside it,
+    one name with a space, an ampersand and a non-ASCII letter, two photos made thumbnails
+    (below 10,000 bytes: nginx writes their size whole however it rounds); each image's
+    size by key."""
+    sizes = {}
+    for i, photo in enumerate(sorted(jpeg_folder.rglob("*.jpg"))[:8]):
+        name = f"{'cat' if i % 2 else 'dog'}/{'a b&ü ' if i == 3 else ''}{i}.jpg"
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        if i in (0, 5):
+            with Image.open(photo) as img:
+                img.resize((64, 48)).save(root / name, "JPEG", quality=80)
+        else:
+            (root / name).write_bytes(photo.read_bytes())
+        (root / name).with_suffix(".txt").write_text(f"photo {i}")
+        sizes[name] = (root / name).stat().st_size
+    return sizes
+
+
+def class_epoch(
+    url: str, cut: int, cache: Path
+) -> tuple[dict[str, str], tuple[str, ...], al.Stats]:
+    """One epoch over :func:`class_site` served at ``url``, filtered to the images under
+    ``cut`` bytes, through the cache folder ``cache``: each caption's class name, the
+    classes, the run's stats."""
+    with al.ImageLoader(
+        url,
+        batch_size=2,
+        transform=al.Resize(24),
+        filters=[("size", "<", cut)],
+        extras=("txt",),
+        cache_dir=cache,
+    ) as loader:
+        got = {}
+        for _, labels, extras in loader:
+            for label, text in zip(labels.tolist(), extras["txt"], strict=True):
+                got[text] = loader.classes[label]
+        return got, loader.classes, loader.stats()
+
+
+def class_captions(kept: set[str]) -> dict[str, str]:
+    """What :func:`class_epoch` gives for the images ``kept`` (their keys)."""
+    return {f"photo {k.split('/')[1].split()[-1][:-4]}": k.split("/")[0] for k in kept}

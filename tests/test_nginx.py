@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from PIL import Image
 
 import asyncloader as al
 from asyncloader._base._stats import Counters
@@ -26,7 +25,7 @@ from asyncloader._fetch import Fetcher
 from asyncloader._stores._http_objects import parse_content_range
 from asyncloader.testing import MotoServer, Nginx, find_nginx
 
-from ._captions import caption_folder
+from ._captions import caption_folder, class_captions, class_epoch, class_site
 from .conftest import N_IMAGES, Backend, listed_keys
 
 pytestmark = pytest.mark.skipif(
@@ -387,25 +386,6 @@ def test_a_filtered_caption_folder_on_nginx_never_asks_for_what_the_filter_leave
     assert sorted(again) == sorted(first) and stats.requests == 0
 
 
-def _class_site(root: Path, jpeg_folder: Path) -> dict[str, int]:
-    """Two class folders of the test photos, each photo with a ``.txt`` caption beside it,
-    one name with a space, an ampersand and a non-ASCII letter, two photos made thumbnails
-    (below 10,000 bytes: nginx writes their size whole however it rounds); each image's
-    size by key."""
-    sizes = {}
-    for i, photo in enumerate(sorted(jpeg_folder.rglob("*.jpg"))[:8]):
-        name = f"{'cat' if i % 2 else 'dog'}/{'a b&ü ' if i == 3 else ''}{i}.jpg"
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        if i in (0, 5):
-            with Image.open(photo) as img:
-                img.resize((64, 48)).save(root / name, "JPEG", quality=80)
-        else:
-            (root / name).write_bytes(photo.read_bytes())
-        (root / name).with_suffix(".txt").write_text(f"photo {i}")
-        sizes[name] = (root / name).stat().st_size
-    return sizes
-
-
 @pytest.mark.parametrize("listing", ["html", "html-rounded", "json"])
 def test_a_class_folder_on_nginx_s_autoindex_streams_without_a_manifest(
     jpeg_folder: Path, tmp_path: Path, listing: str
@@ -418,7 +398,7 @@ def test_a_class_folder_on_nginx_s_autoindex_streams_without_a_manifest(
     and, where its page gave its size, never asked at all.  Nginx stopped, the same run
     comes from the node."""
     site = tmp_path / "site"
-    sizes = _class_site(site, jpeg_folder)
+    sizes = class_site(site, jpeg_folder)
     cut = sorted(sizes.values())[len(sizes) // 2]
     kept = {k for k, size in sizes.items() if size < cut}
     assert any(size <= 9999 for size in sizes.values()) and max(sizes.values()) > 9999
@@ -431,34 +411,17 @@ def test_a_class_folder_on_nginx_s_autoindex_streams_without_a_manifest(
         }[listing]
     )
     cache = tmp_path / "cache"
-
-    def epoch() -> tuple[dict[str, str], tuple[str, ...], al.Stats]:
-        with al.ImageLoader(
-            f"{endpoint}/",
-            batch_size=2,
-            transform=al.Resize(24),
-            filters=[("size", "<", cut)],
-            extras=("txt",),
-            cache_dir=cache,
-        ) as loader:
-            got = {}
-            for _, labels, extras in loader:
-                for label, text in zip(labels.tolist(), extras["txt"], strict=True):
-                    got[text] = loader.classes[label]
-            return got, loader.classes, loader.stats()
-
     with Nginx(site, server=server) as nginx:
-        endpoint = nginx.endpoint
-        got, classes, stats = epoch()
+        got, classes, stats = class_epoch(f"{nginx.endpoint}/", cut, cache)
         answers = nginx.answers()
     assert classes == ("cat", "dog")
-    want = {f"photo {k.split('/')[1].split()[-1][:-4]}": k.split("/")[0] for k in kept}
+    want = class_captions(kept)
     assert got == want and stats.filtered_out == len(sizes) - len(kept)
     for key in sizes:
         asked = {a.method for a in answers if a.path == f"/{key}"}
         heads = {"HEAD"} if listing == "html-rounded" and sizes[key] > 9999 else set()
         assert asked == (heads | {"GET"} if key in kept else heads), (key, asked)
-    again, _, stats = epoch()  # nginx stopped
+    again, _, stats = class_epoch(f"{nginx.endpoint}/", cut, cache)  # nginx stopped
     assert again == want and stats.requests == 0
 
 
@@ -468,7 +431,7 @@ def test_a_folder_whose_page_is_refused_is_named_not_listed(
     """A folder the pages link but nginx refuses (``deny all``: 403): its files cannot be
     listed, and a warning names it; the other folders' files are listed."""
     site = tmp_path / "site"
-    _class_site(site, jpeg_folder)
+    class_site(site, jpeg_folder)
     (site / "private").mkdir()
     (site / "private" / "0.jpg").write_bytes(b"never listed")
     with (

@@ -114,6 +114,9 @@ class HttpStore(HTTPStoreBase):
         # aiohttp sessions by the proxy they go through (None: direct).
         self._sessions: dict[str | None, aiohttp.ClientSession] = {}
         self._lean: dict[tuple[str, str, int], LeanHTTPClient] = {}
+        # The metadata file a listing read whole, by key: its ETag and bytes, for the
+        # first whole read of it (the dataset's) to take instead of fetching it again.
+        self._listed_files: dict[str, tuple[str, Blob]] = {}
         self._closed = False
 
     @property
@@ -196,15 +199,17 @@ class HttpStore(HTTPStoreBase):
         """
         for name in METADATA_NAMES:
             try:
-                data = await self._served(name, text=not name.endswith(".parquet"))
+                answer, body = await self._page(name, shown_key(name))
             except ObjectNotFound:
                 continue
+            data = body if name.endswith(".parquet") else _as_utf8(body, answer)
             rows = await asyncio.to_thread(metadata_rows, data, name)
             # Named as the dataset names them (relative to the root); a row without a
             # file_name is the dataset's to refuse, naming its line, when it reads the file.
             names = (r.get("file_name") for _, r in rows)
             keys = [file_key(n) for n in names if isinstance(n, str) and n]
-            return [{"key": k} for k in dict.fromkeys([name, *keys])]
+            rest = ({"key": k} for k in dict.fromkeys(keys) if k != name)
+            return [self._listed_file(name, answer, body), *rest]
         listed = await self._index_listing()
         if listed is not None:
             return listed
@@ -215,6 +220,18 @@ class HttpStore(HTTPStoreBase):
             "manifest='train.jsonl': a loader's StoreConfig(options={'manifest': "
             "'train.jsonl'}), warm's and ls's store_options=; or labels='train.jsonl')"
         )
+
+    def _listed_file(self, key: str, answer: Mapping[str, str], body: Blob) -> dict[str, str]:
+        """The listing's row of the file ``key`` it read whole (``answer``: the GET's
+        headers): where the answer is the file as stored (no ``Content-Encoding``, its
+        ``Content-Length`` the body's), with its size and ETag (no HEAD), and kept for the
+        first whole read of it (:meth:`get`); else the key alone."""
+        encoding = answer.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity") or answer.get("content-length") != str(len(body)):
+            return {"key": key}
+        etag = normalize_etag(answer.get("etag", ""))
+        self._listed_files[key] = (etag, body)
+        return {"key": key, "size": str(len(body)), "etag": etag}
 
     async def _index_listing(self) -> list[dict[str, str]] | None:
         """Without a manifest or a metadata file, the server's folder pages (nginx's
@@ -401,6 +418,10 @@ class HttpStore(HTTPStoreBase):
     async def get(
         self, key: str, *, start: int = 0, end: int | None = None, etag: str = ""
     ) -> Blob:
+        listed = self._listed_files.get(key) if start == 0 and end is None else None
+        if listed is not None and etag in ("", listed[0]):
+            del self._listed_files[key]
+            return listed[1]  # the listing read it whole a moment ago: that answer
         url = self._target(key)
         session = self._session_for(url)
         headers = {**self._headers, **object_headers(start, end, etag)}
@@ -419,6 +440,7 @@ class HttpStore(HTTPStoreBase):
 
     async def close(self) -> None:
         self._closed = True
+        self._listed_files.clear()
         sessions, self._sessions = self._sessions, {}
         lean, self._lean = self._lean, {}
         for session in sessions.values():

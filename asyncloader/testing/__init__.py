@@ -4,6 +4,8 @@
   injected latency and faults), :class:`MotoServer`; :class:`Azurite` (``_azurite``).
 * :class:`Nginx` (``_nginx``): nginx serving a folder in the configuration a test asks
   for (ranges ignored, gzip, rate limits, ...), its answers read back from its access log.
+* :class:`Lighttpd` (``_lighttpd``): lighttpd serving a folder with its folder pages (a
+  table of links, rounded sizes: Apache's kind), its answers read back from its access log.
 * :class:`PythonHTTPServer` (``_pyhttp``): ``python -m http.server`` serving a folder
   (HTTP/1.0, a connection per request), its requests read back from its log.
 * :class:`FaultProxy` (``_faultproxy``): a TCP proxy that injects resets, truncation and
@@ -38,6 +40,8 @@ from ._equipment import tree_cpu_seconds as tree_cpu_seconds
 from ._faultproxy import FaultProxy as FaultProxy
 from ._gcs import GCSEmulator as GCSEmulator
 from ._gcs import find_fake_gcs_server as find_fake_gcs_server
+from ._lighttpd import Lighttpd as Lighttpd
+from ._lighttpd import find_lighttpd as find_lighttpd
 from ._memory import MEMORY_FAULTS as MEMORY_FAULTS
 from ._memory import FaultyStore as FaultyStore
 from ._memory import MemoryBucket as MemoryBucket
@@ -64,6 +68,7 @@ __all__ = [
     "FaultProxy",
     "FaultyStore",
     "GCSEmulator",
+    "Lighttpd",
     "MemoryBucket",
     "MemoryStore",
     "MotoServer",
@@ -80,6 +85,7 @@ __all__ = [
     "tree_cpu_seconds",
     "find_azurite",
     "find_fake_gcs_server",
+    "find_lighttpd",
     "find_nginx",
     "free_port",
     "make_jpeg_folder",

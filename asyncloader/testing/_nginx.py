@@ -31,7 +31,7 @@ def find_nginx() -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One line of the access log: what nginx answered."""
+    """One line of an access log: what the server (nginx, lighttpd) answered."""
 
     method: str
     path: str  # unquoted, without the query
@@ -40,7 +40,46 @@ class Answer:
     range: str  # the request's Range header ("" for none)
 
 
-class Nginx(_Subprocess):
+def read_answers(log: str) -> list[Answer]:
+    """An access log's answers, in order: each line the method, the request's path as sent
+    (percent-encoded: no spaces; a query is left out), the status, the body bytes (``-``:
+    none) and the Range asked, quoted (``"-"``: none) — as the servers here write it."""
+    out = []
+    for line in log.splitlines():
+        method, sent_uri, status, sent, rng = line.split(" ", 4)
+        path = unquote(sent_uri.partition("?")[0])
+        body = 0 if sent == "-" else int(sent)
+        rng = rng.strip('"')
+        out.append(Answer(method, path, int(status), body, "" if rng == "-" else rng))
+    return out
+
+
+class WebServer(_Subprocess):
+    """A web server run as a subprocess on 127.0.0.1, whose error log is kept in ``_said``
+    when it stops (the subclass reads it there)."""
+
+    _said: str
+
+    def _launch(self, argv: list[str], port: int, what: str) -> None:
+        """Start ``argv`` (a server that listens on 127.0.0.1:``port``; it dies with this
+        process) and wait until it answers; else stop it and raise with what its error log
+        says."""
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+        try:
+            self._wait_ready(
+                lambda: socket.create_connection(("127.0.0.1", port), 1).close(), 30, what
+            )
+        except RuntimeError:
+            raise RuntimeError(f"{what} did not start: {self._said.strip()}") from None
+
+
+class Nginx(WebServer):
     """nginx serving ``root`` on 127.0.0.1 (one process, no master: it runs as the user
     who starts it, and stops with it).
 
@@ -115,33 +154,15 @@ http {{
 }}
 """
         )
-        self._proc = subprocess.Popen(
-            [exe, "-c", str(config), "-p", str(work), "-e", str(work / "error.log")],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
-        )
         self.endpoint = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
-        try:
-            self._wait_ready(
-                lambda: socket.create_connection(("127.0.0.1", port), 1).close(), 30, "nginx"
-            )
-        except RuntimeError:
-            raise RuntimeError(f"nginx did not start: {self._said.strip()}") from None
+        argv = [exe, "-c", str(config), "-p", str(work), "-e", str(work / "error.log")]
+        self._launch(argv, port, "nginx")
 
     def answers(self) -> list[Answer]:
         """Every answer so far, in order (nginx writes a line as each answer ends)."""
         assert self._dir is not None, "nginx is not running"
-        out = []
         log = Path(self._dir.name) / "access.log"
-        for line in log.read_text().splitlines() if log.exists() else []:
-            # The request's path as sent (percent-encoded: no spaces), its query left out.
-            method, sent_uri, status, sent, rng = line.split(" ", 4)
-            path = unquote(sent_uri.partition("?")[0])
-            rng = rng.strip('"')
-            out.append(Answer(method, path, int(status), int(sent), "" if rng == "-" else rng))
-        return out
+        return read_answers(log.read_text() if log.exists() else "")
 
     def stop(self) -> None:
         super().stop()
