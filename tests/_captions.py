@@ -47,12 +47,14 @@ def caption_folder(root: Path, kind: str = "jsonl") -> Path:
 
 def class_site(root: Path, jpeg_folder: Path) -> dict[str, int]:
     """Two class folders of the test photos, each photo with a ``.txt`` caption beside it,
-    one name with a space, an ampersand and a non-ASCII letter, two photos made thumbnails
-    (below 10,000 bytes: nginx writes their size whole however it rounds); each image's
-    size by key."""
+    one name with a space, an ampersand and a non-ASCII letter, one longer than nginx's
+    HTML pages show (50 characters: cut short, "..>"), two photos made thumbnails (below
+    10,000 bytes: nginx writes their size whole however it rounds); each image's size by
+    key."""
     sizes = {}
     for i, photo in enumerate(sorted(jpeg_folder.rglob("*.jpg"))[:8]):
-        name = f"{'cat' if i % 2 else 'dog'}/{'a b&ü ' if i == 3 else ''}{i}.jpg"
+        odd = {3: "a b&ü ", 6: "a long name " * 6}.get(i, "")
+        name = f"{'cat' if i % 2 else 'dog'}/{odd}{i}.jpg"
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         if i in (0, 5):
             with Image.open(photo) as img:
