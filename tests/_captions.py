@@ -90,3 +90,37 @@ def class_epoch(
 def class_captions(kept: set[str]) -> dict[str, str]:
     """What :func:`class_epoch` gives for the images ``kept`` (their keys)."""
     return {f"photo {k.split('/')[1].split()[-1][:-4]}": k.split("/")[0] for k in kept}
+
+
+def class_cut(root: Path, jpeg_folder: Path) -> tuple[dict[str, int], int, set[str]]:
+    """:func:`class_site` in ``root``: each image's size by key, a size that cuts them in
+    halves, and the keys of the smaller half (those a filter ``size < cut`` keeps)."""
+    sizes = class_site(root, jpeg_folder)
+    cut = sorted(sizes.values())[len(sizes) // 2]
+    return sizes, cut, {k for k, size in sizes.items() if size < cut}
+
+
+BUCKETS = [(64, 64), (48, 96), (96, 48)]
+WIDE = {f"photo {i}": SHAPES[i % 3] for i in range(12) if SHAPES[i % 3][1] >= 60}
+"""The captions and sizes of :func:`caption_folder`'s images at least 60 pixels wide."""
+
+
+def wide_epoch(url: str, cache: Path) -> tuple[dict[str, tuple[int, int]], al.Stats]:
+    """One epoch over :func:`caption_folder` served at ``url`` in :data:`BUCKETS`, filtered
+    on the headers' width (``width >= 60``; batches of one: no leftover), through the cache
+    folder ``cache``: each caption's ``original_size`` (every batch one bucket's shape), the
+    run's stats."""
+    with al.ImageLoader(
+        url,
+        batch_size=1,
+        buckets=BUCKETS,
+        filters=[("width", ">=", 60)],
+        extras=("text", "original_size"),
+        cache_dir=cache,
+        labels=None,
+    ) as loader:
+        got = {}
+        for images, _, extras in loader:
+            assert tuple(images.shape[2:]) in BUCKETS
+            got[extras["text"][0]] = tuple(extras["original_size"][0])
+        return got, loader.stats()

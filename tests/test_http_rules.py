@@ -154,8 +154,8 @@ def test_a_folder_page_lists_what_it_links_below_itself(
     files: list[str], folders: list[str], depth: str, sizes: list[int]
 ) -> None:
     """Whatever the names, each of the servers' page kinds gives back exactly the files and
-    folders in it, keyed below the base URL; nginx's pages with each size they write
-    exactly (its HTML rows: every one, or, rounded, those below 10,000 bytes; a name with a
+    folders in it, keyed below the base URL; nginx's pages and Caddy's JSON with each size
+    they write exactly (its HTML rows: every one, or, rounded, those below 10,000 bytes; a name with a
     line break breaks its row, and goes unsized)."""
     folders = [d for d in folders if d not in files]
     sizes = sizes[: len(files)]
@@ -189,6 +189,12 @@ def test_a_folder_page_lists_what_it_links_below_itself(
     entries += [{"name": f, "type": "file", "mtime": "x", "size": i} for i, f in enumerate(files)]
     index = read_index(json.dumps(entries).encode(), "application/json", page, base)
     assert index is not None
+    assert dict(index.files) == {depth + f: i for i, f in enumerate(files)}
+    assert set(index.folders) == want_folders
+    caddy = [{"name": d + "/", "size": 4096, "is_dir": True, "is_symlink": False} for d in folders]
+    caddy += [{"name": f, "size": i, "is_dir": False, "mode": 420} for i, f in enumerate(files)]
+    index = read_index(json.dumps(caddy).encode(), "application/json; charset=utf-8", page, base)
+    assert index is not None  # Caddy's list, as it answers a request that accepts JSON
     assert dict(index.files) == {depth + f: i for i, f in enumerate(files)}
     assert set(index.folders) == want_folders
     xml = "".join(f"<directory>{html.escape(d)}</directory>" for d in folders)

@@ -16,7 +16,7 @@ import pytest
 import asyncloader as al
 from asyncloader.testing import Lighttpd, find_lighttpd
 
-from ._captions import SHAPES, caption_folder, class_captions, class_epoch, class_site
+from ._captions import WIDE, caption_folder, class_captions, class_cut, class_epoch, wide_epoch
 from .conftest import N_IMAGES
 
 pytestmark = pytest.mark.skipif(
@@ -35,9 +35,7 @@ def test_a_class_folder_listed_by_lighttpd_s_pages(jpeg_folder: Path, tmp_path: 
     smaller half, and an image it leaves out is never fetched.  lighttpd stopped, the same
     run comes from the node's cache."""
     site = tmp_path / "site"
-    sizes = class_site(site, jpeg_folder)
-    cut = sorted(sizes.values())[len(sizes) // 2]
-    kept = {k for k, size in sizes.items() if size < cut}
+    sizes, cut, kept = class_cut(site, jpeg_folder)
     cache = tmp_path / "cache"
     with Lighttpd(site) as server:
         got, classes, stats = class_epoch(f"{server.endpoint}/", cut, cache)
@@ -100,29 +98,10 @@ def test_a_bucketed_caption_folder_filtered_by_width(tmp_path: Path) -> None:
     the cache keeps those the filter keeps, and the epoch reads them there; a second run on
     the node asks nothing."""
     site = caption_folder(tmp_path / "site")
-    buckets = [(64, 64), (48, 96), (96, 48)]
     cache = tmp_path / "cache"
-
-    def epoch(endpoint: str) -> tuple[dict[str, tuple[int, int]], al.Stats]:
-        with al.ImageLoader(
-            f"{endpoint}/",
-            batch_size=1,
-            buckets=buckets,
-            filters=[("width", ">=", 60)],
-            extras=("text", "original_size"),
-            cache_dir=cache,
-            labels=None,
-        ) as loader:
-            got = {}
-            for images, _, extras in loader:
-                assert tuple(images.shape[2:]) in buckets
-                got[extras["text"][0]] = tuple(extras["original_size"][0])
-            return got, loader.stats()
-
     with Lighttpd(site) as server:
-        got, stats = epoch(server.endpoint)
-    want = {f"photo {i}": SHAPES[i % 3] for i in range(12) if SHAPES[i % 3][1] >= 60}
-    assert got == want and stats.filtered_out == 12 - len(want)
+        got, stats = wide_epoch(f"{server.endpoint}/", cache)
+    assert got == WIDE and stats.filtered_out == 12 - len(WIDE)
     answers = server.answers()
     assert [(a.method, a.path) for a in answers if "metadata" in a.path] == [
         ("GET", "/metadata.jsonl")
@@ -131,5 +110,5 @@ def test_a_bucketed_caption_folder_filtered_by_width(tmp_path: Path) -> None:
     per_image = Counter((a.path, a.method) for a in jpegs)
     assert len(per_image) == 24 and set(per_image.values()) == {1}, per_image
     assert all(a.range.startswith("bytes=0-") for a in jpegs if a.method == "GET")
-    again, stats = epoch(server.endpoint)  # lighttpd stopped
-    assert again == want and stats.requests == 0
+    again, stats = wide_epoch(f"{server.endpoint}/", cache)  # lighttpd stopped
+    assert again == WIDE and stats.requests == 0

@@ -25,7 +25,7 @@ from asyncloader._fetch import Fetcher
 from asyncloader._stores._http_objects import parse_content_range
 from asyncloader.testing import MotoServer, Nginx, find_nginx
 
-from ._captions import caption_folder, class_captions, class_epoch, class_site
+from ._captions import caption_folder, class_captions, class_cut, class_epoch, class_site
 from .conftest import N_IMAGES, Backend, listed_keys
 
 pytestmark = pytest.mark.skipif(
@@ -398,9 +398,7 @@ def test_a_class_folder_on_nginx_s_autoindex_streams_without_a_manifest(
     and, where its page gave its size, never asked at all.  Nginx stopped, the same run
     comes from the node."""
     site = tmp_path / "site"
-    sizes = class_site(site, jpeg_folder)
-    cut = sorted(sizes.values())[len(sizes) // 2]
-    kept = {k for k, size in sizes.items() if size < cut}
+    sizes, cut, kept = class_cut(site, jpeg_folder)
     assert any(size <= 9999 for size in sizes.values()) and max(sizes.values()) > 9999
     server = (
         "autoindex on;"

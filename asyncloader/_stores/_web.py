@@ -53,6 +53,12 @@ __all__ = ["HttpStore"]
 
 log = logging.getLogger("asyncloader")
 
+FOLDER_PAGE_ACCEPT = "application/json, text/html;q=0.9, */*;q=0.8"
+"""The ``Accept`` of a folder page's request: a server that can answer with a list in JSON
+(Caddy's ``file_server browse``: each file's exact size) is asked for it; the rest send the
+page they have (nginx's format is its configuration's, ``http.server``'s and Apache's are
+HTML)."""
+
 
 class HttpStore(HTTPStoreBase):
     """Objects under an ``http(s)://`` base URL as an :class:`~asyncloader.ObjectStore`.
@@ -174,18 +180,24 @@ class HttpStore(HTTPStoreBase):
         answer, data = await self._page(name, shown_key(name))
         return _as_utf8(data, answer) if text else data
 
-    async def _page(self, name: str, what: str) -> tuple[Mapping[str, str], Blob]:
+    async def _page(
+        self, name: str, what: str, accept: str | None = None
+    ) -> tuple[Mapping[str, str], Blob]:
         """A GET of ``name`` (a key under the base URL, or a URL), retried as every read
         is: the answer's headers and its body, ``Content-Encoding`` undone; ``what``
-        names it in errors.
+        names it in errors; ``accept``: the request's ``Accept`` (unless the store's own
+        headers set one).
 
         Raises:
             ObjectNotFound: 404.  AccessDenied: 401, 403.
         """
         url = self._target(name)
         session = self._session_for(url)
+        headers = self._headers
+        if accept is not None and not any(h.lower() == "accept" for h in headers):
+            headers = {**headers, "Accept": accept}
         answer, body = await retrying(
-            lambda: request(session, "GET", url, self._headers, what=what, key=None)
+            lambda: request(session, "GET", url, headers, what=what, key=None)
         )
         return answer, decoded(body, answer, what=what, key=None)
 
@@ -235,11 +247,11 @@ class HttpStore(HTTPStoreBase):
 
     async def _index_listing(self) -> list[dict[str, str]] | None:
         """Without a manifest or a metadata file, the server's folder pages (nginx's
-        ``autoindex``, ``http.server``, Apache's): every file the base URL's page links
-        below itself, and every file of the folders it links, walked down (a few pages at
-        once), sorted by key; a size where the page gives it exactly (nginx's JSON and XML
-        formats).  None where the base URL's page is not a folder page (404, 403, or a page
-        without links below it).
+        ``autoindex``, Caddy's ``browse``, ``http.server``, lighttpd's, Apache's): every
+        file the base URL's page links below itself, and every file of the folders it
+        links, walked down (a few pages at once), sorted by key; a size where the page
+        gives it exactly (nginx's pages, Caddy's JSON).  None where the base URL's page is
+        not a folder page (404, 403, or a page without links below it).
 
         Raises:
             StoreError: folders deeper than :data:`~._web_index.MAX_DEPTH` (a loop).
@@ -300,7 +312,7 @@ class HttpStore(HTTPStoreBase):
         itself: an empty folder, or no folder page), and whether the server refused it
         (404, 403: nginx without ``autoindex``, a folder it may not read)."""
         try:
-            answer, data = await self._page(folder, self._what(folder))
+            answer, data = await self._page(folder, self._what(folder), FOLDER_PAGE_ACCEPT)
         except (ObjectNotFound, AccessDenied):
             return None, True
         page = self._base + quote(folder, safe="/~")

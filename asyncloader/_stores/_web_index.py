@@ -1,5 +1,6 @@
 """A web server's folder pages, read as a listing (pure): nginx's ``autoindex`` (HTML, JSON
-or XML), Python's ``http.server``, Apache's ``mod_autoindex``, and any page of links.
+or XML), Caddy's ``file_server browse`` (its list in JSON, asked for by the request's
+``Accept``), Python's ``http.server``, lighttpd's and Apache's, and any page of links.
 
 A plain web server has no listing API, but most serve a folder without an ``index.html``
 as a page of links to what it holds, and a user who points a loader at such a folder
@@ -9,12 +10,12 @@ names below the page; :mod:`._web` walks the folders.
 
 Only links below the page itself count: ``../``, a link to another host, to a folder
 elsewhere on the server, or with a query or fragment (Apache's sort links, ``?C=N;O=D``)
-are not the folder's.  nginx's JSON and XML pages give each file's exact size, and so do
-its HTML pages, in a row of their own after each link (``autoindex_exact_size on``, its
-default; under ``off``, only the sizes below 10,000 bytes are written in full, the rest
-rounded to a ``K``, ``M`` or ``G``).  Any other page's sizes are not read (Apache's and
-lighttpd's are rounded, ``http.server`` gives none): those files are sized as a
-manifest's files without sizes are.
+are not the folder's.  nginx's JSON and XML pages and Caddy's JSON give each file's exact
+size, and so do nginx's HTML pages, in a row of their own after each link
+(``autoindex_exact_size on``, its default; under ``off``, only the sizes below 10,000
+bytes are written in full, the rest rounded to a ``K``, ``M`` or ``G``).  Any other
+page's sizes are not read (Apache's and lighttpd's are rounded, ``http.server`` gives
+none): those files are sized as a manifest's files without sizes are.
 """
 
 from __future__ import annotations
@@ -121,8 +122,8 @@ class _Below:
 
 
 def _names(body: bytes, ctype: str) -> list[tuple[str, bool, int | None]] | None:
-    """nginx's ``autoindex_format json`` or ``xml`` page as (name, is a folder, size);
-    None where the page is neither."""
+    """nginx's ``autoindex_format json`` or ``xml`` page, or Caddy's ``browse`` list in JSON,
+    as (name, is a folder, size); None where the page is none of them."""
     text = body.lstrip()
     if "json" in ctype or text.startswith(b"["):
         try:
@@ -133,11 +134,7 @@ def _names(body: bytes, ctype: str) -> list[tuple[str, bool, int | None]] | None
             isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries
         ):
             return None
-        return [
-            (e["name"], e.get("type") == "directory", _size(e.get("size")))
-            for e in entries
-            if e.get("type") in ("file", "directory")
-        ]
+        return [entry for e in entries if (entry := _json_entry(e)) is not None]
     if "xml" in ctype or text.startswith(b"<?xml"):
         try:
             root = ET.fromstring(body)
@@ -151,6 +148,21 @@ def _names(body: bytes, ctype: str) -> list[tuple[str, bool, int | None]] | None
             if e.tag in ("file", "directory") and e.text
         ]
     return None
+
+
+def _json_entry(e: dict[str, object]) -> tuple[str, bool, int | None] | None:
+    """One entry of a JSON folder page: nginx's (``type`` ``"file"`` or ``"directory"``)
+    or Caddy's (``is_dir``; a folder's name ends in ``/``), as (name, is a folder, size
+    where it is a file's); None for any other kind of entry (nginx's ``"other"``)."""
+    name = str(e["name"])
+    if isinstance(e.get("is_dir"), bool) and "type" not in e:  # Caddy's
+        folder = bool(e["is_dir"])
+        name = name.removesuffix("/") if folder else name
+    elif e.get("type") in ("file", "directory"):
+        folder = e["type"] == "directory"
+    else:
+        return None
+    return name, folder, None if folder else _size(e.get("size"))
 
 
 def _size(value: object) -> int | None:

@@ -4,6 +4,9 @@
   injected latency and faults), :class:`MotoServer`; :class:`Azurite` (``_azurite``).
 * :class:`Nginx` (``_nginx``): nginx serving a folder in the configuration a test asks
   for (ranges ignored, gzip, rate limits, ...), its answers read back from its access log.
+* :class:`Caddy` (``_caddy``): Caddy's ``file_server browse`` serving a folder (its folder
+  pages in HTML, or JSON with exact sizes for a request that accepts it), its answers read
+  back from its access log.
 * :class:`Lighttpd` (``_lighttpd``): lighttpd serving a folder with its folder pages (a
   table of links, rounded sizes: Apache's kind), its answers read back from its access log.
 * :class:`PythonHTTPServer` (``_pyhttp``): ``python -m http.server`` serving a folder
@@ -22,13 +25,16 @@
 * :func:`make_jpeg_folder`, :func:`demo_bucket`: the demo's ImageNet-like JPEGs (made from
   real photos) and the emulator bucket that serves them (they live in the package proper).
 
-Also here: fake-gcs-server (``_gcs``), the demo's bucket (``_demo``), the start/stop shape
+Also here: what the web servers share (``_webserver``: their start, work folder, logs and
+answers), fake-gcs-server (``_gcs``), the demo's bucket (``_demo``), the start/stop shape
 of the servers (``_equipment``), and the light S3 server's protocol, answers and state
 (``_s3server``, ``_s3answers``, ``_s3state``).
 """
 
 from ._azurite import Azurite as Azurite
 from ._azurite import find_azurite as find_azurite
+from ._caddy import Caddy as Caddy
+from ._caddy import find_caddy as find_caddy
 from ._conformance import StoreFixture as StoreFixture
 from ._conformance import check_object_store as check_object_store
 from ._demo import DemoBucket as DemoBucket
@@ -64,6 +70,7 @@ __all__ = [
     "TEST_ENV",
     "TOKEN_MARK",
     "Azurite",
+    "Caddy",
     "DemoBucket",
     "FaultProxy",
     "FaultyStore",
@@ -84,6 +91,7 @@ __all__ = [
     "process_cpu_seconds",
     "tree_cpu_seconds",
     "find_azurite",
+    "find_caddy",
     "find_fake_gcs_server",
     "find_lighttpd",
     "find_nginx",

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-from pathlib import Path
 
-from ._nginx import Answer, WebServer, read_answers
 from ._servers import free_port
+from ._webserver import Answer, WebServer, read_answers
 
 __all__ = ["Lighttpd", "find_lighttpd"]
 
@@ -47,12 +45,8 @@ class Lighttpd(WebServer):
     """
 
     def __init__(self, root: str | os.PathLike[str], *, config: str = "") -> None:
-        super().__init__()
-        self.root = Path(root).resolve()
+        super().__init__(root)
         self.config = config
-        self._dir: tempfile.TemporaryDirectory[str] | None = None
-        self._log = ""  # the access log, kept when it stops
-        self._said = ""  # its error log, kept when it stops
 
     def start(self) -> None:
         exe = find_lighttpd()
@@ -60,10 +54,8 @@ class Lighttpd(WebServer):
             raise FileNotFoundError(
                 "lighttpd not found: apt-get install lighttpd (Debian), or set LIGHTTPD"
             )
-        self._dir = tempfile.TemporaryDirectory(prefix="asyncloader-lighttpd-")
-        work = Path(self._dir.name)
+        work = self._work_folder("lighttpd")
         port = free_port()
-        self._log = self._said = ""
         config = work / "lighttpd.conf"
         access = r'%m %U %s %b "%{Range}i"'
         config.write_text(
@@ -91,17 +83,4 @@ mimetype.assign = (
     def answers(self) -> list[Answer]:
         """Every answer the access log holds, in order: all of them once the server has
         stopped (while it runs, those of up to a second ago)."""
-        text = self._log
-        if self._dir is not None:
-            log = Path(self._dir.name) / "access.log"
-            text = log.read_text() if log.exists() else ""
-        return read_answers(text)
-
-    def stop(self) -> None:
-        super().stop()  # lighttpd writes out its access log as it stops
-        work, self._dir = self._dir, None
-        if work is not None:
-            access, errors = Path(work.name) / "access.log", Path(work.name) / "error.log"
-            self._log = access.read_text() if access.exists() else ""
-            self._said = errors.read_text() if errors.exists() else ""
-            work.cleanup()
+        return read_answers(self._access_log())

@@ -7,17 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
-from urllib.parse import unquote
 
-from ._gcs import _die_with_parent
-from ._servers import _Subprocess, free_port
+from ._servers import free_port
+from ._webserver import Answer, WebServer, read_answers
 
-__all__ = ["Answer", "Nginx", "find_nginx"]
+__all__ = ["Answer", "Nginx", "find_nginx"]  # Answer: _webserver's, as nginx's answers are
 
 
 def find_nginx() -> str | None:
@@ -27,56 +21,6 @@ def find_nginx() -> str | None:
     if exe:
         return exe
     return "/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """One line of an access log: what the server (nginx, lighttpd) answered."""
-
-    method: str
-    path: str  # unquoted, without the query
-    status: int
-    body_bytes: int
-    range: str  # the request's Range header ("" for none)
-
-
-def read_answers(log: str) -> list[Answer]:
-    """An access log's answers, in order: each line the method, the request's path as sent
-    (percent-encoded: no spaces; a query is left out), the status, the body bytes (``-``:
-    none) and the Range asked, quoted (``"-"``: none) — as the servers here write it."""
-    out = []
-    for line in log.splitlines():
-        method, sent_uri, status, sent, rng = line.split(" ", 4)
-        path = unquote(sent_uri.partition("?")[0])
-        body = 0 if sent == "-" else int(sent)
-        rng = rng.strip('"')
-        out.append(Answer(method, path, int(status), body, "" if rng == "-" else rng))
-    return out
-
-
-class WebServer(_Subprocess):
-    """A web server run as a subprocess on 127.0.0.1, whose error log is kept in ``_said``
-    when it stops (the subclass reads it there)."""
-
-    _said: str
-
-    def _launch(self, argv: list[str], port: int, what: str) -> None:
-        """Start ``argv`` (a server that listens on 127.0.0.1:``port``; it dies with this
-        process) and wait until it answers; else stop it and raise with what its error log
-        says."""
-        self._proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
-        )
-        try:
-            self._wait_ready(
-                lambda: socket.create_connection(("127.0.0.1", port), 1).close(), 30, what
-            )
-        except RuntimeError:
-            raise RuntimeError(f"{what} did not start: {self._said.strip()}") from None
 
 
 class Nginx(WebServer):
@@ -100,13 +44,10 @@ class Nginx(WebServer):
     def __init__(
         self, root: str | os.PathLike[str], *, server: str = "", http: str = "", tls: bool = False
     ) -> None:
-        super().__init__()
-        self.root = Path(root).resolve()
+        super().__init__(root)
         self.server = server
         self.http = http
         self.tls = tls
-        self._dir: tempfile.TemporaryDirectory[str] | None = None
-        self._said = ""  # its error log, kept when it stops
 
     def start(self) -> None:
         exe = find_nginx()
@@ -114,8 +55,7 @@ class Nginx(WebServer):
             raise FileNotFoundError(
                 "nginx not found: apt-get install nginx-light (Debian), or set NGINX"
             )
-        self._dir = tempfile.TemporaryDirectory(prefix="asyncloader-nginx-")
-        work = Path(self._dir.name)
+        work = self._work_folder("nginx")
         port = free_port()
         listen = f"127.0.0.1:{port}"
         tls = ""
@@ -159,15 +99,6 @@ http {{
         self._launch(argv, port, "nginx")
 
     def answers(self) -> list[Answer]:
-        """Every answer so far, in order (nginx writes a line as each answer ends)."""
-        assert self._dir is not None, "nginx is not running"
-        log = Path(self._dir.name) / "access.log"
-        return read_answers(log.read_text() if log.exists() else "")
-
-    def stop(self) -> None:
-        super().stop()
-        work, self._dir = self._dir, None
-        if work is not None:
-            errors = Path(work.name) / "error.log"
-            self._said = errors.read_text() if errors.exists() else ""
-            work.cleanup()
+        """Every answer so far, in order (nginx writes a line as each answer ends; once it
+        has stopped, every answer it gave)."""
+        return read_answers(self._access_log())
