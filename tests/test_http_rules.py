@@ -183,7 +183,12 @@ def test_a_folder_page_lists_what_it_links_below_itself(
             assert index is None  # no link below the page: not a folder page
             continue
         assert index is not None
-        assert dict(index.files) == want
+        # A file with no size and no extension may be a folder whose link lacks its slash:
+        # the walk asks (maybe); every other is a file.
+        assert all(
+            m not in dict(index.files) and "." not in m.rpartition("/")[2] for m in index.maybe
+        )
+        assert {**dict(index.files), **dict.fromkeys(index.maybe)} == want
         assert set(index.folders) == want_folders
     entries = [{"name": d, "type": "directory", "mtime": "x"} for d in folders]
     entries += [{"name": f, "type": "file", "mtime": "x", "size": i} for i, f in enumerate(files)]
@@ -225,6 +230,39 @@ def test_a_page_that_only_looks_like_nginx_s_gives_no_sizes() -> None:
     assert other == Index(files=(("a.jpg", None),), folders=())
     dateless = '<hr><pre><a href="a.jpg">a.jpg</a>     675\n</pre>'
     assert read_index(dateless.encode(), "text/html", page, page) == other
+
+
+def test_links_without_a_slash_or_an_extension_are_asked_as_folders() -> None:
+    """express's serve-index links a folder without its slash (``/data/cat``) and writes
+    each file's size: a link with no extension and no slash may be a folder (``maybe``,
+    which the walk asks for at the link and a ``/``); a file is a file, with its size; a
+    JSON answer of names alone (serve-index's to a request preferring JSON) is no list
+    read here, nor a list of entries in some other form."""
+    page = base = "http://h/data/"
+
+    def row(href: str, name: str, size: str) -> str:
+        return (
+            f'<li><a href="{href}" class="" title="{name}"><span class="name">{name}</span>'
+            f'<span class="size">{size}</span><span class="date">12/6/2026</span></a></li>'
+        )
+
+    rows = [
+        row("/data", "data", ""),
+        row("/data/cat", "cat", ""),
+        row("/data/README", "README", ""),
+    ]
+    rows += [row("/data/a%20b.jpg", "a b.jpg", "12531"), row("/data/c.jpg", "c.jpg", "")]
+    body = f'<ul id="files" class="view-tiles">{"".join(rows)}</ul>'.encode()
+    assert read_index(body, "text/html; charset=utf-8", page, base) == Index(
+        files=(("a b.jpg", 12531), ("c.jpg", None)), folders=(), maybe=("cat", "README")
+    )
+    # A plain page's extensionless link is asked too; one with its slash is a folder.
+    plain = b'<a href="cat">cat</a><a href="cat/">cat/</a><a href="LICENSE">LICENSE</a>'
+    assert read_index(plain, "text/html", page, base) == Index(
+        files=(), folders=("cat/",), maybe=("LICENSE",)
+    )
+    for other in (b'["a.jpg", "cat"]', b'[{"name": "a.jpg", "type": "f"}]', b'{"files": []}'):
+        assert read_index(other, "application/json", page, base) is None, other
 
 
 def test_links_that_are_not_the_folder_s_are_left_out() -> None:

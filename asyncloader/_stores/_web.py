@@ -58,6 +58,8 @@ FOLDER_PAGE_ACCEPT = "application/json, text/html;q=0.9, */*;q=0.8"
 (Caddy's ``file_server browse``: each file's exact size) is asked for it; the rest send the
 page they have (nginx's format is its configuration's, ``http.server``'s and Apache's are
 HTML)."""
+HTML_PAGE_ACCEPT = "text/html, */*;q=0.8"
+"""The ``Accept`` of a folder page asked again where its JSON was no list read here."""
 
 
 class HttpStore(HTTPStoreBase):
@@ -123,6 +125,9 @@ class HttpStore(HTTPStoreBase):
         # The metadata file a listing read whole, by key: its ETag and bytes, for the
         # first whole read of it (the dataset's) to take instead of fetching it again.
         self._listed_files: dict[str, tuple[str, Blob]] = {}
+        # Folder pages are asked for in JSON until one answers JSON that is no list read
+        # here; then in HTML.
+        self._json_pages = True
         self._closed = False
 
     @property
@@ -276,14 +281,31 @@ class HttpStore(HTTPStoreBase):
                 refused.append(key)
             return index
 
+        async def probe(key: str) -> Index | None:
+            """The folder page at ``key`` and a ``/`` (a link without its slash), or None
+            where there is none: ``key`` is a file."""
+            async with at_once:
+                index, _ = await self._index_page(key + "/")
+            return index
+
         while level:
             folders: list[str] = []
+            maybe: list[str] = []
             for index in level:
                 for key, size in index.files:
                     files.setdefault(key, size)
                 folders += [f for f in index.folders if f not in seen]
                 seen.update(index.folders)
-            deep = [f for f in folders if f.count("/") > MAX_DEPTH]
+                maybe += [m for m in index.maybe if m + "/" not in seen]
+                seen.update(m + "/" for m in index.maybe)
+            probed = await asyncio.gather(*(probe(m) for m in maybe))
+            found: dict[str, Index] = {}  # folders whose links lacked a slash: their pages
+            for key, got in zip(maybe, probed, strict=True):
+                if got is None:
+                    files.setdefault(key, None)
+                else:
+                    found[key + "/"] = got
+            deep = [f for f in [*folders, *found] if f.count("/") > MAX_DEPTH]
             if deep:
                 raise StoreError(
                     f"{self._base}{deep[0]} is over {MAX_DEPTH} folders deep in the server's "
@@ -291,7 +313,7 @@ class HttpStore(HTTPStoreBase):
                     "Name the objects with a manifest instead"
                 )
             pages = await asyncio.gather(*(page(f) for f in folders))
-            level = [p for p in pages if p is not None]
+            level = [p for p in pages if p is not None] + list(found.values())
         if refused:
             refused.sort()
             log.warning(
@@ -311,16 +333,22 @@ class HttpStore(HTTPStoreBase):
         by :func:`~._web_index.read_index` (None where the page links nothing below
         itself: an empty folder, or no folder page), and whether the server refused it
         (404, 403: nginx without ``autoindex``, a folder it may not read)."""
-        try:
-            answer, data = await self._page(folder, self._what(folder), FOLDER_PAGE_ACCEPT)
-        except (ObjectNotFound, AccessDenied):
-            return None, True
-        page = self._base + quote(folder, safe="/~")
         from ._web_index import read_index
 
-        index = await asyncio.to_thread(
-            read_index, bytes(data), answer.get("content-type", ""), page, self._base
-        )
+        page = self._base + quote(folder, safe="/~")
+        asks = (FOLDER_PAGE_ACCEPT, HTML_PAGE_ACCEPT) if self._json_pages else (HTML_PAGE_ACCEPT,)
+        for accept in asks:
+            try:
+                answer, data = await self._page(folder, self._what(folder), accept)
+            except (ObjectNotFound, AccessDenied):
+                return None, True
+            ctype = answer.get("content-type", "")
+            index = await asyncio.to_thread(read_index, bytes(data), ctype, page, self._base)
+            if index is not None or "json" not in ctype.lower():
+                break
+            # JSON that is no list read here (express's serve-index: names alone, folders
+            # not told from files): the same page again as HTML, and every later one so.
+            self._json_pages = False
         return index, False
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]

@@ -46,6 +46,13 @@ _NGINX_ROW = re.compile(
     re.MULTILINE,
 )
 
+# express's serve-index (its default template): a list of links, each with spans of the
+# name, the size in bytes (empty for a folder) and the date.
+_SERVE_INDEX_PAGE = b'<ul id="files"'
+_SERVE_INDEX_ROW = re.compile(
+    r'<a href="([^"]*)"[^>]*><span class="name">[^<]*</span><span class="size">(\d+)</span>'
+)
+
 MAX_DEPTH = 32
 """Folders below the base URL that a walk of folder pages goes down at most: deeper is a
 server whose folders link into themselves (a symlink to a parent, served as a folder),
@@ -60,10 +67,15 @@ class Index:
         files: Each file's key (relative to the listing's base URL, unquoted, POSIX) and
             its size in bytes where the page gives it exactly (else None).
         folders: Each folder's key, ending in ``/``, relative to the base URL.
+        maybe: Keys an HTML page links without a trailing ``/`` and without an extension
+            in their last part: a folder whose link lacks its slash (express's
+            ``serve-index`` writes ``/cat`` for the folder ``cat/``), or a file without
+            an extension.  The walk asks for the folder page at the key and a ``/``.
     """
 
     files: tuple[tuple[str, int | None], ...]
     folders: tuple[str, ...]
+    maybe: tuple[str, ...] = ()
 
 
 class _Links(HTMLParser):
@@ -134,7 +146,10 @@ def _names(body: bytes, ctype: str) -> list[tuple[str, bool, int | None]] | None
             isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries
         ):
             return None
-        return [entry for e in entries if (entry := _json_entry(e)) is not None]
+        read = [(_json_entry(e), e.get("type") == "other") for e in entries]
+        if any(entry is None and not other for entry, other in read):
+            return None  # a list in a form not read here: not taken for an empty folder
+        return [entry for entry, _ in read if entry is not None]
     if "xml" in ctype or text.startswith(b"<?xml"):
         try:
             root = ET.fromstring(body)
@@ -153,7 +168,7 @@ def _names(body: bytes, ctype: str) -> list[tuple[str, bool, int | None]] | None
 def _json_entry(e: dict[str, object]) -> tuple[str, bool, int | None] | None:
     """One entry of a JSON folder page: nginx's (``type`` ``"file"`` or ``"directory"``)
     or Caddy's (``is_dir``; a folder's name ends in ``/``), as (name, is a folder, size
-    where it is a file's); None for any other kind of entry (nginx's ``"other"``)."""
+    where it is a file's); None for any other entry (nginx's ``"other"``: a socket, say)."""
     name = str(e["name"])
     if isinstance(e.get("is_dir"), bool) and "type" not in e:  # Caddy's
         folder = bool(e["is_dir"])
@@ -174,12 +189,16 @@ def _size(value: object) -> int | None:
     return None
 
 
-def _nginx_sizes(body: bytes, text: str) -> dict[str, int]:
-    """The exact sizes on nginx's HTML page, by href as a page's parser reads it (empty for
-    any other page)."""
-    if _NGINX_PAGE not in body:
+def _page_sizes(body: bytes, text: str) -> dict[str, int]:
+    """The exact sizes on nginx's or express's ``serve-index`` HTML page, by href as a
+    page's parser reads it (empty for any other page)."""
+    if _NGINX_PAGE in body:
+        rows = _NGINX_ROW
+    elif _SERVE_INDEX_PAGE in body:
+        rows = _SERVE_INDEX_ROW
+    else:
         return {}
-    return {html.unescape(m[1]).strip(): int(m[2]) for m in _NGINX_ROW.finditer(text)}
+    return {html.unescape(m[1]).strip(): int(m[2]) for m in rows.finditer(text)}
 
 
 def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
@@ -198,10 +217,11 @@ def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
             parser.close()
         except AssertionError:  # an HTMLParser's complaint about a page it cannot read
             return None
-        sizes = _nginx_sizes(body, text)
+        sizes = _page_sizes(body, text)
         links = [(href.strip(), sizes.get(href.strip())) for href in parser.hrefs]
     files: dict[str, int | None] = {}
     folders: dict[str, None] = {}
+    maybe: dict[str, None] = {}
     below = _Below(page, base)
     for href, size in links:
         key = below.href(href)
@@ -209,8 +229,11 @@ def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
             continue
         if key.endswith("/"):
             folders[key] = None
+        elif named is None and size is None and "." not in key.rpartition("/")[2]:
+            maybe[key] = None
         else:
             files.setdefault(key, size)
-    if named is None and not files and not folders:
+    maybe = {key: None for key in maybe if key not in files and key + "/" not in folders}
+    if named is None and not files and not folders and not maybe:
         return None
-    return Index(tuple(files.items()), tuple(folders))
+    return Index(tuple(files.items()), tuple(folders), tuple(maybe))

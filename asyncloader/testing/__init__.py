@@ -7,6 +7,8 @@
 * :class:`Caddy` (``_caddy``): Caddy's ``file_server browse`` serving a folder (its folder
   pages in HTML, or JSON with exact sizes for a request that accepts it), its answers read
   back from its access log.
+* :class:`Express` (``_express``): Node's Express serving a folder with ``express.static``
+  and ``serve-index`` (folder links without their slash), its answers read back.
 * :class:`Lighttpd` (``_lighttpd``): lighttpd serving a folder with its folder pages (a
   table of links, rounded sizes: Apache's kind), its answers read back from its access log.
 * :class:`PythonHTTPServer` (``_pyhttp``): ``python -m http.server`` serving a folder
@@ -43,6 +45,8 @@ from ._demo import make_jpeg_folder as make_jpeg_folder
 from ._equipment import descendants as descendants
 from ._equipment import process_cpu_seconds as process_cpu_seconds
 from ._equipment import tree_cpu_seconds as tree_cpu_seconds
+from ._express import Express as Express
+from ._express import find_express as find_express
 from ._faultproxy import FaultProxy as FaultProxy
 from ._gcs import GCSEmulator as GCSEmulator
 from ._gcs import find_fake_gcs_server as find_fake_gcs_server
@@ -72,6 +76,7 @@ __all__ = [
     "Azurite",
     "Caddy",
     "DemoBucket",
+    "Express",
     "FaultProxy",
     "FaultyStore",
     "GCSEmulator",
@@ -92,6 +97,7 @@ __all__ = [
     "tree_cpu_seconds",
     "find_azurite",
     "find_caddy",
+    "find_express",
     "find_fake_gcs_server",
     "find_lighttpd",
     "find_nginx",

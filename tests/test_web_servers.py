@@ -1,0 +1,161 @@
+"""Web servers nobody here wrote, beside nginx (``test_nginx.py``), each in front of the
+same folders: lighttpd (its ``dir-listing`` pages: a table of links, sizes rounded, the kind
+Apache and most small servers write), Caddy (``file_server browse``: its list in JSON, with
+exact sizes, to a request that accepts JSON) and Node's Express with ``serve-index`` (folder
+links without their trailing ``/``; sizes in bytes on its HTML pages; the names alone in
+JSON, so the loader reads its HTML instead).  A class folder and a caption folder listed by
+their pages, byte ranges tiling large images, and each server's access log saying what was
+asked.  Subprocesses on 127.0.0.1, started and stopped by the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import asyncloader as al
+from asyncloader.testing import (
+    Caddy,
+    Express,
+    Lighttpd,
+    find_caddy,
+    find_express,
+    find_lighttpd,
+)
+from asyncloader.testing._webserver import WebServer
+
+from ._captions import WIDE, caption_folder, class_captions, class_cut, class_epoch, wide_epoch
+from .conftest import N_IMAGES
+
+# Parts small enough that the photos of the test folder (50-200 KB) take the ranged path.
+PARTS = al.FetchConfig(range_threshold=96 << 10, part_size=32 << 10)
+
+
+@dataclass(frozen=True)
+class _Server:
+    """A server under test, and what its folder pages give."""
+
+    make: Callable[[Path], WebServer]
+    sizes: bool  # its pages give each file's exact size (no HEAD)
+    root_asks: int  # times the root folder page is asked (JSON first, then HTML)
+
+
+_SERVERS = {
+    "lighttpd": (_Server(Lighttpd, sizes=False, root_asks=1), find_lighttpd, "LIGHTTPD"),
+    "caddy": (_Server(Caddy, sizes=True, root_asks=1), find_caddy, "CADDY"),
+    "express": (_Server(Express, sizes=True, root_asks=2), find_express, "EXPRESS"),
+}
+
+
+def _servers() -> list[object]:
+    """Each server, skipped where it is not installed (and ``.ci/run`` did not require it)."""
+    return [
+        pytest.param(
+            server,
+            id=name,
+            marks=pytest.mark.skipif(
+                find() is None and not os.environ.get(f"ASYNCLOADER_REQUIRE_{need}"),
+                reason=f"{name} is not installed (.ci/run installs it)",
+            ),
+        )
+        for name, (server, find, need) in _SERVERS.items()
+    ]
+
+
+@pytest.mark.parametrize("server", _servers())
+def test_a_class_folder_listed_by_the_server_s_pages(
+    server: _Server, jpeg_folder: Path, tmp_path: Path
+) -> None:
+    """No manifest, no metadata file: the server's folder pages list the class folders
+    (serve-index's found behind their links without a slash, asked at the link and a
+    ``/``), their images and the captions beside them.  Where the pages give sizes, no
+    image is HEAD-asked; where they round them (lighttpd's), each image is.  A filter on
+    ``size`` keeps the smaller half, and an image it leaves out is never fetched.  Each
+    page asked once (the root twice where the server's JSON is names alone: it is asked
+    again as HTML, and every later page so).  The server stopped, the same run comes from
+    the node's cache."""
+    site = tmp_path / "site"
+    sizes, cut, kept = class_cut(site, jpeg_folder)
+    cache = tmp_path / "cache"
+    with server.make(site) as web:
+        got, classes, stats = class_epoch(f"{web.endpoint}/", cut, cache)
+    answers = web.answers()  # all of them, now that it has stopped
+    assert classes == ("cat", "dog")
+    assert got == class_captions(kept) and stats.filtered_out == len(sizes) - len(kept)
+    pages = Counter(a.path for a in answers if a.path.endswith("/"))
+    assert pages == {"/": server.root_asks, "/cat/": 1, "/dog/": 1}, pages
+    assert not [a for a in answers if a.path in ("/cat", "/dog")]
+    heads = set() if server.sizes else {"HEAD"}
+    for key in sizes:
+        asked = {a.method for a in answers if a.path == f"/{key}"}
+        assert asked == (heads | {"GET"} if key in kept else heads), (key, asked)
+    again, _, stats = class_epoch(f"{web.endpoint}/", cut, cache)  # the server stopped
+    assert again == got and stats.requests == 0
+
+
+@pytest.mark.parametrize("server", _servers())
+def test_a_bucketed_caption_folder_filtered_by_width(server: _Server, tmp_path: Path) -> None:
+    """A caption folder (``metadata.jsonl`` without sizes) in aspect-ratio buckets, filtered
+    on the width its headers give: the metadata file read once (the listing's read is the
+    dataset's: no HEAD, no second GET), each image sized by a HEAD and read once, by a range
+    read for its header (these images are small: it brings each whole), and nothing more —
+    the cache keeps those the filter keeps, and the epoch reads them there; a second run on
+    the node asks nothing."""
+    cache = tmp_path / "cache"
+    with server.make(caption_folder(tmp_path / "site")) as web:
+        got, stats = wide_epoch(f"{web.endpoint}/", cache)
+    assert got == WIDE and stats.filtered_out == 12 - len(WIDE)
+    answers = web.answers()
+    metadata = [(a.method, a.path) for a in answers if "metadata" in a.path]
+    assert metadata == [("GET", "/metadata.jsonl")]
+    jpegs = [a for a in answers if a.path.endswith(".jpg")]
+    per_image = Counter((a.path, a.method) for a in jpegs)
+    assert len(per_image) == 24 and set(per_image.values()) == {1}, per_image
+    assert all(a.range.startswith("bytes=0-") for a in jpegs if a.method == "GET")
+    again, stats = wide_epoch(f"{web.endpoint}/", cache)  # the server stopped
+    assert again == WIDE and stats.requests == 0
+
+
+@pytest.mark.parametrize("server", _servers())
+def test_each_image_streams_once_in_ranged_parts(
+    server: _Server, jpeg_folder: Path, tmp_path: Path
+) -> None:
+    """The server honours byte ranges: every image of a manifest (keys only: sized by HEAD)
+    is fetched, the large ones in parts of ``part_size`` (206 each) that tile it: the
+    ranges asked hold each image's bytes once.  (Without a cache, the next epoch's first
+    batches, prefetched before the loader closed, ask some ranges again.)"""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "train").symlink_to(jpeg_folder, target_is_directory=True)
+    keys = sorted(p.relative_to(jpeg_folder).as_posix() for p in jpeg_folder.rglob("*.jpg"))
+    (site / "train.jsonl").write_text("".join(json.dumps({"key": k}) + "\n" for k in keys))
+    images = {f"/train/{k}": (jpeg_folder / k).stat().st_size for k in keys}
+    large = [path for path, size in images.items() if size > PARTS.range_threshold]
+    assert large  # the folder has images that take the ranged path
+    with server.make(site) as web:
+        with al.ImageLoader(
+            f"{web.endpoint}/train/",
+            batch_size=16,
+            transform=al.Resize(32),
+            store=al.StoreConfig(options={"manifest": f"{web.endpoint}/train.jsonl"}),
+            fetch=PARTS,
+            shuffle=False,
+        ) as loader:
+            n = sum(len(labels) for _, labels in loader)
+            stats = loader.stats()
+    assert n == N_IMAGES and not stats.skipped
+    gets = [a for a in web.answers() if a.method == "GET" and a.path.endswith(".jpg")]
+    asked = {(a.path, a.range) for a in gets}  # each range once, whatever was sent again
+    assert {path for path, _ in asked} == set(images)
+    for path in large:
+        assert sum(1 for p, _ in asked if p == path) == -(-images[path] // PARTS.part_size)
+    assert {a.status for a in gets if a.path in large} == {206}
+    first: dict[tuple[str, str], int] = {}  # each range's bytes, as first answered
+    for a in gets:
+        first.setdefault((a.path, a.range), a.body_bytes)
+    assert sum(first.values()) == sum(images.values())  # the parts tile each image
