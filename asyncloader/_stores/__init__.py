@@ -9,8 +9,8 @@
 * ``file:///path/`` or a plain path
 
 Its modules: one per backend (``_s3`` with ``_s3_pages`` and ``_s3_hosts``, ``_gcs``,
-``_azure``, ``_web`` with its folder pages read in ``_web_index``, ``_local``, and
-``_mixed``: several sources' stores as one), their
+``_azure``, ``_web`` with its folder pages walked in ``_web_walk`` and read in
+``_web_index``, ``_local``, and ``_mixed``: several sources' stores as one), their
 credentials (``_s3_auth``, ``_gcs_auth``, ``_azure_auth``, ``_bearer``), the HTTP clients
 (``_http``, ``_lean_http``, ``_tls``, and ``_gate``: how many requests at once to a server
 that closes every connection), an object read over HTTP and its checks

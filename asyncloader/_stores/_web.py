@@ -28,7 +28,7 @@ from yarl import URL
 
 from .._base._budget import InflightBudget
 from .._base._config import READ_TIMEOUT
-from .._base._errors import AccessDenied, ObjectNotFound, StoreError, Throttled, shown_key
+from .._base._errors import ObjectNotFound, StoreError, Throttled, shown_key
 from .._base._manifest import METADATA_NAMES, file_key, metadata_rows, read_manifest
 from .._base._types import UNSIZED, Blob, ObjectInfo
 from ._http import (
@@ -47,19 +47,9 @@ from ._retry import retrying
 if TYPE_CHECKING:
     import aiohttp
 
-    from ._web_index import Index
-
 __all__ = ["HttpStore"]
 
 log = logging.getLogger("asyncloader")
-
-FOLDER_PAGE_ACCEPT = "application/json, text/html;q=0.9, */*;q=0.8"
-"""The ``Accept`` of a folder page's request: a server that can answer with a list in JSON
-(Caddy's ``file_server browse``: each file's exact size) is asked for it; the rest send the
-page they have (nginx's format is its configuration's, ``http.server``'s and Apache's are
-HTML)."""
-HTML_PAGE_ACCEPT = "text/html, */*;q=0.8"
-"""The ``Accept`` of a folder page asked again where its JSON was no list read here."""
 
 
 class HttpStore(HTTPStoreBase):
@@ -125,9 +115,6 @@ class HttpStore(HTTPStoreBase):
         # The metadata file a listing read whole, by key: its ETag and bytes, for the
         # first whole read of it (the dataset's) to take instead of fetching it again.
         self._listed_files: dict[str, tuple[str, Blob]] = {}
-        # Folder pages are asked for in JSON until one answers JSON that is no list read
-        # here; then in HTML.
-        self._json_pages = True
         self._closed = False
 
     @property
@@ -251,105 +238,13 @@ class HttpStore(HTTPStoreBase):
         return {"key": key, "size": str(len(body)), "etag": etag}
 
     async def _index_listing(self) -> list[dict[str, str]] | None:
-        """Without a manifest or a metadata file, the server's folder pages (nginx's
-        ``autoindex``, Caddy's ``browse``, ``http.server``, lighttpd's, Apache's): every
-        file the base URL's page links below itself, and every file of the folders it
-        links, walked down (a few pages at once), sorted by key; a size where the page
-        gives it exactly (nginx's pages, Caddy's JSON).  None where the base URL's page is
-        not a folder page (404, 403, or a page without links below it).
-
-        Raises:
-            StoreError: folders deeper than :data:`~._web_index.MAX_DEPTH` (a loop).
-        """
+        """Without a manifest or a metadata file, the server's folder pages, walked down
+        (:class:`~._web_walk.FolderWalk`); None where the base URL's page is not one."""
         # Imported here: a store read by a manifest or a metadata file (an engine's, say)
-        # never pays for the HTML parser.
-        from ._web_index import MAX_DEPTH
+        # never pays for the pages' parser.
+        from ._web_walk import FolderWalk
 
-        first, _ = await self._index_page("")
-        if first is None:
-            return None
-        files: dict[str, int | None] = {}
-        seen: set[str] = set()
-        level = [first]
-        at_once = asyncio.Semaphore(self._head_concurrency)
-        refused: list[str] = []  # folders linked whose page the server would not give
-
-        async def page(key: str) -> Index | None:
-            async with at_once:
-                index, denied = await self._index_page(key)
-            if denied:
-                refused.append(key)
-            return index
-
-        async def probe(key: str) -> Index | None:
-            """The folder page at ``key`` and a ``/`` (a link without its slash), or None
-            where there is none: ``key`` is a file."""
-            async with at_once:
-                index, _ = await self._index_page(key + "/")
-            return index
-
-        while level:
-            folders: list[str] = []
-            maybe: list[str] = []
-            for index in level:
-                for key, size in index.files:
-                    files.setdefault(key, size)
-                folders += [f for f in index.folders if f not in seen]
-                seen.update(index.folders)
-                maybe += [m for m in index.maybe if m + "/" not in seen]
-                seen.update(m + "/" for m in index.maybe)
-            probed = await asyncio.gather(*(probe(m) for m in maybe))
-            found: dict[str, Index] = {}  # folders whose links lacked a slash: their pages
-            for key, got in zip(maybe, probed, strict=True):
-                if got is None:
-                    files.setdefault(key, None)
-                else:
-                    found[key + "/"] = got
-            deep = [f for f in [*folders, *found] if f.count("/") > MAX_DEPTH]
-            if deep:
-                raise StoreError(
-                    f"{self._base}{deep[0]} is over {MAX_DEPTH} folders deep in the server's "
-                    "folder pages: a folder that links into itself (a symlink to a parent)? "
-                    "Name the objects with a manifest instead"
-                )
-            pages = await asyncio.gather(*(page(f) for f in folders))
-            level = [p for p in pages if p is not None] + list(found.values())
-        if refused:
-            refused.sort()
-            log.warning(
-                "%s: %d folders its pages link gave no page (403 or 404), so their files "
-                "are not listed: %s",
-                self._base,
-                len(refused),
-                ", ".join(refused[:5]) + (", ..." if len(refused) > 5 else ""),
-            )
-        return [
-            {"key": key} if size is None else {"key": key, "size": str(size)}
-            for key, size in sorted(files.items())
-        ]
-
-    async def _index_page(self, folder: str) -> tuple[Index | None, bool]:
-        """The folder page at ``folder`` (a key ending in ``/``; ``""``: the base URL) read
-        by :func:`~._web_index.read_index` (None where the page links nothing below
-        itself: an empty folder, or no folder page), and whether the server refused it
-        (404, 403: nginx without ``autoindex``, a folder it may not read)."""
-        from ._web_index import read_index
-
-        page = self._base + quote(folder, safe="/~")
-        asks = (FOLDER_PAGE_ACCEPT, HTML_PAGE_ACCEPT) if self._json_pages else (HTML_PAGE_ACCEPT,)
-        for accept in asks:
-            try:
-                answer, data = await self._page(folder, self._what(folder), accept)
-            except (ObjectNotFound, AccessDenied):
-                return None, True
-            ctype = answer.get("content-type", "")
-            index = await asyncio.to_thread(read_index, bytes(data), ctype, page, self._base)
-            if index is not None or "json" not in ctype.lower():
-                break
-            # JSON that is no list read here (express's serve-index: names alone, folders
-            # not told from files): the same page again as HTML, and every later one so.
-            self._json_pages = False
-        return index, False
+        return await FolderWalk(self._page, self._base, self._head_concurrency).listing()
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:  # type: ignore[override]
         """The manifest's objects under ``prefix``; sizes not in it are HEAD-requested (an
