@@ -173,6 +173,24 @@ def test_a_web_folder_without_a_manifest_metadata_file_or_folder_page_says_what_
         next(iter(loader))
 
 
+def test_an_extensionless_link_is_asked_as_a_folder_once_then_listed_as_a_file(
+    jpeg_folder: Path, tmp_path: Path
+) -> None:
+    """A link with neither a slash nor an extension may be a folder whose link lacks its
+    slash (express's serve-index): asked for at the link and a ``/`` — ``http.server``
+    answers 404 for a file there — it is listed as the file it is, and never fetched by
+    the listing."""
+    site = tmp_path / "site"
+    (site / "cat").mkdir(parents=True)
+    (site / "cat" / "0.jpg").write_bytes(sorted(jpeg_folder.rglob("*.jpg"))[0].read_bytes())
+    (site / "LICENSE").write_text("CC-BY-4.0")
+    with PythonHTTPServer(site) as server:
+        assert listed_keys(server.endpoint + "/") == ["LICENSE", "cat/0.jpg"]
+        asked = [(m, path, status) for m, path, status in server.requests() if "LICENSE" in path]
+    assert asked[0] == ("GET", "/LICENSE/", 404)
+    assert [a for a in asked if a[0] == "GET" and a[1] == "/LICENSE"] == []
+
+
 def test_folder_pages_that_link_into_themselves_are_an_error_not_a_walk_without_end(
     jpeg_folder: Path, tmp_path: Path
 ) -> None:

@@ -4,7 +4,8 @@ The manifest (JSONL or CSV, see :mod:`asyncloader._base._manifest`) names each o
 relative to the base URL or by an absolute URL, optionally with its ``size`` and ``etag``.
 Without one, a caption folder's own metadata file at the base URL (``metadata.jsonl``,
 ``.csv`` or ``.parquet``, Hugging Face's ``imagefolder``) names its images, by ``file_name``;
-without that either, the server's folder pages (nginx's ``autoindex``, ``http.server``:
+without that either, the server's folder pages (nginx's ``autoindex``, Caddy's, lighttpd's,
+Express's ``serve-index``, ``http.server``: walked by :mod:`._web_walk`, read by
 :mod:`._web_index`) list the folder and the folders below it, as ``fsspec`` reads them;
 objects without a size are HEAD-requested once when listing (a saved listing in the cache
 then spares that on later runs), or, listed by a loader (:meth:`HttpStore.list_unsized`),
