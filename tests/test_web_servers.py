@@ -1,6 +1,6 @@
 """Web servers nobody here wrote, beside nginx (``test_nginx.py``), each in front of the
-same folders: lighttpd (its ``dir-listing`` pages: a table of links, sizes rounded, the kind
-Apache and most small servers write), Caddy (``file_server browse``: its list in JSON, with
+same folders: Apache httpd (``mod_autoindex``: a table with sort links and sizes rounded),
+lighttpd (its ``dir-listing`` pages: a table of links, sizes rounded), Caddy (``file_server browse``: its list in JSON, with
 exact sizes, to a request that accepts JSON) and Node's Express with ``serve-index`` (folder
 links without their trailing ``/``; sizes in bytes on its HTML pages; the names alone in
 JSON, so the loader reads its HTML instead).  A class folder and a caption folder listed by
@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import json
 import os
+import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 import asyncloader as al
 from asyncloader.testing import (
+    Apache,
     Caddy,
     Express,
     Lighttpd,
+    find_apache,
     find_caddy,
     find_express,
     find_lighttpd,
@@ -46,6 +51,7 @@ class _Server:
 
 
 _SERVERS = {
+    "apache": (_Server(Apache, sizes=False, root_asks=1), find_apache, "APACHE"),
     "lighttpd": (_Server(Lighttpd, sizes=False, root_asks=1), find_lighttpd, "LIGHTTPD"),
     "caddy": (_Server(Caddy, sizes=True, root_asks=1), find_caddy, "CADDY"),
     "express": (_Server(Express, sizes=True, root_asks=2), find_express, "EXPRESS"),
@@ -74,7 +80,7 @@ def test_a_class_folder_listed_by_the_server_s_pages(
     """No manifest, no metadata file: the server's folder pages list the class folders
     (serve-index's found behind their links without a slash, asked at the link and a
     ``/``), their images and the captions beside them.  Where the pages give sizes, no
-    image is HEAD-asked; where they round them (lighttpd's), each image is.  A filter on
+    image is HEAD-asked; where they round them (Apache's, lighttpd's), each image is.  A filter on
     ``size`` keeps the smaller half, and an image it leaves out is never fetched.  Each
     page asked once (the root twice where the server's JSON is names alone: it is asked
     again as HTML, and every later page so).  The server stopped, the same run comes from
@@ -159,3 +165,26 @@ def test_each_image_streams_once_in_ranged_parts(
     for a in gets:
         first.setdefault((a.path, a.range), a.body_bytes)
     assert sum(first.values()) == sum(images.values())  # the parts tile each image
+
+
+@pytest.mark.skipif(
+    find_apache() is None and not os.environ.get("ASYNCLOADER_REQUIRE_APACHE"),
+    reason="apache is not installed (.ci/run installs it)",
+)
+def test_weak_etags_are_compared_weakly(jpeg_folder: Path, tmp_path: Path) -> None:
+    """Apache gives a file modified within the last second a weak ETag (``W/"..."``), and
+    a weak ETag never matches ``If-Match``: a loader that sent it had each unchanged image
+    answered 412, "changed since it was listed".  Files dated in the future keep Apache's
+    ETags weak throughout: the epoch reads every kept image, no answer is a 412."""
+    site = tmp_path / "site"
+    _, cut, kept = class_cut(site, jpeg_folder)
+    later = time.time() + 3600
+    for path in site.rglob("*"):
+        os.utime(path, (later, later))
+    with Apache(site) as web:
+        head = urllib.request.Request(f"{web.endpoint}/{quote(min(kept))}", method="HEAD")
+        with urllib.request.urlopen(head) as answer:
+            assert answer.headers["ETag"].startswith('W/"')
+        got, _, stats = class_epoch(f"{web.endpoint}/", cut, tmp_path / "cache")
+    assert got == class_captions(kept) and not stats.skipped
+    assert [a for a in web.answers() if a.status == 412] == []

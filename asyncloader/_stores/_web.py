@@ -10,8 +10,8 @@ Express's ``serve-index``, ``http.server``: walked by :mod:`._web_walk`, read by
 objects without a size are HEAD-requested once when listing (a saved listing in the cache
 then spares that on later runs), or, listed by a loader (:meth:`HttpStore.list_unsized`),
 only those it keeps: an image that ``filters=`` leaves out is never asked for.  GETs use
-``Range`` and ``If-Match`` and check the answer's length and ETag, so a server that ignores
-``If-Match`` still cannot pass a changed object.
+``Range`` and check the answer's length and ETag (weakly, without ``If-Match``, which a
+server's weak ETag never matches), so a changed object cannot pass.
 """
 
 from __future__ import annotations
@@ -360,7 +360,11 @@ class HttpStore(HTTPStoreBase):
             return listed[1]  # the listing read it whole a moment ago: that answer
         url = self._target(key)
         session = self._session_for(url)
-        headers = {**self._headers, **object_headers(start, end, etag)}
+        # No If-Match: a web server's ETag may be weak (Apache's for a file changed within
+        # the second, nginx's for an answer it compressed), and a weak one never matches
+        # If-Match, so an unchanged object would be answered 412.  The answer's own ETag
+        # is compared instead (get_object), weakly: a changed object still cannot pass.
+        headers = {**self._headers, **object_headers(start, end, "")}
         return await get_object(
             self._lean_client(url),
             session,

@@ -4,6 +4,8 @@
   injected latency and faults), :class:`MotoServer`; :class:`Azurite` (``_azurite``).
 * :class:`Nginx` (``_nginx``): nginx serving a folder in the configuration a test asks
   for (ranges ignored, gzip, rate limits, ...), its answers read back from its access log.
+* :class:`Apache` (``_apache``): Apache httpd serving (a copy of) a folder with
+  ``mod_autoindex`` pages as Debian configures them, its answers read back.
 * :class:`Caddy` (``_caddy``): Caddy's ``file_server browse`` serving a folder (its folder
   pages in HTML, or JSON with exact sizes for a request that accepts it), its answers read
   back from its access log.
@@ -33,6 +35,8 @@ of the servers (``_equipment``), and the light S3 server's protocol, answers and
 (``_s3server``, ``_s3answers``, ``_s3state``).
 """
 
+from ._apache import Apache as Apache
+from ._apache import find_apache as find_apache
 from ._azurite import Azurite as Azurite
 from ._azurite import find_azurite as find_azurite
 from ._caddy import Caddy as Caddy
@@ -73,6 +77,7 @@ __all__ = [
     "MEMORY_FAULTS",
     "TEST_ENV",
     "TOKEN_MARK",
+    "Apache",
     "Azurite",
     "Caddy",
     "DemoBucket",
@@ -95,6 +100,7 @@ __all__ = [
     "descendants",
     "process_cpu_seconds",
     "tree_cpu_seconds",
+    "find_apache",
     "find_azurite",
     "find_caddy",
     "find_express",
