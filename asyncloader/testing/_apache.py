@@ -1,7 +1,9 @@
 """Apache httpd, the server behind many a dataset mirror, on 127.0.0.1: a folder served with
 ``mod_autoindex`` folder pages as Debian configures them (an HTML table: sort links, a
-parent link, sizes rounded to ``K``/``M``), one process in the foreground (``-X``), every
-answer written to an access log the test reads back.
+parent link, sizes rounded to ``K``/``M``), its parent process in the foreground
+(``-DFOREGROUND``, as Debian's service runs it: the event MPM's workers as configured by
+default; ``-X``'s single process of 25 threads stalls for its keep-alive timeout under a
+loader's many connections), every answer written to an access log the test reads back.
 
 Apache will not serve as root: run by root, it serves as ``www-data``, so it serves a copy
 of the folder (links followed) in its work folder, which that user can read; the copy is
@@ -81,7 +83,7 @@ IndexOptions FancyIndexing VersionSort HTMLTable NameWidth=* DescriptionWidth=* 
 """
         )
         self.endpoint = f"http://127.0.0.1:{port}"
-        self._launch([exe, "-X", "-f", str(config)], port, "apache")
+        self._launch([exe, "-DFOREGROUND", "-f", str(config)], port, "apache")
 
     def answers(self) -> list[Answer]:
         """Every answer so far, in order (a line as each answer ends).  Apache logs a path
