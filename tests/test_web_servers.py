@@ -82,7 +82,7 @@ def test_a_class_folder_listed_by_the_server_s_pages(
     ``/``), their images and the captions beside them.  Where the pages give sizes, no
     image is HEAD-asked; where they round them (Apache's, lighttpd's), each image is.  A filter on
     ``size`` keeps the smaller half, and an image it leaves out is never fetched.  Each
-    page asked once (the root twice where the server's JSON is names alone: it is asked
+    page answered once (the root twice where the server's JSON is names alone: it is asked
     again as HTML, and every later page so).  The server stopped, the same run comes from
     the node's cache."""
     site = tmp_path / "site"
@@ -93,7 +93,9 @@ def test_a_class_folder_listed_by_the_server_s_pages(
     answers = web.answers()  # all of them, now that it has stopped
     assert classes == ("cat", "dog")
     assert got == class_captions(kept) and stats.filtered_out == len(sizes) - len(kept)
-    pages = Counter(a.path for a in answers if a.path.endswith("/"))
+    # Each page answered once (lighttpd answers 503 while its dir-listing has a few large
+    # folders in hand: asked again, as a transient fault is).
+    pages = Counter(a.path for a in answers if a.path.endswith("/") and a.status != 503)
     assert pages == {"/": server.root_asks, "/cat/": 1, "/dog/": 1}, pages
     assert not [a for a in answers if a.path in ("/cat", "/dog")]
     heads = set() if server.sizes else {"HEAD"}
