@@ -169,9 +169,9 @@ def test_sizes_asked_only_for_what_the_rest_of_the_filter_keeps_decide_the_same(
 def test_each_image_read_whole_is_judged_as_the_whole_filter_judges_it(
     rows: list[tuple[int, int, int]], groups: list[list[tuple[str, str, Any]]]
 ) -> None:
-    """The header pass asks of each image it read whole whether the filter keeps it once
-    its header's size is known (so that the cache keeps only samples): the same answer as
-    the filter applied to every sample with every size known; a key not listed, none."""
+    """The header pass asks of the images it read whole whether the filter keeps them once
+    their headers' sizes are known (so that the cache keeps only samples): the same answer
+    as the filter applied to every sample with every size known; a key not listed, none."""
     from asyncloader._dataset._filtering import passing, size_test
     from asyncloader._dataset._objects import ObjectList
 
@@ -181,8 +181,8 @@ def test_each_image_read_whole_is_judged_as_the_whole_filter_judges_it(
     hw = np.array([(h, w) for h, w, _ in rows], dtype=np.int64).reshape(-1, 2)
     whole = passing(objects, keys, None, None, filters, hw)
     stays = size_test(objects, None, filters)
-    assert [stays(k, (h, w)) for k, (h, w, _) in zip(keys, rows, strict=True)] == whole.tolist()
-    assert not stays("gone.jpg", (1, 1))
+    assert list(stays(keys, [(h, w) for h, w, _ in rows])) == whole.tolist()
+    assert list(stays(["gone.jpg"], [(1, 1)])) == [False]
 
 
 def test_the_canonical_text_is_the_same_however_written() -> None:

@@ -57,9 +57,9 @@ class _CountedKeep:
         self.keep.close()
 
 
-def _wide(key: str, size: tuple[int, int]) -> bool:
+def _wide(keys: Sequence[str], sizes: Sequence[tuple[int, int]]) -> list[bool]:
     """A filter on the sizes: ``width >= 35`` (images 15 to 29 of :func:`_jpeg`'s)."""
-    return size[1] >= 35
+    return [size[1] >= 35 for size in sizes]
 
 
 @pytest.mark.parametrize("stays", [every_one, _wide, None], ids=["every", "filter", "none"])
@@ -80,7 +80,9 @@ def test_whole_images_go_to_the_cache_in_chunks_and_are_read_there_next(
     want = {i: (10 + 2 * int(o.key[1:3]), 20 + int(o.key[1:3])) for i, o in enumerate(objects)}
     assert found == want and failed == {}
     assert counters.requests == len(objects)
-    staying = {o.key for i, o in enumerate(objects) if stays is not None and stays(o.key, want[i])}
+    staying = {
+        o.key for i, o in enumerate(objects) if stays is not None and stays([o.key], [want[i]])[0]
+    }
     assert len(staying) == {"every": 30, "filter": 15, "none": 0}[_id(stays)]
     if staying:  # those, in several hand-overs of a few images each, on one thread
         assert sum(heads.handed) == len(staying) == counters.cache_stored

@@ -100,26 +100,31 @@ def passing(
 
 def size_test(
     objects: ObjectList, metadata: Metadata | None, filters: Normal
-) -> Callable[[str, tuple[int, int]], bool]:
-    """Whether the sample of a key of ``objects`` (those the filter kept without the
-    headers' columns) passes ``filters`` once its header's ``(height, width)`` is known:
-    what the header pass asks of each image it read whole, so that the cache keeps only
-    samples (``_headers.Stays``).  A key not there, or a value the filter cannot compare
-    (the filter applied to every sample afterwards names it), does not pass."""
-    keys = objects.keys()
-    at = {key: i for i, key in enumerate(keys)}
-    rows = metadata_rows(metadata, keys) if metadata is not None else None
+) -> Callable[[Sequence[str], Sequence[tuple[int, int]]], list[bool]]:
+    """Which samples of some keys of ``objects`` (those the filter kept without the headers'
+    columns) pass ``filters`` once their headers' ``(height, width)`` are known: what the
+    header pass asks of each hand-over of images it read whole, so that the cache keeps
+    only samples (``_headers.Stays``), decided for all of them at once.  A key not there
+    does not pass, nor does any where a value the filter cannot compare (the filter
+    applied to every sample afterwards names it)."""
+    keys_of = objects.keys()
+    at = {key: i for i, key in enumerate(keys_of)}
+    rows = metadata_rows(metadata, keys_of) if metadata is not None else None
 
-    def passes(key: str, size: tuple[int, int]) -> bool:
-        i = at.get(key)
-        if i is None:
-            return False
-        one = objects.take(np.array([i], dtype=np.int64))
-        row = None if rows is None else [rows[i]]
-        hw = np.array([size], dtype=np.int64)
+    def passes(keys: Sequence[str], sizes: Sequence[tuple[int, int]]) -> list[bool]:
+        out = [False] * len(keys)
+        known = [j for j, key in enumerate(keys) if key in at]
+        if not known:
+            return out
+        take = np.array([at[keys[j]] for j in known], dtype=np.int64)
+        row = None if rows is None else [rows[i] for i in take.tolist()]
+        hw = np.array([sizes[j] for j in known], dtype=np.int64).reshape(-1, 2)
         try:
-            return bool(passing(one, [key], row, metadata, filters, hw)[0])
+            mask = passing(objects.take(take), [keys[j] for j in known], row, metadata, filters, hw)
         except ValueError:
-            return False
+            return out
+        for j, ok in zip(known, mask.tolist(), strict=True):
+            out[j] = ok
+        return out
 
     return passes

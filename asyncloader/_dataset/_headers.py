@@ -16,6 +16,7 @@ import io
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
@@ -60,15 +61,32 @@ _KEEP_CHUNK = 8 * 1024 * 1024
 and header reads wait for them (what the pass holds in memory stays small)."""
 
 
-Stays = Callable[[str, tuple[int, int]], bool]
-"""Whether the image of a key, its header's ``(height, width)`` read, is a sample of the run
-(a filter on ``width`` and ``height`` passes it): read whole, it is worth caching.  Called
-on the event loop, once per image read whole; it must not raise."""
+Stays = Callable[[Sequence[str], Sequence[tuple[int, int]]], Sequence[bool]]
+"""Which of the images of some keys, their headers' ``(height, width)`` read, are samples of
+the run (a filter on ``width`` and ``height`` passes them): read whole, they are worth
+caching.  Called on the keeping thread, once for each hand-over of images read whole (a
+filter decided over many rows at once, off the event loop); it must not raise."""
 
 
-def every_one(key: str, size: tuple[int, int]) -> bool:
+def every_one(keys: Sequence[str], sizes: Sequence[tuple[int, int]]) -> list[bool]:
     """:data:`Stays` of a run without a filter on the sizes: every image read is a sample."""
-    return True
+    return [True] * len(keys)
+
+
+@dataclass(frozen=True, slots=True)
+class _Keeping:
+    """What keeps the images that header reads fetched whole: ``keep`` (the cache's), of
+    those that ``stays`` says are samples, every hand-over on ``thread``."""
+
+    keep: Keep
+    stays: Stays
+    thread: Executor
+
+    def __call__(self, items: Sequence[tuple[ObjectInfo, bytes, tuple[int, int]]]) -> int:
+        """Keep those of ``items`` (each object, its bytes, its header's size) that stay
+        samples; how many were kept (on :attr:`thread`)."""
+        staying = self.stays([o.key for o, _, _ in items], [hw for _, _, hw in items])
+        return self.keep([(o, d) for (o, d, _), s in zip(items, staying, strict=True) if s])
 
 
 class Keep(Protocol):
@@ -154,21 +172,18 @@ async def read_headers(
     todo = [i for i in range(len(objects)) if i not in found]
     if not todo:
         return found, {}
-    keep = (
-        await asyncio.to_thread(cached.keeper, store, objects)
-        if cached is not None and stays is not None
-        else None
-    )
-    # Every hand-over on one thread of its own, which then closes its handles.
-    keeping = ThreadPoolExecutor(1, thread_name_prefix="asyncloader-keep") if keep else None
+    keeping = None
+    if cached is not None and stays is not None:
+        keep = await asyncio.to_thread(cached.keeper, store, objects)
+        # Every hand-over on one thread of its own, which then closes its handles.
+        thread = ThreadPoolExecutor(1, thread_name_prefix="asyncloader-keep")
+        keeping = _Keeping(keep, stays, thread)
     try:
-        return await _read_all(
-            store, objects, todo, found, counters, (keep, stays), keeping, upright
-        )
+        return await _read_all(store, objects, todo, found, counters, keeping, upright)
     finally:
-        if keep is not None and keeping is not None:
-            keeping.submit(keep.close)  # after the hand-overs still queued, if any
-            keeping.shutdown(wait=False)
+        if keeping is not None:
+            keeping.thread.submit(keeping.keep.close)  # after the hand-overs still queued
+            keeping.thread.shutdown(wait=False)
 
 
 async def _read_all(
@@ -177,25 +192,23 @@ async def _read_all(
     todo: Sequence[int],
     found: dict[int, tuple[int, int]],
     counters: Counters | None,
-    keeps: tuple[Keep | None, Stays | None],
-    keeping: Executor | None,
+    keeping: _Keeping | None,
     upright: bool,
 ) -> tuple[dict[int, tuple[int, int]], dict[int, AsyncLoaderError]]:
     """:func:`read_headers`'s reads from the store: ``objects[todo]``'s headers into
-    ``found``; those read whole that stay samples (``keeps``: what keeps them, and which
-    stay) handed to the keeper, on ``keeping``'s thread."""
-    keep, stays = keeps
+    ``found``; those read whole handed to ``keeping`` (which keeps the ones that stay
+    samples), on its thread."""
     loop = asyncio.get_running_loop()
     unreadable: dict[int, AsyncLoaderError] = {}
-    whole: list[tuple[ObjectInfo, bytes]] = []
+    whole: list[tuple[ObjectInfo, bytes, tuple[int, int]]] = []
     held = 0  # bytes in `whole`
     handing = asyncio.Semaphore(2)
 
-    async def hand_over(items: list[tuple[ObjectInfo, bytes]]) -> None:
-        assert keep is not None
+    async def hand_over(items: list[tuple[ObjectInfo, bytes, tuple[int, int]]]) -> None:
+        assert keeping is not None
         async with handing:
             try:
-                kept = await loop.run_in_executor(keeping, keep, items)
+                kept = await loop.run_in_executor(keeping.thread, keeping, items)
             except Exception as exc:  # the cache's disk, say: the epoch fetches them instead
                 log.warning("asyncloader: images read whole for their headers not cached: %r", exc)
                 return
@@ -210,11 +223,9 @@ async def _read_all(
         except _THE_IMAGE_S as exc:
             unreadable[i] = exc
             return
-        if keep is None or stays is None or len(data) != obj.size:
+        if keeping is None or len(data) != obj.size:
             return
-        if not stays(obj.key, found[i]):  # a filter on the sizes leaves it out
-            return
-        whole.append((obj, bytes(data)))
+        whole.append((obj, bytes(data), found[i]))
         held += len(data)
         if held >= _KEEP_CHUNK:
             items, whole, held = whole, [], 0
