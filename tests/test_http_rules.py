@@ -8,6 +8,7 @@ import gzip
 import html
 import json
 import zlib
+from datetime import UTC, datetime, timedelta, timezone
 from urllib.parse import quote
 
 import pytest
@@ -16,7 +17,13 @@ from hypothesis import strategies as st
 
 import asyncloader as al
 from asyncloader._stores._http import proxy_for
-from asyncloader._stores._http_objects import decoded, whole_answer
+from asyncloader._stores._http_objects import (
+    answer_version,
+    decoded,
+    page_version,
+    version_check,
+    whole_answer,
+)
 from asyncloader._stores._web import _as_utf8
 from asyncloader._stores._web_index import Index, read_index
 
@@ -225,11 +232,72 @@ def test_a_page_that_only_looks_like_nginx_s_gives_no_sizes() -> None:
     row = '<a href="a.jpg">a.jpg</a>   06-Dec-2026 14:41   675\n'
     page = "http://h/x/"
     nginx = read_index(f"<hr><pre>{row}</pre>".encode(), "text/html", page, page)
-    assert nginx == Index(files=(("a.jpg", 675),), folders=())
+    assert nginx == Index(
+        files=(("a.jpg", 675),), folders=(), times=(("a.jpg", "06-Dec-2026 14:41"),)
+    )
     other = read_index(f"<pre>{row}</pre>".encode(), "text/html", page, page)
     assert other == Index(files=(("a.jpg", None),), folders=())
     dateless = '<hr><pre><a href="a.jpg">a.jpg</a>     675\n</pre>'
     assert read_index(dateless.encode(), "text/html", page, page) == other
+
+
+def test_a_page_s_times_are_its_files_versions() -> None:
+    """Where a page sizes a file, the time it gives the file is its version: nginx's HTML
+    minute alone once that minute had ended when the page was served (its ``Date``), else
+    with the second the page was served, so that each listing made within the minute
+    versions the file anew; nginx's JSON and XML times, Caddy's ``mod_time``, serve-index's
+    date, as written.  A folder, or a file the page does not size, has none."""
+    page = "http://h/x/"
+    row = '<a href="a.jpg">a.jpg</a>   06-Dec-2026 14:41   675\n<a href="d/">d/</a>  06-Dec-2026 14:41  -\n'
+    body = f"<hr><pre>{row}</pre>".encode()
+
+    def times(served: datetime) -> tuple[tuple[str, str], ...]:
+        index = read_index(body, "text/html", page, page, served)
+        assert index is not None and index.folders == ("d/",)
+        return index.times
+
+    later = datetime(2026, 12, 6, 14, 42, 0, tzinfo=UTC)
+    assert times(later) == times(later + timedelta(days=3)) == (("a.jpg", "06-Dec-2026 14:41"),)
+    within = [datetime(2026, 12, 6, 14, 41, s, tzinfo=UTC) for s in (0, 30, 59)]
+    assert [times(t) for t in within] == [
+        (("a.jpg", f"06-Dec-2026 14:41, listed 2026-12-06T14:41:{s:02}Z"),) for s in (0, 30, 59)
+    ]
+    ahead = datetime(2026, 12, 6, 9, 41, 30, tzinfo=timezone(timedelta(hours=-5)))
+    assert times(ahead) == (("a.jpg", "06-Dec-2026 14:41, listed 2026-12-06T14:41:30Z"),)
+    nginx_json = (
+        b'[{"name":"a.jpg","type":"file","mtime":"Sun, 06 Dec 2026 18:29:33 GMT","size":4}]'
+    )
+    nginx_xml = b'<?xml version="1.0"?><list><file mtime="2026-12-06T18:29:33Z" size="4">a.jpg</file></list>'
+    caddy = (
+        b'[{"name":"a.jpg","size":4,"mod_time":"2026-12-06T18:29:33.844625022Z","is_dir":false}]'
+    )
+    unsized = b'[{"name":"a.jpg","type":"file","mtime":"Sun, 06 Dec 2026 18:29:33 GMT"}]'
+    for page_body, ctype, want in (
+        (nginx_json, "application/json", "Sun, 06 Dec 2026 18:29:33 GMT"),
+        (nginx_xml, "text/xml", "2026-12-06T18:29:33Z"),
+        (caddy, "application/json", "2026-12-06T18:29:33.844625022Z"),
+        (unsized, "application/json", None),
+    ):
+        index = read_index(page_body, ctype, page, page, later)
+        assert index is not None and dict(index.times).get("a.jpg") == want, page_body
+
+
+def test_an_object_s_version_is_its_etag_else_its_last_modified() -> None:
+    """The version of an object from an answer: its ETag (weak or strong, unquoted), else
+    its ``Last-Modified`` (no ETag can hold a space: the two cannot be confused), else
+    none; what a GET's answer must then carry, and where; a folder page's time is checked
+    against nothing."""
+    modified = "Sun, 06 Dec 2026 18:29:33 GMT"
+    assert answer_version({"etag": 'W/"5f-1a"', "last-modified": modified}) == "5f-1a"
+    assert answer_version({"last-modified": modified}) == "last-modified " + modified
+    assert answer_version({}) == ""
+    assert version_check("5f-1a") == ("5f-1a", "etag")
+    assert version_check(answer_version({"last-modified": modified})) == (
+        modified,
+        "last-modified",
+    )
+    assert version_check(page_version("06-Dec-2026 14:41")) == ("", "etag")
+    assert version_check("") == ("", "etag")
 
 
 def test_links_without_a_slash_or_an_extension_are_asked_as_folders() -> None:
@@ -254,7 +322,10 @@ def test_links_without_a_slash_or_an_extension_are_asked_as_folders() -> None:
     rows += [row("/data/a%20b.jpg", "a b.jpg", "12531"), row("/data/c.jpg", "c.jpg", "")]
     body = f'<ul id="files" class="view-tiles">{"".join(rows)}</ul>'.encode()
     assert read_index(body, "text/html; charset=utf-8", page, base) == Index(
-        files=(("a b.jpg", 12531), ("c.jpg", None)), folders=(), maybe=("cat", "README")
+        files=(("a b.jpg", 12531), ("c.jpg", None)),
+        folders=(),
+        maybe=("cat", "README"),
+        times=(("a b.jpg", "12/6/2026"),),
     )
     # A plain page's extensionless link is asked too; one with its slash is a folder.
     plain = b'<a href="cat">cat</a><a href="cat/">cat/</a><a href="LICENSE">LICENSE</a>'

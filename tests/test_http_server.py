@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import asyncloader as al
-from asyncloader._stores._retry import CONTROL_RETRIES
 from asyncloader.testing import PythonHTTPServer
 
 from ._captions import caption_folder
@@ -210,10 +209,10 @@ def test_folder_pages_that_link_into_themselves_are_an_error_not_a_walk_without_
 def test_a_caption_folder_from_a_server_without_etags_runs_offline_from_the_cache(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``http.server`` sends no ETag, so the metadata file cannot be checked by one: while
-    the server answers it is fetched each run; once it does not (its tries, retried as
-    any read is, all fail), the copy the node kept when it last answered (of the listed
-    size) serves, with a warning that says so.  Nothing else is asked of the server."""
+    """``http.server`` sends no ETag: its objects are versioned by their ``Last-Modified``,
+    the metadata file too, so the copy of it the node kept is known to be the listed one:
+    with the server gone, the run asks nothing of it (no try, no warning) and delivers
+    what it did online."""
     folder = caption_folder(tmp_path / "site")
     cache = tmp_path / "cache"
     with PythonHTTPServer(folder) as server:
@@ -225,9 +224,8 @@ def test_a_caption_folder_from_a_server_without_etags_runs_offline_from_the_cach
         offline, stats = _bucketed(url, cache)  # nothing answers there now
     assert [(t, s) for _, t, s in offline] == [(t, s) for _, t, s in online]
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(offline, online, strict=True))
-    assert "the copy of its metadata file kept on this node" in caplog.text
-    assert stats.requests == CONTROL_RETRIES.max_attempts == stats.retries["transient"] + 1
-    assert stats.bytes_fetched == 0
+    assert "metadata file kept on this node" not in caplog.text
+    assert stats.requests == stats.bytes_fetched == 0
 
 
 def test_a_filter_on_size_sizes_only_what_the_rest_keeps_and_the_next_run_is_offline(
@@ -236,8 +234,8 @@ def test_a_filter_on_size_sizes_only_what_the_rest_keeps_and_the_next_run_is_off
     """A web folder's metadata file gives no sizes: the images the rest of the filter
     keeps are sized (a HEAD each) and then filtered on ``size``; those it leaves out are
     never asked for.  The listing kept on the node (its unasked sizes unknown) serves the
-    next run with the server gone: the same samples, nothing tried but the metadata file
-    (the server gives no ETag to check the node's copy by)."""
+    next run with the server gone: the same samples, nothing tried (the metadata file's
+    copy on the node is of its listed version, its ``Last-Modified``)."""
     folder = caption_folder(tmp_path / "site")
     rows = [json.loads(line) for line in (folder / "metadata.jsonl").read_text().splitlines()]
     size = {"/" + r["file_name"]: (folder / r["file_name"]).stat().st_size for r in rows}
@@ -280,8 +278,7 @@ def test_a_filter_on_size_sizes_only_what_the_rest_keeps_and_the_next_run_is_off
         assert heads[name] == (1 if scored_in else 0), (name, requests)
         assert (gets[name] > 0) == (scored_in and sized_in), (name, requests)
     again, stats = run(server.endpoint + "/", cache)  # nothing answers there now
-    # Only the metadata file is tried (no ETag to check the node's copy by), then the copy.
-    assert stats.requests == CONTROL_RETRIES.max_attempts and stats.bytes_fetched == 0
+    assert stats.requests == stats.bytes_fetched == 0
     assert stats.filtered_out == 12 - len(kept)
     assert [t for _, t in again] == [t for _, t in got]
     assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(again, got, strict=True))

@@ -215,6 +215,48 @@ def test_the_metadata_file_is_counted_kept_and_checked_against_its_etag(
     asyncio.run(main())
 
 
+def test_a_metadata_file_listed_without_a_version_serves_from_its_kept_copy_when_offline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that gives a file neither an ETag nor a ``Last-Modified`` lists it without
+    a version: nothing can check the node's copy, so it is fetched whenever the store
+    answers (and kept); once the store does not answer (each try, retried as any read is,
+    fails), the copy the node kept, of the listed size, serves, with a warning that says
+    so; a copy of another size does not."""
+    from asyncloader._base._errors import TransientStoreError
+    from asyncloader._base._types import ObjectInfo
+    from asyncloader._stores._retry import CONTROL_RETRIES
+    from asyncloader.testing import MemoryStore
+
+    class Gone(MemoryStore):
+        async def get(self, key: str, **kw: Any) -> bytes:  # type: ignore[override]
+            self.requests["get"] += 1
+            raise TransientStoreError(f"{self.url}{key}: the server does not answer", key=key)
+
+    data = _rows("one")
+    listed = ObjectInfo("metadata.jsonl", len(data), "")  # no version
+    folder = str(tmp_path)
+
+    async def main() -> None:
+        online = MemoryStore({"metadata.jsonl": data}, name="plain")
+        for _ in range(2):  # fetched each time the store answers
+            c = Counters()
+            assert await metadata_file(online, folder, listed, c) == data
+            assert (c.requests, c.bytes_fetched) == (1, len(data))
+        gone = Gone(name="plain")
+        c = Counters()
+        with caplog.at_level("WARNING", logger="asyncloader"):
+            assert await metadata_file(gone, folder, listed, c) == data
+        assert "the copy of its metadata file kept on this node" in caplog.text
+        assert gone.requests["get"] == CONTROL_RETRIES.max_attempts
+        assert (c.bytes_fetched, c.bytes_from_cache) == (0, len(data))
+        other = ObjectInfo("metadata.jsonl", len(data) + 1, "")
+        with pytest.raises(TransientStoreError):
+            await metadata_file(gone, folder, other, Counters())
+
+    asyncio.run(main())
+
+
 @pytest.fixture(autouse=True)
 def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):

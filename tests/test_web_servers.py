@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
+from PIL import Image
 
 import asyncloader as al
 from asyncloader.testing import (
@@ -27,10 +30,13 @@ from asyncloader.testing import (
     Caddy,
     Express,
     Lighttpd,
+    Nginx,
+    PythonHTTPServer,
     find_apache,
     find_caddy,
     find_express,
     find_lighttpd,
+    find_nginx,
 )
 from asyncloader.testing._webserver import WebServer
 
@@ -190,3 +196,85 @@ def test_weak_etags_are_compared_weakly(jpeg_folder: Path, tmp_path: Path) -> No
         got, _, stats = class_epoch(f"{web.endpoint}/", cut, tmp_path / "cache")
     assert got == class_captions(kept) and not stats.skipped
     assert [a for a in web.answers() if a.status == 412] == []
+
+
+def _every_server() -> list[object]:
+    """Each server of this module, nginx with its HTML and its JSON pages, and
+    ``http.server``: how each is made, whether its versions are to the second or finer
+    (nginx's HTML page writes the minute), each skipped where it is not installed."""
+    servers: dict[str, tuple[Callable[[Path], Any], bool, Callable[[], str | None], str]] = {
+        name: (server.make, True, find, need) for name, (server, find, need) in _SERVERS.items()
+    }
+    servers["nginx-html"] = (
+        lambda root: Nginx(root, server="autoindex on;"),
+        False,
+        find_nginx,
+        "NGINX",
+    )
+    servers["nginx-json"] = (
+        lambda root: Nginx(root, server="autoindex on; autoindex_format json;"),
+        True,
+        find_nginx,
+        "NGINX",
+    )
+    servers["http.server"] = (PythonHTTPServer, True, lambda: sys.executable, "")
+    return [
+        pytest.param(
+            make,
+            seconds,
+            id=name,
+            marks=pytest.mark.skipif(
+                find() is None and not os.environ.get(f"ASYNCLOADER_REQUIRE_{need}"),
+                reason=f"{name} is not installed (.ci/run installs it)",
+            ),
+        )
+        for name, (make, seconds, find, need) in servers.items()
+    ]
+
+
+@pytest.mark.parametrize(("make", "to_the_second"), _every_server())
+def test_a_file_replaced_by_one_of_the_same_size_is_read_again(
+    make: Callable[[Path], Any], to_the_second: bool, tmp_path: Path
+) -> None:
+    """A web folder's files have a version as an S3 object's ETag is one: the time the
+    folder page says each was modified where it sizes them (nginx, Caddy, serve-index),
+    else the ETag or ``Last-Modified`` of its HEAD (Apache, lighttpd, ``http.server``).  Two
+    of four BMPs (their size set by their pixels) replaced by others of the same size, a
+    second later: a run whose listing is made after reads them again, not their old
+    bytes from the node's cache; the two left alone stay cached where the version is to
+    the second (nginx's HTML page gives the minute: a file written in the minute its page
+    was served is read again by each listing made in that minute)."""
+    site = tmp_path / "site"
+    (site / "a").mkdir(parents=True)
+    names = [f"{i}.bmp" for i in range(4)]
+
+    def paint(folder: Path, some: list[str], shade: int) -> None:
+        for name in some:
+            Image.new("RGB", (16, 16), (shade, 40, 80)).save(folder / "a" / name)
+
+    def shades(url: str) -> tuple[list[int], al.Stats]:
+        with al.ImageLoader(
+            url,
+            batch_size=4,
+            labels=None,
+            shuffle=False,
+            transform=al.Resize(8),
+            cache_dir=tmp_path / "cache",
+            cache=al.CacheConfig(refresh_listing=True),
+            engine=al.EngineConfig(mode="inline"),
+        ) as loader:
+            got = [int(x[0, 0, 0]) for images, _ in loader for x in images]
+            return got, loader.stats()
+
+    paint(site, names, 10)
+    sizes = [(site / "a" / name).stat().st_size for name in names]
+    with make(site) as web:
+        served = getattr(web, "served", site)
+        url = web.endpoint + "/"
+        assert shades(url)[0] == [10] * 4
+        time.sleep(1.1)  # the next second: what a version to the second tells apart
+        paint(served, names[:2], 200)
+        assert [(served / "a" / name).stat().st_size for name in names] == sizes
+        got, stats = shades(url)
+    assert got == [200, 200, 10, 10]
+    assert stats.objects_fetched == 2 if to_the_second else stats.objects_fetched >= 2

@@ -2,7 +2,14 @@
 ``If-Match``, ``Accept-Encoding: identity``), and the answer checked before it is the
 object — its ``Content-Range`` against the range asked for (a server that ignores ``Range``
 answers with the whole object: :func:`whole_answer`), a ``Content-Encoding`` that arrives
-anyway undone, its length and version; an object's size and ETag from a HEAD."""
+anyway undone, its length and version; an object's size and ETag from a HEAD.
+
+An object's version is its ETag (S3's, Azure's, a web server's) or its generation (GCS's).
+A web server that sends no ETag (``python -m http.server``) and a folder page that gives
+sizes without ETags (nginx's ``autoindex``, Caddy's ``browse``, serve-index's) tell when
+the file was last modified instead: that is its version then, as a text no ETag can be (it
+holds a space): :func:`answer_version`, :func:`page_version`, checked as
+:func:`version_check` says."""
 
 from __future__ import annotations
 
@@ -21,15 +28,55 @@ if TYPE_CHECKING:
     from ._lean_http import LeanHTTPClient
 
 __all__ = [
+    "LAST_MODIFIED",
+    "PAGE_MODIFIED",
+    "answer_version",
     "check_body",
     "decoded",
     "get_object",
     "object_headers",
     "object_info",
+    "page_version",
     "parse_content_range",
     "range_header",
+    "version_check",
     "whole_answer",
 ]
+
+LAST_MODIFIED = "last-modified "
+"""The start of the version of an object whose server sends no ETag: this and its
+``Last-Modified`` (``"last-modified Sun, 06 Dec 2026 18:29:33 GMT"``).  Each answer that
+carries a ``Last-Modified`` is compared with it, as an ETag is."""
+PAGE_MODIFIED = "page-modified "
+"""The start of the version of a file that a folder page sizes (no HEAD, so no ETag): this
+and the time the page says it was last modified, as the page writes it.  It tells the
+cache that a file of the same size was replaced; no answer carries it to compare."""
+
+
+def answer_version(headers: Mapping[str, str]) -> str:
+    """An object's version from the headers of an answer (lower-case names): its ETag
+    (normalised), else its ``Last-Modified`` (:data:`LAST_MODIFIED`), else ``""``."""
+    etag = headers.get("etag", "")
+    if etag:
+        return normalize_etag(etag)
+    modified = headers.get("last-modified", "").strip()
+    return LAST_MODIFIED + modified if modified else ""
+
+
+def page_version(time: str) -> str:
+    """The version of a file a folder page sizes, from the time the page gives it."""
+    return PAGE_MODIFIED + time
+
+
+def version_check(version: str) -> tuple[str, str]:
+    """What a GET's answer must carry to be the listed ``version``, and in which header
+    (lower-case): an ETag in ``etag``; a :data:`LAST_MODIFIED` version's time in
+    ``last-modified``; nothing for a :data:`PAGE_MODIFIED` one (``""``: unchecked)."""
+    if version.startswith(LAST_MODIFIED):
+        return version.removeprefix(LAST_MODIFIED), "last-modified"
+    if version.startswith(PAGE_MODIFIED):
+        return "", "etag"
+    return version, "etag"
 
 
 def range_header(start: int, end: int | None) -> str | None:
@@ -100,7 +147,8 @@ async def get_object(
                 f"holds {got!r}",
                 key=key,
             )
-    check_body(body, answer_etag, what=what, key=key, expected_len=expected, etag=etag)
+    named = "ETag" if version_header == "etag" else version_header.title()
+    check_body(body, answer_etag, what=what, key=key, expected_len=expected, etag=etag, named=named)
     return body
 
 
@@ -162,9 +210,17 @@ def whole_answer(data: Blob, start: int, end: int | None, size: int) -> bool:
 
 
 def check_body(
-    data: Blob, answer_etag: str, *, what: str, key: str, expected_len: int | None, etag: str
+    data: Blob,
+    answer_etag: str,
+    *,
+    what: str,
+    key: str,
+    expected_len: int | None,
+    etag: str,
+    named: str = "ETag",
 ) -> None:
     """Refuse a complete answer of the wrong size or version: not the object listed.
+    ``named``: the header the version is in, as an error names it.
 
     (A body shorter than its own Content-Length is a transport failure, caught earlier.)
     """
@@ -173,7 +229,7 @@ def check_body(
             f"{what}: received {len(data)} bytes, expected {expected_len}", key=key
         )
     if etag and answer_etag and normalize_etag(answer_etag) != etag:
-        raise IntegrityError(f"{what} changed since it was listed (ETag differs)", key=key)
+        raise IntegrityError(f"{what} changed since it was listed ({named} differs)", key=key)
 
 
 def object_info(key: str, headers: Mapping[str, str], *, what: str) -> ObjectInfo:

@@ -11,7 +11,11 @@ objects without a size are HEAD-requested once when listing (a saved listing in 
 then spares that on later runs), or, listed by a loader (:meth:`HttpStore.list_unsized`),
 only those it keeps: an image that ``filters=`` leaves out is never asked for.  GETs use
 ``Range`` and check the answer's length and ETag (weakly, without ``If-Match``, which a
-server's weak ETag never matches), so a changed object cannot pass.
+server's weak ETag never matches), so a changed object cannot pass.  A server that sends no
+ETag (``http.server``) versions its objects by their ``Last-Modified``, checked the same
+way; a file that the folder pages size is versioned by the time they say it was last
+modified (:mod:`._http_objects`): a file replaced by one of the same size is then another
+object to the cache, not its old bytes.
 """
 
 from __future__ import annotations
@@ -40,7 +44,15 @@ from ._http import (
     proxy_for,
     request,
 )
-from ._http_objects import decoded, get_object, object_headers, object_info, parse_content_range
+from ._http_objects import (
+    answer_version,
+    decoded,
+    get_object,
+    object_headers,
+    object_info,
+    parse_content_range,
+    version_check,
+)
 from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient, tls_context
 from ._retry import retrying
@@ -234,7 +246,7 @@ class HttpStore(HTTPStoreBase):
         encoding = answer.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity") or answer.get("content-length") != str(len(body)):
             return {"key": key}
-        etag = normalize_etag(answer.get("etag", ""))
+        etag = answer_version(answer)
         self._listed_files[key] = (etag, body)
         return {"key": key, "size": str(len(body)), "etag": etag}
 
@@ -324,7 +336,8 @@ class HttpStore(HTTPStoreBase):
         try:
             headers, _ = await request(session, "HEAD", url, self._headers, what=what, key=key)
             if "content-length" in headers:
-                return object_info(key, headers, what=what)
+                info = object_info(key, headers, what=what)
+                return ObjectInfo(key, info.size, answer_version(headers))
         except StoreError as exc:
             if exc.status not in (405, 501):  # HEAD not allowed: ask by GET
                 raise
@@ -334,7 +347,7 @@ class HttpStore(HTTPStoreBase):
         total = parse_content_range(span)[2] if span else len(body)  # a 200: the whole
         if total is None:
             raise StoreError(f"{what}: the server gives no size for it", key=key)
-        return ObjectInfo(key, total, normalize_etag(headers.get("etag", "")))
+        return ObjectInfo(key, total, answer_version(headers))
 
     def _lean_client(self, url: URL) -> LeanHTTPClient | None:
         """The lean client of ``url``'s origin, or None where aiohttp takes the request
@@ -364,7 +377,10 @@ class HttpStore(HTTPStoreBase):
         # the second, nginx's for an answer it compressed), and a weak one never matches
         # If-Match, so an unchanged object would be answered 412.  The answer's own ETag
         # is compared instead (get_object), weakly: a changed object still cannot pass.
+        # A server without ETags: its Last-Modified, where the listing took the version
+        # from it (version_check).
         headers = {**self._headers, **object_headers(start, end, "")}
+        expect, header = version_check(etag)
         return await get_object(
             self._lean_client(url),
             session,
@@ -375,7 +391,8 @@ class HttpStore(HTTPStoreBase):
             key=key,
             start=start,
             end=end,
-            etag=etag,
+            etag=expect,
+            version_header=header,
         )
 
     async def close(self) -> None:

@@ -16,6 +16,14 @@ size, and so do nginx's HTML pages, in a row of their own after each link
 bytes are written in full, the rest rounded to a ``K``, ``M`` or ``G``).  Any other
 page's sizes are not read (Apache's and lighttpd's are rounded, ``http.server`` gives
 none): those files are sized as a manifest's files without sizes are.
+
+Where a page gives a file's size, it also gives the time the file was last modified
+(nginx's pages, to the minute in HTML and the second in JSON and XML; Caddy's JSON, to the
+nanosecond; serve-index's HTML, to the second): kept as the page writes it (nginx's
+minute with the second the page was served, where that minute had not ended then:
+:func:`_nginx_time`), it is the file's version in the listing (``Index.times``), so that a
+file replaced by another of the same size is a new object to the cache, as an S3 object's
+new ETag makes it.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import posixpath
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
@@ -36,22 +45,31 @@ _PLAIN = re.compile(r"[^/?#:.][^?#:]*")
 
 # nginx's HTML page (ngx_http_autoindex_module): from "<hr><pre>" on, one line per entry,
 # its link (the href percent-encoded, the name HTML-escaped: no "<" of its own), then the
-# modification time ("06-Dec-2026 14:41") and the size: a number of bytes, "-" for a
-# folder, or (autoindex_exact_size off) a number and K, M or G — only a plain number is
-# read.  A name with a line break in it breaks its row: that file goes unsized.
+# modification time ("06-Dec-2026 14:41", to the minute) and the size: a number of bytes,
+# "-" for a folder, or (autoindex_exact_size off) a number and K, M or G — only a plain
+# number is read, and the time with it.  A name with a line break in it breaks its row:
+# that file goes unsized.
 _NGINX_PAGE = b"<hr><pre>"
 _NGINX_ROW = re.compile(
     r'(?:^|(?<=<hr><pre>))<a href="([^"]*)">[^\n]*?</a>'  # the link, from a row's start
-    r"\s+\d{2}-[A-Z][a-z]{2}-\d{4} \d{2}:\d{2}\s+(\d+)\r?$",  # the date, the size, its end
+    r"\s+(\d{2}-[A-Z][a-z]{2}-\d{4} \d{2}:\d{2})\s+(\d+)\r?$",  # the date, the size, its end
     re.MULTILINE,
 )
 
 # express's serve-index (its default template): a list of links, each with spans of the
-# name, the size in bytes (empty for a folder) and the date.
+# name, the size in bytes (empty for a folder) and the date ("12/6/2026 6:29:33 PM").
 _SERVE_INDEX_PAGE = b'<ul id="files"'
 _SERVE_INDEX_ROW = re.compile(
     r'<a href="([^"]*)"[^>]*><span class="name">[^<]*</span><span class="size">(\d+)</span>'
+    r'(?:<span class="date">([^<]*)</span>)?'
 )
+
+_MONTHS = {
+    name: i + 1
+    for i, name in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+    )
+}
 
 MAX_DEPTH = 32
 """Folders below the base URL that a walk of folder pages goes down at most: deeper is a
@@ -71,11 +89,15 @@ class Index:
             in their last part: a folder whose link lacks its slash (express's
             ``serve-index`` writes ``/cat`` for the folder ``cat/``), or a file without
             an extension.  The walk asks for the folder page at the key and a ``/``.
+        times: Each file whose size the page gives exactly, by key, with the time it was
+            last modified as the page writes it, where it writes one (the file's version:
+            see the module's docstring).
     """
 
     files: tuple[tuple[str, int | None], ...]
     folders: tuple[str, ...]
     maybe: tuple[str, ...] = ()
+    times: tuple[tuple[str, str], ...] = ()
 
 
 class _Links(HTMLParser):
@@ -133,9 +155,14 @@ class _Below:
         return normal
 
 
-def _names(body: bytes, ctype: str) -> list[tuple[str, bool, int | None]] | None:
+_Named = tuple[str, bool, int | None, str | None]
+"""A folder page's entry read from JSON or XML: its name, whether it is a folder, and a
+file's size and modification time where the page gives them."""
+
+
+def _names(body: bytes, ctype: str) -> list[_Named] | None:
     """nginx's ``autoindex_format json`` or ``xml`` page, or Caddy's ``browse`` list in JSON,
-    as (name, is a folder, size); None where the page is none of them."""
+    as (name, is a folder, size, time); None where the page is none of them."""
     text = body.lstrip()
     if "json" in ctype or text.startswith(b"["):
         try:
@@ -158,17 +185,18 @@ def _names(body: bytes, ctype: str) -> list[tuple[str, bool, int | None]] | None
         if root.tag != "list":
             return None
         return [
-            (e.text or "", e.tag == "directory", _size(e.get("size")))
+            (e.text or "", e.tag == "directory", _size(e.get("size")), e.get("mtime"))
             for e in root
             if e.tag in ("file", "directory") and e.text
         ]
     return None
 
 
-def _json_entry(e: dict[str, object]) -> tuple[str, bool, int | None] | None:
-    """One entry of a JSON folder page: nginx's (``type`` ``"file"`` or ``"directory"``)
-    or Caddy's (``is_dir``; a folder's name ends in ``/``), as (name, is a folder, size
-    where it is a file's); None for any other entry (nginx's ``"other"``: a socket, say)."""
+def _json_entry(e: dict[str, object]) -> _Named | None:
+    """One entry of a JSON folder page: nginx's (``type`` ``"file"`` or ``"directory"``,
+    its time ``mtime``) or Caddy's (``is_dir``, a folder's name ending in ``/``; its time
+    ``mod_time``), as (name, is a folder, size and time where it is a file's); None for any
+    other entry (nginx's ``"other"``: a socket, say)."""
     name = str(e["name"])
     if isinstance(e.get("is_dir"), bool) and "type" not in e:  # Caddy's
         folder = bool(e["is_dir"])
@@ -177,7 +205,10 @@ def _json_entry(e: dict[str, object]) -> tuple[str, bool, int | None] | None:
         folder = e["type"] == "directory"
     else:
         return None
-    return name, folder, None if folder else _size(e.get("size"))
+    if folder:
+        return name, True, None, None
+    time = e.get("mtime", e.get("mod_time"))
+    return name, False, _size(e.get("size")), time if isinstance(time, str) else None
 
 
 def _size(value: object) -> int | None:
@@ -189,26 +220,67 @@ def _size(value: object) -> int | None:
     return None
 
 
-def _page_sizes(body: bytes, text: str) -> dict[str, int]:
-    """The exact sizes on nginx's or express's ``serve-index`` HTML page, by href as a
-    page's parser reads it (empty for any other page)."""
+def _page_sizes(
+    body: bytes, text: str, served: datetime | None
+) -> dict[str, tuple[int, str | None]]:
+    """The files on nginx's or express's ``serve-index`` HTML page, by href as a page's
+    parser reads it (empty for any other page): each one's exact size, with its
+    modification time where the page gives it (nginx's: see :func:`_nginx_time`).
+    ``served``: when the page was served (its ``Date``)."""
     if _NGINX_PAGE in body:
-        rows = _NGINX_ROW
-    elif _SERVE_INDEX_PAGE in body:
-        rows = _SERVE_INDEX_ROW
-    else:
-        return {}
-    return {html.unescape(m[1]).strip(): int(m[2]) for m in rows.finditer(text)}
+        return {
+            html.unescape(m[1]).strip(): (int(m[3]), _nginx_time(m[2], served))
+            for m in _NGINX_ROW.finditer(text)
+        }
+    if _SERVE_INDEX_PAGE in body:
+        return {
+            html.unescape(m[1]).strip(): (int(m[2]), html.unescape(m[3]) if m[3] else None)
+            for m in _SERVE_INDEX_ROW.finditer(text)
+        }
+    return {}
 
 
-def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
+def _nginx_time(time: str, served: datetime | None) -> str:
+    """A file's time on nginx's HTML page (``06-Dec-2026 14:41``, to the minute, in GMT:
+    ``autoindex_localtime off``, its default) as the file's version: the minute alone where
+    it had ended when the page was served (``served``: the page's ``Date``; None, unknown:
+    the minute alone).  A file written in the minute its page was served may be written
+    again in that minute, the same size, and its row would not change: its version is then
+    the minute and the second the page was served, so that a later listing gives it
+    another, and the cache fetches it again rather than keep bytes it cannot tell from a
+    replacement's.  (A file written again within the second the page was served is beyond
+    any version nginx gives: its ETag is to the second too.)"""
+    if served is None:
+        return time
+    month = _MONTHS.get(time[3:6])
+    try:  # read by hand, not by strptime: its %b is the locale's month names
+        if month is None:
+            raise ValueError(time)
+        minute = datetime(
+            int(time[7:11]), month, int(time[:2]), int(time[12:14]), int(time[15:17]), tzinfo=UTC
+        )
+    except ValueError:
+        minute = served  # a time not read here: taken as recent
+    if served >= minute + timedelta(minutes=1):
+        return time
+    return f"{time}, listed {served.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+
+
+def read_index(
+    body: bytes, ctype: str, page: str, base: str, served: datetime | None = None
+) -> Index | None:
     """The files and folders that the folder page ``body`` (served at ``page``, with the
-    ``Content-Type`` ``ctype``) names below itself, as keys relative to ``base``; None where
-    the page is not a folder page at all (no link below it, and not nginx's JSON or XML).
+    ``Content-Type`` ``ctype``, at the time ``served``: its ``Date``) names below itself, as
+    keys relative to ``base``; None where the page is not a folder page at all (no link
+    below it, and not nginx's JSON or XML).
     ``page`` and ``base`` are URLs of folders (ending in ``/``)."""
     named = _names(body, ctype.lower())
+    links: list[tuple[str, int | None, str | None]]  # href, size, time
     if named is not None:
-        links = [(quote(name) + ("/" if folder else ""), size) for name, folder, size in named]
+        links = [
+            (quote(name) + ("/" if folder else ""), size, time)
+            for name, folder, size, time in named
+        ]
     else:
         parser = _Links()
         text = body.decode("utf-8", errors="replace")
@@ -217,13 +289,15 @@ def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
             parser.close()
         except AssertionError:  # an HTMLParser's complaint about a page it cannot read
             return None
-        sizes = _page_sizes(body, text)
-        links = [(href.strip(), sizes.get(href.strip())) for href in parser.hrefs]
+        sizes = _page_sizes(body, text, served)
+        hrefs = [href.strip() for href in parser.hrefs]
+        links = [(h, *sizes.get(h, (None, None))) for h in hrefs]
     files: dict[str, int | None] = {}
+    times: dict[str, str] = {}
     folders: dict[str, None] = {}
     maybe: dict[str, None] = {}
     below = _Below(page, base)
-    for href, size in links:
+    for href, size, time in links:
         key = below.href(href)
         if key is None:
             continue
@@ -231,9 +305,11 @@ def read_index(body: bytes, ctype: str, page: str, base: str) -> Index | None:
             folders[key] = None
         elif named is None and size is None and "." not in key.rpartition("/")[2]:
             maybe[key] = None
-        else:
-            files.setdefault(key, size)
+        elif key not in files:
+            files[key] = size
+            if size is not None and time:
+                times[key] = time.strip()
     maybe = {key: None for key in maybe if key not in files and key + "/" not in folders}
     if named is None and not files and not folders and not maybe:
         return None
-    return Index(tuple(files.items()), tuple(folders), tuple(maybe))
+    return Index(tuple(files.items()), tuple(folders), tuple(maybe), tuple(times.items()))

@@ -8,19 +8,23 @@ sizes); a server whose JSON is no list read here (``serve-index``'s names alone)
 again in HTML, and in HTML from then on.  A link without its slash that may be a folder
 (``Index.maybe``) is asked for at the link and a ``/``.  A folder whose page the server
 refuses is named in a warning; folders deeper than :data:`~._web_index.MAX_DEPTH` (a
-symlink loop) are an error.
+symlink loop) are an error.  A file the pages size is listed with the time they say it was
+last modified as its version (:func:`~._http_objects.page_version`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Protocol
 from urllib.parse import quote
 
 from .._base._errors import AccessDenied, ObjectNotFound, StoreError
 from .._base._types import Blob
+from ._http_objects import page_version
 from ._web_index import MAX_DEPTH, Index, read_index
 
 __all__ = ["FOLDER_PAGE_ACCEPT", "FolderWalk", "HTML_PAGE_ACCEPT", "PageReader"]
@@ -60,7 +64,8 @@ class FolderWalk:
     async def listing(self) -> list[dict[str, str]] | None:
         """Every file the base URL's page links below itself, and every file of the
         folders it links, walked down, sorted by key, each with its size where the page
-        gives it exactly (nginx's pages, Caddy's JSON, serve-index's HTML).  None where
+        gives it exactly (nginx's pages, Caddy's JSON, serve-index's HTML), and then its
+        version where the page gives its modification time.  None where
         the base URL's page is not a folder page (404, 403, or a page without links below
         it).
 
@@ -71,6 +76,7 @@ class FolderWalk:
         if first is None:
             return None
         files: dict[str, int | None] = {}
+        times: dict[str, str] = {}
         seen: set[str] = set()
         level = [first]
         while level:
@@ -79,6 +85,8 @@ class FolderWalk:
             for index in level:
                 for key, size in index.files:
                     files.setdefault(key, size)
+                for key, time in index.times:
+                    times.setdefault(key, time)
                 folders += [f for f in index.folders if f not in seen]
                 seen.update(index.folders)
                 maybe += [m for m in index.maybe if m + "/" not in seen]
@@ -108,10 +116,17 @@ class FolderWalk:
                 len(refused),
                 ", ".join(refused[:5]) + (", ..." if len(refused) > 5 else ""),
             )
-        return [
-            {"key": key} if size is None else {"key": key, "size": str(size)}
-            for key, size in sorted(files.items())
-        ]
+        return [self._row(key, size, times.get(key)) for key, size in sorted(files.items())]
+
+    @staticmethod
+    def _row(key: str, size: int | None, time: str | None) -> dict[str, str]:
+        """A file's row of the listing: its key, and its size and version where the pages
+        give them."""
+        if size is None:
+            return {"key": key}
+        if time is None:
+            return {"key": key, "size": str(size)}
+        return {"key": key, "size": str(size), "etag": page_version(time)}
 
     async def _folder(self, key: str) -> Index | None:
         """A linked folder's page (a refusal noted for the warning)."""
@@ -141,10 +156,23 @@ class FolderWalk:
             except (ObjectNotFound, AccessDenied):
                 return None, True
             ctype = answer.get("content-type", "")
-            index = await asyncio.to_thread(read_index, bytes(data), ctype, page, self._base)
+            served = _served_at(answer.get("date", ""))
+            index = await asyncio.to_thread(
+                read_index, bytes(data), ctype, page, self._base, served
+            )
             if index is not None or "json" not in ctype.lower():
                 break
             # JSON that is no list read here (express's serve-index: names alone, folders
             # not told from files): the same page again as HTML, and every later one so.
             self._json = False
         return index, False
+
+
+def _served_at(date: str) -> datetime:
+    """When a page was served: its ``Date`` header, or this machine's clock where the
+    answer has none that reads as one."""
+    try:
+        served = email.utils.parsedate_to_datetime(date)
+    except (TypeError, ValueError):
+        return datetime.now(UTC)
+    return served if served.tzinfo is not None else served.replace(tzinfo=UTC)

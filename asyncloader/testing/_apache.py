@@ -7,7 +7,7 @@ loader's many connections), every answer written to an access log the test reads
 
 Apache will not serve as root: run by root, it serves as ``www-data``, so it serves a copy
 of the folder (links followed) in its work folder, which that user can read; the copy is
-made at the start."""
+made at the start (``served``)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ class Apache(WebServer):
         work = self._work_folder("apache")
         served = work / "site"
         shutil.copytree(self.root, served, symlinks=False)
+        self.served = served
         user = ""
         if os.geteuid() == 0:  # it serves as www-data, who must reach the copy
             for folder in (work, *(p for p in served.rglob("*") if p.is_dir()), served):

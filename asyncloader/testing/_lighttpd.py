@@ -2,7 +2,11 @@
 folder pages on (``mod_dirlisting``: a table of links with rounded sizes, the way Apache's
 and most small servers write them) in the configuration a test asks for, every answer
 written to an access log the test reads back (the method, the path as sent, the status,
-the body bytes, the Range asked)."""
+the body bytes, the Range asked).
+
+The files' types are named as Debian's configuration names them (from
+``/etc/mime.types``) for the image formats the loader reads: lighttpd sends neither an
+``ETag`` nor a ``Last-Modified`` for a file of no known type."""
 
 from __future__ import annotations
 
@@ -72,6 +76,8 @@ accesslog.filename = {_quoted(str(work / "access.log"))}
 accesslog.format = {_quoted(access)}
 mimetype.assign = (
     ".jpg" => "image/jpeg", ".jpeg" => "image/jpeg", ".png" => "image/png",
+    ".webp" => "image/webp", ".bmp" => "image/bmp", ".gif" => "image/gif",
+    ".tif" => "image/tiff", ".tiff" => "image/tiff", ".ppm" => "image/x-portable-pixmap",
     ".txt" => "text/plain", ".json" => "application/json", ".jsonl" => "text/plain",
 )
 {self.config}

@@ -47,11 +47,16 @@ def read_answers(log: str) -> list[Answer]:
 
 class WebServer(_Subprocess):
     """A web server serving ``root``, run as a subprocess on 127.0.0.1 from a work folder of
-    its own (``access.log`` and ``error.log`` there, read back even once it has stopped)."""
+    its own (``access.log`` and ``error.log`` there, read back even once it has stopped).
+
+    ``served`` is the folder it serves files from while it runs: ``root``, or the copy of
+    it a server made at its start (:class:`~._apache.Apache` run by root); a test that
+    changes a file under the running server changes it there."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         super().__init__()
         self.root = Path(root).resolve()
+        self.served = self.root
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._log = ""  # the access log, kept when it stops
         self._said = ""  # the error log, kept when it stops
