@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import pickle
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -63,6 +64,27 @@ def test_an_error_that_cannot_cross_comes_as_its_text_and_traceback(kind: str) -
     assert "test_crossing.py" in trace  # where it was raised
     # The nearest class this side knows: ours for a decode error, else Python's.
     assert type(back) is (al.DecodeError if kind == "ununpicklable-decode" else Exception)
+
+
+def test_a_context_suppressed_by_raise_from_none_does_not_cross() -> None:
+    """``raise ... from None`` hides the error it replaced (one whose text held a proxy's
+    URL, credentials and all, say): Python shows no context, and neither does the error
+    rebuilt across the boundary."""
+
+    def fail() -> None:
+        try:
+            raise Unpicklable("http://user:s3cr3t@proxy:3128 said 407")
+        except Unpicklable:
+            raise al.AccessDenied("the proxy refused it (407)", key="k") from None
+
+    try:
+        fail()
+    except al.AccessDenied as exc:
+        top = exc
+    back = _crossed(top)
+    assert type(back) is al.AccessDenied
+    assert back.__cause__ is None and back.__context__ is None
+    assert "s3cr3t" not in "".join(traceback.format_exception(back))
 
 
 def test_the_chain_crosses_and_a_cycle_ends() -> None:

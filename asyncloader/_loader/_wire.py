@@ -132,7 +132,9 @@ class CrossedError:
         while e is not None and id(e) not in seen and len(chain) < _CHAIN_DEPTH:
             seen.add(id(e))
             chain.append(e)
-            e = e.__cause__ or e.__context__
+            # The chain Python shows: a context that ``raise ... from None`` suppressed
+            # does not cross (it may hold what the error's own text leaves out: a secret).
+            e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
         without_frames(exc)
         crossed: CrossedError | None = None
         for i, e in enumerate(reversed(chain)):

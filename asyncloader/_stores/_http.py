@@ -50,6 +50,7 @@ __all__ = [
     "send",
     "make_session",
     "proxy_for",
+    "proxy_refusal",
     "normalize_etag",
     "parse_xml",
     "request",
@@ -201,6 +202,12 @@ def error_for_status(
         )
     if status == 404:
         return ObjectNotFound(f"not found: {what} ({detail})", key=key, status=status)
+    if status == 407:  # only a proxy asks it, of a plain-HTTP request it forwards
+        return AccessDenied(
+            f"the proxy on the way to {what} asks for credentials ({detail}): {_PROXY_LOGIN}",
+            key=key,
+            status=status,
+        )
     if status in (401, 403):
         return AccessDenied(
             f"access denied to {what} ({detail}): check the credentials and permissions",
@@ -222,6 +229,41 @@ def error_for_status(
     if status >= 500 or status == 408:
         return TransientStoreError(f"server error on {what} ({detail})", key=key, status=status)
     return StoreError(f"unexpected answer for {what} ({detail})", key=key, status=status)
+
+
+_PROXY_LOGIN = (
+    "give the proxy's credentials in its URL (http://user:password@proxy:3128, in "
+    "HTTPS_PROXY or HTTP_PROXY, or the store option proxy=)"
+)
+
+
+def proxy_refusal(status: int, message: str, *, what: str, key: str | None) -> StoreError:
+    """The error for a proxy's refusal to open the tunnel (``CONNECT``) an HTTPS request
+    goes through: credentials asked for or refused (407, 401: :class:`AccessDenied`), the
+    tunnel refused (403 and the like: a proxy lets ``CONNECT`` through to the ports it
+    allows, often 443 alone), neither of which another try mends; the origin out of the
+    proxy's reach (502, 503, 504: retried, as a server error is)."""
+    detail = f"{status} {message}".strip()
+    if status in (401, 407):
+        return AccessDenied(
+            f"the proxy on the way to {what} refused it ({detail}): {_PROXY_LOGIN}",
+            key=key,
+            status=status,
+        )
+    if status >= 500:
+        return TransientStoreError(
+            f"the proxy on the way to {what} could not reach it ({detail})",
+            key=key,
+            status=status,
+        )
+    return StoreError(
+        f"the proxy on the way to {what} would not open a tunnel to it ({detail}): a proxy "
+        "lets HTTPS through (CONNECT) to the ports it allows, often 443 alone (squid's "
+        "SSL_ports, tinyproxy's ConnectPort); ask for the origin's port, or name a proxy "
+        "that allows it",
+        key=key,
+        status=status,
+    )
 
 
 async def request(
@@ -260,6 +302,9 @@ async def request(
             return resp.headers, answer
     except StoreError:
         raise
+    except aiohttp.ClientHttpProxyError as exc:
+        # Not chained: the error's text holds the proxy's URL, credentials and all.
+        raise proxy_refusal(exc.status, exc.message, what=what, key=key) from None
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
         raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
     except TimeoutError as exc:  # before OSError, of which it is a subclass

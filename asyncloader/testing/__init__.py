@@ -17,6 +17,9 @@
   (HTTP/1.0, a connection per request), its requests read back from its log.
 * :class:`FaultProxy` (``_faultproxy``): a TCP proxy that injects resets, truncation and
   stalls in front of any of them, and refuses tokens it is told are revoked.
+* :class:`TinyProxy` (``_tinyproxy``): tinyproxy, a forward proxy: plain-HTTP requests
+  forwarded, HTTPS through ``CONNECT`` tunnels, Basic credentials and allowed ports as a
+  test asks, its requests read back from its log.
 * :class:`TokenServer` (``_tokens``): a local OAuth token service (a Google service
   account's token endpoint, an Azure managed identity endpoint).
 * :class:`MemoryStore` and :class:`FaultyStore` (``_memory``): an in-memory store, and a
@@ -69,6 +72,8 @@ from ._servers import TEST_ENV as TEST_ENV
 from ._servers import MotoServer as MotoServer
 from ._servers import S3TestServer as S3TestServer
 from ._servers import free_port as free_port
+from ._tinyproxy import TinyProxy as TinyProxy
+from ._tinyproxy import find_tinyproxy as find_tinyproxy
 from ._tokens import TOKEN_MARK as TOKEN_MARK
 from ._tokens import TokenServer as TokenServer
 
@@ -93,6 +98,7 @@ __all__ = [
     "PythonHTTPServer",
     "S3TestServer",
     "StoreFixture",
+    "TinyProxy",
     "TokenServer",
     "bucket_reference",
     "check_object_store",
@@ -107,6 +113,7 @@ __all__ = [
     "find_fake_gcs_server",
     "find_lighttpd",
     "find_nginx",
+    "find_tinyproxy",
     "free_port",
     "make_jpeg_folder",
 ]
