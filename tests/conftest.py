@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import io
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -88,6 +89,17 @@ def moto_dataset(moto: MotoServer, jpeg_folder: Path) -> str:
     moto.create_bucket("data")
     moto.upload_folder("data", jpeg_folder, "train/")
     return "s3://data/train/"
+
+
+@pytest.fixture(scope="session")
+def site(jpeg_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A web server's folder: the JPEG folder as ``train/``, with a manifest beside it
+    (``train.jsonl``, keys only: sizes come from HEADs)."""
+    root = tmp_path_factory.mktemp("site")
+    (root / "train").symlink_to(jpeg_folder, target_is_directory=True)
+    keys = sorted(p.relative_to(jpeg_folder).as_posix() for p in jpeg_folder.rglob("*.jpg"))
+    (root / "train.jsonl").write_text("".join(json.dumps({"key": k}) + "\n" for k in keys))
+    return root
 
 
 @pytest.fixture

@@ -38,16 +38,6 @@ PARTS = al.FetchConfig(range_threshold=96 << 10, part_size=32 << 10)
 IGNORE_RANGES = "max_ranges 0;"
 
 
-@pytest.fixture(scope="module")
-def site(jpeg_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The JPEG folder with a manifest beside it (keys only: sizes come from HEADs)."""
-    root = tmp_path_factory.mktemp("site")
-    (root / "train").symlink_to(jpeg_folder, target_is_directory=True)
-    keys = sorted(p.relative_to(jpeg_folder).as_posix() for p in jpeg_folder.rglob("*.jpg"))
-    (root / "train.jsonl").write_text("".join(json.dumps({"key": k}) + "\n" for k in keys))
-    return root
-
-
 def _images(jpeg_folder: Path) -> dict[str, int]:
     return {
         f"/train/{p.relative_to(jpeg_folder).as_posix()}": p.stat().st_size

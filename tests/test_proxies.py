@@ -6,7 +6,6 @@ the credentials.  Subprocesses on 127.0.0.1, started and stopped by the tests.""
 
 from __future__ import annotations
 
-import json
 import os
 import traceback
 from pathlib import Path
@@ -32,16 +31,6 @@ def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.lower(), raising=False)
-
-
-@pytest.fixture(scope="module")
-def site(jpeg_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The JPEG folder with a manifest beside it (keys only: sizes come from HEADs)."""
-    root = tmp_path_factory.mktemp("site")
-    (root / "train").symlink_to(jpeg_folder, target_is_directory=True)
-    keys = sorted(p.relative_to(jpeg_folder).as_posix() for p in jpeg_folder.rglob("*.jpg"))
-    (root / "train.jsonl").write_text("".join(json.dumps({"key": k}) + "\n" for k in keys))
-    return root
 
 
 def _port(endpoint: str) -> int:
