@@ -14,9 +14,10 @@ from urllib.parse import quote
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from yarl import URL
 
 import asyncloader as al
-from asyncloader._stores._http import proxy_for
+from asyncloader._stores._http import proxy_for, redirected
 from asyncloader._stores._http_objects import (
     answer_version,
     decoded,
@@ -298,6 +299,22 @@ def test_an_object_s_version_is_its_etag_else_its_last_modified() -> None:
     )
     assert version_check(page_version("06-Dec-2026 14:41")) == ("", "etag")
     assert version_check("") == ("", "etag")
+
+
+def test_a_redirect_keeps_credentials_on_its_origin_alone() -> None:
+    """Where a redirect goes (absolute, or relative to the URL that answered it), and the
+    headers the request takes there: all of them on the same origin, none that hands over
+    a credential on another (a hub's token is not for the CDN it sends files to), as
+    aiohttp and requests do."""
+    url = URL("https://hub.example/datasets/x/resolve/main/a.jpg")
+    headers = {"Authorization": "Bearer t0ken", "Cookie": "s=1", "Range": "bytes=0-9"}
+    there, kept = redirected(url, "/cdn/a.jpg?sig=abc", headers)
+    assert str(there) == "https://hub.example/cdn/a.jpg?sig=abc" and kept == headers
+    there, kept = redirected(url, "https://cdn.example/a%20b.jpg?sig=a%2Fb", headers)
+    assert str(there) == "https://cdn.example/a%20b.jpg?sig=a%2Fb"
+    assert kept == {"Range": "bytes=0-9"}
+    there, kept = redirected(url, "http://hub.example/datasets/x/a.jpg", headers)
+    assert there.scheme == "http" and kept == {"Range": "bytes=0-9"}  # another origin
 
 
 def test_links_without_a_slash_or_an_extension_are_asked_as_folders() -> None:

@@ -279,6 +279,65 @@ def test_a_server_that_compresses_what_it_may(site: Path, tmp_path: Path, client
     assert stats.samples == N_IMAGES and not stats.skipped and not stats.retries
 
 
+@pytest.mark.parametrize("code", [301, 302, 307, 308])
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+def test_images_a_server_redirects_elsewhere_are_followed(
+    site: Path, jpeg_folder: Path, tmp_path: Path, code: int, client: str
+) -> None:
+    """A dataset's server that answers each image with a redirect to another server, a
+    signed URL's query and all (a hub's ``resolve`` URLs sending their files to a CDN):
+    every image is read where it was sent, once, by either client, each ranged part of a
+    large one too; the hub answers each request with the redirect, nothing else."""
+    images = _images(jpeg_folder)
+    with Nginx(site) as cdn:
+        redirect = f"location /train/ {{ return {code} {cdn.endpoint}$request_uri?sig=abc; }}"
+        with Nginx(site, server=redirect) as hub:
+            stats = _read_all(hub.endpoint, tmp_path / "cache", http_client=client)
+            sent, got = hub.answers(), cdn.answers()
+    assert stats.samples == N_IMAGES and not stats.skipped and not stats.retries
+    assert {a.status for a in sent if a.path.startswith("/train/")} == {code}
+    fetched = {a.path for a in got if a.method == "GET" and a.status in (200, 206)}
+    assert fetched == set(images)
+
+
+def test_a_redirect_that_never_ends_is_an_error_at_once(site: Path) -> None:
+    """A server whose images redirect to themselves: a loader's first read (a HEAD for the
+    image's size) and a GET of one on the lean client each stop after 10 requests along
+    the redirects (aiohttp's limit) with an error that says so, not retried (no other try
+    would end)."""
+    from asyncloader._stores import open_store
+
+    loop = "location /train/ { return 302 $request_uri; }"
+    with Nginx(site, server=loop) as nginx:
+        with pytest.raises(al.StoreError, match="still redirected after 10 requests") as caught:
+            with al.ImageLoader(
+                f"{nginx.endpoint}/train/",
+                batch_size=16,
+                store=al.StoreConfig(options={"manifest": f"{nginx.endpoint}/train.jsonl"}),
+                shuffle=False,
+            ) as loader:
+                next(iter(loader))
+        assert not isinstance(caught.value, al.TransientStoreError)
+        key = "class_00/img_000000.jpg"
+
+        async def get() -> None:
+            store = open_store(f"{nginx.endpoint}/train/")
+            try:
+                await store.get(key)
+            finally:
+                await store.close()
+
+        with pytest.raises(al.StoreError, match="still redirected after 10 requests") as got:
+            asyncio.run(get())
+        assert not isinstance(got.value, al.TransientStoreError)
+        answers = nginx.answers()
+    heads = Counter(a.path for a in answers if a.method == "HEAD")
+    # Each image asked along its redirects 10 times at most (the first to fail stopped
+    # the others): none asked again.
+    assert max(heads.values()) == 10
+    assert sum(1 for a in answers if a.method == "GET" and a.path == f"/train/{key}") == 10
+
+
 def test_a_web_folder_over_https_with_a_private_ca(site: Path, tmp_path: Path) -> None:
     """A manifest and images over HTTPS from a server whose CA only ``ca_bundle=`` names:
     read with it; without it, a clear error that says what to pass, at once."""

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     import aiohttp  # imported where a session is made: it takes 0.2 s to import
 
 __all__ = [
+    "MAX_REDIRECTS",
+    "REDIRECTS",
+    "Redirected",
     "REQUESTS_CA_NAMES",
     "ca_bundle_for",
     "open_clients",
@@ -51,6 +54,7 @@ __all__ = [
     "make_session",
     "proxy_for",
     "proxy_refusal",
+    "redirected",
     "normalize_etag",
     "parse_xml",
     "request",
@@ -305,6 +309,12 @@ async def request(
     except aiohttp.ClientHttpProxyError as exc:
         # Not chained: the error's text holds the proxy's URL, credentials and all.
         raise proxy_refusal(exc.status, exc.message, what=what, key=key) from None
+    except aiohttp.TooManyRedirects:
+        # Not retried: another try goes round the same loop.  Not chained: its text holds
+        # the URL, a token in its query and all.
+        raise StoreError(
+            f"{what}: still redirected after {MAX_REDIRECTS} requests", key=key
+        ) from None
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
         raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
     except TimeoutError as exc:  # before OSError, of which it is a subclass
@@ -408,6 +418,42 @@ def _bypassed(host: str, port: int | None, no_proxy: str) -> bool:
     return False
 
 
+REDIRECTS = (301, 302, 303, 307, 308)
+"""The answers that send a request elsewhere, by their ``Location``."""
+MAX_REDIRECTS = 10
+"""Requests sent along one read's redirects at most, the first included: aiohttp's
+``max_redirects`` (requests' is 30).  The last one's redirect is an error."""
+
+
+class Redirected(StoreError):
+    """A redirect (:data:`REDIRECTS`) that the lean client does not follow itself (aiohttp
+    does): ``location``, the ``Location`` it gave.  The web store follows it
+    (:func:`redirected`); to any other store it is an answer it did not expect."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        status: int | None = None,
+        location: str = "",
+    ) -> None:
+        super().__init__(message, key=key, status=status)
+        self.location = location
+
+
+def redirected(url: URL, location: str, headers: Mapping[str, str]) -> tuple[URL, dict[str, str]]:
+    """Where a redirect from ``url`` to ``location`` (absolute, or relative to ``url``)
+    goes, and the headers the request takes there: all of them on the same origin; to
+    another, none that would hand it a credential (``Authorization``, ``Cookie``), as
+    aiohttp and requests do (a dataset hub's token is not for the CDN it redirects to)."""
+    there = url.join(URL(location, encoded="%" in location))
+    if there.origin() == url.origin():
+        return there, dict(headers)
+    private = ("authorization", "cookie", "proxy-authorization")
+    return there, {k: v for k, v in headers.items() if k.lower() not in private}
+
+
 async def _lean_request(
     client: LeanHTTPClient,
     method: str,
@@ -429,6 +475,15 @@ async def _lean_request(
         raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
     except OSError as exc:  # connecting: refused, unreachable, a name not resolved
         raise TransientStoreError(f"request for {what} failed: {exc!r}", key=key) from exc
+    location = resp.headers.get("location")
+    if resp.status in REDIRECTS and location:
+        raise Redirected(
+            # The place without its query: a CDN's signed URL is a credential.
+            f"{what} is redirected ({resp.status}) to {location.partition('?')[0]}",
+            key=key,
+            status=resp.status,
+            location=location,
+        )
     if resp.status >= 300:
         raise error_for_status(
             resp.status,

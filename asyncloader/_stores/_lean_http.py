@@ -8,7 +8,9 @@ preallocated buffer (``asyncio.BufferedProtocol``).  Connections are kept alive 
 any failure closes the connection and raises, so callers can retry on a fresh one.  Over
 HTTPS the connection runs on :mod:`._tls`'s transport (OpenSSL decrypts into the body).
 
-Not supported (callers fall back to aiohttp): proxies, redirects, HTTP/2, compression.
+Not supported (callers fall back to aiohttp): proxies, HTTP/2, compression.  A redirect
+is not followed here: it is raised (``_http.Redirected``, with its ``Location``) for the
+caller to follow, as the web store does.
 """
 
 from __future__ import annotations

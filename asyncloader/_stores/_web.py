@@ -37,11 +37,14 @@ from .._base._errors import ObjectNotFound, StoreError, Throttled, shown_key
 from .._base._manifest import METADATA_NAMES, file_key, metadata_rows, read_manifest
 from .._base._types import UNSIZED, Blob, ObjectInfo
 from ._http import (
+    MAX_REDIRECTS,
     REQUESTS_CA_NAMES,
+    Redirected,
     ca_bundle_for,
     make_session,
     normalize_etag,
     proxy_for,
+    redirected,
     request,
 )
 from ._http_objects import (
@@ -372,7 +375,7 @@ class HttpStore(HTTPStoreBase):
             del self._listed_files[key]
             return listed[1]  # the listing read it whole a moment ago: that answer
         url = self._target(key)
-        session = self._session_for(url)
+        what = self._what(key)
         # No If-Match: a web server's ETag may be weak (Apache's for a file changed within
         # the second, nginx's for an answer it compressed), and a weak one never matches
         # If-Match, so an unchanged object would be answered 412.  The answer's own ETag
@@ -381,19 +384,24 @@ class HttpStore(HTTPStoreBase):
         # from it (version_check).
         headers = {**self._headers, **object_headers(start, end, "")}
         expect, header = version_check(etag)
-        return await get_object(
-            self._lean_client(url),
-            session,
-            f"{url.scheme}://{url.raw_authority}",
-            url.raw_path_qs,
-            headers,
-            what=self._what(key),
-            key=key,
-            start=start,
-            end=end,
-            etag=expect,
-            version_header=header,
-        )
+        for _ in range(MAX_REDIRECTS):
+            try:
+                return await get_object(
+                    self._lean_client(url),
+                    self._session_for(url),
+                    f"{url.scheme}://{url.raw_authority}",
+                    url.raw_path_qs,
+                    headers,
+                    what=what,
+                    key=key,
+                    start=start,
+                    end=end,
+                    etag=expect,
+                    version_header=header,
+                )
+            except Redirected as moved:  # the lean client's (aiohttp follows its own)
+                url, headers = redirected(url, moved.location, headers)
+        raise StoreError(f"{what}: still redirected after {MAX_REDIRECTS} requests", key=key)
 
     async def close(self) -> None:
         self._closed = True
