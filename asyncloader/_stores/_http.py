@@ -1,6 +1,7 @@
 """The HTTP every backend shares: its clients (the lean one, or an aiohttp session, which a
 proxy gets), sending one request on either (:func:`send`), and the mapping of answers to
-our error tree.
+our error tree.  Where a request goes on its way (its proxy, a redirect) is
+:mod:`._routes`'.
 
 Backends build the target and headers (signature, range, precondition); this module sends
 the request, reads the body, and maps every HTTP status and transport exception to
@@ -20,7 +21,6 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import urlsplit
 
 from yarl import URL
 
@@ -37,6 +37,15 @@ from .._base._errors import (
 from .._base._manifest import normalize_etag
 from .._base._types import Blob
 from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError, tls_context
+from ._routes import (
+    MAX_REDIRECTS,
+    PROXY_LOGIN,
+    REDIRECTS,
+    Redirected,
+    proxy_for,
+    proxy_refusal,
+    redirected,
+)
 
 if TYPE_CHECKING:
     import aiohttp  # imported where a session is made: it takes 0.2 s to import
@@ -208,7 +217,7 @@ def error_for_status(
         return ObjectNotFound(f"not found: {what} ({detail})", key=key, status=status)
     if status == 407:  # only a proxy asks it, of a plain-HTTP request it forwards
         return AccessDenied(
-            f"the proxy on the way to {what} asks for credentials ({detail}): {_PROXY_LOGIN}",
+            f"the proxy on the way to {what} asks for credentials ({detail}): {PROXY_LOGIN}",
             key=key,
             status=status,
         )
@@ -233,41 +242,6 @@ def error_for_status(
     if status >= 500 or status == 408:
         return TransientStoreError(f"server error on {what} ({detail})", key=key, status=status)
     return StoreError(f"unexpected answer for {what} ({detail})", key=key, status=status)
-
-
-_PROXY_LOGIN = (
-    "give the proxy's credentials in its URL (http://user:password@proxy:3128, in "
-    "HTTPS_PROXY or HTTP_PROXY, or the store option proxy=)"
-)
-
-
-def proxy_refusal(status: int, message: str, *, what: str, key: str | None) -> StoreError:
-    """The error for a proxy's refusal to open the tunnel (``CONNECT``) an HTTPS request
-    goes through: credentials asked for or refused (407, 401: :class:`AccessDenied`), the
-    tunnel refused (403 and the like: a proxy lets ``CONNECT`` through to the ports it
-    allows, often 443 alone), neither of which another try mends; the origin out of the
-    proxy's reach (502, 503, 504: retried, as a server error is)."""
-    detail = f"{status} {message}".strip()
-    if status in (401, 407):
-        return AccessDenied(
-            f"the proxy on the way to {what} refused it ({detail}): {_PROXY_LOGIN}",
-            key=key,
-            status=status,
-        )
-    if status >= 500:
-        return TransientStoreError(
-            f"the proxy on the way to {what} could not reach it ({detail})",
-            key=key,
-            status=status,
-        )
-    return StoreError(
-        f"the proxy on the way to {what} would not open a tunnel to it ({detail}): a proxy "
-        "lets HTTPS through (CONNECT) to the ports it allows, often 443 alone (squid's "
-        "SSL_ports, tinyproxy's ConnectPort); ask for the origin's port, or name a proxy "
-        "that allows it",
-        key=key,
-        status=status,
-    )
 
 
 async def request(
@@ -373,85 +347,6 @@ def ca_bundle_for(ca_bundle: str | None, *names: str) -> str | None:
 
 REQUESTS_CA_NAMES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 """What requests reads (so Azure's and Google's Python SDKs, whose transport it is)."""
-
-
-def proxy_for(url: str, proxy: str | None = None) -> str | None:
-    """The proxy that requests to ``url`` go through, or None: ``proxy`` where given (a
-    store option; ``""``: none), else the environment's as curl, requests and boto3 read
-    it (``HTTPS_PROXY`` for https, ``HTTP_PROXY`` for http, ``ALL_PROXY``, lower-case
-    names too), unless ``NO_PROXY`` names the host.  Only aiohttp speaks to proxies."""
-    if proxy is not None:
-        return proxy or None
-    import urllib.request
-
-    parts = urlsplit(url)
-    found = urllib.request.getproxies_environment()
-    via = found.get(parts.scheme) or found.get("all")
-    if not via or _bypassed(parts.hostname or "", parts.port, found.get("no", "")):
-        return None
-    return via
-
-
-def _bypassed(host: str, port: int | None, no_proxy: str) -> bool:
-    """Whether ``NO_PROXY`` (comma-separated: ``*``, hosts and domains with or without a
-    leading dot, ``host:port``, IP addresses and CIDR blocks) names ``host``, as curl and
-    requests read it."""
-    import ipaddress
-
-    host = host.lower().strip("[]")
-    for entry in (e.strip().lower() for e in no_proxy.split(",")):
-        if not entry:
-            continue
-        if entry == "*":
-            return True
-        name, _, want = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
-        if want and (not want.isdigit() or int(want) != port):
-            continue
-        name = name.lstrip(".").strip("[]")
-        if host == name or host.endswith("." + name):
-            return True
-        try:
-            if ipaddress.ip_address(host) in ipaddress.ip_network(name, strict=False):
-                return True
-        except ValueError:
-            pass
-    return False
-
-
-REDIRECTS = (301, 302, 303, 307, 308)
-"""The answers that send a request elsewhere, by their ``Location``."""
-MAX_REDIRECTS = 10
-"""Requests sent along one read's redirects at most, the first included: aiohttp's
-``max_redirects`` (requests' is 30).  The last one's redirect is an error."""
-
-
-class Redirected(StoreError):
-    """A redirect (:data:`REDIRECTS`) that the lean client does not follow itself (aiohttp
-    does): ``location``, the ``Location`` it gave.  The web store follows it
-    (:func:`redirected`); to any other store it is an answer it did not expect."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        key: str | None = None,
-        status: int | None = None,
-        location: str = "",
-    ) -> None:
-        super().__init__(message, key=key, status=status)
-        self.location = location
-
-
-def redirected(url: URL, location: str, headers: Mapping[str, str]) -> tuple[URL, dict[str, str]]:
-    """Where a redirect from ``url`` to ``location`` (absolute, or relative to ``url``)
-    goes, and the headers the request takes there: all of them on the same origin; to
-    another, none that would hand it a credential (``Authorization``, ``Cookie``), as
-    aiohttp and requests do (a dataset hub's token is not for the CDN it redirects to)."""
-    there = url.join(URL(location, encoded="%" in location))
-    if there.origin() == url.origin():
-        return there, dict(headers)
-    private = ("authorization", "cookie", "proxy-authorization")
-    return there, {k: v for k, v in headers.items() if k.lower() not in private}
 
 
 async def _lean_request(
