@@ -92,6 +92,29 @@ def test_bench_api_on_a_local_folder(jpeg_folder: Path) -> None:
     assert set(report.to_dict()) >= {"predicted_images_per_second", "bound", "settings"}
 
 
+def test_a_listing_cut_by_its_time_budget_still_holds_the_sample() -> None:
+    """bench lists for a share of its time, and a store that lists slowly (a machine under
+    load) once gave it the first key alone: ``.complete.json``, sorted before the images,
+    and then "no images" of a folder full of them.  The listing goes on past its budget
+    until it holds the sample's images, and stops there."""
+    import asyncio
+
+    from asyncloader._tools._bench import _listed
+    from asyncloader.testing import MemoryStore
+
+    class SlowList(MemoryStore):
+        async def list(self, prefix: str = ""):  # type: ignore[no-untyped-def,override]
+            async for info in super().list(prefix):
+                yield info
+                if info.key == ".complete.json":
+                    await asyncio.sleep(0.05)  # the rest after the budget's end
+
+    objects = {".complete.json": b"{}", **{f"c/{i:03d}.jpg": b"x" for i in range(40)}}
+    listed, complete = asyncio.run(_listed(SlowList(objects), None, 0.02, 8))
+    assert not complete
+    assert [o.key for o in listed] == sorted(objects)[:9]  # the marker and 8 images
+
+
 def test_bench_without_images_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("no images here")
     with pytest.raises(al.AsyncLoaderError, match=r"no samples under .*none of them with an image"):

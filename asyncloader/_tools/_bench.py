@@ -65,21 +65,27 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
 
 
 async def _listed(
-    store: ObjectStore, cache: ObjectCache | None, seconds: float
+    store: ObjectStore, cache: ObjectCache | None, seconds: float, enough: int
 ) -> tuple[Sequence[ObjectInfo], bool]:
     """The saved listing when there is one; else as much of the listing as ``seconds``
-    allow (sorted key order), and whether it is complete."""
+    allow (sorted key order) once it holds ``enough`` images (the sample), or any image
+    after ten times that (a store that lists slowly, a machine under load: a listing cut
+    before its first image, ``.complete.json`` sorted first, would say "no images" of a
+    folder full of them); and whether it is complete."""
     folder = cache.directory if cache is not None else None
     saved = await saved_listing(store, folder, CacheConfig().max_age)
     if saved is not None:
         return saved, True
     out: list[ObjectInfo] = []
-    deadline = time.perf_counter() + seconds
+    images = 0
+    start = time.perf_counter()
     listing = store.list()
     try:
         async for info in listing:
             out.append(info)
-            if time.perf_counter() > deadline:
+            images += _is_image(info.key)
+            spent = time.perf_counter() - start
+            if (spent > seconds and images >= enough) or (spent > 10 * seconds and images):
                 return out, False
     finally:
         await listing.aclose()  # type: ignore[attr-defined]
@@ -87,6 +93,10 @@ async def _listed(
         path = listing_path(folder, store.url)
         await asyncio.to_thread(save_listing, path, store.url, out)
     return out, True
+
+
+def _is_image(key: str) -> bool:
+    return os.path.splitext(key)[1].lower() in IMAGE_EXTENSIONS
 
 
 async def _get(store: ObjectStore, info: ObjectInfo, throttled: list[int], **kw: Any) -> Blob:
@@ -165,8 +175,8 @@ async def _measure(
     store = open_store(url, **store_options)
     cache = ObjectCache.opened(cache_dir, CacheConfig())  # the loader's cache, as it opens it
     try:
-        objects, complete = await _listed(store, cache, seconds * 0.2)
-        images = [o for o in objects if os.path.splitext(o.key)[1].lower() in IMAGE_EXTENSIONS]
+        objects, complete = await _listed(store, cache, seconds * 0.2, sample_size)
+        images = [o for o in objects if _is_image(o.key)]
         if not images:
             raise AsyncLoaderError(no_samples(url, len(objects), IMAGE_EXTENSIONS))
         rng = random.Random(seed)
