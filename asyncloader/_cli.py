@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from asyncloader import AsyncLoaderError, __version__
-from asyncloader._tools._args import command_line, store_options
+from asyncloader._tools._args import command_line, shown_url, store_options
 
 __all__ = ["main"]
 
@@ -112,7 +112,7 @@ def _warm_one(args: argparse.Namespace, url: str) -> int:
 
     options = store_options(args)
     extra: dict[str, object] = {"extensions": None} if args.all_objects else {}
-    print(f"listing {url} ...", file=sys.stderr)
+    print(f"listing {shown_url(url)} ...", file=sys.stderr)
     state: dict[str, object] = {}
     bar = tqdm(total=0, unit="obj", desc="warm", smoothing=0.05, dynamic_ncols=True)
     # Bytes received, when the fetching started (after the listing), the last postfix.
@@ -211,7 +211,9 @@ def _bench(args: argparse.Namespace) -> int:
         al.BenchReport.check_plot()  # before the measurement, not after it
     options = store_options(args)
     if not args.json:
-        print(f"measuring {args.url} for about {args.seconds:.0f} s ...", file=sys.stderr)
+        print(
+            f"measuring {shown_url(args.url)} for about {args.seconds:.0f} s ...", file=sys.stderr
+        )
     report = al.bench(
         args.url,
         seconds=args.seconds,

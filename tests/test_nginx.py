@@ -338,6 +338,43 @@ def test_a_redirect_that_never_ends_is_an_error_at_once(site: Path) -> None:
     assert sum(1 for a in answers if a.method == "GET" and a.path == f"/train/{key}") == 10
 
 
+def test_credentials_in_a_web_url_are_sent_as_basic_and_never_shown(
+    site: Path, tmp_path: Path
+) -> None:
+    """A server behind Basic credentials (nginx's ``auth_basic``), named with them in the
+    URL as curl and requests take them: the loader's engine processes, ``ls`` and ``warm``
+    read every image (the pages, the HEADs and the lean client's GETs all send them); the
+    loader's URL, its ``repr``, the commands' output and a refusal's error never show the
+    password, and the cache is keyed without it."""
+    users = tmp_path / "users"
+    users.write_text("trainer:{PLAIN}pa55-w0rd\n")
+    guarded = f'autoindex on; auth_basic "data"; auth_basic_user_file {users};'
+    with Nginx(site, server=guarded) as nginx:
+        url = nginx.endpoint.replace("http://", "http://trainer:pa55-w0rd@") + "/train/"
+        with al.ImageLoader(url, batch_size=16, cache_dir=tmp_path / "cache") as loader:
+            assert sum(len(labels) for _, labels in loader) == N_IMAGES
+            shown = f"{loader!r} {loader.url} {loader.stats()}"
+        assert loader.url == f"{nginx.endpoint}/train/"
+        for cmd in (["ls", url], ["warm", url, "--cache-dir", str(tmp_path / "c2")]):
+            done = subprocess.run(
+                [sys.executable, "-m", "asyncloader", *cmd],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, done.stderr
+            shown += done.stdout + done.stderr
+        assert f"{N_IMAGES} objects warmed" in shown
+        wrong = url.replace("pa55-w0rd", "not-pa55-w0rd")
+        with pytest.raises(al.AccessDenied) as refused:
+            with al.ImageLoader(wrong, batch_size=16) as loader:
+                next(iter(loader))
+        answers = nginx.answers()
+    assert "pa55-w0rd" not in shown + str(refused.value)
+    assert {a.status for a in answers if a.path.endswith(".jpg")} <= {200, 206, 401}
+    assert sum(1 for a in answers if a.path.endswith(".jpg") and a.status == 200) >= N_IMAGES
+
+
 def test_a_web_folder_over_https_with_a_private_ca(site: Path, tmp_path: Path) -> None:
     """A manifest and images over HTTPS from a server whose CA only ``ca_bundle=`` names:
     read with it; without it, a clear error that says what to pass, at once."""

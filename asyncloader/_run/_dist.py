@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .._base._errors import AsyncLoaderError, ListingMismatchError
+from .._base._errors import AsyncLoaderError, ListingMismatchError, shown_key
 from .._base._jobstore import StoreAddress, job_store
 from .._base._manifest import is_columnar, is_manifest
 from .._base._own_thread import run_on_own_thread
@@ -410,7 +410,7 @@ class Agreement:
 
     def __init__(self, store: Any, url: str, name: str, rank: int, world_size: int) -> None:
         self._store = store
-        self._url = url
+        self._url = shown_key(url)  # as messages show it: a credential in it hidden
         self._base = f"agree/{name}"
         self.rank = rank
         self.world_size = world_size

@@ -33,6 +33,7 @@ from ._azure import AzureStore, azure_store_from_url
 from ._gcs import GCSStore, gcs_store_from_url
 from ._local import LocalStore
 from ._mixed import MixedStore
+from ._routes import with_login
 from ._s3 import S3Store
 from ._s3_hosts import parse_s3_url
 from ._web import HttpStore
@@ -65,10 +66,16 @@ def lists_from_manifest(url: str) -> bool:
 
 def store_options(url: str, labels: object, options: dict[str, Any] | None) -> dict[str, Any]:
     """The store options a loader of ``url`` with ``labels`` opens its store with: a plain
-    web server has no listing, its manifest lists the objects."""
+    web server has no listing, its manifest lists the objects; credentials in a web URL
+    (``https://user:password@host/``) are its ``Authorization`` header, so that a process
+    that opens the store by its URL (an engine's: the store's URL never holds them) sends
+    them too."""
     out = dict(options or {})
     if lists_from_manifest(url) and is_manifest(labels) and not is_columnar(labels):
         out.setdefault("manifest", labels)
+    parts = urlsplit(url)
+    if parts.username is not None and service_of(url) == "http":
+        out["headers"] = with_login(dict(out.get("headers") or {}), parts.username, parts.password)
     return out
 
 

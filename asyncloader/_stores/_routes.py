@@ -1,12 +1,14 @@
 """Where a request goes on its way to the server: through which proxy (the environment
 as curl, requests and boto3 read it, ``NO_PROXY`` included, or a store's own), what a
-proxy's refusal to open a tunnel means, and where a redirect sends it (with which of its
-headers).  Pure rules; :mod:`._http` sends the requests."""
+proxy's refusal to open a tunnel means, where a redirect sends it (with which of its
+headers), and the credentials a URL carries (``https://user:password@host/``) as the
+``Authorization`` it sends.  Pure rules; :mod:`._http` sends the requests."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from yarl import URL
 
@@ -20,6 +22,7 @@ __all__ = [
     "proxy_for",
     "proxy_refusal",
     "redirected",
+    "with_login",
 ]
 
 
@@ -136,3 +139,15 @@ def redirected(url: URL, location: str, headers: Mapping[str, str]) -> tuple[URL
         return there, dict(headers)
     private = ("authorization", "cookie", "proxy-authorization")
     return there, {k: v for k, v in headers.items() if k.lower() not in private}
+
+
+def with_login(headers: dict[str, str], user: str | None, password: str | None) -> dict[str, str]:
+    """``headers`` with a URL's credentials (``user``, ``password``, percent-encoded as a
+    URL holds them) as Basic ``Authorization``, as curl and requests send them; unless
+    there are none, or ``headers`` hold an ``Authorization`` already (the store option
+    ``headers`` says what to send)."""
+    if user is None or any(k.lower() == "authorization" for k in headers):
+        return headers
+    login = f"{unquote(user)}:{unquote(password or '')}".encode()
+    headers["Authorization"] = "Basic " + base64.b64encode(login).decode("ascii")
+    return headers

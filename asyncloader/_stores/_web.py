@@ -59,6 +59,7 @@ from ._http_objects import (
 from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient, tls_context
 from ._retry import retrying
+from ._routes import with_login
 
 if TYPE_CHECKING:
     import aiohttp
@@ -114,10 +115,13 @@ class HttpStore(HTTPStoreBase):
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"not an http(s) URL: {parts.scheme}://{parts.netloc}{parts.path}")
         path = parts.path if parts.path.endswith("/") else parts.path + "/"
-        self._base = f"{parts.scheme}://{parts.netloc}{path}"
+        # Credentials in the URL (https://user:password@host/) are sent as Basic, as curl
+        # and requests send them, and kept out of the URL: the store's URL keys the cache
+        # and names objects in messages, and a password is neither.
+        self._base = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{path}"
         self._query = parts.query
         self._manifest = manifest
-        self._headers = dict(headers or {})
+        self._headers = with_login(dict(headers or {}), parts.username, parts.password)
         self._max_connections = max_connections
         self._read_timeout = read_timeout
         self._use_lean = use_lean
@@ -376,13 +380,17 @@ class HttpStore(HTTPStoreBase):
             return listed[1]  # the listing read it whole a moment ago: that answer
         url = self._target(key)
         what = self._what(key)
+        headers = self._headers
+        if url.user is not None:  # an absolute key with credentials: Basic, as the base's
+            headers = with_login(dict(headers), url.user, url.password)
+            url = url.with_user(None)
         # No If-Match: a web server's ETag may be weak (Apache's for a file changed within
         # the second, nginx's for an answer it compressed), and a weak one never matches
         # If-Match, so an unchanged object would be answered 412.  The answer's own ETag
         # is compared instead (get_object), weakly: a changed object still cannot pass.
         # A server without ETags: its Last-Modified, where the listing took the version
         # from it (version_check).
-        headers = {**self._headers, **object_headers(start, end, "")}
+        headers = {**headers, **object_headers(start, end, "")}
         expect, header = version_check(etag)
         for _ in range(MAX_REDIRECTS):
             try:

@@ -1,6 +1,7 @@
 """The command line's grammar: its commands and their options (:func:`command_line`), and
 the argument types checked by argparse before any work: whole numbers of at least 1,
-shards, ``-o KEY=VALUE`` store options."""
+shards, ``-o KEY=VALUE`` store options; a URL as the commands print it
+(:func:`shown_url`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,23 @@ import os
 import sys
 from typing import NoReturn
 
+from .._base._errors import shown_key
+
 __all__ = [
     "add_store_options",
     "command_line",
     "parse_shard",
     "parse_store_option",
     "positive",
+    "shown_url",
     "store_options",
 ]
+
+
+def shown_url(url: str) -> str:
+    """A URL given on the command line as the commands print it: a credential in it (a
+    user and password, a token in its query) hidden."""
+    return shown_key(url)
 
 
 def positive(text: str) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 
 from .._base._config import CacheConfig, decode_worker_count, engine_processes
 from .._base._env import cpu_budget
-from .._base._errors import AsyncLoaderError, StoreError, Throttled
+from .._base._errors import AsyncLoaderError, StoreError, Throttled, shown_key
 from .._base._own_thread import run_here
 from .._base._proctree import machine_busy_seconds
 from .._base._types import Blob, ObjectInfo, ObjectStore
@@ -352,7 +352,7 @@ def bench(
         "cache_dir": directory if use_cache else None,
     }
     return BenchReport(
-        url=url,
+        url=shown_key(url),  # a credential in it (user info, a query) hidden
         cpus=cpus,
         cpu_budget=budget.describe(),
         objects_listed=len(objects),
