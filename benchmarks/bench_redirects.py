@@ -1,0 +1,116 @@
+"""Images that a server redirects elsewhere: the cost of following the redirects.
+
+A dataset hub often answers each file's URL with a redirect to a CDN's signed URL (a 302
+with a ``?sig=`` query): every image costs two requests, one to the hub and one to the
+CDN.  Two nginx servers (Debian's) on 127.0.0.1 serve the demo's JPEGs in 10 class
+folders with a manifest of keys and sizes beside them: the "CDN" serves the files, the
+"hub" answers every ``/train/`` URL with a 302 to the same path on the CDN.  One loader
+epoch (batches of 32, ``Resize(64)``, an empty cache folder each time) in three cases
+that alternate in each round:
+
+* ``direct`` — the baseline: the CDN's URL, no redirect;
+* ``redirected-lean`` — the hub's URL on the default client (the lean one), which
+  follows each redirect itself;
+* ``redirected-aiohttp`` — the hub's URL with ``http_client="aiohttp"``, which follows
+  them in aiohttp.
+
+Printed per case (medians of the rounds): the hub's and the CDN's requests per image
+(their access logs), the epoch's seconds and its ratio to ``direct`` in the same round,
+and the CPU seconds per image (this process and the engine processes it waited for; the
+servers' own are not counted).
+
+Run: ``python benchmarks/bench_redirects.py [--images 2000] [--rounds 3] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_web_filters import round_medians
+from bench_web_pages import _cpu
+
+import asyncloader as al
+from asyncloader.testing import Nginx, find_nginx, make_jpeg_folder
+
+CASES = ("direct", "redirected-lean", "redirected-aiohttp")
+
+
+def _epoch(url: str, manifest: str, cache: Path, client: str) -> tuple[float, float, int]:
+    """One epoch: its seconds, its CPU seconds, its samples."""
+    options = {"manifest": manifest, "http_client": client}
+    c0, t0 = _cpu(), time.perf_counter()
+    n = 0
+    with al.ImageLoader(
+        url,
+        batch_size=32,
+        transform=al.Resize(64),
+        store=al.StoreConfig(options=options),
+        cache_dir=cache,
+    ) as loader:
+        for images, _ in loader:
+            n += len(images)
+    return time.perf_counter() - t0, _cpu() - c0, n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if find_nginx() is None:
+        raise SystemExit("nginx is not installed (apt-get install nginx-light)")
+    root = Path(tempfile.mkdtemp(prefix="bench-redirects-"))
+    folder = make_jpeg_folder(root / "site" / "train", images=args.images, classes=10)
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*.jpg")}
+    rows = [{"key": k, "size": s} for k, s in sorted(files.items())]
+    (root / "site" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs: dict[str, list[dict[str, float]]] = {c: [] for c in CASES}
+    with Nginx(root / "site") as cdn:
+        manifest = f"{cdn.endpoint}/train.jsonl"
+        _epoch(f"{cdn.endpoint}/train/", manifest, root / "cache-warm-up", "lean")  # imports
+        for r in range(args.rounds):
+            for case in CASES if r % 2 == 0 else CASES[::-1]:
+                hop = f"location /train/ {{ return 302 {cdn.endpoint}$request_uri?sig=abc; }}"
+                with Nginx(root / "site", server=hop) as hub:
+                    before = len(cdn.answers())
+                    url = f"{(cdn if case == 'direct' else hub).endpoint}/train/"
+                    client = "aiohttp" if case.endswith("aiohttp") else "lean"
+                    seconds, cpu, n = _epoch(url, manifest, root / f"cache-{case}-{r}", client)
+                    assert n == len(files), (case, n, len(files))
+                    served = [a for a in cdn.answers()[before:] if a.path.startswith("/train/")]
+                    sent = [a for a in hub.answers() if a.path.startswith("/train/")]
+                runs[case].append(
+                    {
+                        "hub_requests_per_image": len(sent) / len(files),
+                        "cdn_requests_per_image": len(served) / len(files),
+                        "epoch_s": seconds,
+                        "cpu_ms_per_image": cpu / len(files) * 1e3,
+                    }
+                )
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    medians = round_medians(runs, "direct", {"epoch_s": "epoch_s_x_direct"})
+    print(
+        f"{len(files)} images, one epoch from an empty cache; medians of {args.rounds} "
+        f"rounds; peak RSS of this process {peak_mb:.0f} MB"
+    )
+    for case, med in medians.items():
+        print(
+            f"{case:19s} per image: hub {med['hub_requests_per_image']:.2f}, CDN "
+            f"{med['cdn_requests_per_image']:.2f} requests; epoch {med['epoch_s']:.2f} s "
+            f"({med['epoch_s_x_direct']:.2f} x); CPU {med['cpu_ms_per_image']:.2f} ms/image"
+        )
+    if args.json is not None:
+        out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+        out.update(cases=medians, peak_rss_mb=peak_mb)
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
