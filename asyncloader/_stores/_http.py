@@ -370,17 +370,8 @@ async def _lean_request(
         raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
     except OSError as exc:  # connecting: refused, unreachable, a name not resolved
         raise TransientStoreError(f"request for {what} failed: {exc!r}", key=key) from exc
-    location = resp.headers.get("location")
-    if resp.status in REDIRECTS and location:
-        raise Redirected(
-            # The place without its query: a CDN's signed URL is a credential.
-            f"{what} is redirected ({resp.status}) to {location.partition('?')[0]}",
-            key=key,
-            status=resp.status,
-            location=location,
-        )
     if resp.status >= 300:
-        raise error_for_status(
+        error = error_for_status(
             resp.status,
             bytes(resp.body),
             what=what,
@@ -389,6 +380,17 @@ async def _lean_request(
             region=resp.headers.get("x-amz-bucket-region", ""),
             wait=retry_after(resp.headers),
         )
+        location = resp.headers.get("location")
+        # A redirect that says nothing else (S3's to another region is a WrongRegion).
+        if type(error) is StoreError and resp.status in REDIRECTS and location:
+            raise Redirected(
+                # The place without its query: a CDN's signed URL is a credential.
+                f"{what} is redirected ({resp.status}) to {location.partition('?')[0]}",
+                key=key,
+                status=resp.status,
+                location=location,
+            )
+        raise error
     return resp
 
 
