@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import asyncloader as al
 from asyncloader._base._stats import Counters
 from asyncloader._fetch import Fetcher
+from asyncloader._stores import open_store
 from asyncloader._stores._http_objects import parse_content_range
 from asyncloader.testing import MotoServer, Nginx, find_nginx
 
@@ -305,8 +306,6 @@ def test_a_redirect_that_never_ends_is_an_error_at_once(site: Path) -> None:
     image's size) and a GET of one on the lean client each stop after 10 requests along
     the redirects (aiohttp's limit) with an error that says so, not retried (no other try
     would end)."""
-    from asyncloader._stores import open_store
-
     loop = "location /train/ { return 302 $request_uri; }"
     with Nginx(site, server=loop) as nginx:
         with pytest.raises(al.StoreError, match="still redirected after 10 requests") as caught:
@@ -365,6 +364,16 @@ def test_credentials_in_a_web_url_are_sent_as_basic_and_never_shown(
             assert done.returncode == 0, done.stderr
             shown += done.stdout + done.stderr
         assert f"{N_IMAGES} objects warmed" in shown
+
+        async def absolute() -> bytes:  # a manifest's key may be a URL with its own login
+            store = open_store(f"{nginx.endpoint}/train/")
+            try:
+                return bytes(await store.get(url + "class_00/img_000000.jpg"))
+            finally:
+                await store.close()
+
+        got = asyncio.run(absolute())
+        assert got == (site / "train" / "class_00" / "img_000000.jpg").read_bytes()
         wrong = url.replace("pa55-w0rd", "not-pa55-w0rd")
         with pytest.raises(al.AccessDenied) as refused:
             with al.ImageLoader(wrong, batch_size=16) as loader:

@@ -392,7 +392,7 @@ class HttpStore(HTTPStoreBase):
         what = self._what(key)
         headers = self._headers
         if url.user is not None:  # an absolute key with credentials: Basic, as the base's
-            headers = with_login(dict(headers), url.user, url.password)
+            headers = with_login(dict(headers), url.raw_user, url.raw_password)
             url = url.with_user(None)
         # No If-Match: a web server's ETag may be weak (Apache's for a file changed within
         # the second, nginx's for an answer it compressed), and a weak one never matches
