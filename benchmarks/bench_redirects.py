@@ -28,34 +28,15 @@ import argparse
 import json
 import resource
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from bench_web_filters import round_medians
-from bench_web_pages import _cpu
+from bench_web_pages import _epoch
 
-import asyncloader as al
 from asyncloader.testing import Nginx, find_nginx, make_jpeg_folder
 
 CASES = ("direct", "redirected-lean", "redirected-aiohttp")
-
-
-def _epoch(url: str, manifest: str, cache: Path, client: str) -> tuple[float, float, int]:
-    """One epoch: its seconds, its CPU seconds, its samples."""
-    options = {"manifest": manifest, "http_client": client}
-    c0, t0 = _cpu(), time.perf_counter()
-    n = 0
-    with al.ImageLoader(
-        url,
-        batch_size=32,
-        transform=al.Resize(64),
-        store=al.StoreConfig(options=options),
-        cache_dir=cache,
-    ) as loader:
-        for images, _ in loader:
-            n += len(images)
-    return time.perf_counter() - t0, _cpu() - c0, n
 
 
 def main() -> None:
@@ -74,7 +55,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in CASES}
     with Nginx(root / "site") as cdn:
         manifest = f"{cdn.endpoint}/train.jsonl"
-        _epoch(f"{cdn.endpoint}/train/", manifest, root / "cache-warm-up", "lean")  # imports
+        _epoch(f"{cdn.endpoint}/train/", root / "cache-warm-up", manifest)  # the imports
         for r in range(args.rounds):
             for case in CASES if r % 2 == 0 else CASES[::-1]:
                 hop = f"location /train/ {{ return 302 {cdn.endpoint}$request_uri?sig=abc; }}"
@@ -82,7 +63,8 @@ def main() -> None:
                     before = len(cdn.answers())
                     url = f"{(cdn if case == 'direct' else hub).endpoint}/train/"
                     client = "aiohttp" if case.endswith("aiohttp") else "lean"
-                    seconds, cpu, n = _epoch(url, manifest, root / f"cache-{case}-{r}", client)
+                    cache = root / f"cache-{case}-{r}"
+                    _, seconds, cpu, n = _epoch(url, cache, manifest, http_client=client)
                     assert n == len(files), (case, n, len(files))
                     served = [a for a in cdn.answers()[before:] if a.path.startswith("/train/")]
                     sent = [a for a in hub.answers() if a.path.startswith("/train/")]

@@ -102,9 +102,12 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _epoch(url: str, cache: Path, manifest: str | None) -> tuple[float, float, float, int]:
-    """One epoch: seconds to the first batch and to the end, CPU seconds, samples."""
-    options = {"manifest": manifest} if manifest else {}
+def _epoch(
+    url: str, cache: Path, manifest: str | None, **store_options: str
+) -> tuple[float, float, float, int]:
+    """One epoch (with ``store_options`` beside the manifest, if any): seconds to the first
+    batch and to the end, CPU seconds, samples."""
+    options = {"manifest": manifest, **store_options} if manifest else dict(store_options)
     c0, t0 = _cpu(), time.perf_counter()
     first = None
     n = 0
