@@ -225,6 +225,46 @@ def test_the_epoch_s_batches_hold_one_bucket_each_and_each_sample_once(
     assert ends == sorted(ends)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), min_size=0, max_size=60),
+    st.lists(st.booleans(), min_size=60, max_size=60),
+    st.integers(1, 5),
+    st.integers(0, 1000),
+)
+def test_samples_of_unknown_size_go_first_in_their_bucket_spread_never_left_over(
+    bucket_of: list[int], unknown: list[bool], batch_size: int, seed: int
+) -> None:
+    """An image whose header could not be read (under on_error="skip"), marked ``~k``,
+    joins bucket ``k`` before its samples of known size, spread over the bucket's full
+    batches: it is in the epoch's batches (read, and counted as skipped) whenever the
+    bucket has room for it there, never in what the bucket leaves over; the samples of
+    known size keep :func:`bucketed`'s rule."""
+    buckets = np.asarray(bucket_of, dtype=np.int64)
+    marked = np.where(unknown[: len(buckets)], ~buckets, buckets)
+    order = np.random.default_rng(seed).permutation(len(buckets)).astype(np.int64)
+    out = bucketed(order, marked, batch_size)
+    assert len(out) % batch_size == 0 and len(set(out.tolist())) == len(out)
+    blocks = out.reshape(-1, batch_size)
+    for block in blocks:
+        assert len(set(buckets[block].tolist())) == 1
+    for k, count in Counter(bucket_of).items():
+        theirs = [int(i) for i in order if marked[i] == ~k]
+        mine = [int(i) for i in order if marked[i] == k]
+        full = count // batch_size * batch_size
+        u = min(len(theirs), full)
+        assert [int(i) for i in out if marked[i] == ~k] == theirs[:u]
+        assert [int(i) for i in out if marked[i] == k] == mine[: full - u]
+        # Spread: the bucket's batches differ by at most one in their count of them.
+        per = [int((marked[block] < 0).sum()) for block in blocks if buckets[block[0]] == k]
+        assert not per or max(per) - min(per) <= 1
+    # A batch goes out where its last sample of known size stood; one of unknown sizes
+    # alone, at the epoch's start.
+    place = {int(i): p if marked[i] >= 0 else -1 for p, i in enumerate(order)}
+    ends = [max(place[int(i)] for i in block) for block in blocks]
+    assert ends == sorted(ends)
+
+
 LAYOUTS = (
     st.lists(st.integers(0, 2), min_size=1, max_size=80),  # each sample's bucket
     st.integers(1, 4),  # batch size
@@ -630,6 +670,50 @@ def test_an_image_whose_header_cannot_be_read_stops_the_run_or_is_a_counted_skip
             assert sorted(i for _, labels in again for i in labels.tolist()) == list(range(10))
         second = Counter(proxy.ranges) - headers
     assert second == Counter({f"GET /{bucket}/s/bad.jpg": 1, f"GET /{bucket}/s/gone.jpg": 1})
+
+
+@pytest.mark.parametrize("batch_size", [3, 2])
+def test_images_of_unknown_size_are_read_and_counted_each_epoch_where_no_square_is(
+    moto: MotoServer, tmp_path: Path, batch_size: int
+) -> None:
+    """Unreadable headers under "skip" in a folder of wide and tall photos only: the two
+    images of unknown size join the fullest bucket (the wide one) first, spread over its
+    batches, so each epoch reads them and counts them as skipped — none is left over for
+    want of a square bucket's batch — and the photos stream as the buckets' rule says."""
+    bucket = "shapes-unknown"
+    moto.create_bucket(bucket)
+    rows = []
+    for i in (1, 2, 4, 5, 7, 8, 10):  # 4 wide, 3 tall
+        moto.put(bucket, f"s/{i}.jpg", _jpeg(i))
+        rows.append({"file_name": f"{i}.jpg", "idx": i})
+    moto.put(bucket, "s/bad.jpg", _jpeg(0)[:40] + bytes(300))  # its header cut short
+    rows += [{"file_name": "bad.jpg", "idx": 11}, {"file_name": "gone.jpg", "idx": 12}]
+    moto.put(bucket, "s/metadata.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    skip = al.ErrorConfig(on_error="skip", max_failures=2)
+    with al.ImageLoader(
+        f"s3://{bucket}/s/",
+        batch_size=batch_size,
+        labels="idx",
+        buckets=BUCKETS,
+        cache_dir=str(tmp_path),
+        errors=skip,
+        engine=al.EngineConfig(mode="inline"),
+        store=al.StoreConfig(options={"endpoint_url": moto.endpoint}),
+    ) as run:
+        wide, tall = [1, 4, 7, 10], [2, 5, 8]
+        for epoch in range(3):
+            run.set_epoch(epoch)
+            batches = [(tuple(images.shape[2:]), labels.tolist()) for images, labels in run]
+            seen = sorted(i for _, labels in batches for i in labels)
+            assert all(shape == (24, 48) for shape, labels in batches if labels[0] in wide)
+            if batch_size == 3:
+                assert seen == sorted(wide + tall)
+                assert sorted(len(labels) for _, labels in batches) == [2, 2, 3]
+            else:  # the tall bucket leaves one over; a wide batch each the two join
+                assert set(wide) <= set(seen) and len(set(seen) & set(tall)) == 2
+                assert sorted(len(labels) for _, labels in batches) == [1, 1, 2, 2]
+            assert run.stats().skipped == {"DecodeError": epoch + 1, "ObjectNotFound": epoch + 1}
+        assert sorted(set(run.stats().skipped_keys)) == ["bad.jpg", "gone.jpg"]
 
 
 def test_sizes_from_the_metadata_need_no_header_read(moto: MotoServer) -> None:

@@ -53,6 +53,7 @@ __all__ = [
     "sample_sizes",
     "share_name",
     "sizes_path",
+    "unmarked",
     "with_sizes",
 ]
 
@@ -378,6 +379,13 @@ async def keep_sizes(
 def bucket_index(dataset: Dataset, buckets: Buckets) -> npt.NDArray[np.int64]:
     """Each sample's aspect-ratio bucket: the nearest to its recorded size.
 
+    An image of :data:`UNKNOWN` size (its header unreadable, under ``on_error="skip"``)
+    fails when its batch reads it.  It is marked ``~k`` (negative), ``k`` the bucket most
+    of the images of known size go to (the one nearest a square where none is known), and
+    joins that bucket first each epoch (:func:`~asyncloader._run._sampler.bucketed`): so
+    it is read, and counted as skipped, every epoch, not left over by a bucket that would
+    fill no batch with it.  :func:`unmarked` gives each sample's bucket either way.
+
     Raises:
         ValueError: a dataset without its samples' sizes (a bug: a bucketed run asks for
             them).
@@ -385,11 +393,18 @@ def bucket_index(dataset: Dataset, buckets: Buckets) -> npt.NDArray[np.int64]:
     if dataset.sizes is None:
         raise ValueError("a bucketed run needs each sample's size")
     sizes = dataset.sizes
-    # An image of UNKNOWN size goes to the bucket nearest a square: it fails when read.
     known = (sizes > 0).all(axis=1)
-    out = np.full(len(sizes), buckets.nearest([1], [1])[0], dtype=np.int64)
+    out = np.zeros(len(sizes), dtype=np.int64)
     out[known] = buckets.nearest(sizes[known, 0], sizes[known, 1])
+    if not known.all():
+        fullest = np.bincount(out[known], minlength=len(buckets.sizes)).argmax()
+        out[~known] = ~(fullest if known.any() else buckets.nearest([1], [1])[0])
     return out
+
+
+def unmarked(marked: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Each sample's bucket from :func:`bucket_index`'s marks (``~k`` is bucket ``k``)."""
+    return np.where(marked >= 0, marked, ~marked)
 
 
 def metadata_sizes(

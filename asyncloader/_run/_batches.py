@@ -20,7 +20,7 @@ from .._base._config import RunConfig
 from .._base._errors import AsyncLoaderError
 from .._dataset import Listing
 from .._dataset._labels import Dataset
-from .._dataset._sizes import bucket_index
+from .._dataset._sizes import bucket_index, unmarked
 from .._decode._transforms import bucket_plan
 from ._sampler import (
     batch_owner,
@@ -109,7 +109,7 @@ class BatchOrder:
         buckets, at = self.run.buckets, self.bucket_of
         if buckets is None or at is None or len(at) == 0:
             return ""
-        counts = np.bincount(at, minlength=len(buckets.sizes))
+        counts = np.bincount(unmarked(at), minlength=len(buckets.sizes))
         k = int(counts.argmax())
         h, w = buckets.sizes[k]
         return (
@@ -190,7 +190,8 @@ class Geometry:
     Args:
         buckets: The run's buckets.
         sizes: Each sample's recorded ``(height, width)``.
-        bucket_of: Each sample's bucket.
+        bucket_of: Each sample's bucket, as :func:`~.._dataset._sizes.bucket_index`
+            marks it.
     """
 
     def __init__(
@@ -215,7 +216,7 @@ class Geometry:
 
     def shape(self, indices: Sequence[int]) -> tuple[int, int]:
         """``(height, width)`` of the batch of samples ``indices`` (one bucket)."""
-        return self.buckets.sizes[int(self.bucket_of[indices[0]])]
+        return self.buckets.sizes[int(unmarked(self.bucket_of[indices[:1]])[0])]
 
     def marks(self, indices: Sequence[int]) -> list[Mark]:
         """Each sample's :data:`Mark`, in batch order."""

@@ -258,19 +258,40 @@ def bucketed(
     its last sample had, when it is full.  What each bucket holds at the end — fewer than a
     batch — is left out of the epoch (the same rule every epoch; the shuffle leaves other
     samples over each time).  Returns the epoch's batches one after another (a multiple of
-    ``batch_size`` long)."""
+    ``batch_size`` long).
+
+    A sample marked ``~k`` (negative: an image whose size could not be read, under
+    ``on_error="skip"``; see :func:`~asyncloader._dataset._sizes.bucket_index`) is of
+    bucket ``k`` and joins it before the rest, as if it stood at the epoch's start, spread
+    over the bucket's full batches (the first batches take one more where they do not
+    divide evenly): it is read (and counted as skipped) each epoch whenever the bucket
+    fills a batch with it, never in what the bucket leaves over, and a batch comes short
+    by as few of them as can be.  The samples of known size keep the rule above; a batch
+    goes out in the place of its last one (a batch of unknown ones alone, at the start)."""
     if not len(order):
         return order
     b = bucket_of[order]
-    by_bucket = np.argsort(b, kind="stable")  # positions of the order, bucket by bucket
+    known = b >= 0
+    b = np.where(known, b, ~b)
+    # Positions of the order, bucket by bucket; in each, those of unknown size first.
+    by_bucket = np.lexsort((known, b))
+    # Where each position stands for a batch's place: the unknown ones at the start.
+    stands = np.where(known, np.arange(len(b)), -1)
     starts = np.flatnonzero(np.r_[True, b[by_bucket][1:] != b[by_bucket][:-1]])
     ends = np.r_[starts[1:], len(b)]
     blocks, done = [], []
     for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
-        full = (hi - lo) // batch_size * batch_size
-        pos = by_bucket[lo : lo + full]
-        blocks.append(order[pos].reshape(-1, batch_size))
-        done.append(pos[batch_size - 1 :: batch_size])
+        pos = by_bucket[lo:hi]
+        full = (hi - lo) // batch_size
+        unknown = int(np.count_nonzero(~known[pos]))
+        u = min(unknown, full * batch_size)  # those in the full batches
+        per = u // max(full, 1) + (np.arange(full) < u % max(full, 1))
+        theirs = np.arange(batch_size)[None, :] < per[:, None]  # their slots, first
+        slots = np.empty((full, batch_size), dtype=np.int64)
+        slots[theirs] = pos[:u]
+        slots[~theirs] = pos[unknown : unknown + full * batch_size - u]
+        blocks.append(order[slots])
+        done.append(stands[slots].max(axis=1, initial=-1))
     rows = np.concatenate(blocks)
     return rows[np.argsort(np.concatenate(done), kind="stable")].reshape(-1)
 
