@@ -198,6 +198,19 @@ def test_every_kind_of_image_is_the_reference_s_pixels(crop: str) -> None:
         assert np.array_equal(out, np.asarray(ref).transpose(2, 0, 1)), name
 
 
+def _one_bucket_each(
+    order: np.ndarray, marked: np.ndarray, buckets: np.ndarray, batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`bucketed`'s epoch (``marked``: each sample's bucket, as it takes them) and its
+    batches, each sample at most once and every batch of one bucket (``buckets``)."""
+    out = bucketed(order, marked, batch_size)
+    assert len(out) % batch_size == 0 and len(set(out.tolist())) == len(out)
+    blocks = out.reshape(-1, batch_size)
+    for block in blocks:
+        assert len(set(buckets[block].tolist())) == 1
+    return out, blocks
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.integers(0, 3), min_size=0, max_size=60),
@@ -209,11 +222,7 @@ def test_the_epoch_s_batches_hold_one_bucket_each_and_each_sample_once(
 ) -> None:
     buckets = np.asarray(bucket_of, dtype=np.int64)
     order = np.random.default_rng(seed).permutation(len(buckets)).astype(np.int64)
-    out = bucketed(order, buckets, batch_size)
-    assert len(out) % batch_size == 0 and len(set(out.tolist())) == len(out)
-    blocks = out.reshape(-1, batch_size)
-    for block in blocks:
-        assert len(set(buckets[block].tolist())) == 1
+    out, blocks = _one_bucket_each(order, buckets, buckets, batch_size)
     # Per bucket: its first samples in the order, as many full batches as it fills.
     for k, count in Counter(bucket_of).items():
         mine = [int(i) for i in order if buckets[i] == k]
@@ -243,11 +252,7 @@ def test_samples_of_unknown_size_go_first_in_their_bucket_spread_never_left_over
     buckets = np.asarray(bucket_of, dtype=np.int64)
     marked = np.where(unknown[: len(buckets)], ~buckets, buckets)
     order = np.random.default_rng(seed).permutation(len(buckets)).astype(np.int64)
-    out = bucketed(order, marked, batch_size)
-    assert len(out) % batch_size == 0 and len(set(out.tolist())) == len(out)
-    blocks = out.reshape(-1, batch_size)
-    for block in blocks:
-        assert len(set(buckets[block].tolist())) == 1
+    out, blocks = _one_bucket_each(order, marked, buckets, batch_size)
     for k, count in Counter(bucket_of).items():
         theirs = [int(i) for i in order if marked[i] == ~k]
         mine = [int(i) for i in order if marked[i] == k]
