@@ -372,3 +372,45 @@ def test_a_state_loaded_into_the_dataset_reaches_its_dataloader_workers_once(
     ds.set_epoch(3)
     assert [labels.tolist() for _, labels in dl] == epoch3
     ds.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_at_an_epoch_s_last_batch_resumes_at_the_next_epoch(
+    light_server: S3TestServer, workers: int
+) -> None:
+    """A checkpoint at the end of an epoch: the state taken as the epoch's last batch came
+    (its loader has not seen the epoch end).  Loaded into a dataset iterated by a
+    DataLoader with workers (another layout: the rest of the epoch is dealt anew, and
+    there is none) or without, the dataset's epoch is the next one, so a training loop
+    that starts at ``ds.epoch`` runs that epoch once, whole, then the one after: no epoch
+    twice, none left out."""
+    import torch.utils.data
+
+    first = _dataset(light_server)
+    first.set_epoch(2)
+    it = iter(first)
+    for _ in range(N_IMAGES // 8):
+        next(it)
+    state = first.state_dict()
+    del it
+    first.close()
+    assert state["epoch"] == 2
+    with _loader(light_server) as plain:
+        expected = {e: sorted(map(sorted, _batches(plain, e))) for e in (3, 4)}
+    ds = _dataset(light_server)
+    ds.load_state_dict(state)
+    assert ds.epoch == 3
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=workers,
+        multiprocessing_context="fork" if workers else None,
+        worker_init_fn=stacks_if_hung if workers else None,
+    )
+    got = {}
+    for epoch in range(ds.epoch, ds.epoch + 2):
+        ds.set_epoch(epoch)
+        got[epoch] = sorted(sorted(labels.tolist()) for _, labels in dl)
+    ds.close()
+    assert got == expected

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import asyncloader as al
 from asyncloader._base._config import RunConfig, ShardConfig
-from asyncloader._run._resume import epoch_start, loader_state, plan_resume
+from asyncloader._run._resume import epoch_start, loader_state, plan_resume, resume_epoch
 from asyncloader._run._sampler import covered, epoch_indices, num_batches
 
 
@@ -117,6 +117,37 @@ def test_a_finished_epoch_merges_to_the_next() -> None:
     states = [loader_state(_run(2, 3, w), epoch=4, next_batch=0, num_objects=50) for w in range(3)]
     merged = al.merge_worker_states(states)
     assert (merged["epoch"], merged["next_batch"], merged["consumed"]) == (4, 0, 0)
+
+
+@settings(max_examples=200)
+@given(
+    n=st.integers(8, 300),
+    world=st.integers(1, 4),
+    new_world=st.integers(1, 4),
+    new_workers=st.integers(1, 4),
+    frac=st.floats(0, 1),
+    even=st.sampled_from(["pad", "drop"]),
+)
+def test_a_state_at_the_epoch_s_end_goes_on_in_the_next_on_any_layout(
+    n: int, world: int, new_world: int, new_workers: int, frac: float, even: str
+) -> None:
+    """A rank's state taken as its epoch's last batch came (its loader had not seen the
+    end yet) resumes at the next epoch's start on its own layout and on every other:
+    where the ranks consumed the whole order, :func:`resume_epoch` and the resume agree
+    on the epoch (never the empty rest of the old one on one layout and the next on
+    another); a state inside the epoch stays in it."""
+    run = _run(world, 1, even=even)
+    per_rank = len(epoch_indices(n, seed=5, epoch=3, shuffle=True, world_size=world, even=even))
+    nb = num_batches(per_rank, 4, False)
+    at = min(nb, int(frac * (nb + 1)))
+    state = loader_state(run, epoch=3, next_batch=at, num_objects=n)
+    lands = resume_epoch(state)
+    assert lands == (4 if at == nb else 3)
+    for layout in (run, _run(new_world, new_workers, even=even)):
+        plan = plan_resume(state, loader_state(layout, epoch=0, next_batch=0, num_objects=n))
+        assert plan.epoch == lands
+        if lands == 4:
+            assert (plan.next_batch, plan.span) == (0, None)
 
 
 def test_later_batches_count_past_the_snapshot() -> None:
