@@ -68,16 +68,18 @@ def _deal(state: dict[str, Any], n: int, world: int, workers: int, **kw: Any) ->
     return out
 
 
+LAYOUTS = {
+    "n": st.integers(8, 300),  # samples
+    "world": st.integers(1, 4),  # ranks that saved the state
+    "new_world": st.integers(1, 4),  # ranks and workers that resume from it
+    "new_workers": st.integers(1, 4),
+    "frac": st.floats(0, 1),  # how far into the epoch
+    "even": st.sampled_from(["pad", "drop"]),
+}
+
+
 @settings(max_examples=300)
-@given(
-    n=st.integers(8, 300),
-    world=st.integers(1, 4),
-    workers=st.integers(1, 4),
-    new_world=st.integers(1, 4),
-    new_workers=st.integers(1, 4),
-    frac=st.floats(0, 1),
-    even=st.sampled_from(["pad", "drop"]),
-)
+@given(workers=st.integers(1, 4), **LAYOUTS)
 def test_merged_worker_states_resume_the_rest_exactly_once(
     n: int, world: int, workers: int, new_world: int, new_workers: int, frac: float, even: str
 ) -> None:
@@ -120,14 +122,7 @@ def test_a_finished_epoch_merges_to_the_next() -> None:
 
 
 @settings(max_examples=200)
-@given(
-    n=st.integers(8, 300),
-    world=st.integers(1, 4),
-    new_world=st.integers(1, 4),
-    new_workers=st.integers(1, 4),
-    frac=st.floats(0, 1),
-    even=st.sampled_from(["pad", "drop"]),
-)
+@given(**LAYOUTS)
 def test_a_state_at_the_epoch_s_end_goes_on_in_the_next_on_any_layout(
     n: int, world: int, new_world: int, new_workers: int, frac: float, even: str
 ) -> None:
