@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from bench_web_filters import round_medians
+from bench_web_filters import epoch_medians, print_epochs, save_results
 from bench_web_pages import _epoch
 
 from asyncloader.testing import Nginx, find_nginx, make_jpeg_folder
@@ -76,22 +74,16 @@ def main() -> None:
                         "cpu_ms_per_image": cpu / len(files) * 1e3,
                     }
                 )
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    medians = round_medians(runs, "direct", {"epoch_s": "epoch_s_x_direct"})
-    print(
-        f"{len(files)} images, one epoch from an empty cache; medians of {args.rounds} "
-        f"rounds; peak RSS of this process {peak_mb:.0f} MB"
+    medians, peak_mb = epoch_medians(runs, f"{len(files)} images", args.rounds)
+    print_epochs(
+        medians,
+        19,
+        lambda med: (
+            f"per image: hub {med['hub_requests_per_image']:.2f}, CDN "
+            f"{med['cdn_requests_per_image']:.2f} requests"
+        ),
     )
-    for case, med in medians.items():
-        print(
-            f"{case:19s} per image: hub {med['hub_requests_per_image']:.2f}, CDN "
-            f"{med['cdn_requests_per_image']:.2f} requests; epoch {med['epoch_s']:.2f} s "
-            f"({med['epoch_s_x_direct']:.2f} x); CPU {med['cpu_ms_per_image']:.2f} ms/image"
-        )
-    if args.json is not None:
-        out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
-        out.update(cases=medians, peak_rss_mb=peak_mb)
-        args.json.write_text(json.dumps(out, indent=1))
+    save_results(args.json, args, cases=medians, peak_rss_mb=peak_mb)
 
 
 if __name__ == "__main__":

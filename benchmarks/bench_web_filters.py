@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,40 @@ def round_medians(
             )
         out[case] = med
     return out
+
+
+def epoch_medians(
+    runs: dict[str, list[dict[str, float]]], what: str, rounds: int
+) -> tuple[dict[str, dict[str, float]], float]:
+    """Each case's medians against ``direct`` (its epoch's ratio as ``epoch_s_x_direct``)
+    and this process's peak RSS [MB], after a heading that says ``what`` was read."""
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    medians = round_medians(runs, "direct", {"epoch_s": "epoch_s_x_direct"})
+    print(
+        f"{what}, one epoch from an empty cache; medians of {rounds} rounds; peak RSS of "
+        f"this process {peak_mb:.0f} MB"
+    )
+    return medians, peak_mb
+
+
+def print_epochs(
+    medians: dict[str, dict[str, float]], width: int, counts: Callable[[dict[str, float]], str]
+) -> None:
+    """A line per case of :func:`epoch_medians`: what ``counts`` says of it, its epoch and
+    that epoch's ratio to ``direct``, its CPU per image."""
+    for case, med in medians.items():
+        print(
+            f"{case:{width}s} {counts(med)}; epoch {med['epoch_s']:.2f} s "
+            f"({med['epoch_s_x_direct']:.2f} x); CPU {med['cpu_ms_per_image']:.2f} ms/image"
+        )
+
+
+def save_results(path: Path | None, args: argparse.Namespace, **figures: Any) -> None:
+    """Write a run's ``figures`` and its arguments to ``path`` as JSON (None: nowhere)."""
+    if path is not None:
+        out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+        out.update(figures)
+        path.write_text(json.dumps(out, indent=1))
 
 
 def main() -> None:

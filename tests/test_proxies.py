@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import asyncloader as al
-from asyncloader.testing import Nginx, TinyProxy, find_nginx, find_tinyproxy
+from asyncloader.testing import MotoServer, Nginx, TinyProxy, find_nginx, find_tinyproxy
 
 from .conftest import N_IMAGES
 
@@ -42,19 +42,23 @@ def _shown(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))
 
 
-def test_an_https_origin_through_a_proxy_s_tunnels(
-    site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("tls", [True, False])
+def test_an_origin_through_a_proxy_behind_credentials(
+    site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tls: bool
 ) -> None:
-    """HTTPS_PROXY names a proxy that asks for credentials and lets tunnels through to
-    the origin's port alone: every image comes over HTTPS through its tunnels (each
-    request it saw a ``CONNECT`` to the origin, a few connections for the whole epoch),
-    the origin's certificate checked against the private CA as without a proxy."""
+    """HTTPS_PROXY (HTTP_PROXY) names a proxy that asks for credentials and lets tunnels
+    through to the origin's port alone: every image comes over HTTPS through its tunnels
+    (each request it saw a ``CONNECT`` to the origin, a few connections for the whole
+    epoch), the origin's certificate checked against the private CA as without a proxy;
+    over plain HTTP, every request goes to the proxy naming its URL."""
     with (
-        Nginx(site, tls=True) as origin,
+        Nginx(site, tls=tls) as origin,
         TinyProxy(credentials=(USER, PASSWORD), connect_ports=[_port(origin.endpoint)]) as proxy,
     ):
-        monkeypatch.setenv("HTTPS_PROXY", proxy.url())
-        options = {"manifest": f"{origin.endpoint}/train.jsonl", "ca_bundle": origin.ca_file}
+        monkeypatch.setenv("HTTPS_PROXY" if tls else "HTTP_PROXY", proxy.url())
+        options = {"manifest": f"{origin.endpoint}/train.jsonl"}
+        if tls:
+            options["ca_bundle"] = origin.ca_file
         with al.ImageLoader(
             f"{origin.endpoint}/train/",
             batch_size=16,
@@ -64,13 +68,18 @@ def test_an_https_origin_through_a_proxy_s_tunnels(
         ) as loader:
             assert sum(len(labels) for _, labels in loader) == N_IMAGES
             stats = loader.stats()
-        tunnels = proxy.requests()
+        asked = proxy.requests()
     assert not stats.skipped and not stats.retries
-    target = f"127.0.0.1:{_port(origin.endpoint)}"
-    assert tunnels and set(tunnels) == {("CONNECT", target)}
-    assert len(tunnels) < N_IMAGES  # connections kept, not one per image
     got = [a for a in origin.answers() if a.path.startswith("/train/") and a.status == 200]
     assert len(got) >= N_IMAGES
+    if tls:
+        target = f"127.0.0.1:{_port(origin.endpoint)}"
+        assert asked and set(asked) == {("CONNECT", target)}
+        assert len(asked) < N_IMAGES  # connections kept, not one per image
+    else:
+        assert {m for m, _ in asked} <= {"GET", "HEAD"}
+        assert all(url.startswith(f"{origin.endpoint}/train") for _, url in asked)
+        assert len(asked) == len(origin.answers())  # every one through the proxy
 
 
 @pytest.mark.parametrize(
@@ -114,3 +123,101 @@ def test_a_proxy_that_refuses_says_why_at_once(
     assert not isinstance(caught.value, al.TransientStoreError)
     assert PASSWORD not in _shown(caught.value)
     assert len(asked) == 1, asked  # the manifest's request, once
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_the_lean_client_goes_through_the_proxy_on_kept_connections(site: Path, tls: bool) -> None:
+    """Our own HTTP client through tinyproxy, behind credentials: to an HTTPS origin in
+    the tunnel its ``CONNECT`` opens (TLS with the origin inside it, the origin's
+    certificate checked), to a plain-HTTP one by requests naming their URL; the bodies
+    are the files' bytes, the connection kept for the next request (one tunnel for
+    three GETs), and a tunnel refused for the port is the proxy's status, not a broken
+    connection."""
+    import asyncio
+
+    from asyncloader._stores._lean_http import LeanHTTPClient, tls_context
+    from asyncloader._stores._tunnel import Proxy, TunnelRefused
+
+    names = sorted(p.name for p in (site / "train").rglob("*.jpg"))[:3]
+    files = {n: next((site / "train").rglob(n)).read_bytes() for n in names}
+    paths = {
+        n: "/train/" + next((site / "train").rglob(n)).relative_to(site / "train").as_posix()
+        for n in names
+    }
+
+    async def fetch(client: LeanHTTPClient) -> list[bytes]:
+        try:
+            return [bytes((await client.get(paths[n], {})).body) for n in names]
+        finally:
+            await client.close()
+
+    with Nginx(site, tls=tls) as origin:
+        port = _port(origin.endpoint)
+        context = tls_context(origin.ca_file) if tls else None
+        with TinyProxy(credentials=(USER, PASSWORD), connect_ports=[port]) as proxy:
+            via = Proxy.of(proxy.url())
+            assert via is not None and via.login and PASSWORD not in repr(via)
+            scheme = "https" if tls else "http"
+            client = LeanHTTPClient(scheme, "127.0.0.1", port, ssl_context=context, proxy=via)
+            assert asyncio.run(fetch(client)) == [files[n] for n in names]
+            asked = proxy.requests()
+            if tls:
+                elsewhere = LeanHTTPClient(scheme, "127.0.0.1", 1, ssl_context=context, proxy=via)
+                with pytest.raises(TunnelRefused) as refused:
+                    asyncio.run(fetch(elsewhere))
+                assert refused.value.status == 403
+    if tls:
+        assert asked == [("CONNECT", f"127.0.0.1:{port}")]
+    else:
+        assert asked == [("GET", f"{origin.endpoint}{paths[n]}") for n in names]
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://proxy.corp:3128", ("proxy.corp", 3128, None)),
+        ("proxy.corp:3128", ("proxy.corp", 3128, None)),  # no scheme: http, as curl reads it
+        ("http://proxy.corp", ("proxy.corp", 80, None)),
+        ("http://u%40corp:p%3Ass@10.0.0.1:8080", ("10.0.0.1", 8080, "u@corp:p:ss")),
+        ("http://user@proxy.corp:3128", ("proxy.corp", 3128, "user:")),
+        ("https://proxy.corp:3129", None),  # TLS to the proxy: aiohttp's
+        ("socks5://proxy.corp:1080", None),
+    ],
+)
+def test_a_proxy_url_as_the_lean_client_takes_it(
+    url: str, expected: tuple[str, int, str | None] | None
+) -> None:
+    import base64
+
+    from asyncloader._stores._tunnel import Proxy
+
+    proxy = Proxy.of(url)
+    if expected is None:
+        assert proxy is None
+        return
+    assert proxy is not None
+    login = proxy.login and base64.b64decode(proxy.login.removeprefix("Basic ")).decode()
+    assert (proxy.host, proxy.port, login) == expected
+
+
+def test_s3_through_a_proxy_signs_what_the_origin_checks(
+    moto: MotoServer, moto_dataset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An S3 endpoint (moto, which checks every signature) behind HTTP_PROXY with
+    credentials: the listing and every image go to the proxy naming their URL, and the
+    requests it forwards still carry the signatures moto accepts."""
+    with TinyProxy(credentials=(USER, PASSWORD)) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url())
+        with al.ImageLoader(
+            moto_dataset,
+            batch_size=16,
+            transform=al.Resize(32),
+            store=al.StoreConfig(options={"endpoint_url": moto.endpoint}),
+        ) as loader:
+            assert sum(len(labels) for _, labels in loader) == N_IMAGES
+            stats = loader.stats()
+        asked = proxy.requests()
+    assert not stats.skipped and not stats.retries
+    objects = [u for m, u in asked if m == "GET" and u.endswith(".jpg")]
+    assert len(set(objects)) == N_IMAGES
+    assert all(u.startswith(f"{moto.endpoint}/") for _, u in asked)

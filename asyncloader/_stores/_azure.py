@@ -5,8 +5,8 @@ its pipeline (policies, request/response objects, deserialisers).  The Blob REST
 very little for what a loader does — List Blobs, Get Blob Properties, Get Blob with a range —
 so this store builds those requests itself: SharedKey signing (one HMAC-SHA256), a SAS token
 appended to the URL, or nothing for public containers.  Object GETs go out on the lean
-HTTP/1.1 client, and so do listing pages, HEADs and PUTs (aiohttp only behind a proxy),
-retried on throttling with backoff.
+HTTP/1.1 client, and so do listing pages, HEADs and PUTs (aiohttp only behind an
+``https://`` proxy), retried on throttling with backoff.
 
 Credentials, in order: the constructor's arguments (``credential=`` for Microsoft Entra
 ID); ``AZURE_STORAGE_AUTH_MODE=login`` (Entra ID through ``DefaultAzureCredential``); a
@@ -113,7 +113,8 @@ class AzureStore(OriginStore, FolderListing):
         read_timeout: Longest wait for an answer to start, and then between two reads
             of it: a stalled connection is abandoned (and the request retried), a slow but
             moving one is not [seconds].
-        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway through a proxy).
+        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway through a proxy
+            spoken to over TLS, an ``https://`` one).
         list_concurrency: Sub-folders listed at once.
         page_size: Blobs per listing page (Azure allows up to 5000).
         proxy: The HTTP(S) proxy to go through (``http://[user:password@]host:port``;
@@ -163,7 +164,7 @@ class AzureStore(OriginStore, FolderListing):
         self._sas = bool(self.creds.sas)
         self._sas_suffix = "?" + self.creds.sas if self.creds.sas else ""
         endpoint = URL(self.creds.endpoint)
-        # Every request on the lean client (aiohttp through a proxy).
+        # Every request on the lean client (aiohttp through an https:// proxy).
         self._init_origin(
             f"{endpoint.scheme}://{endpoint.raw_authority}",
             http_client=http_client,

@@ -2,7 +2,7 @@
 
 A loader needs three calls — list objects, get an object's metadata, download an object or
 a byte range — so this store builds them itself and sends every one on the lean HTTP/1.1
-client (aiohttp behind a proxy), as the S3 and Azure stores do: one bearer token in a
+client (aiohttp behind an ``https://`` proxy), as the S3 and Azure stores do: one bearer token in a
 header, no per-request client machinery.
 
 * Versions: an object's *generation* is its version (``ObjectInfo.etag``).  A download asks
@@ -76,7 +76,8 @@ class GCSStore(OriginStore, RangedListing):
         max_connections: Connection pool size with aiohttp (``http_client="aiohttp"``).
         read_timeout: Longest wait for an answer to start, and then between two reads of it:
             a stalled connection is abandoned and the request retried [seconds].
-        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway through a proxy).
+        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway through a proxy
+            spoken to over TLS, an ``https://`` one).
         list_concurrency: Sub-folders listed at once.
         page_size: Objects per listing page (GCS allows up to 1000).
         ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's.

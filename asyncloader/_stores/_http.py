@@ -46,6 +46,7 @@ from ._routes import (
     proxy_refusal,
     redirected,
 )
+from ._tunnel import Proxy, TunnelRefused
 
 if TYPE_CHECKING:
     import aiohttp  # imported where a session is made: it takes 0.2 s to import
@@ -116,14 +117,15 @@ def open_clients(
     proxy: str | None = None,
 ) -> tuple[LeanHTTPClient | None, aiohttp.ClientSession | None]:
     """A store's HTTP clients for ``endpoint`` (``scheme://host[:port]``): the lean client
-    when ``lean`` and no proxy is on the way (:func:`proxy_for` of ``proxy``, a store
-    option, or the environment), else (or also, with ``aiohttp_too``) an aiohttp session,
-    through that proxy; over HTTPS both trust ``ca_bundle`` (else the system's CAs), loaded
-    once."""
+    when ``lean`` (through the proxy on the way, :func:`proxy_for` of ``proxy``, a store
+    option, or the environment, where it speaks to that proxy: :meth:`._tunnel.Proxy.of`),
+    else (or also, with ``aiohttp_too``) an aiohttp session, through that proxy; over
+    HTTPS both trust ``ca_bundle`` (else the system's CAs), loaded once."""
     base = URL(endpoint)
     https = base.scheme == "https"
     via = proxy_for(endpoint, proxy)
-    lean = lean and via is None  # only aiohttp speaks to a proxy
+    lean_via = Proxy.of(via) if via is not None else None
+    lean = lean and (via is None or lean_via is not None)  # an https:// proxy: aiohttp's
     tls = tls_context(ca_bundle) if https else None
     client = None
     if lean:
@@ -135,6 +137,7 @@ def open_clients(
             base.port,
             read_timeout=read_timeout,
             ssl_context=tls,
+            proxy=lean_via,
         )
     session = None
     if aiohttp_too or not lean:
@@ -368,6 +371,8 @@ async def _lean_request(
         raise _untrusted(what, key, exc) from exc
     except ProtocolError as exc:
         raise TransientStoreError(f"connection broke while reading {what}", key=key) from exc
+    except TunnelRefused as exc:
+        raise proxy_refusal(exc.status, exc.reason, what=what, key=key) from None
     except OSError as exc:  # connecting: refused, unreachable, a name not resolved
         raise TransientStoreError(f"request for {what} failed: {exc!r}", key=key) from exc
     if resp.status >= 300:

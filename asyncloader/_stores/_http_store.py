@@ -1,6 +1,6 @@
 """The shape the HTTP stores share (S3, GCS, Azure, plain HTTP): the client choice made once
-(``http_client``: our lean HTTP/1.1 client, or aiohttp, which a proxy on the way always
-gets), the closed check, ``repr``; and for the stores that talk to one origin (GCS,
+(``http_client``: our lean HTTP/1.1 client, or aiohttp, which a proxy spoken to over TLS
+always gets), the closed check, ``repr``; and for the stores that talk to one origin (GCS,
 Azure), opening their clients on first use and closing them with their bearer tokens."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ __all__ = ["HTTPStoreBase", "OriginStore", "use_lean_client"]
 
 def use_lean_client(http_client: str) -> bool:
     """Whether requests are to go through the lean client: ``http_client="lean"`` (the
-    default).  Where a proxy is on the way, aiohttp takes them anyway (``open_clients``).
+    default).  Where an ``https://`` proxy is on the way, aiohttp takes them anyway
+    (``open_clients``).
 
     Raises:
         ValueError: ``http_client`` is neither ``"lean"`` nor ``"aiohttp"``.

@@ -8,7 +8,9 @@ preallocated buffer (``asyncio.BufferedProtocol``).  Connections are kept alive 
 any failure closes the connection and raises, so callers can retry on a fresh one.  Over
 HTTPS the connection runs on :mod:`._tls`'s transport (OpenSSL decrypts into the body).
 
-Not supported (callers fall back to aiohttp): proxies, HTTP/2, compression.  A redirect
+Through a forward proxy (:mod:`._tunnel`): an HTTPS origin in the tunnel ``CONNECT`` opens,
+a plain-HTTP one by requests in absolute form.  Not supported (callers fall back to
+aiohttp): a proxy spoken to over TLS, HTTP/2, compression.  A redirect
 is not followed here: it is raised (``_http.Redirected``, with its ``Location``) for the
 caller to follow, as the web store does.
 """
@@ -25,6 +27,7 @@ from typing import cast
 from .._base._config import READ_TIMEOUT
 from ._gate import ConnectionGate
 from ._tls import connect_tls
+from ._tunnel import Proxy, open_tunnel
 
 __all__ = ["LeanHTTPClient", "LeanResponse", "ProtocolError", "tls_context"]
 
@@ -301,6 +304,7 @@ class LeanHTTPClient:
             it: a stalled connection is abandoned, a slow but moving one is not [seconds].
         connect_timeout: Longest wait for a connection [seconds].
         ssl_context: TLS settings for ``https`` (default: :func:`tls_context`).
+        proxy: The forward proxy to go through, or None (straight to the origin).
     """
 
     def __init__(
@@ -312,6 +316,7 @@ class LeanHTTPClient:
         read_timeout: float = READ_TIMEOUT,
         connect_timeout: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
+        proxy: Proxy | None = None,
     ) -> None:
         if scheme not in ("http", "https"):
             raise ValueError(f"unsupported scheme {scheme!r}")
@@ -322,6 +327,13 @@ class LeanHTTPClient:
         )
         default = 443 if scheme == "https" else 80
         self.host_header = host if port == default else f"{host}:{port}"
+        self._proxy = proxy
+        # Through a proxy, a plain-HTTP request names its origin (absolute form) and
+        # carries the proxy's credentials; an HTTPS one goes inside the tunnel as is.
+        forward = proxy is not None and self._ssl is None
+        self._origin = f"http://{self.host_header}" if forward else ""
+        login = proxy.login if forward and proxy is not None else None
+        self._proxy_login = f"Proxy-Authorization: {login}\r\n" if login else ""
         self._read_timeout = read_timeout
         self._connect_timeout = connect_timeout
         self._idle: deque[_Conn] = deque()
@@ -332,9 +344,13 @@ class LeanHTTPClient:
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
+        proxy = self._proxy
         async with self._connecting, asyncio.timeout(self._connect_timeout):
             if self._ssl is not None:
-                _, conn = await connect_tls(_Conn, self._host, self._port, self._ssl)
+                tunnel = await open_tunnel(proxy, self._host, self._port) if proxy else None
+                _, conn = await connect_tls(_Conn, self._host, self._port, self._ssl, sock=tunnel)
+            elif proxy is not None:  # plain HTTP: every request to the proxy
+                _, conn = await loop.create_connection(_Conn, proxy.host, proxy.port)
             else:
                 _, conn = await loop.create_connection(_Conn, self._host, self._port)
         return conn
@@ -354,10 +370,14 @@ class LeanHTTPClient:
             ProtocolError: the connection broke or the answer was malformed (the request may
                 be retried on a new connection).
             TimeoutError: no answer within ``read_timeout``, or it stalled that long.
+            TunnelRefused: the proxy on the way would not open a tunnel to the origin.
         """
         if self._closed:
             raise ProtocolError("client is closed")
-        lines = [f"{method} {target} HTTP/1.1\r\nHost: {self.host_header}\r\n"]
+        lines = [
+            f"{method} {self._origin}{target} HTTP/1.1\r\nHost: {self.host_header}\r\n"
+            + self._proxy_login
+        ]
         lines += [f"{k}: {v}\r\n" for k, v in headers.items()]
         if body is not None and not any(k.lower() == "content-length" for k in headers):
             lines.append(f"Content-Length: {len(body)}\r\n")

@@ -30,7 +30,7 @@ def proxy_for(url: str, proxy: str | None = None) -> str | None:
     """The proxy that requests to ``url`` go through, or None: ``proxy`` where given (a
     store option; ``""``: none), else the environment's as curl, requests and boto3 read
     it (``HTTPS_PROXY`` for https, ``HTTP_PROXY`` for http, ``ALL_PROXY``, lower-case
-    names too), unless ``NO_PROXY`` names the host.  Only aiohttp speaks to proxies."""
+    names too), unless ``NO_PROXY`` names the host."""
     if proxy is not None:
         return proxy or None
     import urllib.request

@@ -70,7 +70,8 @@ class S3Store(HTTPStoreBase, RangedListing):
             of it: a stalled connection is abandoned (and the request retried), a slow but
             moving one is not [seconds].
         http_client: ``"lean"`` (default: our keep-alive HTTP/1.1 client, about half the
-            CPU of aiohttp per GET) or ``"aiohttp"`` (used anyway through a proxy).
+            CPU of aiohttp per GET) or ``"aiohttp"`` (used anyway through a proxy spoken
+            to over TLS, an ``https://`` one).
         list_concurrency: Sub-folders listed at once.
         ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's (a
             private endpoint's own CA).  Default: ``AWS_CA_BUNDLE``, as the AWS tools,

@@ -15,7 +15,7 @@ import ssl
 from collections.abc import Callable
 from typing import TypeVar, cast
 
-__all__ = ["TLSTransport", "connect_tls"]
+__all__ = ["TLSTransport", "connect_tls", "tcp_connect"]
 
 P = TypeVar("P", bound=asyncio.BufferedProtocol)
 
@@ -143,11 +143,13 @@ class TLSTransport(asyncio.Transport):
         self._loop.call_soon(self._protocol.connection_lost, exc)
 
 
-async def connect_tls(
-    protocol_factory: Callable[[], P], host: str, port: int, context: ssl.SSLContext
-) -> tuple[TLSTransport, P]:
-    """A TCP connection, its TLS handshake, and a protocol from ``protocol_factory`` on it
-    (what ``loop.create_connection(..., ssl=context)`` does, on :class:`TLSTransport`)."""
+async def tcp_connect(host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket to ``host:port`` (each address the name resolves
+    to in turn; ``TCP_NODELAY`` set).
+
+    Raises:
+        OSError: no address took the connection (the last one's error).
+    """
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     error: OSError | None = None
@@ -163,9 +165,25 @@ async def connect_tls(
                 raise
             error = exc
             continue
-        break
-    else:
-        raise error or OSError(f"cannot resolve {host}")
+        return sock
+    raise error or OSError(f"cannot resolve {host}")
+
+
+async def connect_tls(
+    protocol_factory: Callable[[], P],
+    host: str,
+    port: int,
+    context: ssl.SSLContext,
+    *,
+    sock: socket.socket | None = None,
+) -> tuple[TLSTransport, P]:
+    """A TCP connection, its TLS handshake, and a protocol from ``protocol_factory`` on it
+    (what ``loop.create_connection(..., ssl=context)`` does, on :class:`TLSTransport`);
+    ``sock``: a socket connected already (a proxy's tunnel to ``host:port``), used instead
+    of a new connection, and closed if the handshake fails."""
+    loop = asyncio.get_running_loop()
+    if sock is None:
+        sock = await tcp_connect(host, port)
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = context.wrap_bio(incoming, outgoing, server_hostname=host)
     try:

@@ -60,6 +60,7 @@ from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient, tls_context
 from ._retry import retrying
 from ._routes import with_login
+from ._tunnel import Proxy
 
 if TYPE_CHECKING:
     import aiohttp
@@ -86,7 +87,8 @@ class HttpStore(HTTPStoreBase):
         read_timeout: Longest wait for an answer to start, and then between two reads
             of it: a stalled connection is abandoned (and the request retried), a slow but
             moving one is not [seconds].
-        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway through a proxy).
+        http_client: ``"lean"`` (default) or ``"aiohttp"`` (used anyway through a proxy
+            spoken to over TLS, an ``https://`` one).
         head_concurrency: HEAD requests at once while listing objects of unknown size.
         ca_bundle: A PEM file of the CAs to trust for HTTPS instead of the system's (a
             private CA).  Default: ``REQUESTS_CA_BUNDLE``, else ``CURL_CA_BUNDLE`` (as
@@ -367,9 +369,12 @@ class HttpStore(HTTPStoreBase):
         return ObjectInfo(key, total, answer_version(headers))
 
     def _lean_client(self, url: URL) -> LeanHTTPClient | None:
-        """The lean client of ``url``'s origin, or None where aiohttp takes the request
-        (``http_client="aiohttp"``, or a proxy on the way)."""
-        if not self._use_lean or self._via(url) is not None:
+        """The lean client of ``url``'s origin (through the proxy on the way, if any), or
+        None where aiohttp takes the request (``http_client="aiohttp"``, or a proxy the
+        lean client does not speak to: :meth:`._tunnel.Proxy.of`)."""
+        via = self._via(url)
+        proxy = Proxy.of(via) if via is not None else None
+        if not self._use_lean or (via is not None and proxy is None):
             return None
         assert url.host is not None
         assert url.port is not None
@@ -377,7 +382,9 @@ class HttpStore(HTTPStoreBase):
         client = self._lean.get(origin)
         if client is None:
             tls = self._tls_context() if url.scheme == "https" else None
-            client = LeanHTTPClient(*origin, read_timeout=self._read_timeout, ssl_context=tls)
+            client = LeanHTTPClient(
+                *origin, read_timeout=self._read_timeout, ssl_context=tls, proxy=proxy
+            )
             self._lean[origin] = client
         return client
 
