@@ -278,3 +278,29 @@ def test_a_file_replaced_by_one_of_the_same_size_is_read_again(
         got, stats = shades(url)
     assert got == [200, 200, 10, 10]
     assert stats.objects_fetched == 2 if to_the_second else stats.objects_fetched >= 2
+
+
+@pytest.mark.skipif(
+    (find_express() is None and not os.environ.get("ASYNCLOADER_REQUIRE_EXPRESS"))
+    or (find_nginx() is None and not os.environ.get("ASYNCLOADER_REQUIRE_NGINX")),
+    reason="Express or nginx is not installed (.ci/run installs them)",
+)
+def test_folder_pages_redirected_elsewhere_are_read_where_they_landed(
+    jpeg_folder: Path, tmp_path: Path
+) -> None:
+    """A hub (nginx) that moved its folder: every URL under ``/data/`` answers a 301 to
+    the same path under ``/moved/`` on another server (Express with serve-index, whose
+    pages link by absolute paths).  Each folder page is read where it landed, its links
+    taken there, and every image is listed with its key under the URL asked for, then
+    read through the redirect: the same images and classes as from the server itself."""
+    root = tmp_path / "root"
+    sizes, cut, kept = class_cut(root / "moved" / "data", jpeg_folder)
+    with Express(root) as there:
+        hop = f"location /data/ {{ return 301 {there.endpoint}/moved$request_uri; }}"
+        with Nginx(tmp_path, server=hop) as hub:
+            got, classes, stats = class_epoch(f"{hub.endpoint}/data/", cut, tmp_path / "cache")
+    assert classes == ("cat", "dog")
+    assert got == class_captions(kept) and stats.filtered_out == len(sizes) - len(kept)
+    pages = {a.path for a in there.answers() if a.path.endswith("/")}
+    assert {"/moved/data/", "/moved/data/cat/", "/moved/data/dog/"} <= pages
+    assert {a.path for a in hub.answers()} >= {f"/data/{k}" for k in kept}

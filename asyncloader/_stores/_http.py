@@ -256,9 +256,11 @@ async def request(
     what: str,
     key: str | None,
     body: bytes | None = None,
+    landed: list[URL] | None = None,
 ) -> tuple[Mapping[str, str], bytes]:
     """Send one request (with ``body``, a PUT's or POST's); return the answer's headers and
-    body, or raise a mapped error.
+    body, or raise a mapped error.  ``landed``: where given, the URL the answer came from
+    (after the redirects aiohttp followed) is appended to it.
 
     Raises:
         ObjectNotFound, AccessDenied, IntegrityError, Throttled, TransientStoreError,
@@ -269,6 +271,8 @@ async def request(
 
     try:
         async with session.request(method, url, headers=headers, data=body) as resp:
+            if landed is not None:
+                landed.append(resp.url)
             answer = await resp.read()
             if resp.status >= 300:
                 raise error_for_status(

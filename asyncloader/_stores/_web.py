@@ -201,16 +201,16 @@ class HttpStore(HTTPStoreBase):
         Raises:
             ObjectNotFound: the server has no such file (404).
         """
-        answer, data = await self._page(name, shown_key(name))
+        answer, data, _ = await self._page(name, shown_key(name))
         return _as_utf8(data, answer) if text else data
 
     async def _page(
         self, name: str, what: str, accept: str | None = None
-    ) -> tuple[Mapping[str, str], Blob]:
+    ) -> tuple[Mapping[str, str], Blob, str]:
         """A GET of ``name`` (a key under the base URL, or a URL), retried as every read
-        is: the answer's headers and its body, ``Content-Encoding`` undone; ``what``
-        names it in errors; ``accept``: the request's ``Accept`` (unless the store's own
-        headers set one).
+        is: the answer's headers, its body (``Content-Encoding`` undone) and the URL it
+        came from (another where the server redirected it); ``what`` names it in errors;
+        ``accept``: the request's ``Accept`` (unless the store's own headers set one).
 
         Raises:
             ObjectNotFound: 404.  AccessDenied: 401, 403.
@@ -220,10 +220,11 @@ class HttpStore(HTTPStoreBase):
         headers = self._headers
         if accept is not None and not any(h.lower() == "accept" for h in headers):
             headers = {**headers, "Accept": accept}
+        landed: list[URL] = []
         answer, body = await retrying(
-            lambda: request(session, "GET", url, headers, what=what, key=None)
+            lambda: request(session, "GET", url, headers, what=what, key=None, landed=landed)
         )
-        return answer, decoded(body, answer, what=what, key=None)
+        return answer, decoded(body, answer, what=what, key=None), str(landed[-1])
 
     async def _metadata_listing(self) -> list[dict[str, str]]:
         """Without a manifest, the rows of the folder's metadata file (Hugging Face's
@@ -235,7 +236,7 @@ class HttpStore(HTTPStoreBase):
         """
         for name in METADATA_NAMES:
             try:
-                answer, body = await self._page(name, shown_key(name))
+                answer, body, _ = await self._page(name, shown_key(name))
             except ObjectNotFound:
                 continue
             data = body if name.endswith(".parquet") else _as_utf8(body, answer)

@@ -118,15 +118,17 @@ class _Below:
     """Keys of the URLs below one folder page: the page's and the base's parts split and
     decoded once, not for each of a large folder's links."""
 
-    __slots__ = ("_base_len", "_origin", "_page", "_page_key", "_page_path")
+    __slots__ = ("_origin", "_page", "_page_key", "_page_path")
 
-    def __init__(self, page: str, base: str) -> None:
+    def __init__(self, page: str, base: str, key: str | None = None) -> None:
         at = urlsplit(page)
         self._page = page
         self._origin = (at.scheme, at.netloc)
         self._page_path = unquote(at.path)
-        self._base_len = len(unquote(urlsplit(base).path))
-        self._page_key = self._page_path[self._base_len :]
+        # The page's key: its place below the base, unless it was served from elsewhere.
+        self._page_key = self._page_path[len(unquote(urlsplit(base).path)) :]
+        if key is not None:
+            self._page_key = key
 
     def href(self, href: str) -> str | None:
         """The key of a link's ``href`` on the page (see :meth:`key`).  A plain relative
@@ -147,7 +149,7 @@ class _Below:
         path = unquote(parts.path)
         if len(path) <= len(self._page_path) or not path.startswith(self._page_path):
             return None
-        key = path[self._base_len :]
+        key = self._page_key + path[len(self._page_path) :]
         # "a/./b" or "a//b" is not a file of its own: a key is the normalised path.
         normal = posixpath.normpath(key) + ("/" if key.endswith("/") else "")
         if normal.startswith(("../", "/")) or normal in (".", "./", ".."):
@@ -267,13 +269,20 @@ def _nginx_time(time: str, served: datetime | None) -> str:
 
 
 def read_index(
-    body: bytes, ctype: str, page: str, base: str, served: datetime | None = None
+    body: bytes,
+    ctype: str,
+    page: str,
+    base: str,
+    served: datetime | None = None,
+    key: str | None = None,
 ) -> Index | None:
     """The files and folders that the folder page ``body`` (served at ``page``, with the
     ``Content-Type`` ``ctype``, at the time ``served``: its ``Date``) names below itself, as
     keys relative to ``base``; None where the page is not a folder page at all (no link
     below it, and not nginx's JSON or XML).
-    ``page`` and ``base`` are URLs of folders (ending in ``/``)."""
+    ``page`` and ``base`` are URLs of folders (ending in ``/``).  ``key``: the page's own
+    key under ``base`` where it was served from elsewhere (``page``: the URL a redirect
+    took it to), its links read there and their keys made below ``key``."""
     named = _names(body, ctype.lower())
     links: list[tuple[str, int | None, str | None]]  # href, size, time
     if named is not None:
@@ -296,7 +305,7 @@ def read_index(
     times: dict[str, str] = {}
     folders: dict[str, None] = {}
     maybe: dict[str, None] = {}
-    below = _Below(page, base)
+    below = _Below(page, base, key)
     for href, size, time in links:
         key = below.href(href)
         if key is None:

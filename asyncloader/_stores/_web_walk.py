@@ -42,12 +42,13 @@ HTML_PAGE_ACCEPT = "text/html, */*;q=0.8"
 
 class PageReader(Protocol):
     """The store's GET of a page: ``key`` under the base URL, ``what`` naming it in errors,
-    with the ``Accept`` given; the answer's headers and body (``Content-Encoding`` undone).
-    Raises ObjectNotFound (404) or AccessDenied (401, 403)."""
+    with the ``Accept`` given; the answer's headers, its body (``Content-Encoding`` undone)
+    and the URL it came from (after redirects).  Raises ObjectNotFound (404) or
+    AccessDenied (401, 403)."""
 
     async def __call__(
         self, name: str, what: str, accept: str | None = None
-    ) -> tuple[Mapping[str, str], Blob]: ...
+    ) -> tuple[Mapping[str, str], Blob, str]: ...
 
 
 class FolderWalk:
@@ -152,13 +153,16 @@ class FolderWalk:
         index = None
         for accept in (FOLDER_PAGE_ACCEPT, HTML_PAGE_ACCEPT) if self._json else (HTML_PAGE_ACCEPT,):
             try:
-                answer, data = await self._read(folder, self._base + folder, accept)
+                answer, data, landed = await self._read(folder, self._base + folder, accept)
             except (ObjectNotFound, AccessDenied):
                 return None, True
             ctype = answer.get("content-type", "")
             served = _served_at(answer.get("date", ""))
+            # Its links are read where the page came from (a server may redirect it
+            # elsewhere: another path, another host), its keys as the folder's.
+            there = page if landed == page else landed
             index = await asyncio.to_thread(
-                read_index, bytes(data), ctype, page, self._base, served
+                read_index, bytes(data), ctype, there, self._base, served, folder
             )
             if index is not None or "json" not in ctype.lower():
                 break
