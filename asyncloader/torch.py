@@ -83,7 +83,7 @@ from asyncloader._loader._health import WorkerPoints
 from asyncloader._run._cache_fill import CacheHeads
 from asyncloader._run._dist import Agreement, StoreShare, list_once
 from asyncloader._run._job import Dataset, job_dataset, rank_batches
-from asyncloader._run._resume import epoch_start, every_key, has_position, resume_epoch
+from asyncloader._run._resume import epoch_start, every_key, has_position
 
 __all__ = ["DataLoaderState", "ImageDataset", "dist_shard", "rank_state", "to_device"]
 
@@ -348,7 +348,7 @@ class ImageDataset(IterableDataset[Batch]):
                 or ``num_workers=0``.
         """
         pending = self._resume.pending()
-        if pending is not None and resume_epoch(pending) == self.epoch:
+        if pending is not None and int(pending["epoch"]) == self.epoch:
             return every_key(pending)  # loaded, not iterated yet: where it will go on
         if self._loader is None:
             in_worker = get_worker_info() is not None  # not started yet: at batch 0
@@ -380,14 +380,9 @@ class ImageDataset(IterableDataset[Batch]):
             ValueError: a StatefulDataLoader state whose workers' states cannot be merged.
         """
         state = rank_state(state)
-        # The state's epoch, or the next where the state was taken at its end: workers
-        # already running go on in it too, and a loop from `ds.epoch` runs no epoch twice.
-        lands = resume_epoch(state)
-        self.set_epoch(lands)
+        self.set_epoch(int(state["epoch"]))  # workers already running go on from it too
         self._resume.load(
-            state if has_position(state) else None,
-            worker=get_worker_info() is not None,
-            lands=lands,
+            state if has_position(state) else None, worker=get_worker_info() is not None
         )
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import asyncloader as al
 from asyncloader._base._config import RunConfig, ShardConfig
-from asyncloader._run._resume import epoch_start, loader_state, plan_resume, resume_epoch
+from asyncloader._run._resume import epoch_start, loader_state, plan_resume
 from asyncloader._run._sampler import covered, epoch_indices, num_batches
 
 
@@ -49,8 +49,7 @@ def _deal(state: dict[str, Any], n: int, world: int, workers: int, **kw: Any) ->
             run = _run(world, workers, w, rank=rank, **kw)
             mine = loader_state(run, epoch=0, next_batch=0, num_objects=n)
             plan = plan_resume(state, mine)
-            if plan.epoch != state["epoch"]:
-                continue  # the epoch was over
+            assert plan.epoch == state["epoch"]  # its rest, however little is left
             order = epoch_indices(
                 n,
                 seed=run.seed,
@@ -123,26 +122,24 @@ def test_a_finished_epoch_merges_to_the_next() -> None:
 
 @settings(max_examples=200)
 @given(**LAYOUTS)
-def test_a_state_at_the_epoch_s_end_goes_on_in_the_next_on_any_layout(
+def test_a_state_at_the_epoch_s_end_goes_on_with_nothing_left_on_any_layout(
     n: int, world: int, new_world: int, new_workers: int, frac: float, even: str
 ) -> None:
     """A rank's state taken as its epoch's last batch came (its loader had not seen the
-    end yet) resumes at the next epoch's start on its own layout and on every other:
-    where the ranks consumed the whole order, :func:`resume_epoch` and the resume agree
-    on the epoch (never the empty rest of the old one on one layout and the next on
-    another); a state inside the epoch stays in it."""
+    end yet) goes on in that epoch with nothing left, on its own layout and on every
+    other: the same epoch either way (never the next on one layout and the empty rest
+    of the old one on another), so a loop from the state's epoch or the loader's runs no
+    epoch twice.  A state inside the epoch deals the rest."""
     run = _run(world, 1, even=even)
     per_rank = len(epoch_indices(n, seed=5, epoch=3, shuffle=True, world_size=world, even=even))
     nb = num_batches(per_rank, 4, False)
     at = min(nb, int(frac * (nb + 1)))
     state = loader_state(run, epoch=3, next_batch=at, num_objects=n)
-    lands = resume_epoch(state)
-    assert lands == (4 if at == nb else 3)
     for layout in (run, _run(new_world, new_workers, even=even)):
         plan = plan_resume(state, loader_state(layout, epoch=0, next_batch=0, num_objects=n))
-        assert plan.epoch == lands
-        if lands == 4:
-            assert (plan.next_batch, plan.span) == (0, None)
+        assert plan.epoch == 3
+    rest = _deal(state, n, new_world, new_workers, even=even)
+    assert (rest == []) == (at == nb)
 
 
 def test_later_batches_count_past_the_snapshot() -> None:

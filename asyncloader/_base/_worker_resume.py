@@ -41,33 +41,26 @@ class WorkerResume:
         box = torch.zeros(self.BOX, dtype=torch.uint8)
         self.box: Any = box.share_memory_()  # type: ignore[no-untyped-call]
         self.state: dict[str, Any] | None = None  # this copy's: loaded, not yet taken
-        self.lands: int | None = None  # the epoch `state` goes on in
         self.seen = 0  # the generation this copy knows of
         self.own = False  # `state` is a worker's own, loaded in that worker
 
-    def load(
-        self, state: dict[str, Any] | None, *, worker: bool = False, lands: int | None = None
-    ) -> None:
+    def load(self, state: dict[str, Any] | None, *, worker: bool = False) -> None:
         """The training process loaded ``state`` (None: an epoch's start, no position); or,
         ``worker``, a DataLoader worker loaded a state of its own (torchdata's
         ``StatefulDataLoader`` gives each worker its own): for this worker's next iteration
-        alone, whatever the training process loaded.  ``lands``: the epoch a loader goes on
-        in from ``state`` (None: the state's own; the next one for a state taken at its
-        epoch's end)."""
+        alone, whatever the training process loaded."""
         import torch
 
         if worker:
             self.state, self.own = state, True
             return
-        if lands is None and state is not None:
-            lands = int(state["epoch"])
-        data = pickle.dumps((state, lands))
+        data = pickle.dumps(state)
         length = len(data) if len(data) <= self.BOX - 8 else -1
         self.box[:8] = torch.tensor([length], dtype=torch.int64).view(torch.uint8)
         if length >= 0:
             self.box[8 : 8 + length] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         self.gens[0] += 1
-        self.state, self.lands = state, lands
+        self.state = state
         self.seen = int(self.gens[0])
 
     def pending(self) -> dict[str, Any] | None:
@@ -81,7 +74,7 @@ class WorkerResume:
     def take(self, worker: int | None, epoch: int | None = None) -> dict[str, Any] | None:
         """The state an iteration starting now resumes from: ``worker`` (None: the training
         process itself) takes the latest state loaded, once.  An iteration of ``epoch``
-        (None: any) resumes from a state that goes on in it only: one of another was set aside
+        (None: any) resumes from a state of that epoch only: one of another was set aside
         by a later ``set_epoch``.  A worker's own state (torchdata's) holds whatever the
         epoch.
 
@@ -91,7 +84,7 @@ class WorkerResume:
         """
         if worker is None:  # iterated in the training process: once, if no worker took it
             state, self.state = self.pending(), None
-            return _of(state, self.lands, epoch)
+            return _of(state, epoch)
         if not 0 <= worker < self.WORKERS:
             raise ValueError(
                 f"DataLoader worker {worker}: an ImageDataset runs in at most "
@@ -104,19 +97,19 @@ class WorkerResume:
             self.taken[worker] = self.seen
             return state
         if latest > self.seen:  # loaded after this worker's copy was made: in the box
-            (self.state, self.lands), self.seen = self._unbox(), latest
+            self.state, self.seen = self._unbox(), latest
         if int(self.taken[worker]) >= self.seen:  # an earlier iteration of it took it
             self.state = None
         self.taken[worker] = self.seen
         state, self.state = self.state, None
-        return _of(state, self.lands, epoch)
+        return _of(state, epoch)
 
     def delivered(self) -> None:
         """A worker delivered a batch of an iteration that began with what it knows of."""
         if int(self.gens[1]) < self.seen:
             self.gens[1] = self.seen
 
-    def _unbox(self) -> tuple[dict[str, Any] | None, int | None]:
+    def _unbox(self) -> dict[str, Any] | None:
         import torch
 
         length = int(self.box[:8].view(torch.int64)[0])
@@ -127,16 +120,12 @@ class WorkerResume:
                 "running (persistent_workers=True): load it before the workers start, or "
                 "make the DataLoader anew"
             )
-        loaded: tuple[dict[str, Any] | None, int | None]
-        loaded = pickle.loads(bytes(self.box[8 : 8 + length].numpy()))
-        return loaded
+        state: dict[str, Any] | None = pickle.loads(bytes(self.box[8 : 8 + length].numpy()))
+        return state
 
 
-def _of(
-    state: dict[str, Any] | None, lands: int | None, epoch: int | None
-) -> dict[str, Any] | None:
-    """``state`` (which goes on in epoch ``lands``) where that is ``epoch`` (None: any),
-    else None."""
-    if state is None or epoch is None or lands == epoch:
+def _of(state: dict[str, Any] | None, epoch: int | None) -> dict[str, Any] | None:
+    """``state`` where it is of ``epoch`` (None: any), else None."""
+    if state is None or epoch is None or int(state["epoch"]) == epoch:
         return state
     return None

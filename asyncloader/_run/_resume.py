@@ -39,7 +39,6 @@ __all__ = [
     "merge_worker_states",
     "plan_resume",
     "progress",
-    "resume_epoch",
 ]
 
 VERSION = 2
@@ -91,16 +90,6 @@ def epoch_start(epoch: int) -> dict[str, Any]:
     """The state of a run at the start of ``epoch``, before anything of it was delivered:
     every key of a state, None but ``version``, ``epoch`` and ``next_batch`` (0)."""
     return every_key({"version": VERSION, "epoch": epoch, "next_batch": 0})
-
-
-def resume_epoch(state: Mapping[str, Any]) -> int:
-    """The epoch a loader goes on in from ``state``: the state's own, or the next one where
-    the ranks together had consumed the whole of its order (a state taken as the epoch's
-    last batch came, before its loader saw the epoch end): on any layout, nothing of that
-    epoch is left to deal."""
-    epoch = int(state["epoch"])
-    consumed = state.get("consumed") if has_position(state) else None  # None: node-local
-    return epoch + 1 if consumed is not None and int(consumed) >= int(state["end"]) else epoch
 
 
 def has_position(state: Mapping[str, Any]) -> bool:
@@ -222,8 +211,6 @@ def plan_resume(state: Mapping[str, Any], mine: Mapping[str, Any]) -> Resume:
                 "batch size or order would repeat or skip samples)"
             )
     epoch, next_batch = int(state["epoch"]), int(state["next_batch"])
-    if resume_epoch(state) > epoch:  # the whole epoch was consumed: the next, from its start
-        return Resume(epoch + 1, 0)
     if all(state.get(k) == mine[k] for k in _LAYOUT) and (
         mine["num_workers"] == 1 or state.get("worker") == mine["worker"]
     ):
@@ -246,8 +233,11 @@ def plan_resume(state: Mapping[str, Any], mine: Mapping[str, Any]) -> Resume:
         )
     if state.get("consumed") is None:
         raise ValueError(f"cannot resume: saved with {what} by a version without elastic resume")
-    # Elastic: the rest of the epoch's order is dealt among this layout's ranks.
-    return Resume(epoch, 0, (int(state["consumed"]), int(state["end"])))
+    # Elastic: the rest of the epoch's order is dealt among this layout's ranks.  A state
+    # taken as the epoch's last batch came (its loader had not seen the end) has none left:
+    # the epoch goes on with nothing, as on its own layout, and the next is set as ever.
+    consumed, end = int(state["consumed"]), int(state["end"])
+    return Resume(epoch, 0, (min(consumed, end), end))
 
 
 def merge_worker_states(
