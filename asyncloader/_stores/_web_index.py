@@ -274,15 +274,15 @@ def read_index(
     page: str,
     base: str,
     served: datetime | None = None,
-    key: str | None = None,
+    page_key: str | None = None,
 ) -> Index | None:
     """The files and folders that the folder page ``body`` (served at ``page``, with the
     ``Content-Type`` ``ctype``, at the time ``served``: its ``Date``) names below itself, as
     keys relative to ``base``; None where the page is not a folder page at all (no link
     below it, and not nginx's JSON or XML).
-    ``page`` and ``base`` are URLs of folders (ending in ``/``).  ``key``: the page's own
-    key under ``base`` where it was served from elsewhere (``page``: the URL a redirect
-    took it to), its links read there and their keys made below ``key``."""
+    ``page`` and ``base`` are URLs of folders (ending in ``/``).  ``page_key``: the page's
+    own key under ``base`` where it was served from elsewhere (``page``: the URL a redirect
+    took it to), its links read there and their keys made below ``page_key``."""
     named = _names(body, ctype.lower())
     links: list[tuple[str, int | None, str | None]]  # href, size, time
     if named is not None:
@@ -305,7 +305,7 @@ def read_index(
     times: dict[str, str] = {}
     folders: dict[str, None] = {}
     maybe: dict[str, None] = {}
-    below = _Below(page, base, key)
+    below = _Below(page, base, page_key)
     for href, size, time in links:
         key = below.href(href)
         if key is None:
