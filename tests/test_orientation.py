@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, PngImagePlugin
 
 import asyncloader as al
 from asyncloader._base._orientation import (
@@ -71,6 +71,23 @@ def _tagged(img: Image.Image, fmt: str, o: int, **kw: Any) -> bytes:
     return buf.getvalue()
 
 
+def _raw_profile_png(img: Image.Image, o: int, prefix: bool = True) -> bytes:
+    """A PNG with its EXIF in a "Raw profile type exif" text chunk, as ImageMagick writes
+    it (a name line, the length, the bytes in hex lines), no ``eXIf`` chunk; the block
+    with its ``Exif\0\0`` prefix, or (``prefix=False``) the TIFF header first."""
+    exif = Image.Exif()
+    exif[0x0112] = o
+    raw = exif.tobytes()  # with the prefix
+    raw = raw if prefix else raw.removeprefix(b"Exif\x00\x00")
+    hexed = raw.hex()
+    lines = "\n".join(hexed[i : i + 72] for i in range(0, len(hexed), 72))
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Raw profile type exif", f"\nexif\n{len(raw):8d}\n{lines}\n", zip=True)
+    buf = io.BytesIO()
+    img.save(buf, "PNG", pnginfo=info)
+    return buf.getvalue()
+
+
 def pillow(
     data: bytes,
     box: tuple[float, float, float, float],
@@ -107,6 +124,7 @@ def _kinds(o: int) -> dict[str, bytes]:
         "jpeg-progressive": _tagged(pic, "JPEG", o, quality=92, progressive=True),
         "jpeg-cmyk": _tagged(pic.convert("CMYK"), "JPEG", o, quality=92),  # Pillow's path
         "png": _tagged(pic, "PNG", o),
+        "png-raw-profile": _raw_profile_png(pic, o),  # ImageMagick's way
         "webp": _tagged(pic, "WEBP", o, lossless=True),
         "tiff": _tagged(pic, "TIFF", o),  # the tag among the TIFF's own
     }
@@ -157,6 +175,8 @@ def test_the_orientation_is_read_as_exif_transpose_reads_it() -> None:
                     assert orientation(img) == o, (kind, o)
             if kind.startswith("jpeg"):
                 assert jpeg_turned(data) == (o != 1), (kind, o)
+        with Image.open(io.BytesIO(_raw_profile_png(pic, o, prefix=False))) as img:
+            assert orientation(img) == o == img.getexif().get(0x0112), o  # no prefix: Pillow's
     plain = io.BytesIO()
     pic.save(plain, "JPEG")
     with Image.open(plain) as img:
@@ -171,6 +191,12 @@ def test_the_orientation_is_read_as_exif_transpose_reads_it() -> None:
             with Image.open(io.BytesIO(damaged)) as img:
                 assert orientation(img) == 1
             assert not jpeg_turned(damaged)
+    info = PngImagePlugin.PngInfo()  # a raw profile whose hex is not hex
+    info.add_text("Raw profile type exif", "\nexif\n      14\n45786966zz\n")
+    png = io.BytesIO()
+    pic.save(png, "PNG", pnginfo=info)
+    with Image.open(png) as img:
+        assert orientation(img) == 1
 
 
 def test_the_header_gives_the_upright_size_where_asked() -> None:
@@ -178,6 +204,7 @@ def test_the_header_gives_the_upright_size_where_asked() -> None:
     assert header_size(data) == (H, W)
     assert header_size(data, upright=True) == (W, H)
     assert header_size(_kinds(3)["png"], upright=True) == (H, W)
+    assert header_size(_kinds(6)["png-raw-profile"], upright=True) == (W, H)
 
 
 # --- the decode ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -56,9 +57,23 @@ def orientation(img: Image.Image) -> int:
     info = img.info
     exif = info.get("exif")
     return _orientation_of(
-        bytes(exif) if isinstance(exif, (bytes, bytearray)) else None,
+        bytes(exif) if isinstance(exif, (bytes, bytearray)) else _raw_profile(info),
         info.get("XML:com.adobe.xmp") or info.get("xmp"),  # Pillow's order
     )
+
+
+def _raw_profile(info: Mapping[Any, Any]) -> bytes | None:
+    """The EXIF block a PNG holds as text, as ImageMagick writes it (a "Raw profile type
+    exif" chunk: an empty line, the name, the length, then the bytes in hex lines) and as
+    Pillow's ``getexif`` reads it where the PNG has no ``eXIf`` chunk; None where it has
+    none or the hex cannot be read (a damaged block turns nothing)."""
+    text = info.get("Raw profile type exif")
+    if not isinstance(text, str):
+        return None
+    try:
+        return bytes.fromhex("".join(text.split("\n")[3:]))
+    except ValueError:
+        return None
 
 
 def jpeg_orientation(data: bytes | bytearray | memoryview) -> int:
