@@ -25,15 +25,14 @@ Run: ``python benchmarks/bench_proxy.py [--images 2000] [--rounds 3] [--plain] [
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
 
 from bench_web_filters import epoch_medians, print_epochs, save_results
-from bench_web_pages import _epoch
+from bench_web_pages import _epoch, keyed_site
 
-from asyncloader.testing import Nginx, TinyProxy, find_nginx, find_tinyproxy, make_jpeg_folder
+from asyncloader.testing import Nginx, TinyProxy, find_nginx, find_tinyproxy
 
 CASES = ("direct", "proxy-lean", "proxy-aiohttp")
 USER, PASSWORD = "trainer", "bench-pr0xy"
@@ -54,10 +53,7 @@ def main() -> None:
         os.environ.pop(name, None)
         os.environ.pop(name.lower(), None)
     root = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
-    folder = make_jpeg_folder(root / "site" / "train", images=args.images, classes=10)
-    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*.jpg")}
-    rows = [{"key": k, "size": s} for k, s in sorted(files.items())]
-    (root / "site" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    files = keyed_site(root, args.images)
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in CASES}
     with Nginx(root / "site", tls=not args.plain) as origin:
         manifest = f"{origin.endpoint}/train.jsonl"

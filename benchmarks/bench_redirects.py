@@ -25,14 +25,13 @@ Run: ``python benchmarks/bench_redirects.py [--images 2000] [--rounds 3] [--json
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
 from bench_web_filters import epoch_medians, print_epochs, save_results
-from bench_web_pages import _epoch
+from bench_web_pages import _epoch, keyed_site
 
-from asyncloader.testing import Nginx, find_nginx, make_jpeg_folder
+from asyncloader.testing import Nginx, find_nginx
 
 CASES = ("direct", "redirected-lean", "redirected-aiohttp")
 
@@ -46,10 +45,7 @@ def main() -> None:
     if find_nginx() is None:
         raise SystemExit("nginx is not installed (apt-get install nginx-light)")
     root = Path(tempfile.mkdtemp(prefix="bench-redirects-"))
-    folder = make_jpeg_folder(root / "site" / "train", images=args.images, classes=10)
-    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*.jpg")}
-    rows = [{"key": k, "size": s} for k, s in sorted(files.items())]
-    (root / "site" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    files = keyed_site(root, args.images)
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in CASES}
     with Nginx(root / "site") as cdn:
         manifest = f"{cdn.endpoint}/train.jsonl"

@@ -102,6 +102,17 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def keyed_site(root: Path, images: int) -> dict[str, int]:
+    """``images`` of the demo's JPEGs in 10 class folders (``root/site/train``) with a
+    manifest of their keys and sizes beside them (``site/train.jsonl``): each image's size
+    by key."""
+    folder = make_jpeg_folder(root / "site" / "train", images=images, classes=10)
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*.jpg")}
+    rows = [{"key": k, "size": s} for k, s in sorted(files.items())]
+    (root / "site" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return files
+
+
 def _epoch(
     url: str, cache: Path, manifest: str | None, **store_options: str
 ) -> tuple[float, float, float, int]:

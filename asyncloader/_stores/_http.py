@@ -46,7 +46,7 @@ from ._routes import (
     proxy_refusal,
     redirected,
 )
-from ._tunnel import Proxy, TunnelRefused
+from ._tunnel import TunnelRefused, lean_route
 
 if TYPE_CHECKING:
     import aiohttp  # imported where a session is made: it takes 0.2 s to import
@@ -124,8 +124,8 @@ def open_clients(
     base = URL(endpoint)
     https = base.scheme == "https"
     via = proxy_for(endpoint, proxy)
-    lean_via = Proxy.of(via) if via is not None else None
-    lean = lean and (via is None or lean_via is not None)  # an https:// proxy: aiohttp's
+    speaks, lean_via = lean_route(via)
+    lean = lean and speaks  # an https:// proxy: aiohttp's
     tls = tls_context(ca_bundle) if https else None
     client = None
     if lean:

@@ -19,6 +19,7 @@ __all__ = [
     "PROXY_LOGIN",
     "REDIRECTS",
     "Redirected",
+    "basic",
     "proxy_for",
     "proxy_refusal",
     "redirected",
@@ -148,6 +149,12 @@ def with_login(headers: dict[str, str], user: str | None, password: str | None) 
     ``headers`` says what to send)."""
     if user is None or any(k.lower() == "authorization" for k in headers):
         return headers
-    login = f"{unquote(user)}:{unquote(password or '')}".encode()
-    headers["Authorization"] = "Basic " + base64.b64encode(login).decode("ascii")
+    headers["Authorization"] = basic(user, password)
     return headers
+
+
+def basic(user: str, password: str | None) -> str:
+    """The Basic credentials of a URL's ``user`` and ``password`` (percent-encoded as a URL
+    holds them), as an ``Authorization`` or ``Proxy-Authorization`` value."""
+    login = f"{unquote(user)}:{unquote(password or '')}".encode()
+    return "Basic " + base64.b64encode(login).decode("ascii")

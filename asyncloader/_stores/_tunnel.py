@@ -12,16 +12,15 @@ takes those requests.
 from __future__ import annotations
 
 import asyncio
-import base64
 import socket
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 from yarl import URL
 
+from ._routes import basic
 from ._tls import tcp_connect
 
-__all__ = ["Proxy", "TunnelRefused", "open_tunnel"]
+__all__ = ["Proxy", "TunnelRefused", "lean_route", "open_tunnel"]
 
 _MAX_HEAD = 64 * 1024
 """The longest answer head a proxy may give to ``CONNECT``."""
@@ -49,14 +48,21 @@ class Proxy:
         parsed = URL(url if "://" in url else f"http://{url}")
         if parsed.scheme != "http" or not parsed.host:
             return None
-        login = None
-        if parsed.raw_user is not None:
-            pair = f"{unquote(parsed.raw_user)}:{unquote(parsed.raw_password or '')}"
-            login = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+        login = basic(parsed.raw_user, parsed.raw_password) if parsed.raw_user is not None else None
         return cls(parsed.host, parsed.port or 80, login)
 
     def __repr__(self) -> str:  # never the credentials
         return f"Proxy({self.host}:{self.port}{', with a login' if self.login else ''})"
+
+
+def lean_route(via: str | None) -> tuple[bool, Proxy | None]:
+    """Whether the lean client takes the requests whose proxy is ``via`` (None: direct),
+    and the proxy it goes through: not where it does not speak to that proxy
+    (:meth:`Proxy.of`), whose requests aiohttp takes."""
+    if via is None:
+        return True, None
+    proxy = Proxy.of(via)
+    return proxy is not None, proxy
 
 
 class TunnelRefused(Exception):

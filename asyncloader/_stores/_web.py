@@ -60,7 +60,7 @@ from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient, tls_context
 from ._retry import retrying
 from ._routes import with_login
-from ._tunnel import Proxy
+from ._tunnel import lean_route
 
 if TYPE_CHECKING:
     import aiohttp
@@ -133,7 +133,8 @@ class HttpStore(HTTPStoreBase):
         self._proxy = proxy
         # aiohttp sessions by the proxy they go through (None: direct).
         self._sessions: dict[str | None, aiohttp.ClientSession] = {}
-        self._lean: dict[tuple[str, str, int], LeanHTTPClient] = {}
+        # Lean clients by origin (None: its requests are aiohttp's, through its proxy).
+        self._lean: dict[tuple[str, str, int], LeanHTTPClient | None] = {}
         self._vias: dict[tuple[str, str | None, int | None], str | None] = {}
         # The metadata file a listing read whole, by key: its ETag and bytes, for the
         # first whole read of it (the dataset's) to take instead of fetching it again.
@@ -373,20 +374,21 @@ class HttpStore(HTTPStoreBase):
         """The lean client of ``url``'s origin (through the proxy on the way, if any), or
         None where aiohttp takes the request (``http_client="aiohttp"``, or a proxy the
         lean client does not speak to: :meth:`._tunnel.Proxy.of`)."""
-        via = self._via(url)
-        proxy = Proxy.of(via) if via is not None else None
-        if not self._use_lean or (via is not None and proxy is None):
+        if not self._use_lean:
             return None
         assert url.host is not None
         assert url.port is not None
         origin = (url.scheme, url.host, url.port)
-        client = self._lean.get(origin)
-        if client is None:
+        if origin in self._lean:  # decided once per origin, as its proxy is
+            return self._lean[origin]
+        speaks, proxy = lean_route(self._via(url))
+        client = None
+        if speaks:
             tls = self._tls_context() if url.scheme == "https" else None
             client = LeanHTTPClient(
                 *origin, read_timeout=self._read_timeout, ssl_context=tls, proxy=proxy
             )
-            self._lean[origin] = client
+        self._lean[origin] = client
         return client
 
     async def get(
@@ -437,7 +439,8 @@ class HttpStore(HTTPStoreBase):
         for session in sessions.values():
             await session.close()
         for client in lean.values():
-            await client.close()
+            if client is not None:
+                await client.close()
 
 
 def _as_utf8(data: Blob, headers: Mapping[str, str]) -> Blob:

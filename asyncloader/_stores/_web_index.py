@@ -126,9 +126,8 @@ class _Below:
         self._origin = (at.scheme, at.netloc)
         self._page_path = unquote(at.path)
         # The page's key: its place below the base, unless it was served from elsewhere.
-        self._page_key = self._page_path[len(unquote(urlsplit(base).path)) :]
-        if key is not None:
-            self._page_key = key
+        below = self._page_path[len(unquote(urlsplit(base).path)) :]
+        self._page_key = below if key is None else key
 
     def href(self, href: str) -> str | None:
         """The key of a link's ``href`` on the page (see :meth:`key`).  A plain relative

@@ -20,7 +20,6 @@ import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Protocol
-from urllib.parse import quote
 
 from .._base._errors import AccessDenied, ObjectNotFound, StoreError
 from .._base._types import Blob
@@ -149,7 +148,6 @@ class FolderWalk:
         by :func:`~._web_index.read_index` (None where the page links nothing below
         itself: an empty folder, or no folder page), and whether the server refused it
         (404, 403: nginx without ``autoindex``, a folder it may not read)."""
-        page = self._base + quote(folder, safe="/~")
         index = None
         for accept in (FOLDER_PAGE_ACCEPT, HTML_PAGE_ACCEPT) if self._json else (HTML_PAGE_ACCEPT,):
             try:
@@ -160,9 +158,8 @@ class FolderWalk:
             served = _served_at(answer.get("date", ""))
             # Its links are read where the page came from (a server may redirect it
             # elsewhere: another path, another host), its keys as the folder's.
-            there = page if landed == page else landed
             index = await asyncio.to_thread(
-                read_index, bytes(data), ctype, there, self._base, served, folder
+                read_index, bytes(data), ctype, landed, self._base, served, folder
             )
             if index is not None or "json" not in ctype.lower():
                 break
