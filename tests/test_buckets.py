@@ -32,6 +32,8 @@ from asyncloader._run._resume import loader_state, plan_resume
 from asyncloader._run._sampler import bucketed, consumed_prefix, epoch_indices
 from asyncloader.testing import FaultProxy, MotoServer, bucket_reference
 
+from ._png import late_exif_png
+
 # --- the buckets, the plan and the epoch's batches (pure) ---------------------------------
 
 
@@ -881,3 +883,81 @@ def test_a_cache_a_plain_run_filled_gives_the_header_pass_its_headers(
     for shape, labels, extras, _ in got:
         assert tuple(shape[2:]) in BUCKETS.sizes
         assert extras["original_size"] == [SHAPES[i % 3] for i in labels]
+
+
+def test_formats_pillow_reads_only_whole_in_a_bucketed_upright_run_from_moto(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """A lossless WebP over 1 MiB (its size from its first bytes), a WebP whose EXIF
+    follows its pixels and a PNG whose eXIf chunk does (their orientation from their last
+    64 KiB), an AVIF over 1 MiB (read whole, kept for the epoch): each in the bucket of
+    its upright shape, the reference's pixels; the next run with the store stopped."""
+    rng = np.random.default_rng(7)
+
+    def noise(w: int, h: int) -> Image.Image:
+        return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+    def saved(img: Image.Image, fmt: str, o: int = 1, **kw: Any) -> bytes:
+        if o != 1:
+            exif = Image.Exif()
+            exif[0x0112] = o
+            kw["exif"] = exif
+        buf = io.BytesIO()
+        img.save(buf, fmt, **kw)
+        return buf.getvalue()
+
+    photos = {  # name → (bytes, orientation); every one stored landscape
+        "a.webp": (saved(noise(700, 520), "WEBP", lossless=True), 1),
+        "b.webp": (saved(noise(520, 340), "WEBP", 6, quality=95), 6),
+        "c.avif": (saved(noise(1000, 760), "AVIF", quality=100), 1),
+        "d.png": (late_exif_png(noise(300, 200), 8), 8),
+    }
+    assert min(len(photos[k][0]) for k in ("a.webp", "c.avif")) > 1 << 20
+    assert min(len(photos[k][0]) for k in ("b.webp", "d.png")) > 128 << 10
+    moto.create_bucket("formats")
+    for name, (data, _) in photos.items():
+        moto.put("formats", f"p/{name}", data)
+    rows = "".join(json.dumps({"file_name": n, "text": n}) + "\n" for n in photos)
+    moto.put("formats", "p/metadata.jsonl", rows.encode())
+
+    def run(endpoint: str) -> tuple[list[Any], al.Stats]:
+        with al.ImageLoader(
+            "s3://formats/p/",
+            batch_size=1,
+            labels=None,
+            buckets=BUCKETS,
+            extras=("text", "original_size", "crop_top_left"),
+            cache_dir=str(tmp_path),
+            decode=al.DecodeConfig(exif_orientation=True),
+            engine=al.EngineConfig(mode="inline"),
+            store=al.StoreConfig(
+                extensions=(".webp", ".avif", ".png"), options={"endpoint_url": endpoint}
+            ),
+        ) as loader:
+            got = [(x[0].numpy(), ex) for x, _, ex in loader]  # type: ignore[misc]
+            return got, loader.stats()
+
+    with FaultProxy(moto.endpoint) as proxy:
+        got, stats = run(proxy.endpoint)
+        gets = Counter(proxy.targets)
+        gone = proxy.endpoint
+    assert stats.skipped == {} and sorted(e["text"][0] for _, e in got) == sorted(photos)
+    for pixels, extras in got:
+        name = extras["text"][0]
+        data, o = photos[name]
+        shape = pixels.shape[1:]
+        assert (shape[0] > shape[1]) == (o >= 5), name  # the upright shape's bucket
+        ref, box, _ = bucket_reference(data, shape, tuple(extras["crop_top_left"][0]), True)
+        want = np.asarray(ref.resize(shape[::-1], Image.Resampling.BILINEAR, box=box))
+        assert np.array_equal(pixels, want.transpose(2, 0, 1)), name
+    # The header pass: a.webp one read, b.webp and d.png two (their ends too), c.avif two
+    # (the second whole, kept: its epoch reads the cache); then each epoch's fetch.
+    header_reads = {"a.webp": 1, "b.webp": 2, "c.avif": 2, "d.png": 2}
+    epoch_reads = {"a.webp": 1, "b.webp": 1, "c.avif": 0, "d.png": 1}
+    for name in photos:
+        assert gets[f"GET /formats/p/{name}"] == header_reads[name] + epoch_reads[name], name
+    again, stats = run(gone)
+    assert stats.requests == 0
+    assert sorted((e["text"][0], p.shape) for p, e in again) == sorted(
+        (e["text"][0], p.shape) for p, e in got
+    )

@@ -38,7 +38,7 @@ from asyncloader._base._orientation import (
     upright_array,
     upright_size,
 )
-from asyncloader._dataset._headers import header_size
+from asyncloader._dataset._imagesize import header_size
 from asyncloader._dataset._sizes import _load, sizes_path
 from asyncloader._decode._image import (
     SCALED_COPY_MIN,
@@ -49,6 +49,8 @@ from asyncloader._decode._image import (
 )
 from asyncloader._decode._transforms import bucket_plan
 from asyncloader.testing import FaultProxy, MotoServer, bucket_reference
+
+from ._png import late_exif_png
 
 W, H = 97, 61  # stored landscape, odd: no block or row alignment hides an error
 OUT = 24
@@ -125,6 +127,7 @@ def _kinds(o: int) -> dict[str, bytes]:
         "jpeg-cmyk": _tagged(pic.convert("CMYK"), "JPEG", o, quality=92),  # Pillow's path
         "png": _tagged(pic, "PNG", o),
         "png-raw-profile": _raw_profile_png(pic, o),  # ImageMagick's way
+        "png-exif-after-pixels": late_exif_png(pic, o),
         "webp": _tagged(pic, "WEBP", o, lossless=True),
         "tiff": _tagged(pic, "TIFF", o),  # the tag among the TIFF's own
     }
@@ -169,6 +172,9 @@ def test_the_orientation_is_read_as_exif_transpose_reads_it() -> None:
     for o in range(1, 9):
         for kind, data in _kinds(o).items():
             with Image.open(io.BytesIO(data)) as img:
+                if kind == "png-exif-after-pixels":  # read once the pixels are: loaded
+                    assert orientation(img) == 1
+                    img.load()
                 if kind == "tiff":  # Pillow turns a TIFF itself: its size is upright already
                     assert orientation(img) == 1 and img.size == upright_size(W, H, o)
                 else:
@@ -205,6 +211,14 @@ def test_the_header_gives_the_upright_size_where_asked() -> None:
     assert header_size(data, upright=True) == (W, H)
     assert header_size(_kinds(3)["png"], upright=True) == (H, W)
     assert header_size(_kinds(6)["png-raw-profile"], upright=True) == (W, H)
+    # An eXIf chunk after the pixels: read where the bytes are the whole PNG; from bytes
+    # cut short of its end, the upright size is not known (the reader reads it whole).
+    late = _kinds(6)["png-exif-after-pixels"]
+    assert header_size(late, upright=True, whole=True) == (W, H)
+    assert header_size(late[:-40], upright=True) is None
+    assert header_size(late[:-40]) == (H, W)
+    early = _kinds(6)["png"]  # before the pixels: known from the first bytes
+    assert header_size(early[: len(early) // 2], upright=True) == (W, H)
 
 
 # --- the decode ----------------------------------------------------------------------------
@@ -222,6 +236,7 @@ def test_every_decode_path_gives_pillows_upright_pixels(o: int, roi: bool) -> No
     ]
     for kind, data in _kinds(o).items():
         with Image.open(io.BytesIO(data)) as img:
+            img.load()  # as exif_transpose reads it (a PNG's eXIf may follow the pixels)
             width, height = upright_size(*img.size, orientation(img))
         for transform in transforms:
             spec = DecodeSpec((3, OUT, OUT), transform, roi=roi, exif_orientation=True)
@@ -319,6 +334,7 @@ PHOTOS = {  # name → orientation; every one stored 97 × 61 (landscape)
     "c.jpg": 8,
     "d.jpg": 3,
     "e.png": 5,
+    "f.png": 3,  # its eXIf chunk after the pixels, past the first 64 KiB: the PNG read whole
 }
 
 
@@ -328,7 +344,10 @@ def turned(moto: MotoServer) -> tuple[str, dict[str, bytes]]:
     photos = {}
     for i, (name, o) in enumerate(PHOTOS.items()):
         fmt = "PNG" if name.endswith(".png") else "JPEG"
-        photos[name] = _tagged(_picture(seed=i), fmt, o)
+        if name == "f.png":
+            photos[name] = late_exif_png(_picture(seed=i), o, padding=80_000)
+        else:
+            photos[name] = _tagged(_picture(seed=i), fmt, o)
         moto.put("turned", f"p/{name}", photos[name])
     rows = "".join(f'{{"file_name": "{n}", "text": "{n}"}}\n' for n in PHOTOS)
     moto.put("turned", "p/metadata.jsonl", rows.encode())
@@ -465,8 +484,8 @@ def test_a_dataset_counts_its_batches_from_the_upright_sizes(
         store=al.StoreConfig(options={"endpoint_url": moto.endpoint}),
     )
     try:
-        # Upright: two landscape photos (a batch) and three portrait ones (a batch and one
-        # left over); as stored, five landscape ones would make two batches as well.
+        # Upright: three landscape photos and three portrait ones (a batch each, and one
+        # left over each); as stored, six landscape ones would make three batches.
         assert len(ds) == 2
     finally:
         ds.close()

@@ -11,8 +11,10 @@ back to the stored one, where a decoder reads it.
 
 from __future__ import annotations
 
+import io
 import re
 import struct
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,9 +24,12 @@ from PIL import Image
 __all__ = [
     "TRANSPOSE",
     "exif_segment",
+    "info_orientation",
     "jpeg_orientation",
     "jpeg_turned",
     "orientation",
+    "png_info",
+    "png_tail_info",
     "stored_box",
     "upright_array",
     "upright_size",
@@ -54,12 +59,86 @@ def orientation(img: Image.Image) -> int:
         # Pillow turns a TIFF itself: its size is the upright one from the start, and its
         # load turns the pixels (and drops the tag), with or without the option.
         return 1
-    info = img.info
+    return info_orientation(img.info)
+
+
+def info_orientation(info: Mapping[Any, Any]) -> int:
+    """:func:`orientation` from an image's ``info`` (Pillow's, or :func:`png_info`'s)."""
     exif = info.get("exif")
     return _orientation_of(
         bytes(exif) if isinstance(exif, (bytes, bytearray)) else _raw_profile(info),
         info.get("XML:com.adobe.xmp") or info.get("xmp"),  # Pillow's order
     )
+
+
+def png_info(data: bytes | bytearray | memoryview) -> dict[Any, Any] | None:
+    """The ``info`` Pillow's load leaves on the PNG ``data`` — its chunks' before the image
+    data, as ``Image.open`` reads them, and those after it, as the load goes on to read
+    them (an ``eXIf`` chunk may follow the image data: ``exif_transpose`` loads the image
+    first, and turns it by that one) — read without decoding a pixel, by Pillow's own
+    chunk reader.  None where ``data`` ends before the PNG does (its ``IEND``) or is not a
+    PNG that reader follows.  Of an animated PNG, as Pillow's load of its first frame
+    reads it: up to the next frame's control chunk."""
+    from PIL import PngImagePlugin
+
+    fp = io.BytesIO(bytes(data))
+    if fp.read(8) != b"\x89PNG\r\n\x1a\n":
+        return None
+    stream = PngImagePlugin.PngStream(fp)
+    seen_data = False
+    try:
+        while True:
+            cid, pos, length = stream.read()
+            if cid == b"IEND" or (cid == b"fcTL" and seen_data and (stream.im_n_frames or 1) > 1):
+                return dict(stream.im_info)
+            if cid in (b"IDAT", b"fdAT"):  # pixels: passed over
+                seen_data = True
+                fp.seek(length, io.SEEK_CUR)
+            else:
+                try:
+                    stream.call(cid, pos, length)
+                except AttributeError:  # a chunk Pillow does not read
+                    fp.seek(length, io.SEEK_CUR)
+            if len(fp.read(4)) < 4:  # its CRC (Pillow's load checks none after the pixels)
+                return None
+    except Exception:  # cut short, or a chunk Pillow's reader refuses
+        return None
+
+
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk, the same in every PNG
+_PNG_TEXTS = (b"eXIf", b"tEXt", b"zTXt", b"iTXt")
+
+
+def png_tail_info(tail: bytes | bytearray | memoryview) -> dict[Any, Any] | None:
+    """What the chunks of a PNG's last bytes (``tail``) that may carry an orientation
+    (``eXIf``, and the text chunks ``png_info`` reads for it) add to its ``info``, in file
+    order, as Pillow's load adds them after the pixels; None where ``tail`` is not a
+    PNG's end (its ``IEND``).  A chunk is taken where its length, type and CRC agree (a
+    CRC is 32 bits: pixel data that looks like such a chunk by chance is not a worry)."""
+    from PIL import PngImagePlugin
+
+    tail = bytes(tail)
+    if not tail.endswith(_PNG_END):
+        return None
+    found: list[tuple[int, bytes, int]] = []  # (start of the body, type, length)
+    for kind in _PNG_TEXTS:
+        at = tail.find(kind, 4)
+        while at >= 0:
+            length = int.from_bytes(tail[at - 4 : at], "big")
+            end = at + 4 + length
+            crc = tail[end : end + 4]
+            if len(crc) == 4 and zlib.crc32(tail[at:end]) == int.from_bytes(crc, "big"):
+                found.append((at + 4, kind, length))
+            at = tail.find(kind, at + 1)
+    fp = io.BytesIO(tail)
+    stream = PngImagePlugin.PngStream(fp)
+    for start, kind, length in sorted(found):
+        fp.seek(start)
+        try:
+            stream.call(kind, start, length)
+        except Exception:  # a chunk Pillow's reader refuses (its load would fail on it)
+            return None
+    return dict(stream.im_info)
 
 
 def _raw_profile(info: Mapping[Any, Any]) -> bytes | None:

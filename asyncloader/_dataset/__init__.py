@@ -17,7 +17,8 @@ labels (``_labels``), the metadata files and sidecars (``_metadata``), several s
 shares (``_mix``) and datasets as one (``_combine``), manifests by location (``_located``),
 the listing through a cache folder, once per node (``_listing``), saved listings and the
 listing turn (``_saved``), each sample's pixel size for aspect-ratio buckets (``_sizes``;
-the images' headers read for it, ``_headers``), which samples pass ``filters=``
+the images' headers read for it, ``_headers``, and what an image's first bytes say of its
+size, ``_imagesize``), which samples pass ``filters=``
 (``_filtering``: the columns a filter names, the headers' width and height among them).
 """
 

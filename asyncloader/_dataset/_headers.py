@@ -1,8 +1,10 @@
 """Images' headers, read for their pixel sizes (``_sizes`` says whose, and keeps what they
 give): in the node's cache where it holds the image (:class:`CachedHeads`), else from the
 store — one small range read per object (the first :data:`HEAD_BYTES`; a JPEG whose frame
-header lies further, behind a large EXIF block, is read again to :data:`HEAD_MAX`), many at
-once.  An image no larger than the first read came whole: where every image read stays a
+header lies further, behind a large EXIF block, is read again to :data:`HEAD_MAX`; a PNG or
+WebP whose orientation may follow its pixels, at its last :data:`HEAD_BYTES` too; an image
+whose size or orientation these do not give, whole: see ``_imagesize``), many at once.
+An image no larger than the first read came whole: where every image read stays a
 sample (no filter on the sizes), the cache keeps it (:meth:`CachedHeads.keeper`, under the
 cache's admission), so that the run's first epoch reads it from the node's disk instead of
 fetching it a second time; under a filter on the sizes, only the images it keeps
@@ -12,15 +14,12 @@ fetching it a second time; under a filter on the sizes, only the images it keeps
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
-
-from PIL import Image
 
 from .._base._errors import (
     AsyncLoaderError,
@@ -29,10 +28,10 @@ from .._base._errors import (
     ObjectNotFound,
     shown_key,
 )
-from .._base._orientation import orientation, upright_size
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
 from .._stores._retry import counted_retrying
+from ._imagesize import header_size, header_sizes
 
 __all__ = [
     "HEAD_BYTES",
@@ -41,8 +40,6 @@ __all__ = [
     "Keep",
     "Stays",
     "every_one",
-    "header_size",
-    "header_sizes",
     "read_headers",
 ]
 
@@ -50,6 +47,8 @@ HEAD_BYTES = 64 * 1024
 """Bytes of an object read for its header: a JPEG's frame header, a PNG's IHDR, a WebP's."""
 HEAD_MAX = 1024 * 1024
 """Bytes read, at most, for a header beyond :data:`HEAD_BYTES` (a JPEG's EXIF thumbnail)."""
+_WHOLE = 1 << 62
+"""Bytes asked of the cache for a whole object (more than any holds)."""
 log = logging.getLogger("asyncloader")
 
 _INFLIGHT = 64
@@ -118,32 +117,6 @@ class CachedHeads(Protocol):
         loader's fetches of them would be kept (its admission decided over ``objects``).
         Blocking."""
         ...
-
-
-def header_size(
-    data: bytes | bytearray | memoryview, upright: bool = False
-) -> tuple[int, int] | None:
-    """``(height, width)`` from the first bytes of an image, or None where they do not
-    reach its header (or it is not an image Pillow reads).  ``upright``: of the image
-    turned upright by its EXIF orientation (which lies before a JPEG's frame header)."""
-    both = header_sizes(data)
-    return None if both is None else both[1 if upright else 0]
-
-
-def header_sizes(
-    data: bytes | bytearray | memoryview,
-) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """:func:`header_size` both ways, as stored and upright, from one reading."""
-    try:
-        with Image.open(io.BytesIO(bytes(data))) as img:
-            width, height = img.size
-            o = orientation(img)
-    except Exception:  # a truncated header, or not an image: the caller reads more, or fails
-        return None
-    if width <= 0 or height <= 0:
-        return None
-    uw, uh = upright_size(width, height, o)
-    return (height, width), (uh, uw)
 
 
 async def read_headers(
@@ -253,24 +226,41 @@ async def _read_all(
 async def _read_header(
     store: ObjectStore, obj: ObjectInfo, counters: Counters | None, upright: bool
 ) -> tuple[tuple[int, int], bytes | bytearray | memoryview]:
-    end = HEAD_BYTES
-    while True:
-        want = end if obj.size < 0 else min(end, obj.size)
+    async def get(start: int, end: int | None) -> bytes | bytearray | memoryview:
         data = await counted_retrying(
-            partial(store.get, obj.key, start=0, end=want, etag=obj.etag), counters
+            partial(store.get, obj.key, start=start, end=end, etag=obj.etag), counters
         )
         if counters is not None:
             counters.bytes_fetched += len(data)
-        size = header_size(data, upright)
+        return data
+
+    end: int | None = HEAD_BYTES
+    while True:
+        want = end if obj.size < 0 or end is None else min(end, obj.size)
+        data = await get(0, want)
+        whole = want is None or len(data) < want or len(data) == obj.size
+        both = header_sizes(data, whole=whole)
+        if upright and both is not None and both[1] is None and obj.size >= 2 * HEAD_BYTES:
+            # Its orientation may follow the pixels: its last bytes, not the whole object.
+            both = header_sizes(data, tail=await get(obj.size - HEAD_BYTES, obj.size))
+        size = None if both is None else both[1 if upright else 0]
         if size is not None:
             return size, data
-        if want < end or end >= HEAD_MAX:  # the whole object, or as far as a header goes
+        if whole:
             raise DecodeError(
-                f"{shown_key(obj.key)}: no image size in its first {len(data)} bytes "
+                f"{shown_key(obj.key)}: no image size in its {len(data)} bytes "
                 "(not an image Pillow reads?); aspect-ratio buckets need each image's size",
                 key=obj.key,
             )
-        end = HEAD_MAX
+        end = further(data, end)
+
+
+def further(data: bytes | bytearray | memoryview, end: int | None) -> int | None:
+    """How far to read an image whose first ``end`` bytes (``data``) did not give its size:
+    a JPEG to :data:`HEAD_MAX` (its frame header lies behind its EXIF block, which may be
+    large), then whole; any other image whole (a format Pillow opens only whole, or an
+    orientation after the pixels: see ``_imagesize``)."""
+    return HEAD_MAX if end == HEAD_BYTES and bytes(data[:2]) == b"\xff\xd8" else None
 
 
 async def _cached_sizes(
@@ -281,23 +271,23 @@ async def _cached_sizes(
     upright: bool,
 ) -> dict[int, tuple[int, int]]:
     """The ``(height, width)`` of each of ``objects`` the node's cache holds, by index:
-    from its first :data:`HEAD_BYTES` there, or :data:`HEAD_MAX` where the header lies
-    further.  One whose header is not there is left to the store's read (which names what
-    is wrong with it)."""
+    from its first :data:`HEAD_BYTES` there, or as much more as :func:`further` says, up to
+    the whole object.  One whose header is not there is left to the store's read (which
+    names what is wrong with it)."""
     out: dict[int, tuple[int, int]] = {}
-    todo = list(range(len(objects)))
-    for n in (HEAD_BYTES, HEAD_MAX):
-        heads = await asyncio.to_thread(cached, store, [objects[i] for i in todo], n)
-        further: list[int] = []
+    rounds: dict[int | None, list[int]] = {HEAD_BYTES: list(range(len(objects)))}
+    while rounds:
+        n, todo = rounds.popitem()
+        heads = await asyncio.to_thread(
+            cached, store, [objects[i] for i in todo], _WHOLE if n is None else n
+        )
         for j, data in heads.items():
             if counters is not None:
                 counters.bytes_from_cache += len(data)
-            size = header_size(data, upright)
+            whole = n is None or len(data) < n
+            size = header_size(data, upright, whole=whole)
             if size is not None:
                 out[todo[j]] = size
-            elif len(data) == n:  # cut at n: its header may lie further
-                further.append(todo[j])
-        todo = further
-        if not todo:
-            break
+            elif not whole:  # cut at n: its header may lie further
+                rounds.setdefault(further(data, n), []).append(todo[j])
     return out

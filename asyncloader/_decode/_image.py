@@ -254,6 +254,8 @@ def decode_into(
     try:
         img: Image.Image = open_image(data, spec.max_pixels)
         stored = img.size
+        if spec.exif_orientation and img.format == "PNG":
+            img.load()  # as exif_transpose does: an eXIf chunk may follow the pixels
         o = orientation(img) if spec.exif_orientation else 1
         width, height = upright_size(*stored, o)  # the plan's image: upright
         if width * height > spec.max_pixels:

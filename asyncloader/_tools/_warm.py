@@ -37,7 +37,8 @@ from .._base._types import Blob, ObjectInfo, ObjectStore, derived_key
 from .._cache import ObjectCache
 from .._cache._admission import ADMIT_ALL, admitted
 from .._dataset import list_objects, metadata_file
-from .._dataset._headers import HEAD_BYTES, header_sizes
+from .._dataset._headers import HEAD_BYTES
+from .._dataset._imagesize import object_sizes
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
 from .._dataset._metadata import metadata_objects, sidecar_objects
 from .._dataset._sizes import keep_sizes
@@ -258,7 +259,7 @@ async def warm_cache(
                         continue
                 # Its size, from the header in hand: a bucketed run reads no header again
                 # (as stored, and upright by its EXIF orientation for exif_orientation=True).
-                if (both := header_sizes(memoryview(data)[:HEAD_BYTES])) is not None:
+                if (both := object_sizes(data, HEAD_BYTES)) is not None:
                     sizes[(obj.key, obj.etag)], upright[(obj.key, obj.etag)] = both
                 if on_object is not None:
                     on_object(len(data))
