@@ -114,10 +114,15 @@ def keyed_site(root: Path, images: int) -> dict[str, int]:
 
 
 def _epoch(
-    url: str, cache: Path, manifest: str | None, **store_options: str
+    url: str,
+    cache: Path,
+    manifest: str | None,
+    stats: list[al.Stats] | None = None,
+    **store_options: str,
 ) -> tuple[float, float, float, int]:
     """One epoch (with ``store_options`` beside the manifest, if any): seconds to the first
-    batch and to the end, CPU seconds, samples."""
+    batch and to the end, CPU seconds, samples; the loader's ``stats()`` appended to
+    ``stats`` where given."""
     options = {"manifest": manifest, **store_options} if manifest else dict(store_options)
     c0, t0 = _cpu(), time.perf_counter()
     first = None
@@ -132,6 +137,8 @@ def _epoch(
         for images, _ in loader:
             first = first if first is not None else time.perf_counter() - t0
             n += len(images)
+        if stats is not None:
+            stats.append(loader.stats())
     return first or 0.0, time.perf_counter() - t0, _cpu() - c0, n
 
 

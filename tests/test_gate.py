@@ -1,6 +1,7 @@
 """The gate for servers that close every connection: it keeps the ceiling for a server far
 away, holds a server that queues its requests where a few wait, and hands places over in
-order, cancellation included."""
+order, cancellation included.  The cap on connections through a forward proxy: cut to the
+connections working, grown back one at a time."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncloader._stores._gate import ConnectionGate
+from asyncloader._stores import _gate
+from asyncloader._stores._gate import PROXY_CONNECTIONS, ConnectionCap, ConnectionGate
 
 
 async def _drive(gate: ConnectionGate, latency: object, requests: int = 3000) -> list[int]:
@@ -92,3 +94,66 @@ def test_places_go_in_order_never_past_the_limit_and_cancelled_waiters_pass_them
 def test_a_ceiling_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="ceiling >= 1"):
         ConnectionGate(0)
+
+
+# --- the cap on connections through a forward proxy ----------------------------------------
+
+
+class _Clock:
+    """``time.monotonic`` for the cap, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_cut_holds_the_cap_at_the_connections_working_and_it_grows_back_slowly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(_gate.time, "monotonic", clock)
+    cap = ConnectionCap(32, regrow=10.0)
+    assert cap.limit == 32 and PROXY_CONNECTIONS == 32 == ConnectionCap().ceiling
+    cap.cut(0)  # nothing working: the proxy is away, not full
+    assert cap.limit == 32
+    cap.cut(7)
+    assert cap.limit == 7
+    cap.cut(9)  # never raised by a cut
+    assert cap.limit == 7
+
+    async def answers(n: int, ok: bool = True) -> None:
+        for _ in range(n):
+            await cap.acquire()
+            cap.release(0.0 if ok else None)
+
+    asyncio.run(answers(50))
+    assert cap.limit == 7  # not before `regrow` seconds
+    clock.now += 10.5
+    asyncio.run(answers(1, ok=False))
+    assert cap.limit == 7  # a failure says nothing
+    asyncio.run(answers(50))
+    assert cap.limit == 8  # one more, once
+    for _ in range(40):
+        clock.now += 10.5
+        asyncio.run(answers(1))
+    assert cap.limit == 32  # back to the ceiling, never past it
+
+
+def test_after_a_cut_no_new_place_is_given_until_those_in_flight_fall_below_it() -> None:
+    async def body() -> None:
+        cap = ConnectionCap(8)
+        for _ in range(8):
+            await cap.acquire()
+        cap.cut(3)
+        waiter = asyncio.create_task(cap.acquire())
+        for _ in range(5):  # 7, 6, 5, 4, 3 in flight: still not below 3
+            cap.release(None)
+            await asyncio.sleep(0)
+            assert not waiter.done()
+        cap.release(None)  # 2 in flight: the waiter's turn
+        await asyncio.wait_for(waiter, 1)
+        assert cap.inflight == 3
+
+    asyncio.run(body())

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from asyncloader._stores._lean_conn import LeanConnection
 from asyncloader._stores._lean_http import (
     CLOSING_CONNECTIONS,
     LeanHTTPClient,
     LeanResponse,
     ProtocolError,
-    _Conn,
 )
 
 BODY = bytes(range(256)) * 64  # 16 KiB
@@ -132,9 +132,11 @@ class _Wire:
         return self.closed
 
 
-async def _parsed(pieces: list[bytes], want_body: bool = True) -> tuple[_Conn, LeanResponse]:
+async def _parsed(
+    pieces: list[bytes], want_body: bool = True
+) -> tuple[LeanConnection, LeanResponse]:
     """Feed ``pieces`` to a connection as a socket would (into the buffers it offers)."""
-    conn = _Conn()
+    conn = LeanConnection()
     conn.connection_made(_Wire())  # type: ignore[arg-type]
     answer = conn.request(b"GET / HTTP/1.1\r\n\r\n", want_body, 5.0)
     for piece in pieces:

@@ -6,6 +6,7 @@ the credentials.  Subprocesses on 127.0.0.1, started and stopped by the tests.""
 
 from __future__ import annotations
 
+import json
 import os
 import traceback
 from pathlib import Path
@@ -221,3 +222,60 @@ def test_s3_through_a_proxy_signs_what_the_origin_checks(
     objects = [u for m, u in asked if m == "GET" and u.endswith(".jpg")]
     assert len(set(objects)) == N_IMAGES
     assert all(u.startswith(f"{moto.endpoint}/") for _, u in asked)
+
+
+def test_a_proxy_full_of_clients_is_waited_for_on_the_tunnels_it_keeps(
+    site: Path, jpeg_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy that serves four clients at once (tinyproxy's ``MaxClients``) leaves a fifth
+    connection in its listen queue, unanswered.  The lean client takes that for the
+    proxy's limit: it cuts its connections to those open and sends every request on them
+    — 48 at once, each answered with its file's bytes — and a loader's epoch through that
+    proxy reads every image with no request failed or retried."""
+    import asyncio
+
+    from asyncloader._stores._lean_http import LeanHTTPClient, tls_context
+    from asyncloader._stores._tunnel import Proxy
+
+    files = sorted((site / "train").rglob("*.jpg"))[:48]
+    paths = ["/train/" + p.relative_to(site / "train").as_posix() for p in files]
+
+    async def fetch_all(client: LeanHTTPClient) -> list[bytes]:
+        try:
+            answers = await asyncio.gather(*(client.get(path, {}) for path in paths))
+            return [bytes(a.body) for a in answers]
+        finally:
+            await client.close()
+
+    root = tmp_path / "site"  # the JPEG folder, with a manifest of keys and sizes
+    root.mkdir()
+    (root / "train").symlink_to(jpeg_folder, target_is_directory=True)
+    rows = [
+        {"key": p.relative_to(jpeg_folder).as_posix(), "size": p.stat().st_size}
+        for p in sorted(jpeg_folder.rglob("*.jpg"))
+    ]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with Nginx(root, tls=True) as origin:
+        port = _port(origin.endpoint)
+        with TinyProxy(credentials=(USER, PASSWORD), connect_ports=[port], max_clients=4) as proxy:
+            client = LeanHTTPClient(
+                "https",
+                "127.0.0.1",
+                port,
+                ssl_context=tls_context(origin.ca_file),
+                proxy=Proxy.of(proxy.url()),
+            )
+            assert asyncio.run(fetch_all(client)) == [p.read_bytes() for p in files]
+            assert client._cap is not None and client._cap.limit <= 4
+        with TinyProxy(credentials=(USER, PASSWORD), connect_ports=[port], max_clients=4) as proxy:
+            monkeypatch.setenv("HTTPS_PROXY", proxy.url())
+            options = {"manifest": f"{origin.endpoint}/train.jsonl", "ca_bundle": origin.ca_file}
+            with al.ImageLoader(
+                f"{origin.endpoint}/train/",
+                batch_size=16,
+                transform=al.Resize(32),
+                store=al.StoreConfig(options=options),
+            ) as loader:
+                assert sum(len(labels) for _, labels in loader) == N_IMAGES
+                stats = loader.stats()
+    assert not stats.skipped and not stats.retries

@@ -12,8 +12,9 @@ Its modules: one per backend (``_s3`` with ``_s3_pages`` and ``_s3_hosts``, ``_g
 ``_azure``, ``_web`` with its folder pages walked in ``_web_walk`` and read in
 ``_web_index``, ``_local``, and ``_mixed``: several sources' stores as one), their
 credentials (``_s3_auth``, ``_gcs_auth``, ``_azure_auth``, ``_bearer``), the HTTP clients
-(``_http``, ``_lean_http``, ``_tls``, ``_tunnel``: the lean client's way through a forward
-proxy, and ``_gate``: how many requests at once to a server that closes every connection),
+(``_http``, ``_lean_http`` with its connections in ``_lean_conn``, ``_tls``, ``_tunnel``:
+the lean client's way through a forward proxy, and ``_gate``: how many requests at once to
+a server that closes every connection, and through a proxy),
 where a request goes on its way (``_routes``: proxies,
 a proxy's refusals, redirects), an object read over HTTP and its checks
 (``_http_objects``) and what the HTTP stores share (``_http_store``), sorted listing in

@@ -1,4 +1,5 @@
-"""How many requests go at once to a server that closes every connection.
+"""How many requests go at once to a server that closes every connection, and to one through a
+forward proxy.
 
 A server that answers each request on a connection of its own and then closes it (HTTP/1.0,
 ``Connection: close``: Python's ``http.server``, old proxies and appliances) is often one
@@ -21,17 +22,33 @@ allows, so a fastest of the last rounds alone would take the queue for the serve
 time and open more): a server that became slower for good is judged against how fast it
 once was, and keeps fewer at once (about ``QUEUED_HIGH / (1 − old / new)``: 8 for answers
 that now take twice as long).
+
+Through a forward proxy, what limits the connections is the proxy's own count of clients
+(tinyproxy's ``MaxClients``: 100 in its sample configuration, 20 in openSUSE's; squid's
+``maxconn`` rules): past
+it, a proxy leaves a new connection in its listen queue unanswered, and holds its places
+for the connections it has.  :class:`ConnectionCap` keeps at most ``PROXY_CONNECTIONS``
+requests, and so connections, to one origin through a proxy (as browsers keep to one
+proxy), and where a new tunnel is not opened in time while others work, cuts that to the
+connections working; it grows back by one every ``REGROW`` seconds of answers (the proxy's
+other clients may have left), and a cut follows again where that one is not answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 
-__all__ = ["ConnectionGate"]
+__all__ = ["PROXY_CONNECTIONS", "ConnectionCap", "ConnectionGate"]
 
 QUEUED_LOW = 2.0
 QUEUED_HIGH = 4.0
+PROXY_CONNECTIONS = 32
+"""Requests (and so connections) at once to one origin through a forward proxy, at most."""
+REGROW = 10.0
+"""Seconds of answers after a cut (or a step back up) before a :class:`ConnectionCap` lets
+one more connection try."""
 
 
 class ConnectionGate:
@@ -95,3 +112,31 @@ class ConnectionGate:
         elif queued > QUEUED_HIGH:
             self.limit = max(1, self.limit - 1)
         self._round.clear()
+
+
+class ConnectionCap(ConnectionGate):
+    """A :class:`ConnectionGate` for connections through a forward proxy (see the module's
+    docstring): not adapted to answer times (a proxy's clients, not its queue, are what it
+    counts), but :meth:`cut` where the proxy leaves a new connection unanswered, and grown
+    back by one every ``regrow`` seconds of answers, up to ``ceiling``."""
+
+    def __init__(self, ceiling: int = PROXY_CONNECTIONS, regrow: float = REGROW) -> None:
+        super().__init__(ceiling)
+        self.regrow = regrow
+        self._changed = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"ConnectionCap(limit={self.limit}, ceiling={self.ceiling})"
+
+    def cut(self, working: int) -> None:
+        """A new connection went unanswered while ``working`` others work: at most that
+        many at once (none working says nothing of a limit: the proxy is away, or slow)."""
+        if working >= 1:
+            self.limit = min(self.limit, working)
+            self._changed = time.monotonic()
+
+    def _learn(self, seconds: float) -> None:
+        now = time.monotonic()
+        if self.limit < self.ceiling and now - self._changed >= self.regrow:
+            self.limit += 1
+            self._changed = now

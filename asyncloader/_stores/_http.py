@@ -36,6 +36,7 @@ from .._base._errors import (
 )
 from .._base._manifest import normalize_etag
 from .._base._types import Blob
+from ._gate import PROXY_CONNECTIONS
 from ._lean_http import LeanHTTPClient, LeanResponse, ProtocolError, tls_context
 from ._routes import (
     MAX_REDIRECTS,
@@ -85,11 +86,12 @@ def make_session(
     """A session tuned for many small GETs to few hosts: keep-alive, ``Accept-Encoding:
     identity`` (what S3 clients send: an object's bytes as stored, whatever a server would
     compress) and no decompression of its own; through ``proxy`` where given (its
-    credentials, if any, in its URL)."""
+    credentials, if any, in its URL; at most ``PROXY_CONNECTIONS`` connections then, as
+    the lean client keeps through a proxy, without its cuts)."""
     import aiohttp
 
     connector = aiohttp.TCPConnector(
-        limit=max_connections,
+        limit=max_connections if proxy is None else min(max_connections, PROXY_CONNECTIONS),
         limit_per_host=0,
         ttl_dns_cache=300,
         keepalive_timeout=60,

@@ -38,6 +38,8 @@ class TinyProxy(_Subprocess):
         credentials: ``(user, password)`` it asks of every request (Basic, 407 without).
         connect_ports: The ports a ``CONNECT`` may open a tunnel to (403 to any other);
             None: every port.
+        max_clients: Its ``MaxClients``: connections it serves at once (it leaves the next
+            in its listen queue, unanswered, until one of them closes).
 
     ``endpoint`` is ``http://127.0.0.1:PORT`` (:meth:`url` with the credentials in it);
     :meth:`requests` reads what it was asked from its log.
@@ -48,10 +50,12 @@ class TinyProxy(_Subprocess):
         *,
         credentials: tuple[str, str] | None = None,
         connect_ports: Sequence[int] | None = None,
+        max_clients: int = 256,
     ) -> None:
         super().__init__()
         self.login = credentials
         self.connect_ports = connect_ports
+        self.max_clients = max_clients
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._log = ""  # the log, kept when it stops
 
@@ -75,7 +79,7 @@ class TinyProxy(_Subprocess):
             f"Port {port}",
             "Listen 127.0.0.1",
             "Timeout 60",
-            "MaxClients 256",
+            f"MaxClients {self.max_clients}",
             "LogLevel Info",
             f'LogFile "{work / "tinyproxy.log"}"',
         ]
