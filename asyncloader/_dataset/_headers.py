@@ -252,10 +252,10 @@ async def _read_header(
                 "(not an image Pillow reads?); aspect-ratio buckets need each image's size",
                 key=obj.key,
             )
-        end = further(data, end)
+        end = _further(data, end)
 
 
-def further(data: bytes | bytearray | memoryview, end: int | None) -> int | None:
+def _further(data: bytes | bytearray | memoryview, end: int | None) -> int | None:
     """How far to read an image whose first ``end`` bytes (``data``) did not give its size:
     a JPEG to :data:`HEAD_MAX` (its frame header lies behind its EXIF block, which may be
     large), then whole; any other image whole (a format Pillow opens only whole, or an
@@ -271,7 +271,7 @@ async def _cached_sizes(
     upright: bool,
 ) -> dict[int, tuple[int, int]]:
     """The ``(height, width)`` of each of ``objects`` the node's cache holds, by index:
-    from its first :data:`HEAD_BYTES` there, or as much more as :func:`further` says, up to
+    from its first :data:`HEAD_BYTES` there, or as much more as :func:`_further` says, up to
     the whole object.  One whose header is not there is left to the store's read (which
     names what is wrong with it)."""
     out: dict[int, tuple[int, int]] = {}
@@ -289,5 +289,5 @@ async def _cached_sizes(
             if size is not None:
                 out[todo[j]] = size
             elif not whole:  # cut at n: its header may lie further
-                rounds.setdefault(further(data, n), []).append(todo[j])
+                rounds.setdefault(_further(data, n), []).append(todo[j])
     return out
