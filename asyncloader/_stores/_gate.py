@@ -23,11 +23,10 @@ time and open more): a server that became slower for good is judged against how 
 once was, and keeps fewer at once (about ``QUEUED_HIGH / (1 − old / new)``: 8 for answers
 that now take twice as long).
 
-Through a forward proxy, what limits the connections is the proxy's own count of clients
-(tinyproxy's ``MaxClients``: 100 in its sample configuration, 20 in openSUSE's; squid's
-``maxconn`` rules): past
-it, a proxy leaves a new connection in its listen queue unanswered, and holds its places
-for the connections it has.  :class:`ConnectionCap` keeps at most ``PROXY_CONNECTIONS``
+Through a forward proxy, what limits the connections may be the proxy's own count of
+clients (tinyproxy's ``MaxClients``: 100 in its sample configuration, 20 in openSUSE's):
+past it, such a proxy leaves a new connection in its listen queue unanswered, and holds
+its places for the connections it has.  :class:`ConnectionCap` keeps at most ``PROXY_CONNECTIONS``
 requests, and so connections, to one origin through a proxy (as browsers keep to one
 proxy), and where a new tunnel is not opened in time while others work, cuts that to the
 connections working; it grows back by one every ``REGROW`` seconds of answers (the proxy's
