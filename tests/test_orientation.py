@@ -532,3 +532,20 @@ def test_a_bucketed_state_resumes_upright_and_refuses_the_other_way(
         stored = other.state_dict()
     with loader(True) as other, pytest.raises(ValueError, match="buckets"):
         other.load_state_dict({**stored, "next_batch": 1})
+
+
+def test_a_png_over_max_pixels_is_refused_before_its_pixels_are_decoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the option a PNG is loaded before its orientation is read (its eXIf may follow
+    the pixels) — but not one over ``max_pixels``: that is refused from its header, as
+    every image is, no pixel of it decoded."""
+
+    def decoded(self: Image.Image) -> None:
+        raise AssertionError("a pixel was decoded")
+
+    data = late_exif_png(_picture(), 6)
+    monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", decoded)
+    spec = DecodeSpec((3, OUT, OUT), al.Resize(OUT), exif_orientation=True, max_pixels=100)
+    with pytest.raises(al.DecodeError, match="max_pixels"):
+        decode_into(data, np.zeros((3, OUT, OUT), np.uint8), spec, 0, "k")

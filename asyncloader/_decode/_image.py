@@ -188,6 +188,12 @@ def open_image(data: Blob | memoryview, max_pixels: int) -> Image.Image:
         ) from None
 
 
+def _over(size: tuple[int, int], max_pixels: int) -> bool:
+    """Whether an image of ``size`` has more than ``max_pixels`` (turned or not): refused
+    before any pixel of it is decoded."""
+    return size[0] * size[1] > max_pixels
+
+
 def to_rgb(img: Image.Image) -> Image.Image:
     """``img`` as RGB: Pillow's ``convert("RGB")`` (alpha dropped, palettes looked up,
     CMYK and grayscale converted as Pillow does), except where that conversion loses the
@@ -254,11 +260,11 @@ def decode_into(
     try:
         img: Image.Image = open_image(data, spec.max_pixels)
         stored = img.size
-        if spec.exif_orientation and img.format == "PNG":
+        if spec.exif_orientation and img.format == "PNG" and not _over(stored, spec.max_pixels):
             img.load()  # as exif_transpose does: an eXIf chunk may follow the pixels
         o = orientation(img) if spec.exif_orientation else 1
         width, height = upright_size(*stored, o)  # the plan's image: upright
-        if width * height > spec.max_pixels:
+        if _over(stored, spec.max_pixels):
             raise DecodeError(
                 f"{shown_key(key)} is {width}x{height} pixels, over "
                 f"max_pixels={spec.max_pixels} "
