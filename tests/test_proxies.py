@@ -10,6 +10,7 @@ import json
 import os
 import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -240,21 +241,7 @@ def test_a_proxy_full_of_clients_is_waited_for_on_the_tunnels_it_keeps(
     files = sorted((site / "train").rglob("*.jpg"))[:48]
     paths = ["/train/" + p.relative_to(site / "train").as_posix() for p in files]
 
-    async def fetch_all(client: LeanHTTPClient) -> list[bytes]:
-        try:
-            answers = await asyncio.gather(*(client.get(path, {}) for path in paths))
-            return [bytes(a.body) for a in answers]
-        finally:
-            await client.close()
-
-    root = tmp_path / "site"  # the JPEG folder, with a manifest of keys and sizes
-    root.mkdir()
-    (root / "train").symlink_to(jpeg_folder, target_is_directory=True)
-    rows = [
-        {"key": p.relative_to(jpeg_folder).as_posix(), "size": p.stat().st_size}
-        for p in sorted(jpeg_folder.rglob("*.jpg"))
-    ]
-    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = _sized_site(jpeg_folder, tmp_path)
     with Nginx(root, tls=True) as origin:
         port = _port(origin.endpoint)
         with TinyProxy(credentials=(USER, PASSWORD), connect_ports=[port], max_clients=4) as proxy:
@@ -265,17 +252,89 @@ def test_a_proxy_full_of_clients_is_waited_for_on_the_tunnels_it_keeps(
                 ssl_context=tls_context(origin.ca_file),
                 proxy=Proxy.of(proxy.url()),
             )
-            assert asyncio.run(fetch_all(client)) == [p.read_bytes() for p in files]
+            assert asyncio.run(_fetch_all(client, paths)) == [p.read_bytes() for p in files]
             assert client._cap is not None and client._cap.limit <= 4
         with TinyProxy(credentials=(USER, PASSWORD), connect_ports=[port], max_clients=4) as proxy:
             monkeypatch.setenv("HTTPS_PROXY", proxy.url())
-            options = {"manifest": f"{origin.endpoint}/train.jsonl", "ca_bundle": origin.ca_file}
-            with al.ImageLoader(
-                f"{origin.endpoint}/train/",
-                batch_size=16,
-                transform=al.Resize(32),
-                store=al.StoreConfig(options=options),
-            ) as loader:
-                assert sum(len(labels) for _, labels in loader) == N_IMAGES
-                stats = loader.stats()
+            stats = _epoch_through(origin)
     assert not stats.skipped and not stats.retries
+
+
+def test_a_proxy_that_refuses_a_client_s_connections_past_a_number_is_waited_for_too(
+    jpeg_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """squid's ``maxconn`` rule answers a client's ``CONNECT`` past its number with 403,
+    as it answers one to a port it does not allow.  Where the proxy opened tunnels to the
+    same origin, the lean client takes it for the limit: it keeps to the tunnels open, and
+    a loader's epoch through it reads every image with no request failed or retried.  A
+    proxy that opens no tunnel to the origin at all is still a refusal, said at once."""
+    import asyncio
+
+    from asyncloader._stores._lean_http import LeanHTTPClient, tls_context
+    from asyncloader._stores._tunnel import Proxy, TunnelRefused
+    from asyncloader.testing import LimitProxy
+
+    files = sorted(jpeg_folder.rglob("*.jpg"))[:48]
+    paths = ["/train/" + p.relative_to(jpeg_folder).as_posix() for p in files]
+    root = _sized_site(jpeg_folder, tmp_path)
+
+    with Nginx(root, tls=True) as origin:
+        port = _port(origin.endpoint)
+
+        def client(proxy: LimitProxy) -> LeanHTTPClient:
+            via = Proxy.of(proxy.endpoint)
+            tls = tls_context(origin.ca_file)
+            return LeanHTTPClient("https", "127.0.0.1", port, ssl_context=tls, proxy=via)
+
+        with LimitProxy(max_clients=4) as proxy:
+            lean = client(proxy)
+            assert asyncio.run(_fetch_all(lean, paths)) == [p.read_bytes() for p in files]
+            assert proxy.denied > 0 and lean._cap is not None and lean._cap.limit <= 4
+        with LimitProxy(max_clients=0) as proxy, pytest.raises(TunnelRefused) as refused:
+            asyncio.run(_fetch_all(client(proxy), paths))
+        assert refused.value.status == 403 and proxy.tunnels == 0
+        with LimitProxy(max_clients=4) as proxy:
+            monkeypatch.setenv("HTTPS_PROXY", proxy.endpoint)
+            stats = _epoch_through(origin)
+            denied = proxy.denied
+    assert not stats.skipped and not stats.retries
+    assert denied > 0  # the limit was met, and kept to
+
+
+def _sized_site(jpeg_folder: Path, tmp_path: Path) -> Path:
+    """A web server's folder: the JPEG folder as ``train/``, with a manifest of its keys and
+    sizes beside it (no HEAD needed)."""
+    root = tmp_path / "site"
+    root.mkdir()
+    (root / "train").symlink_to(jpeg_folder, target_is_directory=True)
+    rows = [
+        {"key": p.relative_to(jpeg_folder).as_posix(), "size": p.stat().st_size}
+        for p in sorted(jpeg_folder.rglob("*.jpg"))
+    ]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+async def _fetch_all(client: Any, paths: list[str]) -> list[bytes]:
+    """Every one of ``paths`` from the lean ``client`` at once, their bodies; then closed."""
+    import asyncio
+
+    try:
+        answers = await asyncio.gather(*(client.get(path, {}) for path in paths))
+        return [bytes(a.body) for a in answers]
+    finally:
+        await client.close()
+
+
+def _epoch_through(origin: Nginx) -> al.Stats:
+    """An epoch of ``origin``'s ``train/`` (listed by its manifest), through the proxy the
+    environment names: every image read; the loader's stats."""
+    options = {"manifest": f"{origin.endpoint}/train.jsonl", "ca_bundle": origin.ca_file}
+    with al.ImageLoader(
+        f"{origin.endpoint}/train/",
+        batch_size=16,
+        transform=al.Resize(32),
+        store=al.StoreConfig(options=options),
+    ) as loader:
+        assert sum(len(labels) for _, labels in loader) == N_IMAGES
+        return loader.stats()

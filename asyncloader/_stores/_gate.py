@@ -26,11 +26,13 @@ that now take twice as long).
 Through a forward proxy, what limits the connections may be the proxy's own count of
 clients (tinyproxy's ``MaxClients``: 100 in its sample configuration, 20 in openSUSE's):
 past it, such a proxy leaves a new connection in its listen queue unanswered, and holds
-its places for the connections it has.  :class:`ConnectionCap` keeps at most ``PROXY_CONNECTIONS``
-requests, and so connections, to one origin through a proxy (as browsers keep to one
-proxy), and where a new tunnel is not opened in time while others work, cuts that to the
-connections working; it grows back by one every ``REGROW`` seconds of answers (the proxy's
-other clients may have left), and a cut follows again where that one is not answered.
+its places for the connections it has; squid's ``maxconn`` rules answer it 403 instead
+(``_lean_http`` tells that from a refused port).  :class:`ConnectionCap` keeps at most
+``PROXY_CONNECTIONS`` requests, and so connections, to one origin through a proxy (as
+browsers keep to one proxy), and where a new tunnel is not opened in time while others
+work (or is refused so), cuts that to the connections working; it grows back by one every
+``REGROW`` seconds of answers (the proxy's other clients may have left), and a cut follows
+again where that one is not answered.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from .._base._config import READ_TIMEOUT
 from ._gate import ConnectionCap, ConnectionGate
 from ._lean_conn import LeanConnection, LeanResponse, ProtocolError
 from ._tls import connect_tls
-from ._tunnel import Proxy, open_tunnel
+from ._tunnel import Proxy, TunnelRefused, open_tunnel
 
 __all__ = ["LeanHTTPClient", "LeanResponse", "ProtocolError", "tls_context"]
 
@@ -111,6 +111,9 @@ class LeanHTTPClient:
         self._open = 0  # connections opened and not closed
         self._slowest_open = 0.0  # the longest a connection took to open, its turn not counted
         self._waiters: deque[asyncio.Future[None]] = deque()  # requests waiting in _kept
+        self._opening = 0  # connections being opened through the proxy
+        self._tunneled = 0  # tunnels the proxy opened to this origin, ever
+        self._settling: list[asyncio.Future[None]] = []  # waiting for an opening to settle
 
     async def _connect(self) -> LeanConnection:
         loop = asyncio.get_running_loop()
@@ -119,6 +122,7 @@ class LeanHTTPClient:
             t0 = time.monotonic()
             if self._ssl is not None:
                 tunnel = await open_tunnel(proxy, self._host, self._port) if proxy else None
+                self._tunneled += tunnel is not None
                 _, conn = await connect_tls(
                     LeanConnection, self._host, self._port, self._ssl, sock=tunnel
                 )
@@ -200,7 +204,7 @@ class LeanHTTPClient:
             if not (reused and not conn.heard and method in ("GET", "HEAD")):
                 raise
             self._drop(conn)
-            conn, _ = await self._connection()
+            conn = await self._fresh()
             resp = await conn.request(data, method != "HEAD", self._read_timeout)
             ok = True
         finally:
@@ -222,7 +226,8 @@ class LeanHTTPClient:
                 if not c.closed:
                     return c
                 self._drop(c)  # closed by the server meanwhile
-            if self._cap is None or self._open < self._cap.limit or self._closed:
+            cap = self._cap
+            if cap is None or self._open + self._opening < cap.limit or self._closed:
                 return None
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -239,6 +244,18 @@ class LeanHTTPClient:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+    async def _fresh(self) -> LeanConnection:
+        """A new connection, for a request whose kept-alive one was closed under it (another
+        kept one may be closed as well); where a proxy at its limit leaves none to open, one
+        of those it serves."""
+        while True:
+            conn = await self._opened()
+            if conn is not None:
+                return conn
+            conn = await self._kept()
+            if conn is not None:
+                return conn
 
     async def _connection(self) -> tuple[LeanConnection, bool]:
         """A connection for a request, and whether it is a kept-alive one."""
@@ -261,7 +278,10 @@ class LeanHTTPClient:
         if self._cap is None:
             conn = await self._connect()
         else:
+            alone = self._opening == 0 and self._open == 0
+            self._opening += 1
             opening = asyncio.ensure_future(self._connect())
+            refused = None
             try:
                 while not opening.done():
                     await asyncio.wait((opening,), timeout=PROXY_PATIENCE / 8)
@@ -270,10 +290,52 @@ class LeanHTTPClient:
                         self._cap.cut(self._open)
                         return None
                 conn = opening.result()
+            except TunnelRefused as exc:
+                if exc.status != 403:
+                    raise
+                refused = exc
             finally:
+                self._opening -= 1
                 opening.cancel()  # (none left where it is done)
+                for waiter in self._settling:  # an opening settled: whoever waits looks
+                    if not waiter.done():
+                        waiter.set_result(None)
+                self._settling.clear()
+                self._wake()  # a place to open another
+            if refused is not None:
+                await self._at_limit(refused, alone)
+                return None
         self._open += 1
         return conn
+
+    async def _at_limit(self, refused: TunnelRefused, alone: bool) -> None:
+        """A tunnel ``refused`` 403 by the proxy: its limit on a client's connections
+        (squid's ``maxconn`` rule, which counts the connections of a burst before it answers
+        any) where it opened tunnels to this origin, or where others were being opened
+        beside this one; else (asked alone) the refusal it is, of a port the proxy does not
+        let through.  At the limit, the cap is cut to the connections open (one, where none
+        is: the next is opened alone) and the request waits for one of them; where it opened
+        tunnels before and none is open now, the request fails as a connection that broke
+        (retried after a pause)."""
+        assert self._cap is not None
+        while self._tunneled == 0 and self._opening > 0:  # the others' answers decide
+            await self._settled()
+        if self._tunneled == 0 and alone:
+            raise refused
+        while self._open == 0 and self._opening > 0:  # tunnels opened, their TLS under way
+            await self._settled()
+        self._cap.cut(max(1, self._open))
+        if self._open == 0 and self._tunneled > 0:
+            raise ProtocolError(
+                f"the proxy refused a tunnel ({refused}) to an origin it opened tunnels to: "
+                "its limit on a client's connections"
+            )
+
+    async def _settled(self) -> None:
+        """Wait until a connection being opened through the proxy is opened or fails."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._settling.append(waiter)
+        await waiter
 
     def _patience(self) -> float:
         """How long a new connection through a proxy may take while others are open."""

@@ -17,6 +17,8 @@
   (HTTP/1.0, a connection per request), its requests read back from its log.
 * :class:`FaultProxy` (``_faultproxy``): a TCP proxy that injects resets, truncation and
   stalls in front of any of them, and refuses tokens it is told are revoked.
+* :class:`LimitProxy` (``_limitproxy``): a ``CONNECT`` proxy of our own that refuses a
+  client's connections past a number with 403, as squid's ``maxconn`` rule does.
 * :class:`TinyProxy` (``_tinyproxy``): tinyproxy, a forward proxy: plain-HTTP requests
   forwarded, HTTPS through ``CONNECT`` tunnels, Basic credentials and allowed ports as a
   test asks, its requests read back from its log.
@@ -59,6 +61,7 @@ from ._gcs import GCSEmulator as GCSEmulator
 from ._gcs import find_fake_gcs_server as find_fake_gcs_server
 from ._lighttpd import Lighttpd as Lighttpd
 from ._lighttpd import find_lighttpd as find_lighttpd
+from ._limitproxy import LimitProxy as LimitProxy
 from ._memory import MEMORY_FAULTS as MEMORY_FAULTS
 from ._memory import FaultyStore as FaultyStore
 from ._memory import MemoryBucket as MemoryBucket
@@ -90,6 +93,7 @@ __all__ = [
     "FaultProxy",
     "FaultyStore",
     "GCSEmulator",
+    "LimitProxy",
     "Lighttpd",
     "MemoryBucket",
     "MemoryStore",

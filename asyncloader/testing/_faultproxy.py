@@ -255,13 +255,22 @@ class FaultProxy(Equipment):
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
-            self._writers.discard(writer)
-            for w in (up_writer, writer):
-                if w is not None:
-                    w.close()
-            if pump is not None:
-                with contextlib.suppress(Exception):
-                    await pump
+            await self._finish(writer, up_writer, pump)
+
+    async def _finish(
+        self,
+        writer: asyncio.StreamWriter,
+        up_writer: asyncio.StreamWriter | None,
+        pump: asyncio.Task[None] | None,
+    ) -> None:
+        """A connection's end: both sides closed, the upstream's copy waited for."""
+        self._writers.discard(writer)
+        for w in (up_writer, writer):
+            if w is not None:
+                w.close()
+        if pump is not None:
+            with contextlib.suppress(Exception):
+                await pump
 
     @staticmethod
     async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
