@@ -28,6 +28,7 @@ __all__ = [
     "jpeg_orientation",
     "jpeg_turned",
     "orientation",
+    "places",
     "png_info",
     "png_tail_info",
     "stored_box",
@@ -122,14 +123,12 @@ def png_tail_info(tail: bytes | bytearray | memoryview) -> dict[Any, Any] | None
         return None
     found: list[tuple[int, bytes, int]] = []  # (start of the body, type, length)
     for kind in _PNG_TEXTS:
-        at = tail.find(kind, 4)
-        while at >= 0:
+        for at in places(tail, kind, 4):
             length = int.from_bytes(tail[at - 4 : at], "big")
             end = at + 4 + length
             crc = tail[end : end + 4]
             if len(crc) == 4 and zlib.crc32(tail[at:end]) == int.from_bytes(crc, "big"):
                 found.append((at + 4, kind, length))
-            at = tail.find(kind, at + 1)
     fp = io.BytesIO(tail)
     stream = PngImagePlugin.PngStream(fp)
     for start, kind, length in sorted(found):
@@ -139,6 +138,16 @@ def png_tail_info(tail: bytes | bytearray | memoryview) -> dict[Any, Any] | None
         except Exception:  # a chunk Pillow's reader refuses (its load would fail on it)
             return None
     return dict(stream.im_info)
+
+
+def places(data: bytes, part: bytes, start: int = 0) -> list[int]:
+    """Where ``part`` begins in ``data`` at or after ``start``, every place (a chunk's
+    type found in a file's last bytes, where its header is then checked)."""
+    out, at = [], data.find(part, start)
+    while at >= 0:
+        out.append(at)
+        at = data.find(part, at + 1)
+    return out
 
 
 def _raw_profile(info: Mapping[Any, Any]) -> bytes | None:

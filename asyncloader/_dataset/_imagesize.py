@@ -26,6 +26,7 @@ from PIL import Image
 from .._base._orientation import (
     info_orientation,
     orientation,
+    places,
     png_info,
     png_tail_info,
     upright_size,
@@ -145,7 +146,7 @@ def _webp_tail_info(tail: bytes) -> dict[str, bytes] | None:
     """The ``info`` Pillow gives a WebP from the metadata chunks at its end (``EXIF``,
     ``XMP``: they follow the pixels), read from its last bytes ``tail``: the first run of
     such chunks whose lengths lead exactly to the file's end; None where there is none."""
-    for start in sorted(i for kind in _WEBP_CHUNKS for i in _places(tail, kind)):
+    for start in sorted(i for kind in _WEBP_CHUNKS for i in places(tail, kind)):
         at, info = start, dict[str, bytes]()
         while at + 8 <= len(tail) and tail[at : at + 4] in _WEBP_CHUNKS:
             length = int.from_bytes(tail[at + 4 : at + 8], "little")
@@ -154,12 +155,3 @@ def _webp_tail_info(tail: bytes) -> dict[str, bytes] | None:
         if at == len(tail):
             return info
     return None
-
-
-def _places(data: bytes, part: bytes) -> list[int]:
-    """Where ``part`` begins in ``data``, every place."""
-    out, at = [], data.find(part)
-    while at >= 0:
-        out.append(at)
-        at = data.find(part, at + 1)
-    return out
