@@ -18,8 +18,9 @@ shares (``_mix``) and datasets as one (``_combine``), manifests by location (``_
 the listing through a cache folder, once per node (``_listing``), saved listings and the
 listing turn (``_saved``), each sample's pixel size for aspect-ratio buckets (``_sizes``;
 the images' headers read for it, ``_headers``, and what an image's first bytes say of its
-size, ``_imagesize``), which samples pass ``filters=``
-(``_filtering``: the columns a filter names, the headers' width and height among them).
+size, ``_imagesize``, an AVIF's read from its ``meta`` box, ``_avif``), which samples
+pass ``filters=`` (``_filtering``: the columns a filter names, the headers' width and
+height among them).
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@ EXIF orientation — or that they do not say it, and the reader must read furthe
 
 Pillow opens most formats from their first bytes (a JPEG's frame header, a PNG's IHDR), and
 its answer is the one taken.  Some it opens only whole: a WebP (libwebp's demuxer wants the
-whole file), an AVIF, a TIFF whose directory follows its pixels.  A WebP's size is read
-here from its first 30 bytes instead (its ``VP8X`` canvas, or its one frame's header: what
-Pillow reports once it has the whole file); the others are read whole by the caller.
+whole file), an AVIF (libavif's parser too), a TIFF whose directory follows its pixels.  A
+WebP's size is read here from its first 30 bytes instead (its ``VP8X`` canvas, or its one
+frame's header: what Pillow reports once it has the whole file), a still AVIF's size and
+orientation from its ``meta`` box near its start (:mod:`._avif`); the others are read
+whole by the caller.
 
 The upright size needs the orientation, and two formats may hold it after their pixels: a
 PNG may put its ``eXIf`` chunk there (Pillow's ``exif_transpose`` loads the image first and
@@ -31,6 +33,7 @@ from .._base._orientation import (
     png_tail_info,
     upright_size,
 )
+from ._avif import avif_size
 
 __all__ = ["Sizes", "header_size", "header_sizes", "object_sizes"]
 
@@ -69,7 +72,7 @@ def header_sizes(
             if img.format == "PNG" and (whole or stored_o == 1):
                 o = _png_orientation(img, data, stored_o, whole, tail)
     except Exception:  # cut short, or not an image: the caller reads more, or fails
-        return None if whole else _webp(bytes(data[:30]), tail)
+        return None if whole else _webp(bytes(data[:30]), tail) or _avif(data)
     if width <= 0 or height <= 0:
         return None
     if o is None:
@@ -108,6 +111,17 @@ def object_sizes(
     if both is None or both[1] is None:
         both = header_sizes(data, whole=True)
     return None if both is None or both[1] is None else (both[0], both[1])
+
+
+def _avif(data: bytes | bytearray | memoryview) -> Sizes | None:
+    """Both sizes of an AVIF from its ``meta`` box (:func:`._avif.avif_size`), where
+    ``data`` holds it."""
+    found = avif_size(data)
+    if found is None:
+        return None
+    (width, height), o = found
+    uw, uh = upright_size(width, height, o)
+    return (height, width), (uh, uw)
 
 
 def _webp(head: bytes, tail: bytes | bytearray | memoryview | None = None) -> Sizes | None:
