@@ -33,7 +33,13 @@ from typing import Any
 
 import asyncloader as al
 from asyncloader._stores._web import HttpStore
-from asyncloader.testing import Nginx, PythonHTTPServer, find_nginx, make_jpeg_folder
+from asyncloader.testing import (
+    Nginx,
+    PythonHTTPServer,
+    find_nginx,
+    make_jpeg_folder,
+    tree_cpu_seconds,
+)
 
 
 class SizedAll(HttpStore):
@@ -52,25 +58,30 @@ def _site(images: int, root: Path) -> tuple[Path, dict[str, int]]:
     return folder, scores
 
 
-def _epoch(store: HttpStore, cache: Path) -> tuple[float, float, int]:
-    """One filtered epoch: seconds to the first batch, to the end, samples delivered."""
+def timed_epoch(store: HttpStore, cache: Path, **options: Any) -> tuple[float, float, float, int]:
+    """One epoch of a loader over ``store`` with the cache folder ``cache`` (``options``:
+    its other keywords; its batches ``(images, labels, extras)``): seconds to the first
+    batch, to the end, CPU seconds (this process and its children), samples delivered."""
+    cpu0 = tree_cpu_seconds()
     t0 = time.perf_counter()
     first = None
     n = 0
     with al.ImageLoader(
-        store.url,
-        batch_size=32,
-        labels=None,
-        transform=al.Resize(64),
-        filters=[("score", ">=", 9)],
-        extras=("text",),
-        store=al.StoreConfig(object_store=store),
-        cache_dir=cache,
+        store.url, store=al.StoreConfig(object_store=store), cache_dir=cache, **options
     ) as loader:
         for images, _, _ in loader:
             first = first if first is not None else time.perf_counter() - t0
             n += len(images)
-    return first or 0.0, time.perf_counter() - t0, n
+        cpu = tree_cpu_seconds() - cpu0
+    return first or 0.0, time.perf_counter() - t0, cpu, n
+
+
+def _epoch(store: HttpStore, cache: Path) -> tuple[float, float, int]:
+    """One filtered epoch: seconds to the first batch, to the end, samples delivered."""
+    filters = [("score", ">=", 9)]
+    options = dict(batch_size=32, labels=None, transform=al.Resize(64), extras=("text",))
+    first, total, _, n = timed_epoch(store, cache, filters=filters, **options)
+    return first, total, n
 
 
 def round_medians(

@@ -65,7 +65,7 @@ from ._listing import (
 from ._located import read_manifest_file
 from ._objects import ObjectList
 from ._saved import listing_path, save_listing
-from ._sizes import NO_SIZES, SizeReading, with_sizes
+from ._sizes import NO_SIZES, SizeReading, asking_with_heads, with_sizes
 
 __all__ = [
     "Listing",
@@ -302,17 +302,30 @@ async def open_listing(
         )
 
     dataset = await asyncio.to_thread(build, all_listed)
+    later = header_columns(filters, metadata)
     if dataset.samples and bool((all_listed.sizes() == UNSIZED).any()):
         # A web server's folder (listed by this loader: a job's one listing sizes every
         # object): the sizes of what the run reads are asked now, once the filter has left
         # out what it never reads (built again with them: a filter on ``size`` decides
-        # then).
-        sized = await complete_sizes(store, folder, all_listed, read_keys(dataset, all_listed))
+        # then); with the images' first bytes where their headers are read next (those
+        # read whole kept in the cache where no filter on the sizes may leave them out).
+        ask = None
+        if sizes.wanted or later:
+            named = {column for group in filters or [] for column, _, _ in group}
+            kept: Stays | None = every_one
+            if "size" in named:  # decided once the sizes are known: none kept before
+                kept = None
+            elif later:
+                assert filters is not None
+                kept = size_test(dataset.samples.objects, metadata, filters)
+            images = set(dataset.samples.objects.keys())
+            ask = asking_with_heads(store, folder, counters, sizes, images, kept)
+        keys = read_keys(dataset, all_listed)
+        sized = await complete_sizes(store, folder, all_listed, keys, ask)
         if sized is not all_listed:
             all_listed = sized
             dataset = await asyncio.to_thread(build, all_listed)
     check(all_listed, dataset)
-    later = header_columns(filters, metadata)
     if sizes.wanted or later:
         # The images their header's read fetched whole are cached where they stay samples:
         # every one, or those the filter on the sizes keeps.

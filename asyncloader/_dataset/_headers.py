@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -51,6 +51,8 @@ _WHOLE = 1 << 62
 """Bytes asked of the cache for a whole object (more than any holds)."""
 log = logging.getLogger("asyncloader")
 
+_Bytes = bytes | bytearray | memoryview
+"""An object's bytes as a read returns them."""
 _INFLIGHT = 64
 """Header reads in flight at once (each of a fixed set of readers)."""
 _THE_IMAGE_S = (ObjectNotFound, IntegrityError, DecodeError)
@@ -127,10 +129,14 @@ async def read_headers(
     *,
     stays: Stays | None,
     upright: bool = False,
+    held: Mapping[str, bytes] | None = None,
 ) -> tuple[dict[int, tuple[int, int]], dict[int, AsyncLoaderError]]:
     """The ``(height, width)`` of each of ``objects``, by index: read in the node's cache
     (``cached``) where it holds the object, else from the store; and the failures that are
     the images' own (every header is read, so that the caller can name the first).
+    ``held``: the first bytes of some of them by key, fetched with their sizes (a web
+    server's folder, sized by a GET of each image's first :data:`HEAD_BYTES`): the
+    first read of those, made already.
     ``stays``: which of ``objects`` are samples of the run (:func:`every_one` where no
     filter on the sizes follows): those of them the first read fetched whole are kept in
     the cache; None: none is known to be one, none is kept.  ``upright``: the sizes of the
@@ -152,7 +158,8 @@ async def read_headers(
         thread = ThreadPoolExecutor(1, thread_name_prefix="asyncloader-keep")
         keeping = _Keeping(keep, stays, thread)
     try:
-        return await _read_all(store, objects, todo, found, counters, keeping, upright)
+        read = partial(_read_header, store, counters=counters, upright=upright, held=held or {})
+        return await _read_all(objects, todo, found, read, counters, keeping)
     finally:
         if keeping is not None:
             keeping.thread.submit(keeping.keep.close)  # after the hand-overs still queued
@@ -160,17 +167,16 @@ async def read_headers(
 
 
 async def _read_all(
-    store: ObjectStore,
     objects: Sequence[ObjectInfo],
     todo: Sequence[int],
     found: dict[int, tuple[int, int]],
+    read: Callable[[ObjectInfo], Awaitable[tuple[tuple[int, int], _Bytes]]],
     counters: Counters | None,
     keeping: _Keeping | None,
-    upright: bool,
 ) -> tuple[dict[int, tuple[int, int]], dict[int, AsyncLoaderError]]:
-    """:func:`read_headers`'s reads from the store: ``objects[todo]``'s headers into
-    ``found``; those read whole handed to ``keeping`` (which keeps the ones that stay
-    samples), on its thread."""
+    """:func:`read_headers`'s reads from the store (``read``: :func:`_read_header`'s):
+    ``objects[todo]``'s headers into ``found``; those read whole handed to ``keeping``
+    (which keeps the ones that stay samples), on its thread."""
     loop = asyncio.get_running_loop()
     unreadable: dict[int, AsyncLoaderError] = {}
     whole: list[tuple[ObjectInfo, bytes, tuple[int, int]]] = []
@@ -192,7 +198,7 @@ async def _read_all(
         nonlocal whole, held
         obj = objects[i]
         try:
-            found[i], data = await _read_header(store, obj, counters, upright)
+            found[i], data = await read(obj)
         except _THE_IMAGE_S as exc:
             unreadable[i] = exc
             return
@@ -224,12 +230,25 @@ async def _read_all(
 
 
 async def _read_header(
-    store: ObjectStore, obj: ObjectInfo, counters: Counters | None, upright: bool
+    store: ObjectStore,
+    obj: ObjectInfo,
+    *,
+    counters: Counters | None,
+    upright: bool,
+    held: Mapping[str, bytes],
 ) -> tuple[tuple[int, int], bytes | bytearray | memoryview]:
     async def get(start: int, end: int | None) -> bytes | bytearray | memoryview:
-        data = await counted_retrying(
-            partial(store.get, obj.key, start=start, end=end, etag=obj.etag), counters
-        )
+        head = held.get(obj.key) if start == 0 else None
+        if head is not None and (len(head) == obj.size or (end or obj.size) <= len(head)):
+            # Whole (a server that sends the whole object to a range), as the store's
+            # read would give it: the cache keeps it.
+            data: _Bytes = head if len(head) == obj.size else memoryview(head)[:end]
+            if counters is not None:  # the request that fetched it, made for this read
+                counters.requests += 1
+        else:
+            data = await counted_retrying(
+                partial(store.get, obj.key, start=start, end=end, etag=obj.etag), counters
+            )
         if counters is not None:
             counters.bytes_fetched += len(data)
         return data

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 
 import numpy as np
@@ -34,6 +34,7 @@ from ._saved import (
 )
 
 __all__ = [
+    "Asking",
     "complete_sizes",
     "list_and_save",
     "list_objects",
@@ -47,6 +48,10 @@ STATS_AT_ONCE = 32
 """Sizes asked at once of a store without a listing's own way to ask them (``stat``)."""
 
 log = logging.getLogger("asyncloader")
+
+Asking = Callable[[Sequence[str]], Awaitable[Sequence[ObjectInfo]]]
+"""How the sizes and ETags of some keys of a listing are asked: each key's object, in order
+(one the store does not have: size -1)."""
 
 
 async def saved_listing(
@@ -98,13 +103,19 @@ async def list_and_save(
 
 
 async def complete_sizes(
-    store: ObjectStore, folder: str | None, listed: ObjectList, keys: Iterable[str]
+    store: ObjectStore,
+    folder: str | None,
+    listed: ObjectList,
+    keys: Iterable[str],
+    ask: Asking | None = None,
 ) -> ObjectList:
     """``listed`` with the sizes and ETags of ``keys`` (those a run reads) asked of the
     store where it lists them as :data:`~asyncloader._base._types.UNSIZED`, and saved in
     ``folder`` again where the listing kept there is this one (as listed at the same time);
     the other objects keep theirs.  The processes of a node take turns
-    (:class:`ListingTurn`): the first asks, the others find the sizes it saved."""
+    (:class:`ListingTurn`): the first asks, the others find the sizes it saved.  ``ask``:
+    how the sizes of some keys are asked (a run that reads the images' headers next asks
+    for those with them); None: the store's ``stat_listed``, else a ``stat`` each."""
     at = _unsized(listed, keys)
     if not at:
         return listed
@@ -125,8 +136,9 @@ async def complete_sizes(
                     at = [i for i in at if listed[i].size == UNSIZED]
         if at:
             names = [listed[i].key for i in at]
-            stat_listed = getattr(store, "stat_listed", None)
-            infos = await (stat_listed(names) if stat_listed else _stat_each(store, names))
+            if ask is None:
+                ask = getattr(store, "stat_listed", None) or partial(_stat_each, store)
+            infos = await ask(names)
             listed = listed.replaced(zip(at, infos, strict=True))
             if path is not None and same:  # never over another (a newer) listing
                 await asyncio.to_thread(save_listing, path, store.url, listed, made)

@@ -7,7 +7,10 @@ takes them from the job's store (:class:`JobShare`).  Each node keeps them in it
 folder beside the saved listing (``listings/<digest>.sizes.npz``, each size with its
 object's ETag), so later runs and ``warm`` read no header again; the sizes of the images
 turned upright by their EXIF orientation (``DecodeConfig(exif_orientation=True)``) are
-kept apart, in ``listings/<digest>.upright-sizes.npz``.
+kept apart, in ``listings/<digest>.upright-sizes.npz``.  A web server's folder, whose
+listing has no sizes, is sized by a GET of each image's first bytes that gives its header
+too (:func:`asking_with_heads`): the sizes read then are kept there before the header
+pass, which finds them.
 
 An image whose header cannot be read — missing, corrupt, or replaced since it was listed —
 stops the run at its start, naming it; under ``on_error="skip"`` it keeps an unknown size
@@ -25,7 +28,7 @@ import logging
 import os
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,8 +40,9 @@ from .._base._buckets import Buckets
 from .._base._errors import AsyncLoaderError, shown_key
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
-from ._headers import CachedHeads, Stays, read_headers
+from ._headers import HEAD_BYTES, CachedHeads, Stays, read_headers
 from ._labels import Dataset
+from ._listing import Asking
 from ._metadata import Metadata
 from ._objects import ObjectList
 from ._saved import ListingTurn, listing_path, make_listings_folder
@@ -48,6 +52,7 @@ __all__ = [
     "NO_SIZES",
     "SizeReading",
     "UNKNOWN",
+    "asking_with_heads",
     "bucket_index",
     "keep_sizes",
     "sample_sizes",
@@ -431,3 +436,60 @@ def _pair(height: object, width: object) -> tuple[int, int] | None:
     if h <= 0 or w <= 0 or not h.is_integer() or not w.is_integer():
         return None
     return int(h), int(w)
+
+
+_HEADS_AT_ONCE = 512
+"""Images of a web server's folder sized at once by a GET of their first bytes, the bytes
+held until their headers are read (32 MiB at most)."""
+
+
+def asking_with_heads(
+    store: ObjectStore,
+    folder: str | None,
+    counters: Counters | None,
+    reading: SizeReading,
+    images: Collection[str],
+    stays: Stays | None,
+) -> Asking | None:
+    """How a run that reads its images' headers next (:func:`with_sizes`, as ``reading``
+    says) asks the sizes that a web server's folder lists without
+    (:func:`._listing.complete_sizes`): where the store answers a GET of an image's first
+    bytes with its size and ETag (``stat_listed_heads``), those of ``images`` are asked
+    that way and their headers read from those bytes at once (``stays``: as
+    :func:`._headers.read_headers` takes it), the sizes found kept in ``folder`` where
+    :func:`with_sizes` finds them: one request an image where a HEAD and a header read
+    made two.  The other keys (metadata files, sidecars) are asked as ``stat_listed``
+    asks them.  None where the store cannot, or there is no folder to keep the sizes in
+    (the caller asks as it would without this)."""
+    heads = getattr(store, "stat_listed_heads", None)
+    stat_listed = getattr(store, "stat_listed", None)
+    if heads is None or stat_listed is None or folder is None:
+        return None
+
+    async def ask(names: Sequence[str]) -> list[ObjectInfo]:
+        out: dict[str, ObjectInfo] = {}
+        rest = [n for n in names if n not in images]
+        if rest:
+            out.update((o.key, o) for o in await stat_listed(rest))
+        pictures = [n for n in names if n in images]
+        for i in range(0, len(pictures), _HEADS_AT_ONCE):
+            got = await heads(pictures[i : i + _HEADS_AT_ONCE], HEAD_BYTES)
+            there = [o for o, _ in got if o.size >= 0]  # the rest: missing, named when read
+            held = {o.key: bytes(data) for o, data in got if o.size >= 0}
+            # An image whose header these bytes do not give is read further (its
+            # failure, if any, is named when the header pass reads it again).
+            found, _ = await read_headers(
+                store,
+                there,
+                counters,
+                reading.cached,
+                stays=stays,
+                upright=reading.upright,
+                held=held,
+            )
+            sizes = {(there[j].key, there[j].etag): hw for j, hw in found.items()}
+            await keep_sizes(store.url, folder, sizes, upright=reading.upright)
+            out.update((o.key, o) for o, _ in got)
+        return [out[n] for n in names]
+
+    return ask

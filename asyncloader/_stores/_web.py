@@ -9,7 +9,9 @@ Express's ``serve-index``, ``http.server``: walked by :mod:`._web_walk`, read by
 :mod:`._web_index`) list the folder and the folders below it, as ``fsspec`` reads them;
 objects without a size are HEAD-requested once when listing (a saved listing in the cache
 then spares that on later runs), or, listed by a loader (:meth:`HttpStore.list_unsized`),
-only those it keeps: an image that ``filters=`` leaves out is never asked for.  GETs use
+only those it keeps: an image that ``filters=`` leaves out is never asked for (a loader
+that reads the images' headers next asks a GET of each one's first bytes instead, which
+gives both: :meth:`HttpStore.stat_listed_heads`).  GETs use
 ``Range`` and check the answer's length and ETag (weakly, without ``If-Match``, which a
 server's weak ETag never matches), so a changed object cannot pass.  A server that sends no
 ETag (``http.server``) versions its objects by their ``Last-Modified``, checked the same
@@ -317,7 +319,7 @@ class HttpStore(HTTPStoreBase):
             if not ask(key):
                 return ObjectInfo(key, UNSIZED, "")
             try:
-                return await retrying(lambda: self._sized(key, budget))
+                return (await retrying(lambda: self._sized(key, budget)))[0]
             except ObjectNotFound:
                 # Listed as of unknown size: the loader then reports it missing (an
                 # error, or a counted skip) like any object that vanished.
@@ -332,16 +334,37 @@ class HttpStore(HTTPStoreBase):
         """The object's size and ETag from a HEAD; where the answer gives no length (a
         chunked answer, a server that refuses HEAD), from a GET of its first byte (its
         ``Content-Range`` holds the size)."""
-        return await retrying(lambda: self._sized(key))
+        return (await retrying(lambda: self._sized(key)))[0]
 
-    async def _sized(self, key: str, budget: InflightBudget | None = None) -> ObjectInfo:
-        """One try of :meth:`stat`, holding a slot of ``budget`` (if any) while asking."""
+    async def stat_listed_heads(
+        self, keys: Sequence[str], n: int
+    ) -> Sequence[tuple[ObjectInfo, Blob]]:
+        """:meth:`stat_listed` for a run that reads each object's first ``n`` bytes next
+        (an image's header): each of ``keys``'s size and ETag from a GET of those bytes
+        instead of a HEAD, with the bytes (the whole object where it is no larger); an
+        object the server does not have: size -1, no bytes.  All at once through the
+        listing's budget: the caller asks a bounded number of keys at a time."""
+        budget = InflightBudget(self._head_concurrency, floor=1)
+
+        async def one(key: str) -> tuple[ObjectInfo, Blob]:
+            try:
+                return await retrying(lambda: self._sized(key, budget, n))
+            except ObjectNotFound:
+                return ObjectInfo(key, -1, ""), b""
+
+        return await asyncio.gather(*(one(k) for k in keys))
+
+    async def _sized(
+        self, key: str, budget: InflightBudget | None = None, head: int = 0
+    ) -> tuple[ObjectInfo, Blob]:
+        """One try of :meth:`stat` (``head``: of :meth:`stat_listed_heads`, the bytes to
+        read), holding a slot of ``budget`` (if any) while asking."""
         if budget is None:
-            return await self._size_of(key)
+            return await self._size_of(key, head)
         permit = await budget.acquire()
         answered = False
         try:
-            info = await self._size_of(key)
+            info = await self._size_of(key, head)
             answered = True
             return info
         except Throttled:
@@ -350,25 +373,28 @@ class HttpStore(HTTPStoreBase):
         finally:
             budget.release(permit, answered=answered)
 
-    async def _size_of(self, key: str) -> ObjectInfo:
+    async def _size_of(self, key: str, head: int = 0) -> tuple[ObjectInfo, Blob]:
+        """The object's size and ETag from a HEAD, else (``head`` bytes asked, or a server
+        that refuses HEAD or gives no length) from a GET of its first bytes, with them."""
         url = self._target(key)
         session = self._session_for(url)
         what = self._what(key)
-        try:
-            headers, _ = await request(session, "HEAD", url, self._headers, what=what, key=key)
-            if "content-length" in headers:
-                info = object_info(key, headers, what=what)
-                return ObjectInfo(key, info.size, answer_version(headers))
-        except StoreError as exc:
-            if exc.status not in (405, 501):  # HEAD not allowed: ask by GET
-                raise
-        first = {**self._headers, **object_headers(0, 1, "")}
+        if not head:
+            try:
+                headers, _ = await request(session, "HEAD", url, self._headers, what=what, key=key)
+                if "content-length" in headers:
+                    info = object_info(key, headers, what=what)
+                    return ObjectInfo(key, info.size, answer_version(headers)), b""
+            except StoreError as exc:
+                if exc.status not in (405, 501):  # HEAD not allowed: ask by GET
+                    raise
+        first = {**self._headers, **object_headers(0, max(head, 1), "")}
         headers, body = await request(session, "GET", url, first, what=what, key=key)
         span = headers.get("content-range")
         total = parse_content_range(span)[2] if span else len(body)  # a 200: the whole
         if total is None:
             raise StoreError(f"{what}: the server gives no size for it", key=key)
-        return ObjectInfo(key, total, answer_version(headers))
+        return ObjectInfo(key, total, answer_version(headers)), body
 
     def _lean_client(self, url: URL) -> LeanHTTPClient | None:
         """The lean client of ``url``'s origin (through the proxy on the way, if any), or
