@@ -545,6 +545,35 @@ def test_a_bucketed_caption_folder_of_large_images_is_sized_by_each_image_s_head
     assert {a.path for a in later} == {"/gone.jpg"}, later
 
 
+def test_images_sized_by_their_first_bytes_are_kept_only_where_the_cache_has_room(
+    tmp_path: Path,
+) -> None:
+    """The sizing reads of a bucketed run bring these small images whole; they are kept
+    for the epoch where the images would fill at most half the cache (a loader's own
+    admission then keeps them all too): with a cache of about their size, none is kept by
+    the sizing pass, and the epoch asks for each again."""
+    folder = caption_folder(tmp_path / "site")
+    total = sum(p.stat().st_size for p in folder.rglob("*.jpg"))
+    with Nginx(folder) as nginx:
+        with al.ImageLoader(
+            f"{nginx.endpoint}/",
+            batch_size=1,
+            labels=None,
+            buckets=al.Buckets(((32, 32), (24, 48), (48, 24))),
+            engine=al.EngineConfig(mode="inline"),
+            cache_dir=tmp_path / "cache",
+            cache=al.CacheConfig(size=int(1.5 * total)),
+        ) as loader:
+            n = sum(len(x) for x, _ in loader)
+        answers = [a for a in nginx.answers() if a.path.endswith(".jpg")]
+    assert n == 12
+    per_image = Counter(a.path for a in answers)
+    # Each asked by its sizing read, then by the epoch (the next epoch's first batches,
+    # prefetched before the loader closed, may ask one again).
+    assert len(per_image) == 12 and min(per_image.values()) >= 2, per_image
+    assert all(a.method == "GET" for a in answers)
+
+
 @pytest.mark.parametrize("listing", ["html", "html-rounded", "json"])
 def test_a_class_folder_on_nginx_s_autoindex_streams_without_a_manifest(
     jpeg_folder: Path, tmp_path: Path, listing: str

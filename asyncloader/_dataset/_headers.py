@@ -107,6 +107,11 @@ class Keep(Protocol):
 class CachedHeads(Protocol):
     """The node's cache, as the header pass reads it (``_run``'s, over the SSD cache)."""
 
+    @property
+    def size_limit(self) -> int:
+        """The bytes the cache holds at most."""
+        ...
+
     def __call__(
         self, store: ObjectStore, objects: Sequence[ObjectInfo], n: int
     ) -> dict[int, bytes]:

@@ -456,7 +456,9 @@ def asking_with_heads(
     (:func:`._listing.complete_sizes`): where the store answers a GET of an image's first
     bytes with its size and ETag (``stat_listed_heads``), those of ``images`` are asked
     that way and their headers read from those bytes at once (``stays``: as
-    :func:`._headers.read_headers` takes it), the sizes found kept in ``folder`` where
+    :func:`._headers.read_headers` takes it; the images read whole are kept in the cache
+    only where all of them would fill at most half of it, as estimated while they are
+    sized), the sizes found kept in ``folder`` where
     :func:`with_sizes` finds them: one request an image where a HEAD and a header read
     made two.  The other keys (metadata files, sidecars) are asked as ``stat_listed``
     asks them.  None where the store cannot, or there is no folder to keep the sizes in
@@ -466,16 +468,25 @@ def asking_with_heads(
     if heads is None or stat_listed is None or folder is None:
         return None
 
+    limit = reading.cached.size_limit if reading.cached is not None else 0
+
     async def ask(names: Sequence[str]) -> list[ObjectInfo]:
         out: dict[str, ObjectInfo] = {}
         rest = [n for n in names if n not in images]
         if rest:
             out.update((o.key, o) for o in await stat_listed(rest))
         pictures = [n for n in names if n in images]
+        count, total = 0, 0  # images sized so far, their bytes
         for i in range(0, len(pictures), _HEADS_AT_ONCE):
             got = await heads(pictures[i : i + _HEADS_AT_ONCE], HEAD_BYTES)
             there = [o for o, _ in got if o.size >= 0]  # the rest: missing, named when read
             held = {o.key: bytes(data) for o, data in got if o.size >= 0}
+            count, total = count + len(there), total + sum(o.size for o in there)
+            # The images read whole are kept where all of them, at the mean size of those
+            # sized so far, would fill at most half the cache: a loader's admission, decided
+            # over their sizes once all are known, then keeps every one of them too (the
+            # keeper's own admission is decided over these few alone).
+            fits = count > 0 and 2 * total * len(images) <= limit * count
             # An image whose header these bytes do not give is read further (its
             # failure, if any, is named when the header pass reads it again).
             found, _ = await read_headers(
@@ -483,7 +494,7 @@ def asking_with_heads(
                 there,
                 counters,
                 reading.cached,
-                stays=stays,
+                stays=stays if fits else None,
                 upright=reading.upright,
                 held=held,
             )

@@ -72,6 +72,11 @@ class CacheHeads:
         self.cache = cache
         self.scaled = scaled
 
+    @property
+    def size_limit(self) -> int:
+        """The bytes the cache holds at most."""
+        return self.cache.size_limit
+
     def __call__(
         self, store: ObjectStore, objects: Sequence[ObjectInfo], n: int
     ) -> dict[int, bytes]:
