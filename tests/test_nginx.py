@@ -574,6 +574,33 @@ def test_images_sized_by_their_first_bytes_are_kept_only_where_the_cache_has_roo
     assert all(a.method == "GET" for a in answers)
 
 
+def test_an_empty_file_in_a_bucketed_caption_folder_is_named_as_one(tmp_path: Path) -> None:
+    """A 0-byte file the metadata names: the header pass asks no range of nothing (nginx
+    answers 416 to one) and names it as empty; under ``on_error="skip"`` it is a counted
+    skip and the rest stream."""
+    folder = caption_folder(tmp_path / "site")
+    (folder / "empty.jpg").write_bytes(b"")
+    rows = (folder / "metadata.jsonl").read_text()
+    row = {"file_name": "empty.jpg", "text": "empty", "score": 1}
+    (folder / "metadata.jsonl").write_text(rows + json.dumps(row) + "\n")
+    kw: dict[str, Any] = dict(
+        batch_size=1,
+        labels=None,
+        buckets=al.Buckets(((32, 32), (24, 48), (48, 24))),
+        engine=al.EngineConfig(mode="inline"),
+    )
+    with Nginx(folder) as nginx:
+        with pytest.raises(al.DecodeError, match=r"empty\.jpg: an empty object \(0 bytes\)"):
+            with al.ImageLoader(f"{nginx.endpoint}/", cache_dir=tmp_path / "c1", **kw) as loader:
+                next(iter(loader))
+        skip = al.ErrorConfig(on_error="skip", max_failures=1)
+        with al.ImageLoader(
+            f"{nginx.endpoint}/", cache_dir=tmp_path / "c2", errors=skip, **kw
+        ) as loader:
+            n = sum(len(x) for x, _ in loader)
+            assert n == 12 and loader.stats().skipped == {"DecodeError": 1}
+
+
 @pytest.mark.parametrize("listing", ["html", "html-rounded", "json"])
 def test_a_class_folder_on_nginx_s_autoindex_streams_without_a_manifest(
     jpeg_folder: Path, tmp_path: Path, listing: str

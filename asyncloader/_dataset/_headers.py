@@ -258,6 +258,12 @@ async def _read_header(
             counters.bytes_fetched += len(data)
         return data
 
+    if obj.size == 0:  # a range of nothing is no request to make (a server answers 416)
+        raise DecodeError(
+            f"{shown_key(obj.key)}: an empty object (0 bytes), not an image; aspect-ratio "
+            "buckets need each image's size",
+            key=obj.key,
+        )
     end: int | None = HEAD_BYTES
     while True:
         want = end if obj.size < 0 or end is None else min(end, obj.size)
