@@ -438,9 +438,13 @@ def _pair(height: object, width: object) -> tuple[int, int] | None:
     return int(h), int(w)
 
 
-_HEADS_AT_ONCE = 512
-"""Images of a web server's folder sized at once by a GET of their first bytes, the bytes
-held until their headers are read (32 MiB at most)."""
+_HEADS_FIRST, _HEADS_MOST = 64, 512
+"""Images of a web server's folder sized at once by a GET of their first bytes (their bytes
+held until their headers are read): the first round's count, the most in one round."""
+_HELD = 32 * 1024 * 1024
+"""The bytes a round of those GETs is to hold: the next round's count is scaled to it (a
+server that ignores ranges sends whole images; the first round holds what the header
+pass's readers would)."""
 
 
 def asking_with_heads(
@@ -477,11 +481,15 @@ def asking_with_heads(
             out.update((o.key, o) for o in await stat_listed(rest))
         pictures = [n for n in names if n in images]
         count, total = 0, 0  # images sized so far, their bytes
-        for i in range(0, len(pictures), _HEADS_AT_ONCE):
-            got = await heads(pictures[i : i + _HEADS_AT_ONCE], HEAD_BYTES)
+        sizes: dict[tuple[str, str], tuple[int, int]] = {}
+        at, step = 0, _HEADS_FIRST
+        while at < len(pictures):
+            got = await heads(pictures[at : at + step], HEAD_BYTES)
+            at += step
             there = [o for o, _ in got if o.size >= 0]  # the rest: missing, named when read
             held = {o.key: bytes(data) for o, data in got if o.size >= 0}
             count, total = count + len(there), total + sum(o.size for o in there)
+            step = max(16, min(_HEADS_MOST, step * _HELD // max(1, sum(map(len, held.values())))))
             # The images read whole are kept where all of them, at the mean size of those
             # sized so far, would fill at most half the cache: a loader's admission, decided
             # over their sizes once all are known, then keeps every one of them too (the
@@ -498,9 +506,9 @@ def asking_with_heads(
                 upright=reading.upright,
                 held=held,
             )
-            sizes = {(there[j].key, there[j].etag): hw for j, hw in found.items()}
-            await keep_sizes(store.url, folder, sizes, upright=reading.upright)
+            sizes.update(((there[j].key, there[j].etag), hw) for j, hw in found.items())
             out.update((o.key, o) for o, _ in got)
+        await keep_sizes(store.url, folder, sizes, upright=reading.upright)
         return [out[n] for n in names]
 
     return ask
