@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
+from .._base._budget import InflightBudget
 from .._base._errors import (
     AsyncLoaderError,
     DecodeError,
     IntegrityError,
     ObjectNotFound,
+    Throttled,
     shown_key,
 )
 from .._base._stats import Counters
@@ -163,7 +165,12 @@ async def read_headers(
         thread = ThreadPoolExecutor(1, thread_name_prefix="asyncloader-keep")
         keeping = _Keeping(keep, stays, thread)
     try:
-        read = partial(_read_header, store, counters=counters, upright=upright, held=held or {})
+        # The reads go through an adaptive budget, as a fetcher's GETs do: a store that
+        # throttles (a strict rate limiter) is paced, not hammered until retries end.
+        budget = InflightBudget(_INFLIGHT, floor=1)
+        read = partial(
+            _read_header, store, counters=counters, upright=upright, held=held or {}, budget=budget
+        )
         return await _read_all(objects, todo, found, read, counters, keeping)
     finally:
         if keeping is not None:
@@ -241,7 +248,22 @@ async def _read_header(
     counters: Counters | None,
     upright: bool,
     held: Mapping[str, bytes],
+    budget: InflightBudget,
 ) -> tuple[tuple[int, int], bytes | bytearray | memoryview]:
+    async def attempt(start: int, end: int | None) -> _Bytes:
+        """One try of a read, holding a slot of ``budget``."""
+        permit = await budget.acquire()
+        answered = False
+        try:
+            data = await store.get(obj.key, start=start, end=end, etag=obj.etag)
+            answered = True
+            return data
+        except Throttled:
+            budget.throttled(permit.generation)
+            raise
+        finally:
+            budget.release(permit, answered=answered)
+
     async def get(start: int, end: int | None) -> bytes | bytearray | memoryview:
         head = held.get(obj.key) if start == 0 else None
         if head is not None and (len(head) == obj.size or (end or obj.size) <= len(head)):
@@ -251,9 +273,7 @@ async def _read_header(
             if counters is not None:  # the request that fetched it, made for this read
                 counters.requests += 1
         else:
-            data = await counted_retrying(
-                partial(store.get, obj.key, start=start, end=end, etag=obj.etag), counters
-            )
+            data = await counted_retrying(partial(attempt, start, end), counters)
         if counters is not None:
             counters.bytes_fetched += len(data)
         return data

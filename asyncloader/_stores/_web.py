@@ -130,6 +130,7 @@ class HttpStore(HTTPStoreBase):
         self._read_timeout = read_timeout
         self._use_lean = use_lean
         self._head_concurrency = head_concurrency
+        self._heads_budget: InflightBudget | None = None  # stat_listed_heads's, made once
         self._ca_bundle = ca_bundle_for(ca_bundle, *REQUESTS_CA_NAMES)
         self._tls: ssl.SSLContext | None = None  # made on first use
         self._proxy = proxy
@@ -342,9 +343,12 @@ class HttpStore(HTTPStoreBase):
         """:meth:`stat_listed` for a run that reads each object's first ``n`` bytes next
         (an image's header): each of ``keys``'s size and ETag from a GET of those bytes
         instead of a HEAD, with the bytes (the whole object where it is no larger); an
-        object the server does not have: size -1, no bytes.  All at once through the
-        listing's budget: the caller asks a bounded number of keys at a time."""
-        budget = InflightBudget(self._head_concurrency, floor=1)
+        object the server does not have: size -1, no bytes.  All at once through a
+        budget kept from one call to the next: the caller asks a bounded number of keys at
+        a time, and a rate limiter's pace, once learned, holds for the next ones."""
+        if self._heads_budget is None:
+            self._heads_budget = InflightBudget(self._head_concurrency, floor=1)
+        budget = self._heads_budget
 
         async def one(key: str) -> tuple[ObjectInfo, Blob]:
             try:
