@@ -27,12 +27,11 @@ from .._base._errors import (
     DecodeError,
     IntegrityError,
     ObjectNotFound,
-    Throttled,
     shown_key,
 )
 from .._base._stats import Counters
 from .._base._types import ObjectInfo, ObjectStore
-from .._stores._retry import counted_retrying
+from .._stores._retry import counted_retrying, in_slot
 from ._imagesize import header_size, header_sizes
 
 __all__ = [
@@ -250,19 +249,9 @@ async def _read_header(
     held: Mapping[str, bytes],
     budget: InflightBudget,
 ) -> tuple[tuple[int, int], bytes | bytearray | memoryview]:
-    async def attempt(start: int, end: int | None) -> _Bytes:
+    def attempt(start: int, end: int | None) -> Awaitable[_Bytes]:
         """One try of a read, holding a slot of ``budget``."""
-        permit = await budget.acquire()
-        answered = False
-        try:
-            data = await store.get(obj.key, start=start, end=end, etag=obj.etag)
-            answered = True
-            return data
-        except Throttled:
-            budget.throttled(permit.generation)
-            raise
-        finally:
-            budget.release(permit, answered=answered)
+        return in_slot(budget, partial(store.get, obj.key, start=start, end=end, etag=obj.etag))
 
     async def get(start: int, end: int | None) -> bytes | bytearray | memoryview:
         head = held.get(obj.key) if start == 0 else None

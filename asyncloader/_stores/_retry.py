@@ -11,11 +11,19 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from .._base._budget import InflightBudget
 from .._base._config import FetchConfig
 from .._base._errors import LengthMismatch, StoreError, Throttled, TransientStoreError
 from .._base._stats import Counters
 
-__all__ = ["CONTROL_RETRIES", "RETRIED", "counted_retrying", "retry_reason", "retrying"]
+__all__ = [
+    "CONTROL_RETRIES",
+    "RETRIED",
+    "counted_retrying",
+    "in_slot",
+    "retry_reason",
+    "retrying",
+]
 
 RETRIED = (Throttled, TransientStoreError, LengthMismatch)
 """What is retried: throttling, transient failures, and answers cut short."""
@@ -31,6 +39,23 @@ def retry_reason(exc: StoreError) -> str:
     if isinstance(exc, LengthMismatch):
         return "short"
     return "transient"
+
+
+async def in_slot(budget: InflightBudget, call: Callable[[], Awaitable[T]]) -> T:
+    """One try of ``call()`` holding a slot of ``budget``: a throttled answer backs the
+    budget off (and, from then on, paces it); the slot goes back however the try ends,
+    as answered only where it returned."""
+    permit = await budget.acquire()
+    answered = False
+    try:
+        out = await call()
+        answered = True
+        return out
+    except Throttled:
+        budget.throttled(permit.generation)
+        raise
+    finally:
+        budget.release(permit, answered=answered)
 
 
 CONTROL_RETRIES = FetchConfig(max_attempts=6)

@@ -27,6 +27,7 @@ import logging
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
@@ -35,7 +36,7 @@ from yarl import URL
 
 from .._base._budget import InflightBudget
 from .._base._config import READ_TIMEOUT
-from .._base._errors import ObjectNotFound, StoreError, Throttled, shown_key
+from .._base._errors import ObjectNotFound, StoreError, shown_key
 from .._base._manifest import METADATA_NAMES, file_key, metadata_rows, read_manifest
 from .._base._types import UNSIZED, Blob, ObjectInfo
 from ._http import (
@@ -60,7 +61,7 @@ from ._http_objects import (
 )
 from ._http_store import HTTPStoreBase, use_lean_client
 from ._lean_http import LeanHTTPClient, tls_context
-from ._retry import retrying
+from ._retry import in_slot, retrying
 from ._routes import with_login
 from ._tunnel import lean_route
 
@@ -365,17 +366,7 @@ class HttpStore(HTTPStoreBase):
         read), holding a slot of ``budget`` (if any) while asking."""
         if budget is None:
             return await self._size_of(key, head)
-        permit = await budget.acquire()
-        answered = False
-        try:
-            info = await self._size_of(key, head)
-            answered = True
-            return info
-        except Throttled:
-            budget.throttled(permit.generation)
-            raise
-        finally:
-            budget.release(permit, answered=answered)
+        return await in_slot(budget, partial(self._size_of, key, head))
 
     async def _size_of(self, key: str, head: int = 0) -> tuple[ObjectInfo, Blob]:
         """The object's size and ETag from a HEAD, else (``head`` bytes asked, or a server
