@@ -163,7 +163,12 @@ def write_json(path: str, args: dict[str, object], rows: dict[str, list[dict[str
         "medians": {
             name: {
                 "images_per_second": med([r["images"] / r["wall"] for r in rs]),
-                "cpu_ms_per_image": med([r["cpu"] / r["images"] * 1e3 for r in rs]),
+                # (None for a case whose processes are not measured: bench_tail's node cases)
+                "cpu_ms_per_image": (
+                    med([r["cpu"] / r["images"] * 1e3 for r in rs])
+                    if all("cpu" in r for r in rs)
+                    else None
+                ),
                 "peak_rss_mb": max((r.get("rss_mb", 0.0) for r in rs), default=0.0),
             }
             for name, rs in rows.items()
