@@ -4,6 +4,7 @@ loader against a rate-limited server backing off instead of hammering it."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,110 @@ def test_a_throttle_in_the_first_second_paces_at_the_rate_answers_came() -> None
             budget.release(held.pop(0), answered=True) if held else None
             held.append(await budget.acquire())
         assert 10 <= budget._answer_rate() <= 20
+
+    _run(body())
+
+
+def test_answers_an_event_loop_took_late_leave_no_floor_above_what_the_store_served() -> None:
+    """Answers that arrive bunched (the loop was busy while the store answered them) may
+    set a pace far above a strict limiter's rate (4 answers in 0.3 ms look like 10,000 a
+    second), but the floor under the pace is what the store served (their number over the
+    time since their requests went), and the first cut, once the pace is seen refused,
+    goes to near that (twice it): a strict limiter at 150 a second then refuses a few
+    requests of each cut's judging, not half of them.  (With the floor at half of 10,000 a second, nginx's limit_req at 150 a
+    second refused more than half of a run.)  Likewise a slow store's two answers."""
+
+    async def body() -> None:
+        clock = Clock()
+        budget = InflightBudget(64, floor=2, start=16, clock=clock)
+        held = [await budget.acquire() for _ in range(16)]
+        clock.now = 0.2  # the loop comes back: 4 answers and the refusals, all at once
+        for _ in range(4):
+            clock.now += 0.0001
+            budget.release(held.pop(), answered=True)
+        assert budget.throttled(held[0].generation)
+        assert budget.pace > 1000  # (what the bunched answers looked like)
+        assert budget._best_served == pytest.approx(3 / 0.2004)
+        for p in held:
+            budget.release(p, answered=False)
+        # Paced requests, one at a time, at a strict limiter of 150 a second.
+        last_taken, refused = 0.2, 0
+        for _ in range(300):
+            permit = await budget.acquire()
+            clock.now += 0.001  # the request's way there and back
+            if clock.now - last_taken >= 1 / 150:
+                last_taken = clock.now
+                budget.release(permit, answered=True)
+            else:
+                refused += 1
+                budget.throttled(permit.generation)
+                budget.release(permit, answered=False)
+            clock.now += 1 / budget.pace if budget.pace else 0.001
+        assert budget.pace <= 150 and refused < 300 / 4
+        # A slow store: two answers in all, two seconds after their requests went, taken
+        # in one late turn of the loop: about one every two seconds, not 10,000 a second.
+        budget = InflightBudget(64, floor=2, start=16, clock=clock)
+        sent = clock.now
+        held = [await budget.acquire() for _ in range(4)]
+        clock.now = sent + 2.0
+        budget.release(held.pop(), answered=True)
+        clock.now += 0.0001
+        budget.release(held.pop(), answered=True)
+        assert budget._served_rate() == pytest.approx(1 / 2.0001)
+        assert budget.throttled(held[0].generation)
+        assert budget._best_served < 1.0
+
+    _run(body())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rate=st.sampled_from([50.0, 150.0, 400.0]),
+    requests=st.lists(
+        st.tuples(
+            st.floats(0.0, 0.02),  # the wait before the next request goes
+            st.floats(0.0, 0.005),  # its way to the server
+            st.floats(0.0, 0.25),  # the answer's way back, a busy event loop's lateness in it
+        ),
+        min_size=2,
+        max_size=80,
+    ),
+)
+def test_what_the_store_served_stays_within_a_strict_limiter_s_rate_however_late_answers_come(
+    rate: float, requests: list[tuple[float, float, float]]
+) -> None:
+    """Against a strict limiter (a request is taken only ``1 / rate`` or more after the last
+    one taken, else refused), whatever the answers' lateness on their way back: the rate
+    the budget says the store served, and so the floor under the pace, stay within the
+    limiter's rate, give or take the answers of the longest lateness (at most 0.25 s of
+    them in a second's count); a cut of the pace leaves it within twice that."""
+
+    async def body() -> None:
+        clock = Clock()
+        budget = InflightBudget(1000, floor=2, start=None, clock=clock)
+        answers: list[tuple[float, int, Permit, bool]] = []  # a heap, by arrival
+        bound = rate * 1.25 + 1.0
+        sent, last_taken = 0.0, -1.0
+        for i, (gap, way, back) in enumerate([*requests, (1.0, 0.0, 0.0)]):
+            sent += gap
+            while answers and answers[0][0] <= sent:  # the answers that came before it
+                when, _, permit, taken = heapq.heappop(answers)
+                clock.now = when
+                if not taken:
+                    pace = budget.pace
+                    budget.throttled(permit.generation)
+                    if 0 < pace != budget.pace:  # a cut of the pace: near what it served
+                        assert budget.pace <= 2 * bound
+                budget.release(permit, answered=taken)
+                assert budget._served_rate() <= bound and budget._best_served <= bound
+            clock.now = sent
+            if i == len(requests) or budget.inflight >= budget.limit:
+                continue  # (the last: no request, the answers' turn)
+            permit = await budget.acquire()
+            at_server = sent + way
+            taken = at_server - last_taken >= 1.0 / rate
+            last_taken = at_server if taken else last_taken
+            heapq.heappush(answers, (at_server + back, i, permit, taken))
 
     _run(body())
 
@@ -358,7 +463,8 @@ def test_the_loaders_of_a_node_back_off_together_and_share_the_growth(tmp_path: 
     """Two budgets sharing a node file: a throttle in one is a back-off of both (the other
     follows at its next look), a second throttle of the same round is not a second
     back-off, and after it each grows by half the step a lone budget grows by."""
-    from asyncloader._base._budget import NODE_POLL, NodeShare
+    from asyncloader._base._budget import NODE_POLL
+    from asyncloader._base._node_share import NodeShare
 
     async def body() -> None:
         clock, wall = Clock(), Clock()
@@ -407,7 +513,7 @@ def test_the_loaders_of_a_node_back_off_together_and_share_the_growth(tmp_path: 
 
 
 def test_a_node_member_that_stopped_beating_no_longer_counts(tmp_path: Path) -> None:
-    from asyncloader._base._budget import NodeShare
+    from asyncloader._base._node_share import NodeShare
 
     wall = Clock()
     wall.now = 1e9

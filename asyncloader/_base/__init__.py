@@ -12,7 +12,8 @@ their quantiles (``_latency``), every start and stop bound named once (``_lifecy
 processes below one and the CPU they spent (``_proctree``), shared memory (``_shm``: memfds
 on Linux), one source of several (``_sources``), the CPUs each rank of a node is bound to
 (``_binding``), the adaptive budget of requests in flight and their pace (``_budget``) with
-the timer its paced requests wait on (``_timer``), which samples ``filters=`` keeps
+the timer its paced requests wait on (``_timer``) and the file a node's budgets share
+(``_node_share``), which samples ``filters=`` keeps
 (``_filters``), aspect-ratio buckets (``_buckets``), EXIF orientation and turning an image
 upright (``_orientation``), and where the job's key-value store is
 and a client of it (``_jobstore``); a resume state loaded into ``ImageDataset``, in shared

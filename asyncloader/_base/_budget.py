@@ -29,9 +29,12 @@ Two bounds, the smaller wins, always between ``floor`` and ``ceiling``:
   and then, and a store that stopped limiting is soon climbed again.  Once paced, a refusal
   is the rate's only when ``PACE_REFUSALS`` of the last ``PACE_JUDGED`` paced requests
   (answered or refused, this one included) were refused; the pace it cuts is then where the
-  store refuses.  Below that, requests are paced right and one now and then arrives a
-  little early (a strict limiter counts whole milliseconds between arrivals, and the
-  client's and the server's scheduling move each arrival by about as much): such a refusal
+  store refuses (or twice what the store served, where the pace is above that: a first
+  pace set from answers that an event loop took late, bunched, is cut at once to near what
+  the store took, not ``PACE_DECREASE`` at a time).  Below that, requests are paced
+  right and one now and then arrives a little early (a strict limiter counts whole
+  milliseconds between arrivals, and the client's and the server's scheduling move each
+  arrival by about as much): such a refusal
   is retried as any other, stops the pace's probe from speeding up, and leaves the pace
   where it is (the window backs off).  A pace cut at every refusal was held well below a
   strict limiter's rate by such arrivals (``benchmarks/bench_servers.py``, RESULTS.md).
@@ -39,40 +42,38 @@ Two bounds, the smaller wins, always between ``floor`` and ``ceiling``:
   end up to a millisecond late, 7 % of a turn at 140 a second), and goes no sooner than
   ``PACE_GAP`` of a turn after the request before it.
   A pace that stays twice what is sent for ``PACE_IDLE`` seconds (it is not what limits)
-  is dropped.  The pace never goes below ``PACE_FLOOR`` of the most the store answered at
+  is dropped.  The pace never goes below ``PACE_FLOOR`` of the most the store served
   lately (that most halving every ``PACE_MEMORY`` seconds): refusals that do not follow
-  the rate (faults, the store's own trouble) cannot spiral it down.
+  the rate (faults, the store's own trouble) cannot spiral it down.  What it served is
+  counted from its requests' going, which bunched answers cannot raise above a strict
+  limiter's rate (a floor above the rate held the pace where half the requests were
+  refused).
 
-**One budget per node** (:class:`NodeShare`): the loaders of one node that read one store
-into one cache folder — its ranks and their DataLoader workers — are, to the store, one
-client.  Each backing off alone, N of them recover N times as fast as one and the store
-keeps throttling.  Sharing a small file in the cache folder, a back-off of any of them is a
-back-off of all (once per round of requests, node-wide), and each grows its window by
+**One budget per node** (:class:`~._node_share.NodeShare`): the loaders of one node that
+read one store into one cache folder — its ranks and their DataLoader workers — are, to the
+store, one client.  Each backing off alone, N of them recover N times as fast as one and the
+store keeps throttling.  Sharing a small file in the cache folder, a back-off of any of them
+is a back-off of all (once per round of requests, node-wide), and each grows its window by
 ``1 / active`` of the step and goes down to ``1 / active`` of the floor, so that together
 they climb, and back off, as one client does.
 
-Asyncio, the standard library and its timer (``_timer``) only.  The budget runs on one event
-loop.
+Asyncio, the standard library, its timer (``_timer``) and the node's file (``_node_share``)
+only.  The budget runs on one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
-import mmap
-import os
-import random
-import struct
+import itertools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
+from ._node_share import NodeShare
 from ._timer import precise_sleep
 
-__all__ = ["MIN_NEED", "InflightBudget", "NodeShare", "Permit"]
+__all__ = ["MIN_NEED", "InflightBudget", "Permit"]
 
 MIN_NEED = 16
 PROBE = 0.1
@@ -87,128 +88,6 @@ PACE_JUDGED = 200
 PACE_REFUSALS = 8
 PACE_GAP = 0.97
 NODE_POLL = 0.05  # seconds between two looks at the node (while requests are answered)
-
-
-_MAGIC = b"ALNODE01"
-_HEAD = struct.Struct("<8sqd")  # magic, back-offs so far, when the last one was
-_SLOT = struct.Struct("<qd")  # a member's token (0: free), its last heartbeat
-_SLOTS = 128
-_SIZE = _HEAD.size + _SLOTS * _SLOT.size
-
-
-class NodeShare:
-    """What the loaders of one node reading one store share: the node's back-offs, and how
-    many of them are active.  A small file (``path``, in the cache folder), mapped in
-    memory and changed under an advisory lock; a member that has not been heard of for
-    ``stale`` seconds (stopped, killed) no longer counts and its slot is taken again.
-
-    Args:
-        path: The file (made, with its folder, if missing).
-        stale: Seconds without a heartbeat after which a member is gone.
-        clock: Wall-clock seconds (shared by processes: not monotonic).
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        stale: float = 10.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.path = Path(path)
-        self._stale = stale
-        self._clock = clock
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            with self._lock(fd):
-                if os.fstat(fd).st_size < _SIZE:
-                    # Written, not truncated to size: a sparse file's page would need its
-                    # block when first written through the map, and on a full disk that
-                    # is SIGBUS, not an error.
-                    os.pwrite(fd, bytes(_SIZE), 0)
-                self._map = mmap.mmap(fd, _SIZE)
-                if self._map[: len(_MAGIC)] != _MAGIC:  # new (or another version's): reset
-                    self._map[:] = bytes(_SIZE)
-                    _HEAD.pack_into(self._map, 0, _MAGIC, 0, 0.0)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        self._token = random.getrandbits(62) | 1
-        self._slot = -1
-        self.generation = 0  # the node's back-offs when this member last looked
-        self.generation, _ = self.poll()  # joined: only later back-offs apply to it
-
-    def __repr__(self) -> str:
-        return f"NodeShare({str(self.path)!r})"
-
-    @contextlib.contextmanager
-    def _lock(self, fd: int | None = None) -> Iterator[None]:
-        fd = self._fd if fd is None else fd
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def _beat(self, now: float) -> None:
-        """Refresh this member's heartbeat, taking a slot again if it lost its own (held
-        a long time without a word, and given to another).  Under the lock."""
-        m = self._map
-        if self._slot >= 0 and _SLOT.unpack_from(m, _HEAD.size + self._slot * _SLOT.size)[0] == (
-            self._token
-        ):
-            _SLOT.pack_into(m, _HEAD.size + self._slot * _SLOT.size, self._token, now)
-            return
-        self._slot = -1
-        for i in range(_SLOTS):
-            token, beat = _SLOT.unpack_from(m, _HEAD.size + i * _SLOT.size)
-            if token == 0 or beat < now - self._stale:
-                _SLOT.pack_into(m, _HEAD.size + i * _SLOT.size, self._token, now)
-                self._slot = i
-                return
-        # Every slot taken: this member goes uncounted (the node is larger than the table).
-
-    def poll(self) -> tuple[int, int]:
-        """A heartbeat; the node's back-offs so far and its active members (this one
-        included)."""
-        now = self._clock()
-        with self._lock():
-            self._beat(now)
-            _, generation, _ = _HEAD.unpack_from(self._map, 0)
-            active = sum(
-                1
-                for i in range(_SLOTS)
-                if (slot := _SLOT.unpack_from(self._map, _HEAD.size + i * _SLOT.size))[0]
-                and slot[1] >= now - self._stale
-            )
-        return generation, max(1, active + (self._slot < 0))
-
-    def back_off(self, gap: float) -> int:
-        """A member was throttled: the node backs off, unless it did less than ``gap``
-        seconds ago (one round of requests: the same congestion).  Returns the node's
-        back-offs so far."""
-        now = self._clock()
-        with self._lock():
-            magic, generation, last = _HEAD.unpack_from(self._map, 0)
-            if now - last >= gap or now < last:
-                generation += 1
-                _HEAD.pack_into(self._map, 0, magic, generation, now)
-        return int(generation)
-
-    def close(self) -> None:
-        """Leave the node (the slot is freed).  Idempotent."""
-        if self._fd < 0:
-            return
-        with contextlib.suppress(OSError, ValueError):
-            with self._lock():
-                at = _HEAD.size + self._slot * _SLOT.size
-                if self._slot >= 0 and _SLOT.unpack_from(self._map, at)[0] == self._token:
-                    _SLOT.pack_into(self._map, at, 0, 0.0)
-            self._map.close()
-        os.close(self._fd)
-        self._fd = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +166,8 @@ class InflightBudget:
         self._pace_probe = PACE_GROWTH  # the pace's growth per answer, past it
         self._next_send = 0.0  # when the last paced request's turn was
         self._last_sent = 0.0  # when the last paced request went
-        self._answered: deque[float] = deque(maxlen=4096)  # when the last answers came
+        # The last answers: when each came, and when its request went.
+        self._answered: deque[tuple[float, float]] = deque(maxlen=4096)
         self._pace_slack_since: float | None = None  # since when the pace has not limited
         self._best_served = 0.0  # the most answers per second lately (see _back_off)
         self._best_at = clock()
@@ -371,7 +251,7 @@ class InflightBudget:
                 self._probe = min(1.0, self._probe * (1.0 + 0.25 / self.window))
             self.window = min(float(self.ceiling), self.window + step)
         if answered:
-            self._answered.append(self._clock())
+            self._answered.append((self._clock(), permit.taken))
             if self.pace > 0:
                 self._judged.append(False)
                 self._grow_pace()
@@ -423,20 +303,51 @@ class InflightBudget:
             self.followed += 1
             self._back_off()
 
-    def _answer_rate(self) -> float:
-        """Answers per second over the last second (over the last few, where fewer came;
-        since the first answer, where all came within the last second: at a run's start,
-        8 answers in 50 ms are 140 a second, not 8)."""
+    def _served_rate(self) -> float:
+        """Answers per second lately: the answers that came in the last second (the last
+        16, where fewer than 8 did), over the time from the first of their requests' going
+        to the last answer's coming.
+
+        Over that span, not over the span between the answers' arrivals: answers that an
+        event loop took late (a busy engine, a loaded machine) arrive bunched, and 4 of
+        them in a millisecond are not 3,000 a second.  Such an estimate paced a strict rate
+        limiter's requests far above its rate, and the floor it left under the pace
+        (``PACE_FLOOR`` of the most served) held them there: more than half were refused.
+        Every request counted went no sooner than the span's start and was answered by its
+        end, so however late its answer came, a strict limiter's rate bounds the estimate
+        (one answer less than counted: the first may have been served at the start).  A
+        request's time waiting for the store counts in: at a run's start, 8 answers to
+        requests sent 50 ms before are 140 a second, as they are to the store."""
         answered = self._answered
         if len(answered) < 2:
             return 0.0
         now = self._clock()
-        recent = [t for t in answered if now - t <= 1.0]
+        recent = 0  # answers in the last second
+        for came, _ in reversed(answered):  # (in the order they came: newest last)
+            if now - came > 1.0:
+                break
+            recent += 1
+        counted = recent if recent >= 8 else min(len(answered), 16)
+        first_sent = min(sent for _, sent in itertools.islice(reversed(answered), counted))
+        return (counted - 1) / max(answered[-1][0] - first_sent, 1e-3)
+
+    def _answer_rate(self) -> float:
+        """Answers per second over the last second (over the last few, where fewer came;
+        since the first answer, where all came within the last second: at a run's start,
+        8 answers in 50 ms are 140 a second, not 8).  What the store answers at in a burst
+        too, and so above what it serves where an event loop took answers late (bunched):
+        the pace a throttle sets starts here, and a cut of it is bounded by
+        :meth:`_served_rate`."""
+        answered = self._answered
+        if len(answered) < 2:
+            return 0.0
+        now = self._clock()
+        recent = [came for came, _ in answered if now - came <= 1.0]
         if len(recent) >= 8:
             if len(recent) < len(answered):  # answers from before the last second: a whole one
                 return len(recent) / 1.0
             return (len(recent) - 1) / max(now - recent[0], 1e-3)
-        span = answered[-1] - answered[max(0, len(answered) - 16)]
+        span = answered[-1][0] - answered[max(0, len(answered) - 16)][0]
         return (min(len(answered), 16) - 1) / span if span > 0 else 0.0
 
     def _grow_pace(self) -> None:
@@ -460,15 +371,18 @@ class InflightBudget:
             self._pace_slack_since = None
 
     def _back_off(self) -> None:
-        served = self._answer_rate()
+        served, bounded = self._answer_rate(), self._served_rate()
         now = self._clock()
-        # The most the store answered at lately (halved every PACE_MEMORY seconds): the
+        # The most the store served at lately (halved every PACE_MEMORY seconds): the
         # pace never goes below PACE_FLOOR of it, so refusals that do not follow the rate
-        # (faults, the store's own trouble) cannot spiral it down.
+        # (faults, the store's own trouble) cannot spiral it down.  Served, not answered
+        # in a burst: a floor above a strict limiter's rate would hold the pace there.
         decay = 0.5 ** ((now - self._best_at) / PACE_MEMORY)
-        self._best_served, self._best_at = max(served, self._best_served * decay), now
-        if self.pace > 0:  # where it refused: the pace now, if refused often enough
+        self._best_served, self._best_at = max(bounded, self._best_served * decay), now
+        if self.pace > 0:  # where it refused: the pace now, if refused often enough...
             refused = self.pace if self._rate_refused() else 0.0  # 0: one early arrival
+            if 0 < bounded < PACE_FLOOR * refused:  # ...or twice what it served, if less
+                refused = bounded / PACE_FLOOR  # (a pace set from answers that came bunched)
             if refused > 0:
                 self._pace_refused = refused
         else:  # unpaced: the rate it answered at, or a little below where it last refused

@@ -61,7 +61,7 @@ def listing_path(directory: str | os.PathLike[str], url: str) -> Path:
 
 def budget_path(directory: str | os.PathLike[str], url: str) -> Path:
     """The file through which the loaders of a node reading ``url`` into the cache folder
-    ``directory`` share one in-flight budget (:class:`asyncloader._base._budget.NodeShare`);
+    ``directory`` share one in-flight budget (:class:`asyncloader._base._node_share.NodeShare`);
     its folder is made."""
     path = listing_path(directory, url).with_suffix(".budget")
     make_listings_folder(path)

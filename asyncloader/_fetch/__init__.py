@@ -15,10 +15,11 @@ import random
 import warnings
 from functools import partial
 
-from .._base._budget import InflightBudget, NodeShare
+from .._base._budget import InflightBudget
 from .._base._config import FetchConfig
 from .._base._env import usable_cpus
 from .._base._errors import LengthMismatch, StoreError, Throttled, shown_key
+from .._base._node_share import NodeShare
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore
 from .._stores._http_objects import whole_answer
@@ -41,7 +42,7 @@ class Fetcher:
     ``max_inflight`` as its ceiling (exactly ``max_inflight`` when not ``adaptive``).  Given
     ``decode_workers``, its need follows Little's law from the rate they decode at.  Given
     ``node`` (a file in the cache folder), it is one member of the node's shared budget
-    (:class:`~asyncloader._base._budget.NodeShare`); :meth:`close` leaves it.
+    (:class:`~asyncloader._base._node_share.NodeShare`); :meth:`close` leaves it.
     """
 
     def __init__(
