@@ -34,10 +34,10 @@ Two bounds, the smaller wins, always between ``floor`` and ``ceiling``:
   the store took, not ``PACE_DECREASE`` at a time).  Below that, requests are paced
   right and one now and then arrives a little early (a strict limiter counts whole
   milliseconds between arrivals, and the client's and the server's scheduling move each
-  arrival by about as much): such a refusal
-  is retried as any other, stops the pace's probe from speeding up, and leaves the pace
-  where it is (the window backs off).  A pace cut at every refusal was held well below a
-  strict limiter's rate by such arrivals (``benchmarks/bench_servers.py``, RESULTS.md).
+  arrival by about as much): such a refusal is retried as any other, stops the pace's
+  probe from speeding up, and leaves the pace where it is (the window backs off).  A pace
+  cut at every refusal was held well below a strict limiter's rate by such arrivals
+  (``benchmarks/bench_servers.py``, RESULTS.md).
   A paced request waits for its turn on a :class:`~._timer.PreciseTimer` (asyncio's timers
   end up to a millisecond late, 7 % of a turn at 140 a second), and goes no sooner than
   ``PACE_GAP`` of a turn after the request before it.
@@ -303,6 +303,17 @@ class InflightBudget:
             self.followed += 1
             self._back_off()
 
+    def _recent(self, now: float) -> int:
+        """How many answers came in the last second: counted from the newest back (they
+        are in the order they came), not over all that are kept — this runs for every
+        answer while paced."""
+        n = 0
+        for came, _ in reversed(self._answered):
+            if now - came > 1.0:
+                break
+            n += 1
+        return n
+
     def _served_rate(self) -> float:
         """Answers per second lately: the answers that came in the last second (the last
         16, where fewer than 8 did), over the time from the first of their requests' going
@@ -321,12 +332,7 @@ class InflightBudget:
         answered = self._answered
         if len(answered) < 2:
             return 0.0
-        now = self._clock()
-        recent = 0  # answers in the last second
-        for came, _ in reversed(answered):  # (in the order they came: newest last)
-            if now - came > 1.0:
-                break
-            recent += 1
+        recent = self._recent(self._clock())
         counted = recent if recent >= 8 else min(len(answered), 16)
         first_sent = min(sent for _, sent in itertools.islice(reversed(answered), counted))
         return (counted - 1) / max(answered[-1][0] - first_sent, 1e-3)
@@ -342,11 +348,11 @@ class InflightBudget:
         if len(answered) < 2:
             return 0.0
         now = self._clock()
-        recent = [came for came, _ in answered if now - came <= 1.0]
-        if len(recent) >= 8:
-            if len(recent) < len(answered):  # answers from before the last second: a whole one
-                return len(recent) / 1.0
-            return (len(recent) - 1) / max(now - recent[0], 1e-3)
+        recent = self._recent(now)
+        if recent >= 8:
+            if recent < len(answered):  # answers from before the last second: a whole one
+                return recent / 1.0
+            return (recent - 1) / max(now - answered[-recent][0], 1e-3)
         span = answered[-1][0] - answered[max(0, len(answered) - 16)][0]
         return (min(len(answered), 16) - 1) / span if span > 0 else 0.0
 
