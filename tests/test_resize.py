@@ -38,7 +38,7 @@ def _pillow(
 
 
 def _ours(
-    arr: np.ndarray, box: tuple[float, ...], size: tuple[int, int], flip: bool, simd: bool
+    arr: np.ndarray, box: tuple[float, ...], size: tuple[int, int], flip: bool, simd: int
 ) -> np.ndarray:
     from asyncloader._decode import _resize  # type: ignore[attr-defined]
 
@@ -48,6 +48,16 @@ def _ours(
     out = np.full((3, oh, ow), 7, np.uint8)
     _resize.resize_into(arr, w, h, c, box, out, ow, oh, flip, vertical_first, simd)
     return out
+
+
+def _kernels() -> range:
+    from asyncloader._decode import _resize  # type: ignore[attr-defined]
+
+    return range(int(_resize.SIMD) + 1)
+
+
+_KERNELS = _kernels() if FAST_RESIZE else range(1)
+"""The horizontal pass's kernels this CPU runs: 0 scalar, 1 SSE4.1, 2 AVX2 (see the C)."""
 
 
 @st.composite
@@ -83,8 +93,8 @@ def test_the_resize_is_pillows_bit_for_bit(
 ) -> None:
     arr, box, size, flip = case
     want = _pillow(arr, box, size, flip)
-    assert np.array_equal(_ours(arr, box, size, flip, simd=True), want)
-    assert np.array_equal(_ours(arr, box, size, flip, simd=False), want)
+    for simd in _KERNELS:
+        assert np.array_equal(_ours(arr, box, size, flip, simd), want), simd
 
 
 def test_both_pass_orders_are_met() -> None:
@@ -94,7 +104,8 @@ def test_both_pass_orders_are_met() -> None:
 
     arr = np.random.default_rng(1).integers(0, 256, (80, 37, 4), dtype=np.uint8)
     box, size = (0.0, 0.0, 37.0, 80.0), (55, 23)
-    assert np.array_equal(_ours(arr, box, size, False, True), _pillow(arr, box, size, False))
+    for simd in _KERNELS:
+        assert np.array_equal(_ours(arr, box, size, False, simd), _pillow(arr, box, size, False))
     h_first, v_first = np.empty((3, 23, 55), np.uint8), np.empty((3, 23, 55), np.uint8)
     _resize.resize_into(arr, 37, 80, 4, box, h_first, 55, 23, False, False)
     _resize.resize_into(arr, 37, 80, 4, box, v_first, 55, 23, False, True)
@@ -110,7 +121,25 @@ def test_a_box_of_the_output_size_is_a_crop() -> None:
             want = _pillow(arr, box, size, flip)
             crop = arr[int(box[1]) : int(box[3]), int(box[0]) : int(box[2]), :3]
             assert np.array_equal(want, (crop[:, ::-1] if flip else crop).transpose(2, 0, 1))
-            assert np.array_equal(_ours(arr, box, size, flip, simd=True), want)
+            for simd in _KERNELS:
+                assert np.array_equal(_ours(arr, box, size, flip, simd), want)
+
+
+@pytest.mark.parametrize("channels", [3, 4])
+def test_each_kernel_meets_pillow_at_every_remainder_of_rows_and_columns(channels: int) -> None:
+    # The AVX2 pass takes four rows and four output pixels at a time: 4-7 source rows and
+    # output columns leave every remainder, in both pass orders, mirrored or not, with
+    # weights that reach the image's last pixel (the last row's last bytes).
+    rng = np.random.default_rng(channels)
+    for h in range(4, 8):
+        for ow in range(4, 8):
+            arr = rng.integers(0, 256, (h, 9, channels), dtype=np.uint8)
+            for size in ((ow, h), (ow, 2), (ow, h + 3)):
+                for flip in (False, True):
+                    want = _pillow(arr, (0.0, 0.0, 9.0, float(h)), size, flip)
+                    for simd in _KERNELS:
+                        got = _ours(arr, (0.0, 0.0, 9.0, float(h)), size, flip, simd)
+                        assert np.array_equal(got, want), (h, ow, size, flip, simd)
 
 
 def test_bad_arguments_are_refused() -> None:
@@ -133,6 +162,9 @@ def test_bad_arguments_are_refused() -> None:
         _resize.resize_into(src, 10, 11, 4, (0, 0, 10, 10), out, 5, 5, False, False)
     with pytest.raises(ValueError, match="channels"):
         _resize.resize_into(src, 10, 10, 2, (0, 0, 10, 10), out, 5, 5, False, False)
+    for simd in (-1, _resize.SIMD + 1):  # a kernel this CPU does not run
+        with pytest.raises(ValueError, match="simd"):
+            _resize.resize_into(src, 10, 10, 4, (0, 0, 10, 10), out, 5, 5, False, False, simd)
     with pytest.raises(TypeError):  # read-only output
         _resize.resize_into(src, 10, 10, 4, (0, 0, 10, 10), bytes(75), 5, 5, False, False)
 
