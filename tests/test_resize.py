@@ -127,12 +127,13 @@ def test_a_box_of_the_output_size_is_a_crop() -> None:
 
 @pytest.mark.parametrize("channels", [3, 4])
 def test_each_kernel_meets_pillow_at_every_remainder_of_rows_and_columns(channels: int) -> None:
-    # The AVX2 pass takes four rows and four output pixels at a time: 4-7 source rows and
-    # output columns leave every remainder, in both pass orders, mirrored or not, with
-    # weights that reach the image's last pixel (the last row's last bytes).
+    # The AVX2 horizontal pass takes four rows and four output pixels at a time, its
+    # vertical pass 16 bytes of a row: 4-7 source rows and 4-7, 16-19 and 35 output columns
+    # leave every remainder, in both pass orders, mirrored or not, with weights that reach
+    # the image's last pixel (the last row's last bytes).
     rng = np.random.default_rng(channels)
     for h in range(4, 8):
-        for ow in range(4, 8):
+        for ow in (4, 5, 6, 7, 16, 17, 18, 19, 35):
             arr = rng.integers(0, 256, (h, 9, channels), dtype=np.uint8)
             for size in ((ow, h), (ow, 2), (ow, h + 3)):
                 for flip in (False, True):
