@@ -5,8 +5,12 @@ CMYK JPEG)."""
 
 from __future__ import annotations
 
+import ctypes
 import io
+import itertools
+import mmap
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -141,6 +145,30 @@ def test_each_kernel_meets_pillow_at_every_remainder_of_rows_and_columns(channel
                     for simd in _KERNELS:
                         got = _ours(arr, (0.0, 0.0, 9.0, float(h)), size, flip, simd)
                         assert np.array_equal(got, want), (h, ow, size, flip, simd)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="mprotect through ctypes: Linux")
+def test_no_kernel_reads_past_the_image_s_last_byte() -> None:
+    # Each image ends where an unreadable page begins: a kernel that read a byte past its
+    # last pixel (a vector load of two taps where one is left, 16 bytes of a row where
+    # fewer are) would kill this process.  Every size, order, flip and kernel meets Pillow.
+    page = mmap.PAGESIZE
+    guarded = mmap.mmap(-1, 4 * page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    base = ctypes.addressof(ctypes.c_char.from_buffer(guarded))
+    assert libc.mprotect(base + 3 * page, page, 0) == 0, ctypes.get_errno()
+    rng = np.random.default_rng(3)
+    for channels, (w, h) in itertools.product((3, 4), [(9, 5), (33, 17), (101, 7), (5, 40)]):
+        nbytes = w * h * channels
+        arr = np.frombuffer(guarded, np.uint8, nbytes, 3 * page - nbytes).reshape(h, w, channels)
+        arr[...] = rng.integers(0, 256, arr.shape, dtype=np.uint8)
+        box = (0.0, 0.0, float(w), float(h))
+        sizes = [(w, h), (w * 2 + 1, h), (max(w // 3, 1), max(h // 2, 1)), (7, 4), (4, h + 5)]
+        for size, flip in itertools.product(sizes, (False, True)):
+            want = _pillow(arr, box, size, flip)
+            for simd in _KERNELS:
+                assert np.array_equal(_ours(arr, box, size, flip, simd), want)
 
 
 def test_bad_arguments_are_refused() -> None:
