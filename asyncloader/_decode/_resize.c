@@ -252,6 +252,22 @@ static inline __attribute__((always_inline)) uint64_t two_taps(const uint8_t *p,
     return v;
 }
 
+/* One step of the split sums (split_pairs): the int16 pairs of `v` (two taps side by side)
+ * times the pair's high parts `kh` added to `hi`, times its low parts `kl` to `lo`. */
+static inline __attribute__((always_inline, target("avx2"))) void
+madd_split(__m256i *hi, __m256i *lo, __m256i v, __m256i kh, __m256i kl) {
+    *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(v, kh));
+    *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(v, kl));
+}
+
+/* The split sums recombined, 2048 * hi + lo (exactly the 32-bit sum), rounded and shifted
+ * as Pillow does: still to be clamped to 0..255. */
+static inline __attribute__((always_inline, target("avx2"))) __m256i
+split_result(__m256i hi, __m256i lo) {
+    __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(hi, 11), lo);
+    return _mm256_srai_epi32(_mm256_add_epi32(sum, _mm256_set1_epi32(HALF)), PRECISION_BITS);
+}
+
 /* One output pixel `xx` of four rows (`l0` and the next three, `stride` bytes apart): its
  * four RGBX results, row by row, in one vector.  `channels` is a constant where inlined. */
 static inline __attribute__((always_inline, target("avx2"))) __m128i
@@ -273,16 +289,10 @@ four_rows(const uint8_t *l0, size_t stride, const int channels, const filter_pla
         __m256i v01 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(a01, order));
         __m256i v23 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(a23, order));
         __m256i kh = _mm256_set1_epi32(w[0]), kl = _mm256_set1_epi32(w[1]);
-        hi01 = _mm256_add_epi32(hi01, _mm256_madd_epi16(v01, kh));
-        lo01 = _mm256_add_epi32(lo01, _mm256_madd_epi16(v01, kl));
-        hi23 = _mm256_add_epi32(hi23, _mm256_madd_epi16(v23, kh));
-        lo23 = _mm256_add_epi32(lo23, _mm256_madd_epi16(v23, kl));
+        madd_split(&hi01, &lo01, v01, kh, kl);
+        madd_split(&hi23, &lo23, v23, kh, kl);
     }
-    const __m256i half = _mm256_set1_epi32(HALF);
-    __m256i s01 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi01, 11), lo01), half);
-    __m256i s23 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi23, 11), lo23), half);
-    s01 = _mm256_srai_epi32(s01, PRECISION_BITS);
-    s23 = _mm256_srai_epi32(s23, PRECISION_BITS);
+    __m256i s01 = split_result(hi01, lo01), s23 = split_result(hi23, lo23);
     /* Lane 0: rows 0 and 2, lane 1: rows 1 and 3, as int16; then bytes clamped to 0..255. */
     __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(s01, s23), _mm256_setzero_si256());
     /* Words 0 (row 0), 4 (row 1), 1 (row 2), 5 (row 3) to the low four. */
@@ -423,7 +433,6 @@ __attribute__((target("avx2"))) static void vertical_avx2(const uint8_t *src, si
                                                            const filter_plan *v, uint8_t *out,
                                                            size_t out_stride) {
     const int npairs = (v->ksize + 1) / 2;
-    const __m256i half = _mm256_set1_epi32(HALF);
     size_t vector_width = width & ~(size_t)15;
     for (int yy = 0; yy < oh; yy++) {
         int ymin = v->bounds[yy * 2], n = v->bounds[yy * 2 + 1];
@@ -442,15 +451,11 @@ __attribute__((target("avx2"))) static void vertical_avx2(const uint8_t *src, si
                 __m256i p0 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));
                 __m256i p1 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b));
                 __m256i kh = _mm256_set1_epi32(w[0]), kl = _mm256_set1_epi32(w[1]);
-                hi0 = _mm256_add_epi32(hi0, _mm256_madd_epi16(p0, kh));
-                lo0 = _mm256_add_epi32(lo0, _mm256_madd_epi16(p0, kl));
-                hi1 = _mm256_add_epi32(hi1, _mm256_madd_epi16(p1, kh));
-                lo1 = _mm256_add_epi32(lo1, _mm256_madd_epi16(p1, kl));
+                madd_split(&hi0, &lo0, p0, kh, kl);
+                madd_split(&hi1, &lo1, p1, kh, kl);
             }
-            __m256i s0 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi0, 11), lo0), half);
-            __m256i s1 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi1, 11), lo1), half);
-            s0 = _mm256_srai_epi32(s0, PRECISION_BITS); /* bytes x .. x + 7 */
-            s1 = _mm256_srai_epi32(s1, PRECISION_BITS); /* bytes x + 8 .. x + 15 */
+            __m256i s0 = split_result(hi0, lo0); /* bytes x .. x + 7 */
+            __m256i s1 = split_result(hi1, lo1); /* bytes x + 8 .. x + 15 */
             /* int16 in lanes' order (0-3, 8-11 | 4-7, 12-15), put in order, then bytes. */
             __m256i t = _mm256_permute4x64_epi64(_mm256_packs_epi32(s0, s1), 0xD8);
             __m128i bytes =
