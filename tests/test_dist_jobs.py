@@ -139,12 +139,18 @@ def test_a_dataset_that_rank_0_alone_reads_does_not_wait_for_the_others(
 
 MISMATCH_JOB = textwrap.dedent(
     """
-    import sys
+    import os, sys
     import torch.distributed as dist
     from torch.utils.data import DataLoader
     import asyncloader as al
     from asyncloader import DecodeConfig, StoreConfig
     from asyncloader.torch import ImageDataset
+
+    def say(line):
+        # One write(2) a line: both ranks refuse at the same moment, and under
+        # PYTHONUNBUFFERED a print() writes the text and its newline apart, so the two
+        # ranks' lines interleave into one ("rank 0 ...rank 1 ...\\n\\n": stop 79's CI).
+        os.write(1, (line + "\\n").encode())
 
     if __name__ == "__main__":
         dist.init_process_group("gloo")
@@ -157,9 +163,9 @@ MISMATCH_JOB = textwrap.dedent(
                               store=StoreConfig(options=options))
             for _ in DataLoader(ds, batch_size=None, num_workers=1):
                 batches += 1
-            print(f"rank {rank} dataset read {batches} batches", flush=True)
+            say(f"rank {rank} dataset read {batches} batches")
         except al.ListingMismatchError as exc:
-            print(f"rank {rank} dataset refused after {batches} batches: {exc}", flush=True)
+            say(f"rank {rank} dataset refused after {batches} batches: {exc}")
         batches = 0
         try:  # a plain ImageLoader, rank and world given, over the whole bucket
             with al.ImageLoader("s3://b/", batch_size=8, rank=rank, world_size=2,
@@ -167,9 +173,9 @@ MISMATCH_JOB = textwrap.dedent(
                                 store=StoreConfig(options=options)) as loader:
                 for _ in loader:
                     batches += 1
-            print(f"rank {rank} loader read {batches} batches", flush=True)
+            say(f"rank {rank} loader read {batches} batches")
         except al.ListingMismatchError as exc:
-            print(f"rank {rank} loader refused after {batches} batches: {exc}", flush=True)
+            say(f"rank {rank} loader refused after {batches} batches: {exc}")
         dist.barrier()
         dist.destroy_process_group()
     """
@@ -192,9 +198,10 @@ def test_ranks_whose_stores_list_different_objects_are_refused_before_the_first_
     for face in ("dataset", "loader"):
         for rank in (0, 1):
             line = next((x for x in lines if x.startswith(f"rank {rank} {face}")), None)
-            # Each rank prints a line for each face, or exits non-zero (checked by _job):
-            # a line missing once (ci53) is to be explained by what the job wrote.
-            assert line is not None, (rank, face, proc.stdout, proc.stderr[-6000:])
+            # Each rank writes a line for each face, or exits non-zero (checked by _job).
+            # A line missing (ci53, stop 79) was two ranks' print()s interleaved: see say().
+            # The message a str: pytest shortens the repr of any other object to 240 chars.
+            assert line is not None, f"rank {rank} {face}:\n{proc.stdout}\n{proc.stderr[-6000:]}"
             assert f"rank {rank} {face} refused after 0 batches" in line, line
             assert f"{N_IMAGES} objects" in line or f"has {N_IMAGES}" in line, line
             assert f"{N_IMAGES + 1}" in line, line
