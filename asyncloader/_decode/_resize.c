@@ -13,19 +13,22 @@
  * caller knows the rule of the Pillow it matches).  Integer sums do not depend on their
  * order, so the vector kernels give exactly the scalar result: Pillow's pixels.  The
  * horizontal pass, the costly one (it runs over every source row the box spans), has
- * three: scalar; SSE4.1 (a 4-byte pixel's channels in one vector, a 32-bit multiply a
- * tap); AVX2 (two rows at once, two taps a 16-bit multiply-add, the 22-bit weights split
- * in two 11-bit parts whose sums recombine exactly: split_pairs).  The vertical pass has
- * plain loops the compiler vectorises (an AVX2 clone where the CPU has it) and, with the
- * AVX2 kernels, 16 bytes a row at a time with the same split weights, the sums kept in
- * registers over the taps.  What is faster
- * than Pillow: no image objects, no 4th channel after the horizontal pass, the flip and the
- * HWC -> CHW copy folded into the passes, vector instructions where Pillow's portable
- * build has none.  The GIL is released while it works.
+ * three on x86-64: scalar; SSE4.1 (a 4-byte pixel's channels in one vector, a 32-bit
+ * multiply a tap); AVX2 (two rows at once, two taps a 16-bit multiply-add, the 22-bit
+ * weights split in two 11-bit parts whose sums recombine exactly: split_pairs); and two on
+ * AArch64: scalar and NEON (3- and 4-byte pixels, two taps a step, each tap's channels in
+ * one vector, a 32-bit multiply-add a tap).  The vertical pass has plain loops the compiler
+ * vectorises (an AVX2 clone where the CPU has it; NEON on AArch64) and, with the AVX2
+ * kernels, 16 bytes a row at a time with the same split weights, the sums kept in
+ * registers over the taps.  What is faster than Pillow: no image objects, no 4th channel
+ * after the horizontal pass, the flip and the HWC -> CHW copy folded into the passes,
+ * vector instructions where Pillow's portable build has none.  The GIL is released while
+ * it works.
  *
  * `simd` picks the kernels: 0 scalar (the plain vertical loops), 1 SSE4.1 (4-byte pixels;
- * 3-byte ones go scalar), 2 AVX2 (both passes); by default, and at most, the module's SIMD: the best this CPU runs
- * (tests compare each with Pillow).
+ * 3-byte ones go scalar) or on AArch64 NEON, 2 AVX2 (both passes); by default, and at
+ * most, the module's SIMD: the best this CPU runs (tests compare each with Pillow; the NEON
+ * kernels are built and run under qemu by tests/test_resize_arm.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -47,6 +50,13 @@
 #else
 #define RESIZE_X86 0
 #define VECTOR_CLONES
+#endif
+
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define RESIZE_NEON 1 /* every AArch64 CPU has it: no dispatch */
+#else
+#define RESIZE_NEON 0
 #endif
 
 #define PRECISION_BITS (32 - 8 - 2)
@@ -168,11 +178,86 @@ static inline uint8_t clip8(int32_t v) {
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
+/* Two taps of one pixel's channels (`channels` bytes each) in the low bytes of a word: both
+ * pixels when `taps` is 2; when it is 1, the first alone (nothing past it is read, the rest
+ * is zero).  `channels` is a constant where it is inlined: fixed-size copies, no calls. */
+static inline __attribute__((always_inline)) uint64_t two_taps(const uint8_t *p, int channels,
+                                                               int taps) {
+    uint64_t v = 0;
+    if (channels == 4) {
+        if (taps == 2) {
+            memcpy(&v, p, 8);
+        } else {
+            memcpy(&v, p, 4);
+        }
+    } else if (taps == 2) {
+        uint32_t a = 0;
+        uint16_t b = 0;
+        memcpy(&a, p, 4);
+        memcpy(&b, p + 4, 2);
+        v = (uint64_t)a | (uint64_t)b << 32;
+    } else {
+        uint16_t a = 0;
+        memcpy(&a, p, 2);
+        v = (uint64_t)a | (uint64_t)p[2] << 16;
+    }
+    return v;
+}
+
+/* One output pixel of a row: `n` taps from `p` (pixels `channels` bytes each), weights
+ * `k`; its R, G and B into `rgb`.  The scalar sums, Pillow's. */
+static inline __attribute__((always_inline)) void pixel_scalar(const uint8_t *p, int channels,
+                                                               int n, const int32_t *k,
+                                                               uint8_t rgb[3]) {
+    int32_t s0 = HALF, s1 = HALF, s2 = HALF;
+    for (int x = 0; x < n; x++, p += channels) {
+        s0 += p[0] * k[x];
+        s1 += p[1] * k[x];
+        s2 += p[2] * k[x];
+    }
+    rgb[0] = clip8(s0);
+    rgb[1] = clip8(s1);
+    rgb[2] = clip8(s2);
+}
+
+#if RESIZE_NEON
+/* The same for NEON, 3- and 4-byte pixels: two taps a step, each tap's channels widened to a
+ * vector of four int32 and multiplied by its 32-bit weight (NEON multiplies 32-bit lanes at
+ * full rate: no split weights), the scalar sums exactly.  `channels` is a constant where
+ * it is inlined. */
+static inline __attribute__((always_inline)) void pixel_neon(const uint8_t *p,
+                                                             const int channels, int n,
+                                                             const int32_t *k, uint8_t rgb[3]) {
+    /* A word of two taps (two_taps) to r0 g0 b0 x0 r1 g1 b1 x1: each tap's channels in four
+       bytes (3-byte pixels: x is index 255, which vtbl reads as zero). */
+    static const uint8_t spread3[8] = {0, 1, 2, 255, 3, 4, 5, 255};
+    static const uint8_t spread4[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    const uint8x8_t spread = vld1_u8(channels == 4 ? spread4 : spread3);
+    int32x4_t even = vdupq_n_s32(HALF), odd = vdupq_n_s32(0);
+    for (int x = 0; x < n; x += 2, p += 2 * channels) {
+        int taps = n - x >= 2 ? 2 : 1;
+        uint16x8_t w = vmovl_u8(vtbl1_u8(vcreate_u8(two_taps(p, channels, taps)), spread));
+        int32x4_t t0 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(w)));
+        int32x4_t t1 = vreinterpretq_s32_u32(vmovl_high_u16(w));
+        even = vmlaq_n_s32(even, t0, k[x]);
+        odd = vmlaq_n_s32(odd, t1, taps == 2 ? k[x + 1] : 0); /* k[n] may not exist */
+    }
+    int32x4_t sum = vshrq_n_s32(vaddq_s32(even, odd), PRECISION_BITS);
+    uint16x4_t u16 = vqmovun_s32(sum);                 /* below 0 to 0 */
+    uint8x8_t u8 = vqmovn_u16(vcombine_u16(u16, u16)); /* above 255 to 255 */
+    rgb[0] = vget_lane_u8(u8, 0);
+    rgb[1] = vget_lane_u8(u8, 1);
+    rgb[2] = vget_lane_u8(u8, 2);
+}
+#endif
+
 /* Horizontal pass: `rows` rows of interleaved pixels (`channels` bytes each, `stride` bytes
  * a row) into three planes of rows x ow bytes, `plane` bytes apart, each output column
- * mirrored when flip. */
-static void horizontal_scalar(const uint8_t *src, size_t stride, int channels, int rows, int ow,
-                              const filter_plan *h, uint8_t *out, size_t plane, int flip) {
+ * mirrored when flip; each pixel by pixel_scalar, or by pixel_neon where `neon` (a constant
+ * where inlined, as `channels` may be). */
+static inline __attribute__((always_inline)) void
+horizontal_rows(const uint8_t *src, size_t stride, const int channels, int rows, int ow,
+                const filter_plan *h, uint8_t *out, size_t plane, int flip, const int neon) {
     for (int r = 0; r < rows; r++) {
         const uint8_t *line = src + (size_t)r * stride;
         uint8_t *o = out + (size_t)r * ow;
@@ -180,19 +265,41 @@ static void horizontal_scalar(const uint8_t *src, size_t stride, int channels, i
             const uint8_t *p = line + (size_t)h->bounds[xx * 2] * channels;
             int n = h->bounds[xx * 2 + 1];
             const int32_t *k = &h->coeffs[(size_t)xx * h->ksize];
-            int32_t s0 = HALF, s1 = HALF, s2 = HALF;
-            for (int x = 0; x < n; x++, p += channels) {
-                s0 += p[0] * k[x];
-                s1 += p[1] * k[x];
-                s2 += p[2] * k[x];
+            uint8_t rgb[3];
+#if RESIZE_NEON
+            if (neon) {
+                pixel_neon(p, channels, n, k, rgb);
+            } else {
+                pixel_scalar(p, channels, n, k, rgb);
             }
+#else
+            (void)neon;
+            pixel_scalar(p, channels, n, k, rgb);
+#endif
             int d = flip ? ow - 1 - xx : xx;
-            o[d] = clip8(s0);
-            o[plane + d] = clip8(s1);
-            o[2 * plane + d] = clip8(s2);
+            o[d] = rgb[0];
+            o[plane + d] = rgb[1];
+            o[2 * plane + d] = rgb[2];
         }
     }
 }
+
+static void horizontal_scalar(const uint8_t *src, size_t stride, int channels, int rows, int ow,
+                              const filter_plan *h, uint8_t *out, size_t plane, int flip) {
+    horizontal_rows(src, stride, channels, rows, ow, h, out, plane, flip, 0);
+}
+
+#if RESIZE_NEON
+/* The NEON pass for 3- and 4-byte pixels, each compiled with its own constant. */
+static void horizontal_neon(const uint8_t *src, size_t stride, int channels, int rows, int ow,
+                            const filter_plan *h, uint8_t *out, size_t plane, int flip) {
+    if (channels == 4) {
+        horizontal_rows(src, stride, 4, rows, ow, h, out, plane, flip, 1);
+    } else {
+        horizontal_rows(src, stride, 3, rows, ow, h, out, plane, flip, 1);
+    }
+}
+#endif
 
 #if RESIZE_X86
 /* The same for 4-byte pixels, a pixel's channels in one vector. */
@@ -224,32 +331,6 @@ __attribute__((target("sse4.1"))) static void horizontal_sse41(const uint8_t *sr
             o[2 * plane + d] = (uint8_t)(rgb >> 16);
         }
     }
-}
-
-/* Two taps of one pixel's channels (`channels` bytes each) in the low bytes of a word: both
- * pixels when `taps` is 2; when it is 1, the first alone (nothing past it is read, the rest
- * is zero).  `channels` is a constant where it is inlined: fixed-size copies, no calls. */
-static inline __attribute__((always_inline)) uint64_t two_taps(const uint8_t *p, int channels,
-                                                               int taps) {
-    uint64_t v = 0;
-    if (channels == 4) {
-        if (taps == 2) {
-            memcpy(&v, p, 8);
-        } else {
-            memcpy(&v, p, 4);
-        }
-    } else if (taps == 2) {
-        uint32_t a = 0;
-        uint16_t b = 0;
-        memcpy(&a, p, 4);
-        memcpy(&b, p + 4, 2);
-        v = (uint64_t)a | (uint64_t)b << 32;
-    } else {
-        uint16_t a = 0;
-        memcpy(&a, p, 2);
-        v = (uint64_t)a | (uint64_t)p[2] << 16;
-    }
-    return v;
 }
 
 /* One step of the split sums (split_pairs): the int16 pairs of `v` (two taps side by side)
@@ -392,6 +473,12 @@ static void horizontal(const uint8_t *src, size_t stride, int channels, int rows
         return;
     }
 #endif
+#if RESIZE_NEON
+    if (simd >= 1) {
+        horizontal_neon(src, stride, channels, rows, ow, h, out, plane, flip);
+        return;
+    }
+#endif
     horizontal_scalar(src, stride, channels, rows, ow, h, out, plane, flip);
 }
 
@@ -484,11 +571,14 @@ static void vertical(const uint8_t *src, size_t stride, size_t width, int oh,
         vertical_avx2(src, stride, width, oh, v, out, out_stride);
         return;
     }
+#else
+    (void)simd; /* the plain loops alone here */
 #endif
     vertical_plain(src, stride, width, oh, v, acc, out, out_stride);
 }
 
-/* The best kernels this CPU runs: 2 (AVX2), 1 (SSE4.1 for 4-byte pixels) or 0 (scalar). */
+/* The best kernels this CPU runs: 2 (AVX2), 1 (SSE4.1 for 4-byte pixels; on AArch64, NEON)
+ * or 0 (scalar). */
 static int best_simd(void) {
 #if RESIZE_X86
     if (__builtin_cpu_supports("avx2")) {
@@ -497,6 +587,9 @@ static int best_simd(void) {
     if (__builtin_cpu_supports("sse4.1")) {
         return 1;
     }
+#endif
+#if RESIZE_NEON
+    return 1;
 #endif
     return 0;
 }
