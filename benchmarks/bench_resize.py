@@ -15,10 +15,10 @@ planes (``_decode/_resize.c``'s ``resize_into``):
 
 Paths: ``pillow`` (``Image.resize`` of the box, then the copy into the sample's planes: what
 the extension replaces), and each kernel level this CPU runs (``simd=0`` scalar, ``1``
-SSE4.1 — the default before the AVX2 kernels —, ``2`` AVX2).  Every path's pixels are
-checked equal to Pillow's before timing.  Rounds interleave the paths (the order flips each
-round); printed: CPU ms per call (medians of the rounds, each the mean of ``--calls``
-calls), the ratio to Pillow and to SSE4.1, and peak RSS.
+SSE4.1 — the default before the AVX2 kernels — or on AArch64 NEON, ``2`` AVX2).  Every
+path's pixels are checked equal to Pillow's before timing.  Rounds interleave the paths
+(the order flips each round); printed: CPU ms per call (medians of the rounds, each the
+mean of ``--calls`` calls), the ratio to Pillow and to SSE4.1, and peak RSS.
 
 Run: ``python benchmarks/bench_resize.py [--rounds 5] [--calls 300] [--json PATH]``.
 """
@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import platform
 import resource
 import statistics
 import time
@@ -48,7 +49,12 @@ JOBS: dict[str, Job] = {
     "bucket 3:2 RGB": (427, 284, 3, (0.0, 0.0, 427.0, 284.0), 288, 192),
     "large to bucket": (1000, 700, 4, (0.0, 6.25, 1000.0, 672.9), 288, 192),
 }
-LEVELS = {0: "scalar", 1: "SSE4.1", 2: "AVX2"}
+# Level 1 is NEON on AArch64 (its kernels are built there alone; SIMD is 1 at most).
+LEVELS = {
+    0: "scalar",
+    1: "NEON" if platform.machine() in ("aarch64", "arm64") else "SSE4.1",
+    2: "AVX2",
+}
 
 
 def _photo(w: int, h: int, channels: int) -> np.ndarray:
