@@ -20,13 +20,19 @@ path's pixels are checked equal to Pillow's before timing.  Rounds interleave th
 (the order flips each round); printed: CPU ms per call (medians of the rounds, each the
 mean of ``--calls`` calls), the ratio to Pillow and to SSE4.1, and peak RSS.
 
-Run: ``python benchmarks/bench_resize.py [--rounds 5] [--calls 300] [--json PATH]``.
+``--against TREE``: another checkout's extension too (built there with ``python setup.py
+build_ext --inplace``), each of its levels a path ``A <level>`` in the same rounds, and
+the ratio of each level to A's.
+
+Run: ``python benchmarks/bench_resize.py [--rounds 5] [--calls 300] [--json PATH]
+[--against TREE]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import platform
@@ -34,6 +40,8 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -66,7 +74,23 @@ def _photo(w: int, h: int, channels: int) -> np.ndarray:
     return np.ascontiguousarray(np.clip(base, 0, 255).astype(np.uint8))
 
 
-def _paths(job: Job) -> dict[str, Callable[[], np.ndarray]]:
+def _extension_of(tree: str) -> Any:
+    """The ``_resize`` extension built in another checkout (``python setup.py build_ext
+    --inplace`` there), loaded beside this one's: the same jobs, rounds and process."""
+    found = sorted(Path(tree, "asyncloader", "_decode").glob("_resize.*.so"))
+    if not found:
+        raise SystemExit(f"no built _resize extension under {tree}/asyncloader/_decode")
+    spec = importlib.util.spec_from_file_location("asyncloader._decode._resize", found[0])
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _paths(job: Job, other: Any = None) -> dict[str, Callable[[], np.ndarray]]:
+    """Pillow's path and each kernel level of this tree's extension; with ``other`` (another
+    tree's: ``--against``), each of its levels too, named ``A <level>``."""
     w, h, c, box, ow, oh = job
     src = _photo(w, h, c)
     mode = "RGBX" if c == 4 else "RGB"
@@ -78,11 +102,11 @@ def _paths(job: Job) -> dict[str, Callable[[], np.ndarray]]:
         np.copyto(out, got[:, :, :3].transpose(2, 0, 1))
         return out
 
-    def kernel(level: int) -> Callable[[], np.ndarray]:
+    def kernel(level: int, ext: Any = _resize) -> Callable[[], np.ndarray]:
         def run() -> np.ndarray:
             # Pillow 13 runs the vertical pass first where the height shrinks far more than
             # the width; none of these jobs does, so the horizontal pass goes first.
-            _resize.resize_into(src, w, h, c, box, out, ow, oh, False, False, level)
+            ext.resize_into(src, w, h, c, box, out, ow, oh, False, False, level)
             return out
 
         return run
@@ -90,6 +114,8 @@ def _paths(job: Job) -> dict[str, Callable[[], np.ndarray]]:
     paths: dict[str, Callable[[], np.ndarray]] = {"pillow": pillow}
     for level in range(int(_resize.SIMD) + 1):
         paths[LEVELS[level]] = kernel(level)
+        if other is not None and level <= int(other.SIMD):
+            paths[f"A {LEVELS[level]}"] = kernel(level, other)
     return paths
 
 
@@ -98,13 +124,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--json", metavar="PATH", help="also write every round and the medians")
+    p.add_argument(
+        "--against",
+        metavar="TREE",
+        help="another checkout with its extension built: its kernels too, as 'A <level>'",
+    )
     args = p.parse_args()
+    other = _extension_of(args.against) if args.against else None
     with contextlib.suppress(OSError):  # one core: the figures are per core
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     report: dict[str, dict[str, object]] = {}
     print(f"CPU ms per call, medians of {args.rounds} rounds of {args.calls} calls; one core")
     for name, job in JOBS.items():
-        paths = _paths(job)
+        paths = _paths(job, other)
         want = paths["pillow"]().copy()
         for path, run in paths.items():
             assert np.array_equal(run(), want), f"{name}: {path} differs from Pillow"
@@ -125,13 +157,20 @@ def main() -> None:
         line += f"; {best} / pillow {medians[best] / medians['pillow']:.2f}"
         if "SSE4.1" in medians:
             line += f", / SSE4.1 {medians[best] / medians['SSE4.1']:.2f}"
+        for level in LEVELS.values():
+            if f"A {level}" in medians:
+                line += f"; {level} / A's {medians[level] / medians[f'A {level}']:.2f}"
         print(line)
         report[name] = {"job": job, "rounds": times, "median_ms": medians}
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak:.0f} MB; kernels this CPU runs: up to {LEVELS[int(_resize.SIMD)]}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu_ms_per_call": report, "peak_rss_mb": peak}, f, indent=1)
+            json.dump(
+                {"cpu_ms_per_call": report, "peak_rss_mb": peak, "against": args.against},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":
