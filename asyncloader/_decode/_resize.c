@@ -228,15 +228,25 @@ static inline __attribute__((always_inline)) void pixel_scalar(const uint8_t *p,
 static inline __attribute__((always_inline)) void pixel_neon(const uint8_t *p,
                                                              const int channels, int n,
                                                              const int32_t *k, uint8_t rgb[3]) {
-    /* A word of two taps (two_taps) to r0 g0 b0 x0 r1 g1 b1 x1: each tap's channels in four
-       bytes (3-byte pixels: x is index 255, which vtbl reads as zero). */
+    /* 3-byte pixels: a word of two taps (two_taps) to r0 g0 b0 x0 r1 g1 b1 x1, each tap's
+       channels in four bytes (x is index 255, which vtbl reads as zero).  4-byte pixels
+       are in that order already: two taps are one 8-byte load. */
     static const uint8_t spread3[8] = {0, 1, 2, 255, 3, 4, 5, 255};
-    static const uint8_t spread4[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    const uint8x8_t spread = vld1_u8(channels == 4 ? spread4 : spread3);
+    const uint8x8_t spread = vld1_u8(spread3);
     int32x4_t even = vdupq_n_s32(HALF), odd = vdupq_n_s32(0);
     for (int x = 0; x < n; x += 2, p += 2 * channels) {
         int taps = n - x >= 2 ? 2 : 1;
-        uint16x8_t w = vmovl_u8(vtbl1_u8(vcreate_u8(two_taps(p, channels, taps)), spread));
+        uint8x8_t b;
+        if (channels == 4 && taps == 2) {
+            b = vld1_u8(p);
+        } else if (channels == 4) { /* the last tap alone: nothing past it is read */
+            uint32_t one;
+            memcpy(&one, p, 4);
+            b = vreinterpret_u8_u32(vdup_n_u32(one)); /* the upper copy's weight is zero */
+        } else {
+            b = vtbl1_u8(vcreate_u8(two_taps(p, channels, taps)), spread);
+        }
+        uint16x8_t w = vmovl_u8(b);
         int32x4_t t0 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(w)));
         int32x4_t t1 = vreinterpretq_s32_u32(vmovl_high_u16(w));
         even = vmlaq_n_s32(even, t0, k[x]);
