@@ -335,9 +335,13 @@ def test_a_server_that_closes_every_connection_gets_a_few_at_once() -> None:
 def test_a_closing_server_that_serves_one_at_a_time_gets_fewer_at_once() -> None:
     """A server that works on one request at a time (5 ms each): the gate comes down from
     CLOSING_CONNECTIONS to a few (more at once would only queue there); one whose answers
-    take 30 ms however many are in flight (a round trip away) stays at or near the
-    ceiling (a busy machine's own delays move some answers by a few ms)."""
+    take 100 ms however many are in flight (a round trip away: another region's) stays at
+    or near the ceiling.  The client and the server share this process's event loop, so a
+    busy machine's delays are in every answer's time: against answers of 30 ms, a suite
+    on a loaded 2-core machine (10 ms more on average) read as a queue and took the gate
+    down to 11; against 100 ms such delays stay inside the gate's margin (it shrinks where
+    the mean answer is 4/3 of the fastest)."""
     limit, _, last = _closing_server_run(serial=True, work=0.005)
     assert limit <= 8 and last <= 9
-    limit, _, _ = _closing_server_run(serial=False, work=0.03)
+    limit, _, _ = _closing_server_run(serial=False, work=0.1)
     assert limit >= CLOSING_CONNECTIONS - 4
