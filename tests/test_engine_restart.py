@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 import asyncloader as al
+from asyncloader._base import _lifecycle as life
 from asyncloader.testing import S3TestServer, descendants
 
 from ._shm import memfds, segments
+from .conftest import N_IMAGES
 from .test_engines import _alive, _engine_pids, _loader
 from .test_pipeline import _epoch
 
@@ -126,6 +128,34 @@ def test_a_death_beyond_the_bound_raises_and_is_named_truly(server: S3TestServer
     assert "engine processes replaced in epoch 0 so far: 1" in message
     assert "max_restarts=1" in message
     assert "__main__" not in message  # the script's guard has nothing to do with it
+
+
+def test_stats_do_not_wait_for_an_engine_that_died(
+    server: S3TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between an engine's death and its replacement (once the trainer has taken what it
+    sent), ``stats()`` answers without waiting for the dead engine's reply, which cannot
+    come (the wait for a reply, ``COUNTERS_REPLY``, is a minute here): the dead engine
+    counts what it last sent, so no total goes back; then the epoch goes on, every
+    sample once."""
+    monkeypatch.setattr(life, "COUNTERS_REPLY", 60.0)
+    engine = al.EngineConfig(processes=2, prefetch_batches=4, max_restarts=1)
+    with _loader(server, shuffle=False, engine=engine) as loader:
+        it = iter(loader)
+        seen = len(next(it)[1])
+        before = loader.stats()
+        victim = _engine_pids()[1]
+        os.kill(victim, signal.SIGKILL)
+        assert _gone_within([victim], 10) == []
+        t0 = time.monotonic()
+        after = loader.stats()
+        assert time.monotonic() - t0 < 30, "stats() waited for the dead engine's reply"
+        assert after.engine_restarts == 0  # not replaced yet: the path under test
+        for name in ("decoded", "objects_fetched", "requests", "bytes_fetched"):
+            assert getattr(after, name) >= getattr(before, name), name
+        seen += sum(len(labels) for _, labels in it)
+        assert loader.stats().engine_restarts == 1
+    assert seen == N_IMAGES
 
 
 def test_with_no_restarts_the_first_death_raises(server: S3TestServer) -> None:

@@ -10,6 +10,7 @@ import os
 import queue
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 
 from .._base import _lifecycle as life
@@ -111,6 +112,23 @@ class EngineLink:
         else:
             return PipelineDeadError(f"engine process {self.k} sent {msg!r}")
         return None
+
+    def counters_by(self, deadline: float) -> Counters | None:
+        """Its answer to the trainer's last :class:`AskCounters`, waited for until
+        ``deadline`` (``time.monotonic()``) or until its socket ends: then the counts it
+        last sent, as a dead engine's (:meth:`Counters.of_the_dead`, what its replacement
+        will keep of it), so that the question does not wait on a process that cannot
+        answer; None where it sent none, or does not answer in time."""
+        while True:
+            gone = self.gone  # read before the queue: its answers come before its end
+            try:
+                return self.replies.get(timeout=min(max(deadline - time.monotonic(), 0), 0.05))
+            except queue.Empty:
+                if gone:
+                    last = self.last_counts
+                    return last.of_the_dead() if last is not None else None
+                if time.monotonic() >= deadline:
+                    return None
 
     def fail(self, error: BaseException) -> None:
         """It cannot go on: its start raises ``error``, and so does whoever waits for its

@@ -30,7 +30,6 @@ import contextlib
 import itertools
 import logging
 import os
-import queue
 import shutil
 import tempfile
 import threading
@@ -404,7 +403,8 @@ class EngineProcesses:
 
     def engine_counters(self) -> Counters:
         """The engines' counters, summed (an engine that does not answer within
-        ``COUNTERS_REPLY`` is left out), with what replaced engines had counted."""
+        ``COUNTERS_REPLY`` is left out; one that died, not replaced yet, counts what it
+        last sent, without waiting), with what replaced engines had counted."""
         if self._closed:
             return self._final
         engines = list(self._engines)
@@ -412,11 +412,8 @@ class EngineProcesses:
             while not e.replies.empty():  # late answers to an earlier question
                 e.replies.get_nowait()
             self._send(e, AskCounters())
-        parts = []
         deadline = time.monotonic() + life.COUNTERS_REPLY
-        for e in engines:
-            with contextlib.suppress(queue.Empty):
-                parts.append(e.replies.get(timeout=max(deadline - time.monotonic(), 0)))
+        parts = [c for e in engines if (c := e.counters_by(deadline)) is not None]
         return self._replaced.with_counts_of(parts)
 
     def ring_held(self) -> int:
