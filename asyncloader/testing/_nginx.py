@@ -5,13 +5,17 @@ the test can read back (status, body bytes sent, the request line)."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
+import ssl
 
 from ._servers import free_port
 from ._webserver import Answer, WebServer, read_answers
 
 __all__ = ["Answer", "Nginx", "find_nginx"]  # Answer: _webserver's, as nginx's answers are
+
+SETTLE = "/.asyncloader-settle"  # answered 204, never among the answers: Nginx._settle
 
 
 def find_nginx() -> str | None:
@@ -89,6 +93,7 @@ http {{
         listen {listen};
         {tls}
         root {self.root};
+        location = {SETTLE} {{ access_log off; return 204; }}
         {self.server}
     }}
 }}
@@ -99,6 +104,33 @@ http {{
         self._launch(argv, port, "nginx")
 
     def answers(self) -> list[Answer]:
-        """Every answer so far, in order (nginx writes a line as each answer ends; once it
-        has stopped, every answer it gave)."""
-        return read_answers(self._access_log())
+        """Every answer a client has had so far, in order; once it has stopped, every
+        answer it gave."""
+        if self._dir is not None:
+            self._settle()
+        # (A server-wide ``return`` answers the marker before its location could say not
+        # to log it.)
+        return [a for a in read_answers(self._access_log()) if a.path != SETTLE]
+
+    def _settle(self) -> None:
+        """Return once every answer sent so far is in the access log.  nginx writes an
+        answer's line after sending the answer, in the same turn of its event loop, so a
+        client that reads the log at once may find its last answer's line not there yet.
+        This one process (no master, one worker) handles one event at a time: once it has
+        answered a request sent now (``SETTLE``, not logged itself), every earlier
+        answer's line is written."""
+        port = int(self.endpoint.rsplit(":", 1)[1])
+        conn: http.client.HTTPConnection
+        if self.tls:  # the marker's answer is all it wants: any certificate will do
+            context = ssl.create_default_context()
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("GET", SETTLE)
+            conn.getresponse().read()
+        except (http.client.RemoteDisconnected, ConnectionResetError):
+            pass  # a server told to close connections unanswered (``return 444``) has read it
+        finally:
+            conn.close()
