@@ -64,12 +64,19 @@ def test_a_stalled_request_is_hedged_and_the_epoch_is_exact(bucket: MemoryBucket
 
 def test_hedges_are_bounded_by_their_share(bucket: MemoryBucket) -> None:
     # After a few quick answers, every first request stalls: hedging them all would double
-    # the load; their share stops them.
+    # the load; their share stops them.  The deadline is the quick answers' median (the
+    # default, twice their 95th percentile, is twice the slowest of 16: on a loaded
+    # machine one answer the loop saw late put it past the stall, and nothing was hedged).
     store = FaultyStore(MemoryStore(bucket), latency=0.002, stall_seconds=0.3)
     for key in bucket.sorted_keys()[16:]:
         store.fail_next(1, key, kind="stall")
     fetch = al.FetchConfig(
-        hedge_min_samples=8, hedge_share=0.1, hedge_min_inflight=2, max_inflight=8
+        hedge_min_samples=8,
+        hedge_quantile=0.5,
+        hedge_factor=1.0,
+        hedge_share=0.1,
+        hedge_min_inflight=2,
+        max_inflight=8,
     )
     with _loader(store, fetch=fetch, shuffle=False) as loader:
         assert sum(len(lab) for _, lab in loader) == N_IMAGES
