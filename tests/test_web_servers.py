@@ -169,10 +169,14 @@ def test_each_image_streams_once_in_ranged_parts(
     for path in large:
         assert sum(1 for p, _ in asked if p == path) == -(-images[path] // PARTS.part_size)
     assert {a.status for a in gets if a.path in large} == {206}
-    first: dict[tuple[str, str], int] = {}  # each range's bytes, as first answered
+    # Each range's bytes in its fullest answer: a request sent again and dropped (a hedge
+    # that lost, a prefetch the loader's close cancelled) is logged with the bytes sent
+    # before it was dropped, and a server logs each answer as it ends, so on a loaded
+    # machine a cut one can be logged before the whole one (Caddy's, once).
+    fullest: dict[tuple[str, str], int] = {}
     for a in gets:
-        first.setdefault((a.path, a.range), a.body_bytes)
-    assert sum(first.values()) == sum(images.values())  # the parts tile each image
+        fullest[a.path, a.range] = max(fullest.get((a.path, a.range), 0), a.body_bytes)
+    assert sum(fullest.values()) == sum(images.values())  # the parts tile each image
 
 
 @pytest.mark.skipif(
