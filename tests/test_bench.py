@@ -78,7 +78,9 @@ def test_bench_names_a_store_held_to_few_requests_as_the_bound(
     out = _bench(slow_server, tmp_path, "--max-inflight", "2")
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert "bound: fetch" in text
+    # (Once, in a clean-clone CI run, another bound was named; the report says which and
+    # from what rates.)
+    assert "bound: fetch" in text, text
     assert "max_inflight=2" in text
     # The engines a loader of these settings runs (no decode hook).
     assert "cache_dir=" in text and "engine process(es)" in text
