@@ -8,9 +8,9 @@ from __future__ import annotations
 import http.client
 import os
 import shutil
-import ssl
+import urllib.error
 
-from ._servers import free_port
+from ._servers import _http, free_port
 from ._webserver import Answer, WebServer, read_answers
 
 __all__ = ["Answer", "Nginx", "find_nginx"]  # Answer: _webserver's, as nginx's answers are
@@ -119,18 +119,9 @@ http {{
         This one process (no master, one worker) handles one event at a time: once it has
         answered a request sent now (``SETTLE``, not logged itself), every earlier
         answer's line is written."""
-        port = int(self.endpoint.rsplit(":", 1)[1])
-        conn: http.client.HTTPConnection
-        if self.tls:  # the marker's answer is all it wants: any certificate will do
-            context = ssl.create_default_context()
-            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-            conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
-        else:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         try:
-            conn.request("GET", SETTLE)
-            conn.getresponse().read()
+            _http("GET", self.endpoint + SETTLE, context=self._context)
+        except urllib.error.HTTPError:
+            pass  # answered all the same (a server-wide ``limit_req`` or ``auth_basic``)
         except (http.client.RemoteDisconnected, ConnectionResetError):
             pass  # a server told to close connections unanswered (``return 444``) has read it
-        finally:
-            conn.close()
