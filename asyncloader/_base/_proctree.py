@@ -1,18 +1,24 @@
 """A process and the processes below it (Linux ``/proc``): who they are, and the CPU time
 they spent together — the one measure every CPU figure of the project uses (the demo's
 summary, the benchmarks), so that work moved into engine processes and their decode
-processes is counted wherever it runs (a leaf)."""
+processes is counted wherever it runs (a leaf).  And the processes of this machine that
+answer a process's TCP connections (a local emulator, a proxy on the node), so that what
+they spend is told from what a neighbour spends meanwhile."""
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import resource
-from collections.abc import Collection
+import sys
+from collections.abc import Collection, Iterator
 
 __all__ = [
     "descendants",
     "machine_busy_seconds",
+    "own_cpu_seconds",
+    "peer_processes",
     "process_cpu_seconds",
     "process_rss_bytes",
     "tree_cpu_seconds",
@@ -92,3 +98,92 @@ def machine_busy_seconds() -> float:
     except (OSError, ValueError):
         return 0.0
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> dict[int, float]:
+    """Every process's own CPU time now (user + system, not its children's) [seconds], by
+    process id; empty where ``/proc`` is missing.  Two of them, and the processes that
+    matter named in between (``peer_processes``), measure what those spent."""
+    out: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    fields = _stat(int(entry))  # utime, stime: fields 14 and 15
+                    out[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+_Address = tuple[str, int]
+_ESTABLISHED = "01"
+
+
+def _address(text: str) -> _Address:
+    """``/proc/net/tcp``'s ``HEX_IP:HEX_PORT`` (the address's 32-bit words in the host's
+    byte order) as (IP, port), an IPv4-mapped IPv6 address as its IPv4 one: a client of
+    IPv4 and a server listening on ``::`` see the same connection from its two ends."""
+    hex_ip, hex_port = text.split(":")
+    raw = bytes.fromhex(hex_ip)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), int(hex_port, 16)
+
+
+def _tcp_sockets() -> Iterator[tuple[_Address, _Address, str, int]]:
+    """This network namespace's TCP sockets: (local, remote, state, inode)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            next(f, None)  # the header
+            for line in f:
+                with contextlib.suppress(IndexError, ValueError):
+                    fields = line.split()
+                    yield _address(fields[1]), _address(fields[2]), fields[3], int(fields[9])
+
+
+def _socket_inodes(pid: int | str) -> set[int]:
+    """The inodes of the sockets process ``pid`` holds open; empty where unreadable."""
+    out: set[int] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    out.add(int(link[8:-1]))
+    return out
+
+
+def peer_processes() -> set[int] | None:
+    """The processes of this machine at the other end of this process's open TCP
+    connections (a local emulator, a proxy on the node; not this process itself): empty
+    where every peer is elsewhere; None where a peer runs here but its process could not
+    be named (another user's, say) or ``/proc`` is missing."""
+    if not os.path.isdir("/proc/self/fd"):
+        return None
+    mine = _socket_inodes("self")
+    sockets = list(_tcp_sockets())
+    peer_ends = {
+        (remote, local)
+        for local, remote, state, inode in sockets
+        if inode in mine and state == _ESTABLISHED
+    }
+    wanted = {
+        inode
+        for local, remote, _state, inode in sockets
+        if (local, remote) in peer_ends and inode not in mine and inode != 0
+    }
+    found: set[int] = set()
+    out: set[int] = set()
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not wanted - found:
+                break
+            if entry.isdigit() and int(entry) != os.getpid():
+                held = _socket_inodes(entry) & wanted
+                if held:
+                    found |= held
+                    out.add(int(entry))
+    return out if found == wanted else None

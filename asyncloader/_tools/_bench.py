@@ -5,7 +5,8 @@ In under a minute by default, against a seeded sample of the objects under the U
 
 1. **Latency**: first-byte latency percentiles (1-byte ranged GETs, a few in flight).
 2. **Fetch**: whole-object GETs/s, MB/s and client CPU per GET at 1, 2, 4, ... requests in
-   flight (throttling answers counted per level).
+   flight (throttling answers counted per level), and the CPU per GET of the processes
+   that answered where they run on this machine (a local emulator, a proxy on the node).
 3. **Decode**: CPU per image of decode + transform (the loader's own code, the default
    ``RandomResizedCrop``), and images/s of the decode workers together.
 4. **Disk**: the cache folder's write rate and its read rate with the page cache dropped
@@ -32,7 +33,7 @@ from .._base._config import CacheConfig, decode_worker_count, engine_processes
 from .._base._env import cpu_budget
 from .._base._errors import AsyncLoaderError, StoreError, Throttled, shown_key
 from .._base._own_thread import run_here
-from .._base._proctree import machine_busy_seconds
+from .._base._proctree import machine_busy_seconds, own_cpu_seconds, peer_processes
 from .._base._types import Blob, ObjectInfo, ObjectStore
 from .._cache import ObjectCache
 from .._dataset import saved_listing
@@ -124,11 +125,13 @@ async def _run_level(
     **kw: Any,
 ) -> tuple[int, int, list[float], float, float, int, float]:
     """``inflight`` workers GET sample objects round robin for ``seconds``: (GETs, bytes,
-    latencies [ms], CPU seconds of this process and of the rest of the machine beyond its
-    ``background`` [cores], throttling answers, wall seconds until the last answer)."""
+    latencies [ms], CPU seconds of this process and of the processes that answered where
+    they run here (where one cannot be named: of the rest of the machine beyond its
+    ``background`` [cores]), throttling answers, wall seconds until the last answer)."""
     latencies: list[float] = []
     done = [0, 0]
     throttled = [0]
+    each0 = own_cpu_seconds()
     t_start = time.perf_counter()
     deadline = t_start + seconds
     cpu0 = time.process_time()
@@ -150,6 +153,13 @@ async def _run_level(
     cpu = time.process_time() - cpu0
     other = machine_busy_seconds() - busy0 - cpu - background * wall
     other = max(0.0, other) if busy0 else 0.0
+    peers = peer_processes()
+    if peers is not None:
+        # The processes that answered, where they run here: a neighbour that starts meanwhile
+        # (a training job, another test) is not the store's CPU, and a remote store costs
+        # this machine nothing.  The machine's busy time beyond its background otherwise.
+        each1 = own_cpu_seconds()
+        other = sum(max(0.0, each1.get(p, 0.0) - each0.get(p, 0.0)) for p in peers)
     return done[0], done[1], latencies, cpu, other, throttled[0], wall
 
 
@@ -203,9 +213,8 @@ async def _measure(
         per_level = seconds * 0.35 / len(levels)
         fetch_levels = []
         for n in levels:
-            # The rest of the machine's own load, just before each level: a neighbour that
-            # starts or stops meanwhile (a training job, another test) is not counted as
-            # the store's CPU per GET.
+            # The rest of the machine's own load, just before each level, for where the
+            # answering processes cannot be named (see _run_level).
             background = await _background(min(0.25, per_level / 4))
             gets, nbytes, lat, cpu, other, thr, wall = await _run_level(
                 store, sample, n, per_level, background

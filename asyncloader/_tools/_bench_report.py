@@ -20,7 +20,7 @@ class FetchLevel:
     gets_per_second: float
     mb_per_second: float
     client_cpu_ms_per_get: float
-    other_cpu_ms_per_get: float  # the rest of the machine (a local emulator, say)
+    other_cpu_ms_per_get: float  # the answering processes on this machine (an emulator, a proxy)
     p50_ms: float
     p99_ms: float
     throttled: int = 0
