@@ -124,3 +124,20 @@ def test_proc_net_tcp_addresses_read_back(ip: object, port: int) -> None:
     assert isinstance(ip, ipaddress.IPv4Address | ipaddress.IPv6Address)
     expected = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
     assert _address(_proc_form(ip.packed, port)) == (str(expected or ip), port)
+
+
+def test_no_open_connection_names_nothing() -> None:
+    """A server that closes each connection after its answer (HTTP/1.0's way) leaves none
+    open by the time the peers are asked for: whether it ran here cannot be told, which
+    is not the same as "elsewhere" (``bench`` then falls back to the machine's busy
+    time).  A process of its own, with no connection of any kind: the module alone."""
+    from asyncloader._base import _proctree
+
+    load = (
+        "import importlib.util, sys; "
+        f"spec = importlib.util.spec_from_file_location('p', {_proctree.__file__!r}); "
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+        "print(m.peer_processes())"
+    )
+    done = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "None", done.stderr

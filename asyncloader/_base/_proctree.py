@@ -160,7 +160,9 @@ def peer_processes() -> set[int] | None:
     """The processes of this machine at the other end of this process's open TCP
     connections (a local emulator, a proxy on the node; not this process itself): empty
     where every peer is elsewhere; None where a peer runs here but its process could not
-    be named (another user's, say) or ``/proc`` is missing."""
+    be named (another user's, say), where this process has no open connection to tell
+    from (a server that closes each one after its answer, as ``python -m http.server``
+    does, left none open: it may well run here) or ``/proc`` is missing."""
     if not os.path.isdir("/proc/self/fd"):
         return None
     mine = _socket_inodes("self")
@@ -170,6 +172,8 @@ def peer_processes() -> set[int] | None:
         for local, remote, state, inode in sockets
         if inode in mine and state == _ESTABLISHED
     }
+    if not peer_ends:
+        return None
     wanted = {
         inode
         for local, remote, _state, inode in sockets
