@@ -66,14 +66,30 @@ def _process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
 
 def _ask(conn: socket.socket) -> None:
     conn.sendall(b"go")
-    assert conn.recv(16) == b"done"
+    answer = b""
+    while len(answer) < 4:
+        part = conn.recv(16)
+        assert part, "the server closed the connection"
+        answer += part
+    assert answer == b"done"
+
+
+def _dual_stack() -> bool:
+    """Whether this machine listens on ``::`` for IPv4 too (a container may have no IPv6)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            s.bind(("::", 0))
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 @pytest.mark.parametrize("listen", ["127.0.0.1", "::"])
 def test_the_process_answering_is_named_and_a_neighbour_is_not(listen: str) -> None:
     """A server listening on ``::`` sees the IPv4 client as ``::ffff:127.0.0.1`` in
     ``/proc/net/tcp6``: the same connection, matched from both ends."""
-    if listen == "::" and not socket.has_ipv6:
+    if listen == "::" and not _dual_stack():
         pytest.skip("no IPv6 here")
     with (
         _process(_SERVER, listen, str(SPEND)) as (server, port),
@@ -93,7 +109,6 @@ def test_the_process_answering_is_named_and_a_neighbour_is_not(listen: str) -> N
         # The server's own CPU between the two readings holds the request's (ticks of
         # 10 ms: a tick either side).
         assert after[server.pid] - before[server.pid] >= SPEND - 0.02
-        assert after[spinner.pid] > before[spinner.pid]  # it ran, and is not a peer
     assert server.pid not in (peer_processes() or set())  # the connection is closed
 
 
