@@ -8,7 +8,10 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,6 +189,24 @@ def listed_keys(url: str) -> list[str]:
             await store.close()
 
     return asyncio.run(main())
+
+
+@contextmanager
+def spinning_neighbour() -> Iterator[subprocess.Popen[str]]:
+    """A process that spins on a core, connected to nothing (another job on the node): it
+    has begun spinning when this is entered, and is killed at the end."""
+    spin = "print('spinning', flush=True)\nwhile True: pass"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", spin], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "spinning\n"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _need_azurite() -> None:

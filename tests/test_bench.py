@@ -19,7 +19,7 @@ from PIL import Image
 import asyncloader as al
 from asyncloader.testing import S3TestServer
 
-from .conftest import N_IMAGES
+from .conftest import N_IMAGES, spinning_neighbour
 
 
 def _bench(server: S3TestServer, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -100,26 +100,17 @@ def test_the_cpu_charged_per_get_is_the_answering_servers_not_a_neighbours(
 
     from asyncloader._tools._bench import _run_level
 
-    spin = "print('spinning', flush=True)\nwhile True: pass"
-    neighbour = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
-    try:
-        assert neighbour.stdout is not None and neighbour.stdout.readline() == "spinning\n"
+    async def level() -> tuple[int, float]:
+        store = al.S3Store("b", "train/", endpoint_url=slow_server.endpoint)
+        try:
+            keys = [info async for info in store.list()]
+            gets, _, _, _, other, _, _ = await _run_level(store, keys, 2, 1.0)
+            return gets, other
+        finally:
+            await store.close()
 
-        async def level() -> tuple[int, float]:
-            store = al.S3Store("b", "train/", endpoint_url=slow_server.endpoint)
-            try:
-                keys = [info async for info in store.list()]
-                gets, _, _, _, other, _, _ = await _run_level(store, keys, 2, 1.0)
-                return gets, other
-            finally:
-                await store.close()
-
+    with spinning_neighbour():
         gets, other = asyncio.run(level())
-    finally:
-        neighbour.kill()
-        neighbour.wait(timeout=30)
-        if neighbour.stdout is not None:
-            neighbour.stdout.close()
     # 2 in flight at 50 ms: about 40 GETs in the second.  The light server spends well
     # under a millisecond on each; the neighbour, a second of CPU in the level.
     assert gets >= 10

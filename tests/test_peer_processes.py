@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 
 from asyncloader._base._proctree import _address, own_cpu_seconds, peer_processes
 
+from .conftest import spinning_neighbour
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 
 SPEND = 0.3
@@ -45,8 +47,6 @@ while conn.recv(16):
         pass
     conn.sendall(b"done")
 """
-
-_SPINNER = "print('spinning', flush=True)\nwhile True: pass"
 
 
 @contextmanager
@@ -91,14 +91,7 @@ def test_the_process_answering_is_named_and_a_neighbour_is_not(listen: str) -> N
     ``/proc/net/tcp6``: the same connection, matched from both ends."""
     if listen == "::" and not _dual_stack():
         pytest.skip("no IPv6 here")
-    with (
-        _process(_SERVER, listen, str(SPEND)) as (server, port),
-        _process(_SPINNER) as (
-            spinner,
-            said,
-        ),
-    ):
-        assert said == "spinning"
+    with _process(_SERVER, listen, str(SPEND)) as (server, port), spinning_neighbour() as spinner:
         with socket.create_connection(("127.0.0.1", int(port)), timeout=60) as conn:
             before = own_cpu_seconds()
             _ask(conn)

@@ -31,13 +31,27 @@ def _stat(pid: int) -> list[str]:
         return f.read().rsplit(")", 1)[1].split()
 
 
+def _stats() -> Iterator[tuple[int, list[str]]]:
+    """Each live process's id and its ``_stat`` fields; none where ``/proc`` is missing (a
+    process that ends while they are read is left out)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                fields = _stat(int(entry))
+            except (OSError, IndexError):
+                continue
+            yield int(entry), fields
+
+
 def _children() -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    out.setdefault(int(_stat(int(entry))[1]), []).append(int(entry))
+    for pid, fields in _stats():
+        with contextlib.suppress(IndexError, ValueError):
+            out.setdefault(int(fields[1]), []).append(pid)
     return out
 
 
@@ -105,13 +119,9 @@ def own_cpu_seconds() -> dict[int, float]:
     process id; empty where ``/proc`` is missing.  Two of them, and the processes that
     matter named in between (``peer_processes``), measure what those spent."""
     out: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    with contextlib.suppress(OSError):
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    fields = _stat(int(entry))  # utime, stime: fields 14 and 15
-                    out[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    for pid, fields in _stats():
+        with contextlib.suppress(IndexError, ValueError):  # utime, stime: fields 14 and 15
+            out[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return out
 
 
