@@ -5,11 +5,12 @@
 # (or ./gpu-out); $OUT/steps.log says how each step ended.
 #
 # Prepare .whl/ on a machine with pip (x86-64, Python 3.12 wheels; the versions this
-# project's own install has, aiobotocore pinning its botocore):
+# project's own install has, pinned by pip freeze: aiobotocore pins its botocore to a few
+# releases, and the newest botocore is outside them):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-#     --platform manylinux2014_x86_64 -d .whl \
-#     aiobotocore botocore diskcache jmespath aioitertools aiohttp
+#     --platform manylinux2014_x86_64 -d .whl $(python3 -m pip freeze |
+#     grep -iE '^(aiobotocore|botocore|diskcache|jmespath|aioitertools|aiohttp)==')
 #   (cd .whl && mkdir -p deb && cd deb && apt-get download libjpeg62-turbo libjpeg62-turbo-dev)
 # (18 MB; add nvidia-nvimgcodec-cu13, 25 MB, for bench_gpu_decode's nvImageCodec row) and
 # carry it; the tables come back as one archive (a call returns at most 8 files):
