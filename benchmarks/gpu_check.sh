@@ -86,6 +86,12 @@ try:
     print("torchvision", torchvision.__version__)
 except Exception as exc:  # not installed, or built for another torch
     print("no torchvision here:", repr(exc))
+import aiobotocore
+import aiohttp
+import botocore
+
+print("aiobotocore", aiobotocore.__version__, "botocore", botocore.__version__, "aiohttp",
+      aiohttp.__version__)
 import asyncloader._decode._image as i
 
 print("ROI_DECODE", i.ROI_DECODE, "FAST_RESIZE", i.FAST_RESIZE)
