@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,77 @@ def test_ranks_tell_each_other_their_masks_through_a_node_local_folder(tmp_path:
     # A later process of the job reads them at once; another job reads none of them.
     assert _ranks(tmp_path, "job-a", range(1, 2), wait=0.0) == [want]
     assert _ranks(tmp_path, "job-b", range(1, 2), wait=0.0) == [{"1": [2, 3]}]
-    assert (tmp_path / "asyncloader-cpus-job-a" / "2").read_text() == "4,5"
+    # Rank 2's mask, and the process that wrote it (one of the rank's, ended since).
+    mask, writer, end = (tmp_path / "asyncloader-cpus-job-a" / "2").read_text().split("\n")
+    assert (mask, end) == ("4,5", "") and int(writer) != os.getpid()
+
+
+def _ended_pid() -> int:
+    """The number of a process that has ended (and been waited for)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout)
+
+
+def _job_folder(tmp: Path, name: str, body: str | None, age: float) -> Path:
+    """A job's folder as ``node_masks`` leaves it (rank 0's file holding ``body``, or no
+    file), last written ``age`` seconds ago."""
+    folder = tmp / f"asyncloader-cpus-{name}"
+    folder.mkdir()
+    if body is not None:
+        (folder / "0").write_text(body)
+    then = time.time() - age
+    os.utime(folder, (then, then))
+    return folder
+
+
+def test_earlier_jobs_folders_go_once_unwritten_for_an_hour_and_their_writers_ended(
+    tmp_path: Path,
+) -> None:
+    ended, hours = _ended_pid(), 2 * 3600.0
+    _job_folder(tmp_path, "done", f"0,1\n{ended}\n", hours)
+    _job_folder(tmp_path, "before-writers-were-named", "0,1", hours)
+    _job_folder(tmp_path, "empty", None, hours)
+    _job_folder(tmp_path, "running", f"0,1\n{os.getpid()}\n", hours)  # a live writer
+    _job_folder(tmp_path, "just-ended", f"0,1\n{ended}\n", 60.0)  # written a minute ago
+    _job_folder(tmp_path, "this-one", f"0,1\n{ended}\n", hours)
+    (tmp_path / "other-old").mkdir()  # not a job's folder
+    os.utime(tmp_path / "other-old", (0, 0))
+    (tmp_path / "asyncloader-cpus-a-file").write_text("0,1")  # not a folder
+    os.utime(tmp_path / "asyncloader-cpus-a-file", (0, 0))
+    removed = _binding.sweep(tmp_path, "asyncloader-cpus-this-one")
+    assert sorted(removed) == [
+        "asyncloader-cpus-before-writers-were-named",
+        "asyncloader-cpus-done",
+        "asyncloader-cpus-empty",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "asyncloader-cpus-a-file",
+        "asyncloader-cpus-just-ended",
+        "asyncloader-cpus-running",
+        "asyncloader-cpus-this-one",
+        "other-old",
+    ]
+
+
+def test_the_first_process_of_a_job_on_the_node_sweeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Making its job's folder, a process removes a done job's; a later process of the
+    same job (the folder there) does not sweep."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr(_binding, "_waited", set())
+    ended = _ended_pid()
+    _job_folder(tmp_path, "done", f"0\n{ended}\n", 7200.0)
+    assert node_masks("job-d", 0, 1, {0}) == {0: {0}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["asyncloader-cpus-job-d"]
+    _job_folder(tmp_path, "done-later", f"0\n{ended}\n", 7200.0)
+    assert node_masks("job-d", 1, 2, {1}, wait=0.0) == {0: {0}, 1: {1}}
+    assert (tmp_path / "asyncloader-cpus-done-later").is_dir()
 
 
 def test_a_process_waits_for_the_others_once_per_job(

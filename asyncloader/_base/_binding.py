@@ -12,18 +12,25 @@ of one over that count (:func:`share_of`): masks that do not overlap give each r
 whole mask, identical masks an even split, anything between what it says.  The node-local
 folder needs no process group and no torch, so it works under ``srun`` as under torchrun,
 and for every process of a rank (its DataLoader workers read the same files).
+
+A rank's file holds its mask on its first line and the process that wrote it on the second.
+A job's folder stays while the job runs (nothing tells a rank that the others are done);
+the next job on the node whose first process makes its own folder removes the earlier jobs'
+folders of the same user that nobody wrote for :data:`STALE` seconds and whose writers have
+all ended (:func:`sweep`), so that job after job does not leave a folder each behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
-__all__ = ["Binding", "cpus_said", "job_of_node", "node_masks", "share_of"]
+__all__ = ["Binding", "cpus_said", "job_of_node", "node_masks", "share_of", "sweep"]
 
 WAIT = 1.0
 """How long a process waits for the other local ranks' masks [seconds], once: the ranks make
@@ -33,6 +40,16 @@ written by then counts as sharing this rank's whole mask (the split before bindi
 known), so a rank never takes more than its due and never waits longer than this; a loader
 made by rank 0 alone (validation while the others wait) waits this long once, and splits its
 CPUs as if they were shared."""
+
+PREFIX = "asyncloader-cpus-"
+"""The start of a job's folder's name in the temporary folder (the job's name follows)."""
+
+STALE = 3600.0
+"""How long a job's folder must have gone unwritten [seconds] before a later job may remove
+it, its writers all ended: an hour, far beyond the second its ranks wait for each other.  A
+writer's process number seen alive (or another process now holding that number) keeps the
+folder; one that cannot be read counts as ended, so that a folder from before the writers
+were named still goes once it is this old."""
 
 _waited: set[str] = set()  # jobs this process has waited for once
 
@@ -117,11 +134,61 @@ def job_of_node(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def _read(path: Path) -> set[int] | None:
-    """A mask as written (CPUs, comma-separated), or None where it is not there yet."""
+    """A mask as written (CPUs, comma-separated, on the first line), or None where it is not
+    there yet."""
     try:
-        return {int(c) for c in path.read_text().strip().split(",") if c}
+        return {int(c) for c in path.read_text().split("\n", 1)[0].strip().split(",") if c}
     except (OSError, ValueError):
         return None
+
+
+def _writer(path: str) -> int | None:
+    """The process that wrote a rank's file (its second line), or None where it says none."""
+    try:
+        with open(path) as f:
+            return int(f.read().split("\n")[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of this number exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # not ours to signal: there all the same
+        return True
+    return True
+
+
+def sweep(tmp: Path, keep: str, stale: float = STALE) -> list[str]:
+    """Remove the job folders in ``tmp`` (all but ``keep``) that are this user's, that no
+    process wrote for ``stale`` seconds, and whose writers have all ended; returns their
+    names.  Whatever cannot be read is left alone."""
+    removed: list[str] = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(tmp))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(PREFIX) or entry.name == keep:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid():
+                continue
+            if now - st.st_mtime < stale:
+                continue
+            writers = [_writer(f.path) for f in os.scandir(entry.path) if f.name.isdigit()]
+        except OSError:
+            continue
+        if any(pid is not None and _alive(pid) for pid in writers):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.name)
+    return removed
 
 
 def node_masks(
@@ -131,14 +198,19 @@ def node_masks(
     of the rank did) and read every local rank's (``ranks`` of them), waiting up to
     ``wait`` seconds for those not written yet, the first time this process asks for
     ``job``.  An unwritable folder leaves this rank's own mask alone in the answer."""
-    folder = Path(tempfile.gettempdir()) / f"asyncloader-cpus-{job}"
+    folder = Path(tempfile.gettempdir()) / f"{PREFIX}{job}"
     path = folder / str(local_rank)
+    made = False
     if _read(path) != set(mine):
         with contextlib.suppress(OSError):
-            folder.mkdir(mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=0o700)
+                made = True
             tmp = folder / f".{local_rank}.{os.getpid()}"
-            tmp.write_text(",".join(str(c) for c in sorted(mine)))
+            tmp.write_text(",".join(str(c) for c in sorted(mine)) + f"\n{os.getpid()}\n")
             os.replace(tmp, path)  # whole or not at all: a reader never sees it torn
+    if made:  # the job's first process on the node: earlier jobs' folders that are done go
+        sweep(folder.parent, folder.name)
     masks: dict[int, set[int]] = {local_rank: set(mine)}
     deadline = time.monotonic() + (wait if job not in _waited else 0.0)
     _waited.add(job)
