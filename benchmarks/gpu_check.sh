@@ -4,21 +4,17 @@
 # libjpeg-turbo's headers as Debian packages, travel in .whl/.  Logs and tables go to $OUT
 # (or ./gpu-out); $OUT/steps.log says how each step ended.
 #
-# Prepare .whl/ on a machine with pip (x86-64, Python 3.12 wheels; the versions this
-# project's own install has, pinned by pip freeze: aiobotocore pins its botocore to a few
-# releases, and the newest botocore is outside them):
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-#     --platform manylinux2014_x86_64 -d .whl $(python3 -m pip freeze |
-#     grep -iE '^(aiobotocore|botocore|diskcache|jmespath|aioitertools|aiohttp)==')
-#   (cd .whl && mkdir -p deb && cd deb && apt-get download libjpeg62-turbo libjpeg62-turbo-dev)
-# (18 MB; add nvidia-nvimgcodec-cu13, 25 MB, for bench_gpu_decode's nvImageCodec row) and
+# Prepare .whl/ here, on the machine with pip and apt (`bash benchmarks/gpu_check.sh
+# --prepare`): x86-64 Python 3.12 wheels of the versions this project's own install has,
+# pinned by pip freeze (aiobotocore pins its botocore to a few releases, and the newest
+# botocore is outside them), and libjpeg-turbo's two Debian packages in .whl/deb
+# (20 MB; add nvidia-nvimgcodec-cu13, 25 MB, for bench_gpu_decode's nvImageCodec row), and
 # carry it; the tables come back as one archive (a call returns at most 8 files):
 #   run(command="R=$OUT; export OUT=/tmp/g; timeout 560 bash benchmarks/gpu_check.sh first;
 #       tar czf $R/g.tgz -C /tmp g", carry=[".whl"], timeout_s=590)
 #
 # Run: bash benchmarks/gpu_check.sh [--dry] [first|second|STEP ...], STEP one of tests,
-# gpu-decode-tests, upload, decode, node, scale, loader, neighbour.
+# gpu-decode-tests, upload, decode, node, scale, loader, neighbour (or --prepare, above).
 # A lent machine has 15 minutes in all, each start counted: two calls of ~5 minutes each,
 #   first:  tests upload decode  (the CUDA tests, the uploader, GPU decode on 4 and 8 cores)
 #   second: node scale loader    (8 ranks against the node's stock ceiling, unbound and
@@ -36,6 +32,28 @@
 # step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+WHEELS="aiobotocore botocore diskcache jmespath aioitertools aiohttp"
+if [ "${1:-}" = "--prepare" ]; then
+    pins=$(python3 -m pip freeze | grep -iE "^(${WHEELS// /|})==")
+    if [ "$(echo "$pins" | grep -c .)" != 6 ]; then
+        echo "pip freeze here does not name all of $WHEELS: install the project first" >&2
+        exit 1
+    fi
+    mkdir -p .whl/deb
+    for name in $WHEELS; do rm -f .whl/"$name"-*.whl; done # one version of each, or none installs
+    # shellcheck disable=SC2086  # pins: one argument each
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d .whl $pins || exit 1
+    rm -f .whl/deb/libjpeg62-turbo*.deb
+    (cd .whl/deb && apt-get download -q libjpeg62-turbo libjpeg62-turbo-dev) || {
+        echo "apt-get download of libjpeg-turbo failed (apt-get update first?)" >&2
+        exit 1
+    }
+    ls .whl .whl/deb
+    du -sh .whl
+    exit 0
+fi
 DRY=0
 if [ "${1:-}" = "--dry" ]; then
     DRY=1
