@@ -30,6 +30,8 @@ import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
+from ._proctree import alive
+
 __all__ = ["Binding", "cpus_said", "job_of_node", "node_masks", "share_of", "sweep"]
 
 WAIT = 1.0
@@ -151,17 +153,6 @@ def _writer(path: str) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process of this number exists (another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # not ours to signal: there all the same
-        return True
-    return True
-
-
 def sweep(tmp: Path, keep: str, stale: float = STALE) -> list[str]:
     """Remove the job folders in ``tmp`` (all but ``keep``) that are this user's, that no
     process wrote for ``stale`` seconds, and whose writers have all ended; returns their
@@ -184,7 +175,7 @@ def sweep(tmp: Path, keep: str, stale: float = STALE) -> list[str]:
             writers = [_writer(f.path) for f in os.scandir(entry.path) if f.name.isdigit()]
         except OSError:
             continue
-        if any(pid is not None and _alive(pid) for pid in writers):
+        if any(pid is not None and alive(pid) for pid in writers):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(entry.name)

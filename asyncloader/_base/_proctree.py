@@ -15,6 +15,7 @@ import sys
 from collections.abc import Collection, Iterator
 
 __all__ = [
+    "alive",
     "descendants",
     "machine_busy_seconds",
     "own_cpu_seconds",
@@ -29,6 +30,22 @@ def _stat(pid: int) -> list[str]:
     """The fields of ``/proc/PID/stat`` after the command name (field 3 on)."""
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine still runs (a zombie does not; another
+    user's does)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    try:
+        state = _stat(pid)[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 def _stats() -> Iterator[tuple[int, list[str]]]:

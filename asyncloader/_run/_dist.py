@@ -47,6 +47,7 @@ from .._base._errors import AsyncLoaderError, ListingMismatchError, shown_key
 from .._base._jobstore import StoreAddress, job_store
 from .._base._manifest import is_columnar, is_manifest
 from .._base._own_thread import run_on_own_thread
+from .._base._proctree import alive
 from .._base._sources import Source
 from .._base._types import ObjectInfo, ObjectStore
 from .._dataset import list_for
@@ -225,22 +226,6 @@ def here() -> str:
     return f"{socket.gethostname()}/{namespace}"
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host still runs (a zombie does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's: it exists
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
-
-
 class StoreShare:
     """What one process of the job makes and every other reads, through the job's store
     (a :class:`~asyncloader._dataset._sizes.JobShare`): the first to :meth:`take` a name
@@ -317,7 +302,7 @@ class StoreShare:
                 why = "stopped before it published it"
             else:
                 host, pid, *_ = [*str(owner).split(), "", ""]
-                if host != here() or not pid.isdigit() or _alive(int(pid)):
+                if host != here() or not pid.isdigit() or alive(int(pid)):
                     return
                 why = "died"
             # One waiter wins the owner's place; the others go on waiting for its bytes.
