@@ -182,6 +182,36 @@ def test_sidecars_are_warmed_with_their_images_and_read_offline(
     assert stats.requests == 0 and stats.sidecars_cached >= sidecars
 
 
+def test_a_name_the_listing_lacks_is_missing_without_a_request_online_or_offline(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """The metadata file names an image the bucket does not have: the listing says so, so
+    the image is reported missing as it is read (a counted ``ObjectNotFound`` skip under
+    ``on_error="skip"``) without asking the store for it: online no GET for it, and with
+    the store stopped the same skip at once, not a store that does not answer (a
+    ``TransientStoreError`` after its retries)."""
+    bucket = "offline-gap"
+    moto.create_bucket(bucket)
+    for i in range(N):
+        if i != 5:
+            moto.put(bucket, f"set/{i:02d}.jpg", _jpeg(i))
+    moto.put(bucket, "set/metadata.jsonl", _rows("one"))
+    url, cache = f"s3://{bucket}/set/", tmp_path / "cache"
+    skip = al.ErrorConfig(on_error="skip", max_failures=1)
+    with FaultProxy(moto.endpoint) as proxy:
+        report = al.warm(url, cache, store_options={"endpoint_url": proxy.endpoint})
+        assert report.warmed == N - 1 and report.failed == []  # warm reads what is listed
+        got, stats = _captions(url, proxy.endpoint, cache, errors=skip)
+        endpoint = proxy.endpoint
+        assert not [t for t in proxy.targets if t.endswith("/05.jpg")]
+    assert got == {i: f"one {i}" for i in range(N) if i != 5}
+    assert stats.skipped == {"ObjectNotFound": 1} and stats.skipped_keys == ("05.jpg",)
+    assert stats.requests == 0  # the rest came from the warm cache
+    got, stats = _captions(url, endpoint, cache, errors=skip)  # the store is gone
+    assert got == {i: f"one {i}" for i in range(N) if i != 5}
+    assert stats.skipped == {"ObjectNotFound": 1} and stats.retries == {}
+
+
 def test_the_metadata_file_is_counted_kept_and_checked_against_its_etag(
     moto: MotoServer, tmp_path: Path
 ) -> None:
