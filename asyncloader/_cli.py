@@ -187,6 +187,7 @@ def _ls_one(args: argparse.Namespace, url: str) -> int:
         refresh_listing=args.refresh_listing,
         store_options=options,
         write_manifest=args.write_manifest,
+        metadata=not args.no_metadata,
         **extra,  # type: ignore[arg-type]
     )
     if args.json:

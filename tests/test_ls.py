@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import asyncloader as al
 from asyncloader._tools._describe import inventory
-from asyncloader.testing import FaultProxy, S3TestServer
+from asyncloader.testing import FaultProxy, MotoServer, S3TestServer
 
 from .conftest import N_CLASSES, N_IMAGES, Backend
 
@@ -295,3 +297,141 @@ def test_store_option_values_and_unknown_options() -> None:
         )
     with pytest.raises(ValueError, match=r"unknown store option 'regoin' for gs://"):
         al.listing("gs://b/x/", store_options={"regoin": "x"})
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ([0, 4, 2, None], "whole numbers 0 … 4, 1 empty"),
+        ([0.5, 9.75, float("nan")], "numbers 0.5 … 9.75"),
+        (["cat", "dog", "cat"], "text: 'cat', 'dog'"),
+        ([f"caption {i}" for i in range(1000)], "text, 1,000 distinct"),
+        (["3", "10.5", None, None], "text of numbers 3 … 10.5, 2 empty"),  # a CSV's numbers
+        (["3", "ten"], "text: '3', 'ten'"),
+        ([True, False], "true/false"),
+        ([["a"], ["b", "c", "d"]], "lists of 1 … 3"),
+        ([{"k": 1}], "objects"),
+        ([1, "one", 2], "mixed: 2 whole numbers, 1 text"),
+        ([None, None], "empty"),
+        ([], "no rows"),
+    ],
+)
+def test_a_metadata_column_is_described_by_its_kind_and_range(
+    values: list[object], says: str
+) -> None:
+    from asyncloader._tools._columns import describe_column
+
+    assert describe_column(values) == says
+
+
+@given(
+    st.lists(
+        st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False, width=32)),
+        min_size=1,
+    )
+)
+def test_a_number_column_s_range_and_empty_rows_are_its_own(values: list[float | None]) -> None:
+    from asyncloader._tools._columns import describe_column
+
+    present = [v for v in values if v is not None]
+    empty = len(values) - len(present)
+    said = describe_column(values)
+    if not present:
+        assert said == "empty"
+        return
+    assert said.startswith(f"numbers {min(present):g} … {max(present):g}")
+    assert said.endswith(f", {empty:,} empty") == bool(empty)
+
+
+def test_the_metadata_report_meets_the_listing() -> None:
+    from asyncloader._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
+    from asyncloader._dataset._metadata import read_metadata
+    from asyncloader._tools._columns import metadata_report
+
+    rows = [{"file_name": f"{i}.jpg", "score": i} for i in range(8)]
+    rows.append({"file_name": "notes.txt", "score": 0})  # not an image: not a sample
+    meta = read_metadata("".join(json.dumps(r) + "\n" for r in rows).encode(), "metadata.jsonl")
+    listed = {f"{i}.jpg" for i in range(8) if i not in (2, 6, 7)} | {"extra.jpg", "notes.txt"}
+    report = metadata_report(meta, listed, KeyFilter(IMAGE_EXTENSIONS))
+    assert (report.rows, report.listed, report.not_listed) == (9, 5, 3)
+    assert report.not_listed_names == ["2.jpg", "6.jpg", "7.jpg"]
+    assert report.unnamed == 1  # extra.jpg
+    assert report.columns == {"score": "whole numbers 0 … 7"}
+    text = "\n".join(report.lines())
+    assert "naming one not there: 3 (2.jpg, 6.jpg, 7.jpg: missing when read)" in text
+    assert "images here no row names: 1 (left out)" in text
+    assert "filters= also takes: size, file_name, width, height" in text
+
+
+def test_ls_reads_the_metadata_files_as_a_loader_would_and_keeps_them(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """``ls`` of a captioned folder on S3: the root's ``metadata.jsonl`` and a folder's
+    ``metadata.csv`` read as one table (the columns, the name no object has, the image no
+    row names), kept in the cache folder so that a loader on it reads them from the disk;
+    a malformed file is one message naming its line, and exit status 1."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    bucket = "ls-captions"
+    moto.create_bucket(bucket)
+    for key in ("0.jpg", "1.jpg", "part/2.jpg", "part/3.jpg", "stray.jpg"):
+        buf = BytesIO()
+        Image.new("RGB", (32, 24), (10, 90, 160)).save(buf, "JPEG")
+        moto.put(bucket, f"set/{key}", buf.getvalue())
+    root = [{"file_name": f"{i}.jpg", "text": f"a photo {i}", "aesthetic": 4.5 + i} for i in (0, 1)]
+    moto.put(bucket, "set/metadata.jsonl", "".join(json.dumps(r) + "\n" for r in root).encode())
+    moto.put(bucket, "set/part/metadata.csv", b"file_name,text\n2.jpg,two\n9.jpg,nine\n")
+    url, cache = f"s3://{bucket}/set/", tmp_path / "cache"
+
+    def ls(endpoint: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "asyncloader", "ls", url, "--cache-dir", str(cache)]
+        cmd += ["--endpoint-url", endpoint, *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    with FaultProxy(moto.endpoint) as proxy:
+        out = ls(proxy.endpoint, "--json")
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)["metadata"]
+        assert report["rows"] == 4 and report["listed"] == 3
+        assert (report["not_listed"], report["not_listed_names"]) == (1, ["part/9.jpg"])
+        assert report["unnamed"] == 2  # part/3.jpg and stray.jpg
+        assert report["columns"] == {
+            "text": "text: 'a photo 0', 'a photo 1', 'nine', 'two'",
+            "aesthetic": "numbers 4.5 … 5.5, 2 empty",  # the CSV has no such column
+        }
+        assert proxy.targets[f"GET /{bucket}/set/metadata.jsonl"] == 1
+        words = ls(proxy.endpoint)
+        assert "column aesthetic: numbers 4.5 … 5.5, 2 empty" in words.stdout
+        assert "naming one not there: 1 (part/9.jpg" in words.stdout
+        assert proxy.targets[f"GET /{bucket}/set/metadata.jsonl"] == 1  # kept: read again there
+        with al.ImageLoader(
+            url,
+            batch_size=1,
+            labels=None,
+            extras=("text",),
+            cache_dir=str(cache),
+            store=al.StoreConfig(options={"endpoint_url": proxy.endpoint}),
+            errors=al.ErrorConfig(on_error="skip", max_failures=1),
+        ) as loader:
+            texts = sorted(t for _, _, extras in loader for t in extras["text"])
+        assert texts == ["a photo 0", "a photo 1", "two"]
+        assert proxy.targets[f"GET /{bucket}/set/metadata.jsonl"] == 1
+        assert proxy.targets[f"GET /{bucket}/set/part/metadata.csv"] == 1
+    moto.put(bucket, "set/metadata.jsonl", b'{"file_name": "0.jpg"}\n{oops\n')
+    bad = ls(moto.endpoint, "--refresh-listing")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "metadata.jsonl:2: not JSON" in bad.stderr
+    plain = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import asyncloader as al; print(al.describe({url!r}, "
+            f"store_options={{'endpoint_url': {moto.endpoint!r}}}, metadata=False).metadata)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plain.stdout.strip() == "None", plain.stderr

@@ -186,6 +186,11 @@ def command_line(description: str, version: str, docs: str) -> argparse.Argument
     ls.add_argument("--refresh-listing", action="store_true", help="list the store again")
     ls.add_argument("--all-objects", action="store_true", help="count every object as a sample")
     ls.add_argument(
+        "--no-metadata",
+        action="store_true",
+        help="do not read the metadata files (their rows, columns and the images they name)",
+    )
+    ls.add_argument(
         "--json", action="store_true", help="one JSON object (a line per URL), for scripts"
     )
     ls.add_argument(

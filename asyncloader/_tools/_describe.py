@@ -1,5 +1,6 @@
 """``describe``: what is under a URL — objects, bytes, classes, sizes, extensions, the
-metadata files — from the listing the cache saved when there is one (``asyncloader ls``)."""
+metadata files and what they hold — from the listing the cache saved when there is one
+(``asyncloader ls``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import posixpath
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -28,11 +29,13 @@ from .._dataset._labels import (
     key_path,
     no_samples,
 )
+from .._dataset._listing import read_metadata_files
 from .._dataset._located import write_file
 from .._dataset._metadata import metadata_objects, some_names
 from .._dataset._objects import ObjectList
 from .._stores import open_store
 from .._stores import store_options as store_options_for
+from ._columns import MetadataReport, metadata_report
 
 __all__ = ["Inventory", "describe", "inventory", "listing"]
 
@@ -54,7 +57,10 @@ class Inventory:
         from_saved_listing: The listing came from the cache, not from the store.
         metadata_files: The metadata files a loader reads for ``extras=``, a labels column
             or ``filters=`` (the root's and its folders': Hugging Face's ``imagefolder``),
-            by key; from the listing alone (none of them is read here).
+            by key.
+        metadata: What they hold, read as a loader reads them (:class:`MetadataReport`:
+            rows, columns, the images they name that are not there and those they do not
+            name); None where there are none, or they were not asked to be read.
     """
 
     url: str
@@ -67,6 +73,7 @@ class Inventory:
     extensions: dict[str, int] = field(default_factory=dict)
     from_saved_listing: bool = False
     metadata_files: list[str] = field(default_factory=list)
+    metadata: MetadataReport | None = None
 
     def nothing_to_read(self) -> str:
         """Why a loader would find no samples here (for an inventory without any)."""
@@ -92,6 +99,8 @@ class Inventory:
                 f"metadata files: {len(self.metadata_files)} ({shown}): they name the samples "
                 "and give their columns to extras=, a labels column and filters="
             )
+        if self.metadata is not None:
+            lines += self.metadata.lines()
         return "\n".join(lines)
 
 
@@ -137,11 +146,13 @@ async def describe_store(
     listing_max_age: float = LISTING_MAX_AGE,
     write_manifest: str | os.PathLike[str] | None = None,
     store_options: dict[str, Any] | None = None,
+    metadata: bool = True,
 ) -> Inventory:
     """The inventory of ``store``: from the cache's saved listing if young enough, else
     listed (and saved when there is a cache); with ``write_manifest``, its samples written
     there as a listing manifest (see :func:`describe`; ``store_options``: how to reach a
-    manifest URL outside the store's root)."""
+    manifest URL outside the store's root); with ``metadata``, what its metadata files
+    hold, each read through the cache as a loader reads it (and kept there for one)."""
     folder = cache.directory if cache is not None else None
     saved = await saved_listing(store, folder, listing_max_age)
     objects = saved if saved is not None else await list_objects(store, folder, 0)
@@ -149,7 +160,17 @@ async def describe_store(
         target = os.fspath(write_manifest)
         data = await asyncio.to_thread(manifest_bytes, target, objects, extensions)
         await write_file(store, target, data, store_options)
-    return inventory(store.url, objects, extensions, from_saved_listing=saved is not None)
+    inv = inventory(store.url, objects, extensions, from_saved_listing=saved is not None)
+    if not metadata or not inv.metadata_files:
+        return inv
+    listed = ObjectList.of(objects)
+    table = await read_metadata_files(store, folder, listed, None)
+    if table is None:  # not reached: the inventory found the files
+        return inv
+    keys = set(listed.keys())
+    keys.difference_update(inv.metadata_files)
+    report = await asyncio.to_thread(metadata_report, table, keys, KeyFilter(extensions))
+    return replace(inv, metadata=report)
 
 
 def manifest_bytes(
@@ -189,10 +210,18 @@ def describe(
     refresh_listing: bool = False,
     store_options: dict[str, Any] | None = None,
     write_manifest: str | os.PathLike[str] | None = None,
+    metadata: bool = True,
 ) -> Inventory:
     """What is under ``url``: objects, bytes, classes and their counts, sample sizes, the
     extensions found — from the listing saved in ``cache_dir`` when there is a young one.
     Blocking; runs its own event loop.
+
+    ``metadata``: read the metadata files found (the root's and its folders') as a
+    loader reads them, through ``cache_dir`` (kept there, so a loader on that folder then
+    reads them from the disk): their rows, each column's kind and range, the images they
+    name that the listing lacks and the listed images they do not name
+    (:class:`~asyncloader._tools._columns.MetadataReport`).  ``False`` reads nothing but
+    the listing.
 
     ``write_manifest``: a ``.jsonl`` (rows) or ``.npz`` (arrays: a million keys read in
     well under a second) manifest to write the samples to, with their ImageFolder label,
@@ -203,7 +232,9 @@ def describe(
     list again and write it anew when the data changes).
 
     Raises:
-        StoreError: the store could not be listed.
+        StoreError: the store could not be listed, or a metadata file read.
+        ValueError: a metadata file is malformed (naming its line), or two name one image.
+        ImportError: a ``metadata.parquet`` without pyarrow installed.
     """
 
     config = CacheConfig(refresh_listing=refresh_listing)
@@ -218,6 +249,7 @@ def describe(
                 listing_max_age=config.max_age,
                 write_manifest=write_manifest,
                 store_options=store_options,
+                metadata=metadata,
             )
         finally:
             await store.close()
