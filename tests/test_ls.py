@@ -435,3 +435,24 @@ def test_ls_reads_the_metadata_files_as_a_loader_would_and_keeps_them(
         timeout=120,
     )
     assert plain.stdout.strip() == "None", plain.stderr
+
+
+def test_ls_of_a_web_folder_counts_a_name_the_server_lacks_as_not_there(tmp_path: Path) -> None:
+    """On a plain web server the metadata file lists the folder, each image sized by a
+    HEAD: a name whose HEAD finds nothing is reported as not there, not as listed."""
+    from PIL import Image
+
+    from asyncloader.testing import PythonHTTPServer
+
+    site = tmp_path / "site" / "c"
+    site.mkdir(parents=True)
+    rows = [{"file_name": f"{i}.jpg", "score": i} for i in range(5)]
+    for i in (0, 1, 3, 4):
+        Image.new("RGB", (20, 10), (9, 9, 9)).save(site / f"{i}.jpg")
+    (site / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with PythonHTTPServer(tmp_path / "site") as server:
+        inv = al.describe(f"{server.endpoint}/c/")
+    assert inv.metadata is not None
+    assert (inv.metadata.rows, inv.metadata.listed, inv.metadata.not_listed) == (5, 4, 1)
+    assert inv.metadata.not_listed_names == ["2.jpg"]
+    assert inv.metadata.columns == {"score": "whole numbers 0 … 4"}

@@ -167,7 +167,9 @@ async def describe_store(
     table = await read_metadata_files(store, folder, listed, None)
     if table is None:  # not reached: the inventory found the files
         return inv
-    keys = set(listed.keys())
+    # A web server's folder is listed from its metadata file: a name the server did not
+    # have (its HEAD's 404) is listed with size -1, and is not there.
+    keys = {o.key for o in objects if o.size != -1}
     keys.difference_update(inv.metadata_files)
     report = await asyncio.to_thread(metadata_report, table, keys, KeyFilter(extensions))
     return replace(inv, metadata=report)
