@@ -14,6 +14,7 @@ import pytest
 
 import asyncloader as al
 from asyncloader._base._stats import Counters
+from asyncloader._base._types import UNSIZED
 from asyncloader._fetch import Fetcher
 from asyncloader.testing import FaultyStore, MemoryBucket, MemoryStore, S3TestServer
 
@@ -206,8 +207,8 @@ def test_a_hedge_that_failed_as_its_fetch_was_stopped_leaves_no_unretrieved_erro
         loop.set_exception_handler(lambda _, ctx: reported.append(str(ctx.get("message"))))
         fetcher = Fetcher(store, Counters(), cfg)
         for key in keys[:20]:  # latencies to learn the deadline from
-            await fetcher.fetch(al.ObjectInfo(key, -1))
-        store.outer = asyncio.create_task(fetcher.fetch(al.ObjectInfo(keys[-1], -1)))
+            await fetcher.fetch(al.ObjectInfo(key, UNSIZED))
+        store.outer = asyncio.create_task(fetcher.fetch(al.ObjectInfo(keys[-1], UNSIZED)))
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(store.outer, 20)
         del store.outer
