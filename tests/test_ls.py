@@ -456,3 +456,4 @@ def test_ls_of_a_web_folder_counts_a_name_the_server_lacks_as_not_there(tmp_path
     assert (inv.metadata.rows, inv.metadata.listed, inv.metadata.not_listed) == (5, 4, 1)
     assert inv.metadata.not_listed_names == ["2.jpg"]
     assert inv.metadata.columns == {"score": "whole numbers 0 … 4"}
+    assert (inv.objects, inv.samples) == (5, 4)  # the file and the four images there

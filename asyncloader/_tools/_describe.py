@@ -48,7 +48,9 @@ class Inventory:
 
     Attributes:
         url: The store's canonical URL.
-        objects, bytes: Every object listed, and their total size [bytes].
+        objects, bytes: Every object listed, and their total size [bytes]; not a name
+            listed as not there (size -1: a web server's folder is listed from its metadata
+            file, and the HEAD of a name it did not have found nothing).
         samples, sample_bytes: The objects the loader would read (image extensions, unless
             every object was asked for), and their size [bytes].
         classes: ImageFolder classes (the samples' parent folders) → sample count, sorted.
@@ -112,6 +114,7 @@ def inventory(
     from_saved_listing: bool = False,
 ) -> Inventory:
     """The :class:`Inventory` of a listing (pure)."""
+    objects = [o for o in objects if o.size != -1]
     wanted = KeyFilter(extensions)
     samples = [o for o in objects if wanted(o.key)]
     sizes = sorted(max(o.size, 0) for o in samples)
