@@ -39,7 +39,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Filters", "HEADER_COLUMNS", "LISTING_COLUMNS", "describe", "keep_mask", "normalize"]
+__all__ = [
+    "Filters",
+    "HEADER_COLUMNS",
+    "LISTING_COLUMNS",
+    "as_number",
+    "describe",
+    "keep_mask",
+    "normalize",
+]
 
 Filters = Sequence[Sequence[Any]] | Sequence[Sequence[Sequence[Any]]]
 """``filters=`` as a user gives it (see the module's docstring)."""
@@ -134,8 +142,9 @@ def describe(filters: Normal | None) -> str | None:
     )
 
 
-def _number(value: object) -> float | None:
-    """``value`` as a number to compare with one (bools are not numbers here)."""
+def as_number(value: object) -> float | None:
+    """``value`` as a number to compare with one (bools are not numbers here; text that
+    reads as one is: a CSV's fields), or None where it is none."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
@@ -161,7 +170,7 @@ def _holds(value: Any, op: str, want: Any) -> bool | str:
         return False  # null: fails every comparison (pyarrow's null is dropped)
     numeric = isinstance(want, (int, float)) and not isinstance(want, bool)
     if numeric or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        a, b = _number(value), _number(want)
+        a, b = as_number(value), as_number(want)
         if a is None or b is None:
             if op in ("==", "!="):
                 return op == "!="

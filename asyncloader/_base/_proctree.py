@@ -136,9 +136,10 @@ def own_cpu_seconds() -> dict[int, float]:
     process id; empty where ``/proc`` is missing.  Two of them, and the processes that
     matter named in between (``peer_processes``), measure what those spent."""
     out: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")  # once, not once per process of the machine
     for pid, fields in _stats():
         with contextlib.suppress(IndexError, ValueError):  # utime, stime: fields 14 and 15
-            out[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            out[pid] = (int(fields[11]) + int(fields[12])) / tick
     return out
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._base._filters import HEADER_COLUMNS, LISTING_COLUMNS
+from .._base._filters import HEADER_COLUMNS, LISTING_COLUMNS, as_number
 from .._dataset._metadata import Metadata, some_names
 
 __all__ = ["MetadataReport", "describe_column", "metadata_report"]
@@ -133,15 +133,13 @@ def _kind(value: Any) -> str:
 
 
 def _as_numbers(texts: Sequence[str]) -> list[float] | None:
-    """Every text read as a finite number, or None where one is not (a CSV's column of
-    numbers is text: a filter reads it as numbers)."""
+    """Every text read as a finite number the way a filter reads it
+    (:func:`~asyncloader._base._filters.as_number`), or None where one is not (a CSV's
+    column of numbers is text)."""
     out = []
     for text in texts:
-        try:
-            number = float(text)
-        except ValueError:
-            return None
-        if not math.isfinite(number):
+        number = as_number(text)
+        if number is None or not math.isfinite(number):
             return None
         out.append(number)
     return out

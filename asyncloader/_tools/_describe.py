@@ -114,6 +114,8 @@ def inventory(
     from_saved_listing: bool = False,
 ) -> Inventory:
     """The :class:`Inventory` of a listing (pure)."""
+    # The metadata files from the listing as given (an ObjectList passes as it is).
+    metadata_files = [o.key for o in metadata_objects(ObjectList.of(objects))]
     objects = [o for o in objects if o.size != -1]
     wanted = KeyFilter(extensions)
     samples = [o for o in objects if wanted(o.key)]
@@ -137,7 +139,7 @@ def inventory(
         size_percentiles={"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "max": pct(1.0)},
         extensions=dict(exts.most_common()),
         from_saved_listing=from_saved_listing,
-        metadata_files=[o.key for o in metadata_objects(ObjectList.of(objects))],
+        metadata_files=metadata_files,
     )
 
 
