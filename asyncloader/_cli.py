@@ -156,6 +156,16 @@ def _warm_one(args: argparse.Namespace, url: str) -> int:
     finally:
         bar.close()
     print(report.summary())
+    if report.missing:
+        print(
+            f"{len(report.missing)} images named by the metadata files are not in the store "
+            "(a run that reads the files reports each missing):",
+            file=sys.stderr,
+        )
+        for key in report.missing[:20]:
+            print(f"  {key}", file=sys.stderr)
+        if len(report.missing) > 20:
+            print(f"  ... and {len(report.missing) - 20} more", file=sys.stderr)
     if report.failed:
         print(f"{len(report.failed)} objects failed:", file=sys.stderr)
         for key, err in report.failed[:20]:

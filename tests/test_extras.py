@@ -25,6 +25,7 @@ from asyncloader._dataset._labels import build_dataset
 from asyncloader._dataset._metadata import (
     merge_metadata,
     metadata_objects,
+    named_not_there,
     read_metadata,
     resolve_extras,
 )
@@ -205,6 +206,43 @@ def test_metadata_split_across_folders_is_the_root_file_s_table(
     merged = merge_metadata(parts) if parts else read_metadata(b"", "metadata.jsonl")
     assert table(merged) == table(read_metadata(whole, "metadata.jsonl"))
     assert sorted(merged.file_names) == sorted(read_metadata(whole, "metadata.jsonl").file_names)
+
+
+@given(
+    names=st.dictionaries(
+        st.tuples(_FOLDERS, st.text(alphabet="ab", min_size=1, max_size=3)),
+        st.tuples(st.sampled_from([".jpg", ".md"]), st.sampled_from(["there", "-1", "unlisted"])),
+        max_size=16,
+    ),
+    broken=st.sampled_from(["", "p1", None]),
+)
+def test_the_names_no_object_has_are_those_a_run_would_find_missing(
+    names: dict[tuple[str, str], tuple[str, str]], broken: str | None
+) -> None:
+    """Each folder's file names its images; the listing has some of them, some listed with
+    size -1 (not there): the images named and not there are those, sorted, whatever the
+    folders; a file that cannot be read is an error of its own, its names unread, and the
+    others are still checked."""
+    files: dict[str, bytes] = {}
+    listed: list[ObjectInfo] = []
+    expected = []
+    for (folder, stem), (suffix, where) in names.items():
+        at = f"{folder}/" if folder else ""
+        key = f"{at}{stem}{suffix}"
+        files.setdefault(f"{at}metadata.jsonl", b"")
+        files[f"{at}metadata.jsonl"] += (json.dumps({"file_name": stem + suffix}) + "\n").encode()
+        if where != "unlisted":
+            listed.append(ObjectInfo(key, 10 if where == "there" else -1, "e"))
+        if where != "there" and suffix == ".jpg" and folder != broken:
+            expected.append(key)
+    bad = f"{broken}/metadata.jsonl" if broken else "metadata.jsonl"
+    if broken is not None and bad in files:
+        files[bad] += b"{not json\n"
+    missing, errors = named_not_there(
+        sorted(files.items()), listed, lambda key: key.endswith(".jpg")
+    )
+    assert missing == sorted(expected)
+    assert [key for key, _ in errors] == ([bad] if broken is not None and bad in files else [])
 
 
 def test_an_extra_that_names_nothing_is_an_error_that_says_what_there_is() -> None:

@@ -231,6 +231,22 @@ def test_a_caption_folder_from_a_server_without_etags_runs_offline_from_the_cach
     assert stats.requests == stats.bytes_fetched == 0
 
 
+def test_warm_of_a_caption_folder_names_the_image_the_server_lacks_without_asking_for_it(
+    tmp_path: Path,
+) -> None:
+    """The folder is listed from its metadata file, and a name the server does not have is
+    listed as not there (its HEAD's 404): ``warm`` does not ask for it again, and reports it
+    as the metadata file's missing image, not as an object that failed."""
+    folder = caption_folder(tmp_path / "site")
+    (folder / "07.jpg").unlink()
+    with PythonHTTPServer(folder) as server:
+        report = al.warm(server.endpoint + "/", str(tmp_path / "cache"))
+        asked = server.requests()
+    assert report.missing == ["07.jpg"] and report.failed == []
+    assert report.warmed == report.listed == 11
+    assert [m for m, path, _ in asked if path == "/07.jpg"] == ["HEAD"]
+
+
 def test_a_filter_on_size_sizes_only_what_the_rest_keeps_and_the_next_run_is_offline(
     tmp_path: Path,
 ) -> None:

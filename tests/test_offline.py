@@ -201,6 +201,7 @@ def test_a_name_the_listing_lacks_is_missing_without_a_request_online_or_offline
     with FaultProxy(moto.endpoint) as proxy:
         report = al.warm(url, cache, store_options={"endpoint_url": proxy.endpoint})
         assert report.warmed == N - 1 and report.failed == []  # warm reads what is listed
+        assert report.missing == ["05.jpg"]  # and says what the file names that is not
         got, stats = _captions(url, proxy.endpoint, cache, errors=skip)
         endpoint = proxy.endpoint
         assert not [t for t in proxy.targets if t.endswith("/05.jpg")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -152,6 +153,34 @@ def test_failed_objects_give_a_nonzero_exit(light_server: S3TestServer, tmp_path
     assert "1 failed" in again.stdout
     assert "class_01/img_000005.jpg" in again.stderr
     assert "not found" in again.stderr
+
+
+def test_warm_names_the_images_a_metadata_file_names_that_the_store_lacks(
+    light_server: S3TestServer, tmp_path: Path
+) -> None:
+    """A metadata file naming an image the bucket does not have: nothing to warm, and what
+    a run that reads the file will report missing, so ``warm`` says so (every image that
+    is there warmed, the exit status 0); a folder's file that is malformed, which a run
+    would refuse at its start, is a failure naming its line."""
+    rows = [{"file_name": f"class_00/img_{i:06d}.jpg", "caption": str(i)} for i in (0, 4, 8)]
+    rows.append({"file_name": "class_00/gone.jpg", "caption": "not there"})
+    rows.append({"file_name": "notes.md", "caption": "not an image: not ours to name"})
+    light_server.put(
+        "b", "train/metadata.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()
+    )
+    args = ["warm", "s3://b/train/", "--cache-dir", str(tmp_path / "c")]
+    done = _cli(*args, "--endpoint-url", light_server.endpoint)
+    assert done.returncode == 0, done.stderr
+    assert f"{N_IMAGES} objects warmed" in done.stdout
+    assert "1 named by the metadata files but not in the store" in done.stdout
+    assert "  class_00/gone.jpg" in done.stderr.splitlines()
+    light_server.put("b", "train/class_01/metadata.jsonl", b'{"file_name": "a.jpg"}\nnot json\n')
+    opts = {"endpoint_url": light_server.endpoint}
+    report = al.warm("s3://b/train/", tmp_path / "c", store_options=opts, refresh_listing=True)
+    assert report.missing == ["class_00/gone.jpg"]  # the malformed file is not read
+    assert [key for key, _ in report.failed] == ["class_01/metadata.jsonl"]
+    assert report.failed[0][1].startswith("class_01/metadata.jsonl:2: not JSON")
+    assert report.already_cached == N_IMAGES and report.warmed == 0
 
 
 def test_warm_of_a_wrong_bucket_leaves_no_folder_behind(

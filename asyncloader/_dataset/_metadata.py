@@ -46,6 +46,7 @@ __all__ = [
     "find_metadata",
     "merge_metadata",
     "metadata_objects",
+    "named_not_there",
     "some_names",
     "parse_sidecar",
     "sidecar_objects",
@@ -180,6 +181,34 @@ def merge_metadata(parts: Sequence[Metadata]) -> Metadata:
             columns[c].extend(part.columns.get(c, [None] * rows))
     name = f"{len(parts)} metadata files ({some_names([p.name for p in parts])})"
     return Metadata(name, [f for part in parts for f in part.file_names], columns)
+
+
+def named_not_there(
+    files: Sequence[tuple[str, bytes]], listed: Iterable[ObjectInfo], keep: Callable[[str], bool]
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """The images (keys that ``keep`` takes) that the metadata ``files`` — ``(key, bytes)``
+    each — name and ``listed`` does not have, sorted: not listed, or listed with size -1
+    (a web server's folder is listed from its metadata file, and a name whose HEAD found
+    nothing is listed so).  Also ``(key, error)`` of each file that cannot be read as a
+    run would read it (malformed; an image named by two files: under all the files'
+    names), and the rest are still checked.  A Parquet file without pyarrow is not read
+    here: a run's start says how to install it."""
+    parts: list[Metadata] = []
+    errors: list[tuple[str, str]] = []
+    for key, data in files:
+        try:
+            parts.append(read_metadata(data, key))
+        except ImportError:
+            continue
+        except ValueError as exc:
+            errors.append((key, str(exc).splitlines()[0]))
+    try:
+        merge_metadata(parts)
+    except ValueError as exc:  # the message names both files
+        errors.append((some_names([p.name for p in parts]), str(exc)))
+    named = {name for part in parts for name in part.file_names}
+    there = {o.key for o in listed if o.size != -1}
+    return sorted(n for n in named if keep(n) and n not in there), errors
 
 
 @dataclass(frozen=True, slots=True)

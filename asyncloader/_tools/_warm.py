@@ -40,7 +40,7 @@ from .._dataset import list_objects, metadata_file
 from .._dataset._headers import HEAD_BYTES
 from .._dataset._imagesize import object_sizes
 from .._dataset._labels import IMAGE_EXTENSIONS, KeyFilter
-from .._dataset._metadata import metadata_objects, sidecar_objects
+from .._dataset._metadata import metadata_objects, named_not_there, sidecar_objects
 from .._dataset._sizes import keep_sizes
 from .._decode import SCALED_COPY_MIN, scaled_copies, scaled_name
 from .._run._build import make_fetcher
@@ -68,6 +68,11 @@ class WarmReport:
         scaled: Objects given scaled copies (``scaled_jpegs``), cached before or now.
         sidecars: Of ``listed``, the images' same-stem sidecar files (``x.txt`` and
             ``x.json`` beside ``x.jpg``), warmed with them for a run's ``extras=``.
+        missing: The images the metadata files name (shown as ``failed``'s keys) that the
+            store does not have, sorted: not warmed, not counted in ``listed`` nor
+            ``failed``; a run that reads the files (``extras=``, a labels column,
+            ``filters=``) reports each missing when it reads it (``ObjectNotFound``).
+            Every shard reports them all.
     """
 
     listed: int = 0
@@ -81,6 +86,7 @@ class WarmReport:
     not_admitted: int = 0
     scaled: int = 0
     sidecars: int = 0
+    missing: list[str] = field(default_factory=list)
 
     def add(self, other: WarmReport) -> None:
         """Count ``other`` (another source's warm) in this report."""
@@ -100,6 +106,12 @@ class WarmReport:
             f"cached, {len(self.failed)} failed, retries {sum(self.retries.values())}"
             + (f"; {self.scaled} given scaled copies" if self.scaled else "")
             + (f"; {self.sidecars} of the objects are sidecars" if self.sidecars else "")
+            + (
+                f"; {len(self.missing)} named by the metadata files but not in the store "
+                "(missing when a run reads them)"
+                if self.missing
+                else ""
+            )
             + (
                 f"; {self.not_admitted} left out: the data does not fit the cache, which "
                 "keeps a fixed subset"
@@ -158,12 +170,17 @@ async def warm_cache(
     # listing as a loader keeps them: a run with extras= then starts from the node's disk,
     # the store unreachable.
     failed: list[tuple[str, str]] = []
+    files: list[tuple[str, bytes]] = []
     for meta in metadata_objects(objects):
         try:
-            await metadata_file(store, cache.directory, meta, counters)
+            files.append((meta.key, await metadata_file(store, cache.directory, meta, counters)))
         except AsyncLoaderError as exc:
             failed.append((shown_key(meta.key), str(exc).splitlines()[0]))
     wanted = KeyFilter(extensions)
+    # The images the files name that the store does not have: nothing to warm, and what a
+    # run that reads the files will report missing, said now.
+    missing, unreadable = await asyncio.to_thread(named_not_there, files, objects, wanted)
+    failed += unreadable
     ordered = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
     # Node i of n, as its loaders read: rank i of n in listing order, or node i of n's
     # subset under shuffle="node" with that seed.
@@ -175,12 +192,14 @@ async def warm_cache(
         world_size=n,
         shard=ShardConfig(local_world_size=1),
     )
-    mine = list(node_objects(ordered, node))
+    # A name listed as not there (a web server's folder is listed from its metadata file,
+    # and the HEAD of such a name found nothing) is in `missing`, not fetched.
+    mine = [o for o in node_objects(ordered, node) if o.size != -1]
     # A cache too small for this shard keeps a fixed subset: the loader's, by its one rule.
     threshold, _ = await asyncio.to_thread(
         node_admission, ordered, node, cache.size_limit, scaled=scaled_jpegs
     )
-    report = WarmReport(listed=len(mine), failed=failed)
+    report = WarmReport(listed=len(mine), failed=failed, missing=missing)
     if threshold < ADMIT_ALL:
         kept = [o for o in mine if admitted(o.key, threshold)]
         report.not_admitted = len(mine) - len(kept)
