@@ -213,6 +213,43 @@ def test_a_name_the_listing_lacks_is_missing_without_a_request_online_or_offline
     assert stats.skipped == {"ObjectNotFound": 1} and stats.retries == {}
 
 
+def test_a_bucketed_run_finds_a_name_the_listing_lacks_missing_without_a_request(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """The same gap under aspect-ratio buckets, whose header pass reads each image's size
+    before the first batch: the missing image's header is not asked for either, so online
+    the store sees no request for it, and with the store stopped the run starts from the
+    warm cache (not a store that does not answer, after its retries) — under ``"skip"``
+    the image is the counted ``ObjectNotFound`` skip, under ``"raise"`` the run stops at
+    its start naming it, online and offline alike."""
+    bucket = "offline-gap-buckets"
+    moto.create_bucket(bucket)
+    for i in range(N):
+        if i != 5:
+            moto.put(bucket, f"set/{i:02d}.jpg", _jpeg(i))
+    moto.put(bucket, "set/metadata.jsonl", _rows("one"))
+    url, cache = f"s3://{bucket}/set/", tmp_path / "cache"
+    skip = al.ErrorConfig(on_error="skip", max_failures=1)
+    buckets = al.Buckets(((16, 16), (20, 16)))
+    with FaultProxy(moto.endpoint) as proxy:
+        report = al.warm(url, cache, store_options={"endpoint_url": proxy.endpoint})
+        assert report.missing == ["05.jpg"]
+        got, stats = _captions(url, proxy.endpoint, cache, errors=skip, buckets=buckets)
+        with pytest.raises(al.ObjectNotFound, match=r"05\.jpg"):
+            _captions(url, proxy.endpoint, cache, buckets=buckets)
+        endpoint = proxy.endpoint
+        assert not [t for t in proxy.targets if t.endswith("/05.jpg")]
+    # Two buckets of batches of 4: each leaves fewer than a batch over.
+    assert set(got) <= {i for i in range(N) if i != 5} and len(got) >= N - 1 - 2 * 3
+    assert stats.skipped == {"ObjectNotFound": 1} and stats.requests == 0
+    online = got
+    got, stats = _captions(url, endpoint, cache, errors=skip, buckets=buckets)  # store gone
+    assert got == online
+    assert stats.skipped == {"ObjectNotFound": 1} and stats.retries == {}
+    with pytest.raises(al.ObjectNotFound, match=r"05\.jpg"):
+        _captions(url, endpoint, cache, buckets=buckets)
+
+
 def test_the_metadata_file_is_counted_kept_and_checked_against_its_etag(
     moto: MotoServer, tmp_path: Path
 ) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "LengthMismatch",
     "ListingMismatchError",
     "ObjectNotFound",
+    "not_listed",
     "PipelineDeadError",
     "StoreError",
     "Throttled",
@@ -151,6 +152,17 @@ class WrongRegion(StoreError):
 
 class ObjectNotFound(StoreError):
     """The object (or bucket/container) does not exist."""
+
+
+def not_listed(url: str, key: str) -> ObjectNotFound:
+    """The error of an object a metadata file or manifest names and the store's listing
+    lacks (listed with size -1): missing as surely as a 404 would say, and reported so
+    without asking the store, which may not be there (a run from a warm cache, offline)."""
+    return ObjectNotFound(
+        f"not found: {url}{shown_key(key)} (named by the dataset's metadata file or "
+        "manifest; the store's listing has no such object)",
+        key=key,
+    )
 
 
 class AccessDenied(StoreError):

@@ -27,6 +27,7 @@ from .._base._errors import (
     DecodeError,
     IntegrityError,
     ObjectNotFound,
+    not_listed,
     shown_key,
 )
 from .._base._stats import Counters
@@ -267,6 +268,8 @@ async def _read_header(
             counters.bytes_fetched += len(data)
         return data
 
+    if obj.size == -1:  # named by a metadata file, and the listing has no such object
+        raise not_listed(store.url, obj.key)
     if obj.size == 0:  # a range of nothing is no request to make (a server answers 416)
         raise DecodeError(
             f"{shown_key(obj.key)}: an empty object (0 bytes), not an image; aspect-ratio "

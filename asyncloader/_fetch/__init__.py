@@ -18,7 +18,7 @@ from functools import partial
 from .._base._budget import InflightBudget
 from .._base._config import FetchConfig
 from .._base._env import usable_cpus
-from .._base._errors import LengthMismatch, ObjectNotFound, StoreError, Throttled, shown_key
+from .._base._errors import LengthMismatch, StoreError, Throttled, not_listed, shown_key
 from .._base._node_share import NodeShare
 from .._base._stats import Counters
 from .._base._types import Blob, ObjectInfo, ObjectStore
@@ -110,11 +110,7 @@ class Fetcher:
             # The listing has no such object (a metadata file or manifest named it): it is
             # missing as surely as a 404 would say, and is reported so without asking the
             # store, which may not be there (a run from a warm cache, offline).
-            raise ObjectNotFound(
-                f"not found: {self.store.url}{shown_key(obj.key)} (named by the dataset's "
-                "metadata file or manifest; the store's listing has no such object)",
-                key=obj.key,
-            )
+            raise not_listed(self.store.url, obj.key)
         t0 = asyncio.get_running_loop().time()
         if size > self.config.range_threshold:
             data = await self._fetch_ranges(obj)
