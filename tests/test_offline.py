@@ -182,6 +182,16 @@ def test_sidecars_are_warmed_with_their_images_and_read_offline(
     assert stats.requests == 0 and stats.sidecars_cached >= sidecars
 
 
+def _with_a_gap(moto: MotoServer, bucket: str) -> str:
+    """A folder of N photos but the sixth (05.jpg), which its metadata file names: its URL."""
+    moto.create_bucket(bucket)
+    for i in range(N):
+        if i != 5:
+            moto.put(bucket, f"set/{i:02d}.jpg", _jpeg(i))
+    moto.put(bucket, "set/metadata.jsonl", _rows("one"))
+    return f"s3://{bucket}/set/"
+
+
 def test_a_name_the_listing_lacks_is_missing_without_a_request_online_or_offline(
     moto: MotoServer, tmp_path: Path
 ) -> None:
@@ -191,12 +201,7 @@ def test_a_name_the_listing_lacks_is_missing_without_a_request_online_or_offline
     the store stopped the same skip at once, not a store that does not answer (a
     ``TransientStoreError`` after its retries)."""
     bucket = "offline-gap"
-    moto.create_bucket(bucket)
-    for i in range(N):
-        if i != 5:
-            moto.put(bucket, f"set/{i:02d}.jpg", _jpeg(i))
-    moto.put(bucket, "set/metadata.jsonl", _rows("one"))
-    url, cache = f"s3://{bucket}/set/", tmp_path / "cache"
+    url, cache = _with_a_gap(moto, bucket), tmp_path / "cache"
     skip = al.ErrorConfig(on_error="skip", max_failures=1)
     with FaultProxy(moto.endpoint) as proxy:
         report = al.warm(url, cache, store_options={"endpoint_url": proxy.endpoint})
@@ -223,12 +228,7 @@ def test_a_bucketed_run_finds_a_name_the_listing_lacks_missing_without_a_request
     the image is the counted ``ObjectNotFound`` skip, under ``"raise"`` the run stops at
     its start naming it, online and offline alike."""
     bucket = "offline-gap-buckets"
-    moto.create_bucket(bucket)
-    for i in range(N):
-        if i != 5:
-            moto.put(bucket, f"set/{i:02d}.jpg", _jpeg(i))
-    moto.put(bucket, "set/metadata.jsonl", _rows("one"))
-    url, cache = f"s3://{bucket}/set/", tmp_path / "cache"
+    url, cache = _with_a_gap(moto, bucket), tmp_path / "cache"
     skip = al.ErrorConfig(on_error="skip", max_failures=1)
     buckets = al.Buckets(((16, 16), (20, 16)))
     with FaultProxy(moto.endpoint) as proxy:
