@@ -68,11 +68,11 @@ class WarmReport:
         scaled: Objects given scaled copies (``scaled_jpegs``), cached before or now.
         sidecars: Of ``listed``, the images' same-stem sidecar files (``x.txt`` and
             ``x.json`` beside ``x.jpg``), warmed with them for a run's ``extras=``.
-        missing: The images the metadata files name (shown as ``failed``'s keys) that the
-            store does not have, sorted: not warmed, not counted in ``listed`` nor
-            ``failed``; a run that reads the files (``extras=``, a labels column,
-            ``filters=``) reports each missing when it reads it (``ObjectNotFound``).
-            Every shard reports them all.
+        missing: The images the metadata files or the manifest name (shown as
+            ``failed``'s keys) that the store does not have, sorted: not warmed, not
+            counted in ``listed`` nor ``failed``; a run that reads the files (``extras=``,
+            a labels column, ``filters=``) or the manifest reports each missing when it
+            reads it (``ObjectNotFound``).  Every shard reports them all.
     """
 
     listed: int = 0
@@ -107,8 +107,8 @@ class WarmReport:
             + (f"; {self.scaled} given scaled copies" if self.scaled else "")
             + (f"; {self.sidecars} of the objects are sidecars" if self.sidecars else "")
             + (
-                f"; {len(self.missing)} named by the metadata files but not in the store "
-                "(missing when a run reads them)"
+                f"; {len(self.missing)} named by the metadata files or manifest but not in "
+                "the store (missing when a run reads them)"
                 if self.missing
                 else ""
             )
@@ -177,10 +177,12 @@ async def warm_cache(
         except AsyncLoaderError as exc:
             failed.append((shown_key(meta.key), str(exc).splitlines()[0]))
     wanted = KeyFilter(extensions)
-    # The images the files name that the store does not have: nothing to warm, and what a
-    # run that reads the files will report missing, said now.
-    missing, unreadable = await asyncio.to_thread(named_not_there, files, objects, wanted)
-    failed += unreadable
+    # The images the files (or a manifest: listed with size -1) name that the store does
+    # not have: nothing to warm, and what a run will report missing, said now.
+    named, unreadable = await asyncio.to_thread(named_not_there, files, objects, wanted)
+    failed += [(shown_key(key), error) for key, error in unreadable]
+    gone = {o.key for o in objects if o.size == -1 and wanted(o.key)}
+    missing = [shown_key(key) for key in sorted({*named, *gone})]
     ordered = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
     # Node i of n, as its loaders read: rank i of n in listing order, or node i of n's
     # subset under shuffle="node" with that seed.
