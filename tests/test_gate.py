@@ -94,6 +94,52 @@ def test_places_go_in_order_never_past_the_limit_and_cancelled_waiters_pass_them
 def test_a_ceiling_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="ceiling >= 1"):
         ConnectionGate(0)
+    with pytest.raises(ValueError, match="start <= ceiling"):
+        ConnectionGate(4, 5)
+
+
+def test_a_gate_that_starts_low_grows_to_the_ceiling_for_a_far_server() -> None:
+    """Started at 4 (a server not known yet): answers that take a round trip however many
+    go at once say nothing queues, and the limit grows to the ceiling, never past it."""
+    gate = ConnectionGate(16, 4)
+    assert gate.limit == 4
+    limits = asyncio.run(_drive(gate, lambda n: 0.050 + 0.0005 * (n % 3)))
+    assert limits[0] == 4 and gate.limit == 16 and max(limits) == 16
+
+
+@settings(max_examples=30, deadline=None)
+@given(start=st.integers(1, 8), callers=st.integers(1, 40), lift_after=st.integers(0, 10))
+def test_a_lifted_gate_lets_every_waiter_go_and_limits_no_more(
+    start: int, callers: int, lift_after: int
+) -> None:
+    """A gate put in place before the server was known, lifted once an answer says it keeps
+    its connections: every caller waiting goes at once, and so does every later one."""
+
+    async def body() -> None:
+        gate = ConnectionGate(16, start)
+        through = asyncio.Event()
+        went: list[int] = []
+
+        async def caller(i: int) -> None:
+            await gate.acquire()
+            went.append(i)
+            await through.wait()
+            gate.release(0.001)
+
+        tasks = [asyncio.create_task(caller(i)) for i in range(callers)]
+        for _ in range(lift_after + 1):  # the callers ask (and wait)
+            await asyncio.sleep(0)
+        assert len(went) == min(start, callers)  # held at the start until lifted
+        gate.lift()
+        await asyncio.sleep(0)
+        assert sorted(went) == list(range(callers)) and gate.inflight == callers
+        through.set()
+        await asyncio.gather(*tasks)
+        assert gate.inflight == 0
+        await gate.acquire()  # no waiting after: the limit is gone
+        gate.release(None)
+
+    asyncio.run(body())
 
 
 # --- the cap on connections through a forward proxy ----------------------------------------

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from asyncloader._stores._lean_conn import LeanConnection
 from asyncloader._stores._lean_http import (
     CLOSING_CONNECTIONS,
+    CLOSING_START,
     LeanHTTPClient,
     LeanResponse,
     ProtocolError,
@@ -345,3 +346,61 @@ def test_a_closing_server_that_serves_one_at_a_time_gets_fewer_at_once() -> None
     assert limit <= 8 and last <= 9
     limit, _, _ = _closing_server_run(serial=False, work=0.1)
     assert limit >= CLOSING_CONNECTIONS - 4
+
+
+def _burst(version: str, cautious: bool) -> tuple[int, int, bool]:
+    """40 requests at once from a new client (``cautious``: a web store's) to a server that
+    answers in 50 ms each, all at once, HTTP/1.0 (a connection per request) or HTTP/1.1
+    (kept alive).  Returns the most connections the server had open before its first
+    answer, the most it had at any time, and whether the client kept a gate."""
+    live, most, before = [0], [0], [0]
+    answered = asyncio.Event()
+
+    async def main() -> bool:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+            if not answered.is_set():
+                before[0] = max(before[0], live[0])
+            try:
+                while True:
+                    await reader.readuntil(b"\r\n\r\n")
+                    await asyncio.sleep(0.05)
+                    answered.set()
+                    writer.write(f"HTTP/{version} 200 OK\r\nContent-Length: 2\r\n\r\nok".encode())
+                    await writer.drain()
+                    if version == "1.0":
+                        break
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                writer.close()
+                live[0] -= 1
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=256)
+        port = server.sockets[0].getsockname()[1]
+        client = LeanHTTPClient("http", "127.0.0.1", port, read_timeout=30, cautious=cautious)
+        try:
+            got = await asyncio.gather(*(client.get("/x", {}) for _ in range(40)))
+            assert [bytes(r.body) for r in got] == [b"ok"] * 40
+            return client._gate is not None
+        finally:
+            await client.close()
+            server.close()
+
+    gated = asyncio.run(main())
+    return before[0], most[0], gated
+
+
+def test_a_cautious_client_asks_a_few_at_once_until_the_server_says_what_it_is() -> None:
+    """A web store's client does not know whether a server closes every connection (and
+    listens with a queue of five, whose overflow costs a second): until the first answer
+    it asks ``CLOSING_START`` at once.  An HTTP/1.0 server keeps that gate; an HTTP/1.1
+    one that keeps connections alive has it lifted, and the rest go at once.  A cloud
+    store's client (not cautious) sends the whole burst."""
+    before, _, gated = _burst("1.0", cautious=True)
+    assert before <= CLOSING_START and gated
+    before, most, gated = _burst("1.1", cautious=True)
+    assert before <= CLOSING_START and most > CLOSING_CONNECTIONS and not gated
+    before, _, gated = _burst("1.1", cautious=False)
+    assert before > CLOSING_CONNECTIONS and not gated

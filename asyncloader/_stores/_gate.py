@@ -57,14 +57,17 @@ class ConnectionGate:
     module's docstring).
 
     Args:
-        ceiling: The most at once (and the start).
+        ceiling: The most at once.
+        start: How many at once to begin with (default: ``ceiling``).
     """
 
-    def __init__(self, ceiling: int) -> None:
+    def __init__(self, ceiling: int, start: int | None = None) -> None:
         if ceiling < 1:
             raise ValueError("need ceiling >= 1")
+        if start is not None and not 1 <= start <= ceiling:
+            raise ValueError("need 1 <= start <= ceiling")
         self.ceiling = ceiling
-        self.limit = ceiling
+        self.limit = ceiling if start is None else start
         self.inflight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._fastest = float("inf")  # the fastest answer seen [seconds]
@@ -96,6 +99,16 @@ class ConnectionGate:
         if seconds is not None:
             self._learn(seconds)
         while self._waiters and self.inflight < self.limit:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.inflight += 1
+                fut.set_result(None)
+
+    def lift(self) -> None:
+        """No limit from now on: every request waiting goes (a gate put in place before the
+        server was known, which turned out to keep its connections alive)."""
+        self.limit = self.ceiling = 1 << 30
+        while self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
                 self.inflight += 1

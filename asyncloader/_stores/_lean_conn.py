@@ -58,6 +58,9 @@ class LeanConnection(asyncio.BufferedProtocol):
         self._want_body = True
         self.heard = False  # any byte of the answer to the request in hand arrived
         self.keep_alive = True  # the last answer let the connection be used again
+        # The last answer was HTTP/1.0 without keep-alive: a server that closes every
+        # connection by its protocol, not now and then (a limit of requests per connection).
+        self.one_per_connection = False
         self.dropped = False  # its client closed it and counted it closed
 
     # --- asyncio callbacks ---------------------------------------------------------------
@@ -146,9 +149,8 @@ class LeanConnection(asyncio.BufferedProtocol):
         self._headers = headers
         # HTTP/1.0 closes after each answer unless it says keep-alive; 1.1 when it says so.
         connection = headers.get("connection", "").lower()
-        self.keep_alive = connection != "close" and (
-            parts[0] != "HTTP/1.0" or connection == "keep-alive"
-        )
+        self.one_per_connection = parts[0] == "HTTP/1.0" and connection != "keep-alive"
+        self.keep_alive = connection != "close" and not self.one_per_connection
         self._head = bytearray()
         if not self._want_body or self._status in (204, 304) or self._status == 101:
             self._body = bytearray()

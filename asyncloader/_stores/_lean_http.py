@@ -34,10 +34,16 @@ from ._tunnel import Proxy, TunnelRefused, open_tunnel
 __all__ = ["LeanHTTPClient", "LeanResponse", "ProtocolError", "tls_context"]
 
 _CLOSING = 8
-"""Answers after which a server that closes every connection (HTTP/1.0, ``Connection:
-close``) is known as one: requests to it then go through a :class:`~._gate.ConnectionGate`
-of at most ``CLOSING_CONNECTIONS`` at once, fewer where the server queues them."""
+"""Answers after which a server that closes every connection (``Connection: close``) is
+known as one: requests to it then go through a :class:`~._gate.ConnectionGate` of at most
+``CLOSING_CONNECTIONS`` at once, fewer where the server queues them.  An HTTP/1.0 answer
+without keep-alive says so by itself: the gate follows the first."""
 CLOSING_CONNECTIONS = 16
+CLOSING_START = 4
+"""Requests at once through a new gate (grown as answers show no queue, up to
+``CLOSING_CONNECTIONS``): each is a connection opened, and a server of this kind often
+listens with a queue of five (``socketserver``'s, ``http.server``'s), whose overflow the
+kernel drops and TCP resends only a second later."""
 PROXY_PATIENCE = 2.0
 """Seconds a new connection through a proxy may take while others through it are open
 (four times the slowest opened, where that is longer): past it, the proxy is taken to hold
@@ -69,6 +75,10 @@ class LeanHTTPClient:
         connect_timeout: Longest wait for a connection [seconds].
         ssl_context: TLS settings for ``https`` (default: :func:`tls_context`).
         proxy: The forward proxy to go through, or None (straight to the origin).
+        cautious: Before the first answer, at most ``CLOSING_START`` requests at once (a
+            server of unknown kind, which may close every connection and listen with a
+            queue of five: a web server's), more as soon as one answer says it keeps
+            connections alive.  Cloud stores, which always do, go without.
     """
 
     def __init__(
@@ -81,6 +91,7 @@ class LeanHTTPClient:
         connect_timeout: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
         proxy: Proxy | None = None,
+        cautious: bool = False,
     ) -> None:
         if scheme not in ("http", "https"):
             raise ValueError(f"unsupported scheme {scheme!r}")
@@ -104,6 +115,11 @@ class LeanHTTPClient:
         self._closed = False
         self._closes = 0  # answers after which the server closed the connection, in a row
         self._gate: ConnectionGate | None = None  # set once the server closes every one
+        # Cautious: a gate from the start, until an answer says whether the server keeps
+        # connections alive (then none) or closes each (then it stays).
+        self._provisional = cautious
+        if cautious:
+            self._gate = ConnectionGate(CLOSING_CONNECTIONS, CLOSING_START)
         self._connecting = asyncio.Semaphore(CONNECTING)
         # Through a proxy, whose count of clients is what limits them: a cap, cut where a
         # new tunnel goes unanswered while others work (``_gate``'s docstring).
@@ -213,7 +229,7 @@ class LeanHTTPClient:
                 self._wake()
             else:
                 self._drop(conn)
-        self._learn(conn.keep_alive)
+        self._learn(conn.keep_alive, conn.one_per_connection)
         return resp
 
     async def _kept(self) -> LeanConnection | None:
@@ -349,14 +365,24 @@ class LeanHTTPClient:
             self._wake()
         conn.close()
 
-    def _learn(self, kept: bool) -> None:
+    def _learn(self, kept: bool, one_per_connection: bool = False) -> None:
         """Count the answers after which the server closed the connection; past
-        ``_CLOSING`` in a row (an HTTP/1.0 server: each request a new connection, its
-        accept queue small), requests go through a gate of at most ``CLOSING_CONNECTIONS``
-        at once, adapted to the server's queue."""
+        ``_CLOSING`` in a row, or at the first HTTP/1.0 answer without keep-alive (each
+        request a new connection, the server's accept queue often small), requests go
+        through a gate of ``CLOSING_START`` at once, adapted to the server's queue up to
+        ``CLOSING_CONNECTIONS``."""
         self._closes = 0 if kept else self._closes + 1
-        if self._closes >= _CLOSING and self._gate is None:
-            self._gate = ConnectionGate(CLOSING_CONNECTIONS)
+        closing = one_per_connection or self._closes >= _CLOSING
+        if self._provisional and self._gate is not None:
+            if kept:  # the server keeps connections alive: no gate
+                gate, self._gate = self._gate, None
+                self._provisional = False
+                gate.lift()
+            elif closing:  # it closes every one: the gate stays, as the server's
+                self._provisional = False
+            return
+        if closing and self._gate is None:
+            self._gate = ConnectionGate(CLOSING_CONNECTIONS, CLOSING_START)
 
     async def close(self) -> None:
         self._closed = True

@@ -49,6 +49,7 @@ from ._http import (
     proxy_for,
     redirected,
     request,
+    send,
 )
 from ._http_objects import (
     answer_version,
@@ -371,25 +372,59 @@ class HttpStore(HTTPStoreBase):
     async def _size_of(self, key: str, head: int = 0) -> tuple[ObjectInfo, Blob]:
         """The object's size and ETag from a HEAD, else (``head`` bytes asked, or a server
         that refuses HEAD or gives no length) from a GET of its first bytes, with them."""
-        url = self._target(key)
-        session = self._session_for(url)
         what = self._what(key)
         if not head:
             try:
-                headers, _ = await request(session, "HEAD", url, self._headers, what=what, key=key)
+                headers, _ = await self._ask("HEAD", key, {}, what=what)
                 if "content-length" in headers:
                     info = object_info(key, headers, what=what)
                     return ObjectInfo(key, info.size, answer_version(headers)), b""
             except StoreError as exc:
                 if exc.status not in (405, 501):  # HEAD not allowed: ask by GET
                     raise
-        first = {**self._headers, **object_headers(0, max(head, 1), "")}
-        headers, body = await request(session, "GET", url, first, what=what, key=key)
+        first = object_headers(0, max(head, 1), "")
+        headers, body = await self._ask("GET", key, first, what=what)
         span = headers.get("content-range")
         total = parse_content_range(span)[2] if span else len(body)  # a 200: the whole
         if total is None:
             raise StoreError(f"{what}: the server gives no size for it", key=key)
         return ObjectInfo(key, total, answer_version(headers)), body
+
+    async def _ask(
+        self, method: str, key: str, extra: Mapping[str, str], *, what: str
+    ) -> tuple[Mapping[str, str], Blob]:
+        """One request for ``key`` with the store's headers and ``extra``: on its origin's
+        lean client where there is one, as the objects' GETs go (so a server that closes
+        every connection is asked a few at a time, by one gate), else on aiohttp; the lean
+        client's redirects followed here, as aiohttp follows its own."""
+        url, headers = self._addressed(key)
+        headers.update(extra)
+        for _ in range(MAX_REDIRECTS):
+            base = f"{url.scheme}://{url.raw_authority}"
+            try:
+                return await send(
+                    self._lean_client(url),
+                    self._session_for(url),
+                    base,
+                    method,
+                    url.raw_path_qs,
+                    headers,
+                    what=what,
+                    key=key,
+                )
+            except Redirected as moved:
+                url, headers = redirected(url, moved.location, headers)
+        raise StoreError(f"{what}: still redirected after {MAX_REDIRECTS} requests", key=key)
+
+    def _addressed(self, key: str) -> tuple[URL, dict[str, str]]:
+        """Where ``key`` is asked, and the store's headers for it (a copy): an absolute key
+        with credentials in its URL sends them as Basic ``Authorization``, as the base's."""
+        url = self._target(key)
+        headers = dict(self._headers)
+        if url.user is not None:
+            headers = with_login(headers, url.raw_user, url.raw_password)
+            url = url.with_user(None)
+        return url, headers
 
     def _lean_client(self, url: URL) -> LeanHTTPClient | None:
         """The lean client of ``url``'s origin (through the proxy on the way, if any), or
@@ -407,7 +442,11 @@ class HttpStore(HTTPStoreBase):
         if speaks:
             tls = self._tls_context() if url.scheme == "https" else None
             client = LeanHTTPClient(
-                *origin, read_timeout=self._read_timeout, ssl_context=tls, proxy=proxy
+                *origin,
+                read_timeout=self._read_timeout,
+                ssl_context=tls,
+                proxy=proxy,
+                cautious=True,  # a web server may close every connection: see its docs
             )
         self._lean[origin] = client
         return client
@@ -419,12 +458,8 @@ class HttpStore(HTTPStoreBase):
         if listed is not None and etag in ("", listed[0]):
             del self._listed_files[key]
             return listed[1]  # the listing read it whole a moment ago: that answer
-        url = self._target(key)
+        url, headers = self._addressed(key)
         what = self._what(key)
-        headers = self._headers
-        if url.user is not None:  # an absolute key with credentials: Basic, as the base's
-            headers = with_login(dict(headers), url.raw_user, url.raw_password)
-            url = url.with_user(None)
         # No If-Match: a web server's ETag may be weak (Apache's for a file changed within
         # the second, nginx's for an answer it compressed), and a weak one never matches
         # If-Match, so an unchanged object would be answered 412.  The answer's own ETag
