@@ -134,9 +134,10 @@ class _Wire:
 
 
 async def _parsed(
-    pieces: list[bytes], want_body: bool = True
+    pieces: list[bytes], want_body: bool = True, eof: bool = False
 ) -> tuple[LeanConnection, LeanResponse]:
-    """Feed ``pieces`` to a connection as a socket would (into the buffers it offers)."""
+    """Feed ``pieces`` to a connection as a socket would (into the buffers it offers);
+    ``eof``: then the server closes the connection."""
     conn = LeanConnection()
     conn.connection_made(_Wire())  # type: ignore[arg-type]
     answer = conn.request(b"GET / HTTP/1.1\r\n\r\n", want_body, 5.0)
@@ -147,6 +148,8 @@ async def _parsed(
             buf[:n] = piece[:n]
             conn.buffer_updated(n)
             piece = piece[n:]
+    if eof:
+        conn.eof_received()
     assert answer.done(), "the answer did not end"
     return conn, answer.result()
 
@@ -195,9 +198,36 @@ def test_an_answer_in_any_pieces_is_read_as_sent(
     assert conn.keep_alive == kept and conn.closed == (not kept)
 
 
+@given(
+    body=st.binary(max_size=100_000),
+    how=st.sampled_from(["HTTP/1.0 200 OK", "HTTP/1.1 200 OK\r\nConnection: close"]),
+    cuts=st.lists(st.integers(0, 200_000), max_size=12),
+)
+def test_an_answer_without_a_length_ends_where_the_server_closes(
+    body: bytes, how: str, cuts: list[int]
+) -> None:
+    """Neither a length nor chunks, on a connection the server closes after it (a proxy's
+    error page, an HTTP/1.0 server's dynamic page): the body is every byte up to the
+    close, and the connection is not used again; on one that would stay open nothing
+    says where the body ends: an error."""
+    wire = f"{how}\r\nContent-Type: text/html\r\n\r\n".encode() + body
+    conn, resp = asyncio.run(_parsed(_pieces(wire, cuts), eof=True))
+    assert resp.status == 200 and bytes(resp.body) == body
+    assert not conn.keep_alive and conn.closed
+
+
+def test_a_closed_connection_cuts_short_an_answer_of_a_length() -> None:
+    async def main() -> None:
+        with pytest.raises(ProtocolError, match="before the answer ended"):
+            await _parsed([b"HTTP/1.0 200 OK\r\nContent-Length: 9\r\n\r\nabc"], eof=True)
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize(
     "wire",
     [
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\nx",
         b"HTTP/1.1 2x0 OK\r\nContent-Length: 1\r\n\r\nx",
         b"HTTP/1.1 200 OK\r\nContent-Length: 12x\r\n\r\nx",
         b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nx",
@@ -205,7 +235,15 @@ def test_an_answer_in_any_pieces_is_read_as_sent(
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n0\r\n\r\n",
         b"SMTP 220 hello\r\n\r\n",
     ],
-    ids=["status", "length", "negative", "too-long", "chunk-size", "not-http"],
+    ids=[
+        "no-length-kept-alive",
+        "status",
+        "length",
+        "negative",
+        "too-long",
+        "chunk-size",
+        "not-http",
+    ],
 )
 def test_a_malformed_answer_fails_the_request_at_once(wire: bytes) -> None:
     async def main() -> None:

@@ -365,7 +365,7 @@ async def _lean_request(
     headers: dict[str, str],
     *,
     what: str,
-    key: str,
+    key: str | None,
     body: bytes | None = None,
 ) -> LeanResponse:
     """One request on the lean client; a success, or an error of our tree."""
@@ -414,12 +414,15 @@ async def send(
     headers: dict[str, str],
     *,
     what: str,
-    key: str,
+    key: str | None,
     body: bytes | None = None,
+    landed: list[URL] | None = None,
 ) -> tuple[Mapping[str, str], Blob]:
     """Send ``method`` for ``target`` (path and query, encoded), with ``body`` (a PUT's or
     POST's), on the lean client when there is one, else on aiohttp below ``base``; the
-    answer's headers (lower-case names on the lean client) and body.
+    answer's headers (lower-case names on the lean client) and body.  ``landed``: as
+    :func:`request`'s, where aiohttp followed redirects (the lean client raises
+    :class:`Redirected` for its caller to follow).
 
     Raises:
         The errors of :func:`request`.
@@ -429,4 +432,6 @@ async def send(
         return resp.headers, resp.body
     assert session is not None
     url = URL(base + target, encoded=True)
-    return await request(session, method, url, headers, what=what, key=key, body=body)
+    return await request(
+        session, method, url, headers, what=what, key=key, body=body, landed=landed
+    )

@@ -52,6 +52,9 @@ class LeanConnection(asyncio.BufferedProtocol):
         self._body_len = 0
         self._got = 0
         self._chunked = False
+        # A body that ends where the server closes the connection: an answer with neither
+        # a length nor chunks, on a connection it closes (a proxy's error page, HTTP/1.0).
+        self._to_close = False
         self._status = 0
         self._headers: dict[str, str] = {}
         self._waiter: asyncio.Future[LeanResponse] | None = None
@@ -75,6 +78,9 @@ class LeanConnection(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         self.closed = True
+        if self._to_close and self._body is not None:  # the end of such a body
+            self._finish()
+            return False
         self._fail(ProtocolError("connection closed by the server before the answer ended"))
         return False
 
@@ -98,7 +104,7 @@ class LeanConnection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         body = self._body
-        if body is not None and not self._chunked:
+        if body is not None and not self._chunked and not self._to_close:
             # Receive straight into the body: no join, no extra copy.
             return memoryview(body)[self._got :]
         return memoryview(self._scratch)
@@ -107,6 +113,11 @@ class LeanConnection(asyncio.BufferedProtocol):
         self.heard = True
         if self._waiter is not None:
             self._progress = self._waiter.get_loop().time()
+        if self._body is not None and self._to_close:
+            self._body += self._scratch[:nbytes]
+            if len(self._body) > _MAX_BODY:
+                self._abort(ProtocolError(f"an answer without a length past {_MAX_BODY} bytes"))
+            return
         if self._body is not None and not self._chunked:
             self._got += nbytes
             if self._got >= self._body_len:
@@ -162,7 +173,11 @@ class LeanConnection(asyncio.BufferedProtocol):
             self._head = rest
             return
         if "content-length" not in headers:
-            self._abort(ProtocolError("answer without Content-Length"))
+            if self.keep_alive:  # then nothing says where it ends
+                self._abort(ProtocolError("answer without Content-Length"))
+                return
+            self._to_close = True  # it ends where the server closes the connection
+            self._body = bytearray(rest)
             return
         length = headers["content-length"]
         if not length.isdigit() or int(length) > _MAX_BODY:
@@ -209,7 +224,7 @@ class LeanConnection(asyncio.BufferedProtocol):
         self._cancel_watchdog()
         waiter, self._waiter = self._waiter, None
         body, self._body = self._body, None
-        self._chunked = False
+        self._chunked = self._to_close = False
         self._got = self._body_len = 0
         if not self.keep_alive:
             self.closed = True

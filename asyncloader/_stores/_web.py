@@ -48,7 +48,6 @@ from ._http import (
     normalize_etag,
     proxy_for,
     redirected,
-    request,
     send,
 )
 from ._http_objects import (
@@ -221,16 +220,13 @@ class HttpStore(HTTPStoreBase):
         Raises:
             ObjectNotFound: 404.  AccessDenied: 401, 403.
         """
-        url = self._target(name)
-        session = self._session_for(url)
-        headers = self._headers
-        if accept is not None and not any(h.lower() == "accept" for h in headers):
-            headers = {**headers, "Accept": accept}
-        landed: list[URL] = []
-        answer, body = await retrying(
-            lambda: request(session, "GET", url, headers, what=what, key=None, landed=landed)
+        extra = {}
+        if accept is not None and not any(h.lower() == "accept" for h in self._headers):
+            extra["Accept"] = accept
+        answer, body, landed = await retrying(
+            lambda: self._ask("GET", name, extra, what=what, key=None)
         )
-        return answer, decoded(body, answer, what=what, key=None), str(landed[-1])
+        return answer, decoded(body, answer, what=what, key=None), str(landed)
 
     async def _metadata_listing(self) -> list[dict[str, str]]:
         """Without a manifest, the rows of the folder's metadata file (Hugging Face's
@@ -375,7 +371,7 @@ class HttpStore(HTTPStoreBase):
         what = self._what(key)
         if not head:
             try:
-                headers, _ = await self._ask("HEAD", key, {}, what=what)
+                headers, _, _ = await self._ask("HEAD", key, {}, what=what, key=key)
                 if "content-length" in headers:
                     info = object_info(key, headers, what=what)
                     return ObjectInfo(key, info.size, answer_version(headers)), b""
@@ -383,7 +379,7 @@ class HttpStore(HTTPStoreBase):
                 if exc.status not in (405, 501):  # HEAD not allowed: ask by GET
                     raise
         first = object_headers(0, max(head, 1), "")
-        headers, body = await self._ask("GET", key, first, what=what)
+        headers, body, _ = await self._ask("GET", key, first, what=what, key=key)
         span = headers.get("content-range")
         total = parse_content_range(span)[2] if span else len(body)  # a 200: the whole
         if total is None:
@@ -391,18 +387,21 @@ class HttpStore(HTTPStoreBase):
         return ObjectInfo(key, total, answer_version(headers)), body
 
     async def _ask(
-        self, method: str, key: str, extra: Mapping[str, str], *, what: str
-    ) -> tuple[Mapping[str, str], Blob]:
-        """One request for ``key`` with the store's headers and ``extra``: on its origin's
-        lean client where there is one, as the objects' GETs go (so a server that closes
-        every connection is asked a few at a time, by one gate), else on aiohttp; the lean
-        client's redirects followed here, as aiohttp follows its own."""
-        url, headers = self._addressed(key)
+        self, method: str, name: str, extra: Mapping[str, str], *, what: str, key: str | None
+    ) -> tuple[Mapping[str, str], Blob, URL]:
+        """One request for ``name`` (a key under the base URL, or a URL) with the store's
+        headers and ``extra``: on its origin's lean client where there is one, as the
+        objects' GETs go (so a server that closes every connection is asked a few at a
+        time, by one gate), else on aiohttp; the lean client's redirects followed here, as
+        aiohttp follows its own.  The answer's headers and body, and the URL it came from.
+        ``key``: what errors name (None: a page, not an object)."""
+        url, headers = self._addressed(name)
         headers.update(extra)
         for _ in range(MAX_REDIRECTS):
             base = f"{url.scheme}://{url.raw_authority}"
+            landed: list[URL] = []  # where aiohttp's own redirects took it
             try:
-                return await send(
+                answer, body = await send(
                     self._lean_client(url),
                     self._session_for(url),
                     base,
@@ -411,7 +410,9 @@ class HttpStore(HTTPStoreBase):
                     headers,
                     what=what,
                     key=key,
+                    landed=landed,
                 )
+                return answer, body, landed[-1] if landed else url
             except Redirected as moved:
                 url, headers = redirected(url, moved.location, headers)
         raise StoreError(f"{what}: still redirected after {MAX_REDIRECTS} requests", key=key)
