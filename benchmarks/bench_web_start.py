@@ -7,6 +7,9 @@ The folder: ``--images`` of the demo's JPEGs with a ``metadata.jsonl`` of captio
 sizes, so the listing asks each image's size by HEAD.  Cases, each a process of its own:
 
 * ``list`` — ``asyncloader.describe(url)``: the metadata file, then a HEAD per image.
+* ``pages`` — ``asyncloader.describe(url + "classes/")``: the same number of images in 20
+  class folders without a metadata file, listed by the server's folder pages, then a HEAD
+  per image (neither server's pages give exact sizes here).
 * ``warm`` — ``asyncloader.warm(url, <a new cache folder>)``: the listing, then every image.
 * ``epoch`` — an ``ImageLoader`` with ``extras=("text",)`` and a resize to 64, no cache: its
   first batch and its epoch (the listing's HEADs are asked as the run reads, beside its GETs).
@@ -18,8 +21,8 @@ image of the process and its children, and peak RSS.  With ``--before TREE`` (``
 add TREE COMMIT``, its built ``*.so`` copied in) every case also runs on that tree in the same
 round, and the ratio before / now of the wall times is printed.  Rounds interleave; medians.
 
-Run: ``python benchmarks/bench_web_start.py [--images 500] [--rounds 5] [--before TREE]
-[--json FILE]``.
+Run: ``python benchmarks/bench_web_start.py [--images 500] [--rounds 5] [--cases
+list,pages,warm,epoch] [--before TREE] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -51,7 +54,14 @@ def _site(images: int, root: Path) -> Path:
         shutil.copy(p, site / p.name)
         rows.append({"file_name": p.name, "text": f"photo {p.stem}"})
     (site / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    classes = make_jpeg_folder(root / "classes", images=images, classes=20, seed=2)
+    (site / "classes").symlink_to(classes, target_is_directory=True)
     return site
+
+
+def _nginx(root: Path) -> Nginx:
+    """nginx serving ``root``, with its folder pages (autoindex) for the ``pages`` case."""
+    return Nginx(root, server="autoindex on;")
 
 
 def overflows() -> int:
@@ -72,6 +82,8 @@ def run_case(case: str, url: str, work: str) -> dict[str, float]:
     first = 0.0
     if case == "list":
         n = al.describe(url).samples
+    elif case == "pages":
+        n = al.describe(url + "classes/").samples
     elif case == "warm":
         report = al.warm(url, Path(work) / "cache")
         assert not report.failed, report.failed
@@ -128,7 +140,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--images", type=int, default=500)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--cases", default="list,warm,epoch")
+    p.add_argument("--cases", default="list,pages,warm,epoch")
     p.add_argument("--servers", default="http.server,nginx")
     p.add_argument("--before", help="another source tree of asyncloader, run in each round")
     p.add_argument("--json")
@@ -136,7 +148,7 @@ def main() -> None:
     trees: dict[str, str | None] = {"now": None}
     if args.before:
         trees["before"] = args.before
-    servers = {"http.server": PythonHTTPServer, "nginx": Nginx}
+    servers = {"http.server": PythonHTTPServer, "nginx": _nginx}
     results: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as root:
         site = _site(args.images, Path(root))

@@ -442,3 +442,34 @@ def test_a_cautious_client_asks_a_few_at_once_until_the_server_says_what_it_is()
     assert before <= CLOSING_START and most > CLOSING_CONNECTIONS and not gated
     before, _, gated = _burst("1.1", cautious=False)
     assert before > CLOSING_CONNECTIONS and not gated
+
+
+def test_a_handshake_a_full_listen_queue_dropped_holds_the_gate_below_it() -> None:
+    """Against a server that closes every connection, whose connections open in a
+    millisecond or two: one that took a second (TCP sent its dropped handshake again)
+    while 8 requests were in flight means the server's listen queue was full, so the gate
+    never lets 8 go at once again.  A second-long open with none faster before it (a far
+    server, TLS) says nothing of the kind, and a client without a gate ignores it."""
+
+    async def main() -> None:
+        client = LeanHTTPClient("http", "127.0.0.1", 9, cautious=True)
+        gate = client._gate
+        assert gate is not None and gate.limit == CLOSING_START
+        client._opened_in(1.05, 3)  # no fast open seen yet: a slow server, not a full queue
+        assert gate.ceiling == CLOSING_CONNECTIONS
+        client._opened_in(0.002, 2)
+        gate.limit = 12  # grown meanwhile
+        client._opened_in(1.01, 8)
+        assert gate.ceiling == 7 and gate.limit == 7
+        client._opened_in(1.01, 12)  # never raised by a later one
+        assert gate.ceiling == 7
+        client._opened_in(1.01, 1)
+        assert gate.ceiling == gate.limit == 1
+        plain = LeanHTTPClient("http", "127.0.0.1", 9)
+        plain._opened_in(0.001, 1)
+        plain._opened_in(1.2, 30)
+        assert plain._gate is None
+        await client.close()
+        await plain.close()
+
+    asyncio.run(main())

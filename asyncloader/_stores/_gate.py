@@ -104,6 +104,13 @@ class ConnectionGate:
                 self.inflight += 1
                 fut.set_result(None)
 
+    def hold_below(self, at_once: int) -> None:
+        """A connection opened with ``at_once`` requests in flight (its own included) took
+        a second where others take milliseconds: its handshake was dropped from the
+        server's full listen queue and sent again.  Never that many at once again."""
+        self.ceiling = max(1, min(self.ceiling, at_once - 1))
+        self.limit = min(self.limit, self.ceiling)
+
     def lift(self) -> None:
         """No limit from now on: every request waiting goes (a gate put in place before the
         server was known, which turned out to keep its connections alive)."""

@@ -44,6 +44,9 @@ CLOSING_START = 4
 ``CLOSING_CONNECTIONS``): each is a connection opened, and a server of this kind often
 listens with a queue of five (``socketserver``'s, ``http.server``'s), whose overflow the
 kernel drops and TCP resends only a second later."""
+_RESENT = 0.9
+"""Seconds a connection takes to open where its first handshake was dropped (a full
+listen queue) and TCP sent it again, 1 s later."""
 PROXY_PATIENCE = 2.0
 """Seconds a new connection through a proxy may take while others through it are open
 (four times the slowest opened, where that is longer): past it, the proxy is taken to hold
@@ -126,6 +129,7 @@ class LeanHTTPClient:
         self._cap = ConnectionCap() if proxy is not None else None
         self._open = 0  # connections opened and not closed
         self._slowest_open = 0.0  # the longest a connection took to open, its turn not counted
+        self._fastest_open = float("inf")  # the shortest, likewise
         self._waiters: deque[asyncio.Future[None]] = deque()  # requests waiting in _kept
         self._opening = 0  # connections being opened through the proxy
         self._tunneled = 0  # tunnels the proxy opened to this origin, ever
@@ -134,6 +138,8 @@ class LeanHTTPClient:
     async def _connect(self) -> LeanConnection:
         loop = asyncio.get_running_loop()
         proxy = self._proxy
+        gate = self._gate
+        at_once = gate.inflight if gate is not None else 0
         async with self._connecting, asyncio.timeout(self._connect_timeout):
             t0 = time.monotonic()
             if self._ssl is not None:
@@ -146,8 +152,20 @@ class LeanHTTPClient:
                 _, conn = await loop.create_connection(LeanConnection, proxy.host, proxy.port)
             else:
                 _, conn = await loop.create_connection(LeanConnection, self._host, self._port)
-            self._slowest_open = max(self._slowest_open, time.monotonic() - t0)
+            self._opened_in(time.monotonic() - t0, at_once)
         return conn
+
+    def _opened_in(self, seconds: float, at_once: int) -> None:
+        """Note how long a connection took to open, with ``at_once`` requests in flight
+        through the gate.  A server that closes every connection, whose connections open
+        in milliseconds, took a second or more for this one: its listen queue was full
+        and the handshake was dropped and sent again (TCP waits 1 s), so the gate never
+        lets that many go at once again (:meth:`~._gate.ConnectionGate.hold_below`)."""
+        self._slowest_open = max(self._slowest_open, seconds)
+        gate = self._gate
+        if gate is not None and seconds >= _RESENT and self._fastest_open < _RESENT / 10:
+            gate.hold_below(at_once)
+        self._fastest_open = min(self._fastest_open, seconds)
 
     async def get(
         self,
