@@ -76,6 +76,7 @@ from asyncloader._base._jobstore import (
     store_address,
 )
 from asyncloader._base._scalars import Point
+from asyncloader._base._worker_exit import let_feeders_finish_at_exit
 from asyncloader._base._worker_resume import WorkerResume
 from asyncloader._device._device_spec import DeviceSpec
 from asyncloader._device._upload import Uploader
@@ -287,6 +288,7 @@ class ImageDataset(IterableDataset[Batch]):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
             adopt_store_address(self._store_address)
+            let_feeders_finish_at_exit()  # a spawned worker's exit: see the module
         options = LoaderOptions(**self.options)
         shard = options.get("shard") or ShardConfig()
         options["shard"] = dataclasses.replace(shard, worker=worker, num_workers=workers)

@@ -268,6 +268,8 @@ FACE_EXCEPTIONS = {
     # The counts a rank's DataLoader workers leave for LoaderLogger, and their type.
     ("torch.py", "asyncloader._loader._health"),
     ("torch.py", "asyncloader._base._scalars"),
+    # A DataLoader worker's exit, waiting for the batch its queue is still pickling.
+    ("torch.py", "asyncloader._base._worker_exit"),
     # A resume state on its way to the dataset's DataLoader workers.
     ("torch.py", "asyncloader._base._worker_resume"),
     # The command line's own argument types (its helpers, in a module of their own).

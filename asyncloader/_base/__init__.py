@@ -17,4 +17,5 @@ the timer its paced requests wait on (``_timer``) and the file a node's budgets 
 (``_filters``), aspect-ratio buckets (``_buckets``), EXIF orientation and turning an image
 upright (``_orientation``), and where the job's key-value store is
 and a client of it (``_jobstore``); a resume state loaded into ``ImageDataset``, in shared
-memory on its way to the DataLoader workers (``_worker_resume``)."""
+memory on its way to the DataLoader workers (``_worker_resume``); and a DataLoader worker's
+exit that waits for the batch its queue is still pickling (``_worker_exit``)."""
