@@ -158,8 +158,8 @@ def _warm_one(args: argparse.Namespace, url: str) -> int:
     print(report.summary())
     if report.missing:
         print(
-            f"{len(report.missing)} images named by the metadata files or manifest are not in "
-            "the store (a run that reads them reports each missing):",
+            f"{len(report.missing)} images named by the metadata files are not in the store "
+            "(a run that reads the files reports each missing):",
             file=sys.stderr,
         )
         for key in report.missing[:20]:

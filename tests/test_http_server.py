@@ -231,19 +231,20 @@ def test_a_caption_folder_from_a_server_without_etags_runs_offline_from_the_cach
     assert stats.requests == stats.bytes_fetched == 0
 
 
-def test_warm_of_a_caption_folder_names_the_image_the_server_lacks_without_asking_for_it(
+def test_warm_of_a_caption_folder_fails_the_image_the_server_lacks_without_asking_again(
     tmp_path: Path,
 ) -> None:
     """The folder is listed from its metadata file, and a name the server does not have is
     listed as not there (its HEAD's 404): ``warm`` does not ask for it again, and reports it
-    as the metadata file's missing image, not as an object that failed."""
+    as an object of the listing that could not be warmed (status 1 on the command line)."""
     folder = caption_folder(tmp_path / "site")
     (folder / "07.jpg").unlink()
     with PythonHTTPServer(folder) as server:
         report = al.warm(server.endpoint + "/", str(tmp_path / "cache"))
         asked = server.requests()
-    assert report.missing == ["07.jpg"] and report.failed == []
-    assert report.warmed == report.listed == 11
+    assert [key for key, _ in report.failed] == ["07.jpg"] and report.missing == []
+    assert "the store's listing has no such object" in report.failed[0][1]
+    assert report.warmed == 11 and report.listed == 12
     assert [m for m, path, _ in asked if path == "/07.jpg"] == ["HEAD"]
 
 

@@ -172,7 +172,7 @@ def test_warm_names_the_images_a_metadata_file_names_that_the_store_lacks(
     done = _cli(*args, "--endpoint-url", light_server.endpoint)
     assert done.returncode == 0, done.stderr
     assert f"{N_IMAGES} objects warmed" in done.stdout
-    assert "1 named by the metadata files or manifest but not in the store" in done.stdout
+    assert "1 named by the metadata files but not in the store" in done.stdout
     assert "  class_00/gone.jpg" in done.stderr.splitlines()
     light_server.put("b", "train/class_01/metadata.jsonl", b'{"file_name": "a.jpg"}\nnot json\n')
     opts = {"endpoint_url": light_server.endpoint}

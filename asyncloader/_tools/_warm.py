@@ -68,11 +68,13 @@ class WarmReport:
         scaled: Objects given scaled copies (``scaled_jpegs``), cached before or now.
         sidecars: Of ``listed``, the images' same-stem sidecar files (``x.txt`` and
             ``x.json`` beside ``x.jpg``), warmed with them for a run's ``extras=``.
-        missing: The images the metadata files or the manifest name (shown as
-            ``failed``'s keys) that the store does not have, sorted: not warmed, not
-            counted in ``listed`` nor ``failed``; a run that reads the files (``extras=``,
-            a labels column, ``filters=``) or the manifest reports each missing when it
-            reads it (``ObjectNotFound``).  Every shard reports them all.
+        missing: The images the metadata files name (shown as ``failed``'s keys) that
+            the store's listing does not have, sorted: not warmed, not counted in
+            ``listed`` nor ``failed``; a run that reads the files (``extras=``, a labels
+            column, ``filters=``) reports each missing when it reads it
+            (``ObjectNotFound``).  Every shard reports them all.  A name the listing itself
+            has as not there (a manifest's, or a web folder's, listed from its metadata
+            file: size -1) is in ``failed``, not asked of the store.
     """
 
     listed: int = 0
@@ -107,8 +109,8 @@ class WarmReport:
             + (f"; {self.scaled} given scaled copies" if self.scaled else "")
             + (f"; {self.sidecars} of the objects are sidecars" if self.sidecars else "")
             + (
-                f"; {len(self.missing)} named by the metadata files or manifest but not in "
-                "the store (missing when a run reads them)"
+                f"; {len(self.missing)} named by the metadata files but not in the store "
+                "(missing when a run reads them)"
                 if self.missing
                 else ""
             )
@@ -177,12 +179,14 @@ async def warm_cache(
         except AsyncLoaderError as exc:
             failed.append((shown_key(meta.key), str(exc).splitlines()[0]))
     wanted = KeyFilter(extensions)
-    # The images the files (or a manifest: listed with size -1) name that the store does
-    # not have: nothing to warm, and what a run will report missing, said now.
+    # The images the files name that the store's listing does not have: nothing to warm,
+    # and what a run that reads the files will report missing, said now.  (A name the
+    # listing has with size -1 — a manifest's, a web folder's listed from its metadata
+    # file — is the listing's own: it fails below as any object that cannot be warmed.)
     named, unreadable = await asyncio.to_thread(named_not_there, files, objects, wanted)
     failed += [(shown_key(key), error) for key, error in unreadable]
-    gone = {o.key for o in objects if o.size == -1 and wanted(o.key)}
-    missing = [shown_key(key) for key in sorted({*named, *gone})]
+    listed = {o.key for o in objects}
+    missing = [shown_key(key) for key in named if key not in listed]
     ordered = sorted((o for o in objects if wanted(o.key)), key=lambda o: o.key)
     # Node i of n, as its loaders read: rank i of n in listing order, or node i of n's
     # subset under shuffle="node" with that seed.
@@ -194,9 +198,7 @@ async def warm_cache(
         world_size=n,
         shard=ShardConfig(local_world_size=1),
     )
-    # A name listed as not there (a web server's folder is listed from its metadata file,
-    # and the HEAD of such a name found nothing) is in `missing`, not fetched.
-    mine = [o for o in node_objects(ordered, node) if o.size != -1]
+    mine = list(node_objects(ordered, node))
     # A cache too small for this shard keeps a fixed subset: the loader's, by its one rule.
     threshold, _ = await asyncio.to_thread(
         node_admission, ordered, node, cache.size_limit, scaled=scaled_jpegs
