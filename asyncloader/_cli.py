@@ -157,23 +157,26 @@ def _warm_one(args: argparse.Namespace, url: str) -> int:
         bar.close()
     print(report.summary())
     if report.missing:
-        print(
+        _some_to_stderr(
             f"{len(report.missing)} images named by the metadata files are not in the store "
             "(a run that reads the files reports each missing):",
-            file=sys.stderr,
+            report.missing,
         )
-        for key in report.missing[:20]:
-            print(f"  {key}", file=sys.stderr)
-        if len(report.missing) > 20:
-            print(f"  ... and {len(report.missing) - 20} more", file=sys.stderr)
     if report.failed:
-        print(f"{len(report.failed)} objects failed:", file=sys.stderr)
-        for key, err in report.failed[:20]:
-            print(f"  {key}: {err}", file=sys.stderr)
-        if len(report.failed) > 20:
-            print(f"  ... and {len(report.failed) - 20} more", file=sys.stderr)
+        _some_to_stderr(
+            f"{len(report.failed)} objects failed:", [f"{k}: {e}" for k, e in report.failed]
+        )
         return 1
     return 0
+
+
+def _some_to_stderr(head: str, lines: list[str], most: int = 20) -> None:
+    """``head``, then the first ``most`` of ``lines`` indented, and how many more."""
+    print(head, file=sys.stderr)
+    for line in lines[:most]:
+        print(f"  {line}", file=sys.stderr)
+    if len(lines) > most:
+        print(f"  ... and {len(lines) - most} more", file=sys.stderr)
 
 
 def _ls(args: argparse.Namespace) -> int:

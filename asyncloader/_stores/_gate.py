@@ -98,6 +98,10 @@ class ConnectionGate:
         self.inflight -= 1
         if seconds is not None:
             self._learn(seconds)
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Places free under the limit go to the requests waiting, first come first."""
         while self._waiters and self.inflight < self.limit:
             fut = self._waiters.popleft()
             if not fut.done():
@@ -115,11 +119,7 @@ class ConnectionGate:
         """No limit from now on: every request waiting goes (a gate put in place before the
         server was known, which turned out to keep its connections alive)."""
         self.limit = self.ceiling = 1 << 30
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                self.inflight += 1
-                fut.set_result(None)
+        self._hand_over()
 
     def _learn(self, seconds: float) -> None:
         self._round.append(seconds)

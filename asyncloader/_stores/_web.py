@@ -26,10 +26,10 @@ import asyncio
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote, urlsplit
 
 from yarl import URL
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 __all__ = ["HttpStore"]
 
 log = logging.getLogger("asyncloader")
+T = TypeVar("T")
 
 
 class HttpStore(HTTPStoreBase):
@@ -397,22 +398,43 @@ class HttpStore(HTTPStoreBase):
         ``key``: what errors name (None: a page, not an object)."""
         url, headers = self._addressed(name)
         headers.update(extra)
+        landed: list[URL] = []  # where aiohttp's own redirects took it
+
+        def ask(
+            lean: LeanHTTPClient | None,
+            session: aiohttp.ClientSession,
+            base: str,
+            target: str,
+            headers: dict[str, str],
+        ) -> Awaitable[tuple[Mapping[str, str], Blob]]:
+            return send(
+                lean, session, base, method, target, headers, what=what, key=key, landed=landed
+            )
+
+        (answer, body), url = await self._following(url, headers, ask, what=what, key=key)
+        return answer, body, landed[-1] if landed else url
+
+    async def _following(
+        self,
+        url: URL,
+        headers: dict[str, str],
+        ask: Callable[
+            [LeanHTTPClient | None, aiohttp.ClientSession, str, str, dict[str, str]],
+            Awaitable[T],
+        ],
+        *,
+        what: str,
+        key: str | None,
+    ) -> tuple[T, URL]:
+        """``ask(lean client, session, base, target, headers)`` for ``url``, and where the
+        lean client is answered with a redirect (aiohttp follows its own), again where it
+        goes (:func:`~._routes.redirected`: credentials kept to the same origin); the
+        answer and the URL that gave it."""
         for _ in range(MAX_REDIRECTS):
             base = f"{url.scheme}://{url.raw_authority}"
-            landed: list[URL] = []  # where aiohttp's own redirects took it
             try:
-                answer, body = await send(
-                    self._lean_client(url),
-                    self._session_for(url),
-                    base,
-                    method,
-                    url.raw_path_qs,
-                    headers,
-                    what=what,
-                    key=key,
-                    landed=landed,
-                )
-                return answer, body, landed[-1] if landed else url
+                lean, session = self._lean_client(url), self._session_for(url)
+                return await ask(lean, session, base, url.raw_path_qs, headers), url
             except Redirected as moved:
                 url, headers = redirected(url, moved.location, headers)
         raise StoreError(f"{what}: still redirected after {MAX_REDIRECTS} requests", key=key)
@@ -469,24 +491,11 @@ class HttpStore(HTTPStoreBase):
         # from it (version_check).
         headers = {**headers, **object_headers(start, end, "")}
         expect, header = version_check(etag)
-        for _ in range(MAX_REDIRECTS):
-            try:
-                return await get_object(
-                    self._lean_client(url),
-                    self._session_for(url),
-                    f"{url.scheme}://{url.raw_authority}",
-                    url.raw_path_qs,
-                    headers,
-                    what=what,
-                    key=key,
-                    start=start,
-                    end=end,
-                    etag=expect,
-                    version_header=header,
-                )
-            except Redirected as moved:  # the lean client's (aiohttp follows its own)
-                url, headers = redirected(url, moved.location, headers)
-        raise StoreError(f"{what}: still redirected after {MAX_REDIRECTS} requests", key=key)
+        read = partial(
+            get_object, what=what, key=key, start=start, end=end, etag=expect, version_header=header
+        )
+        data, _ = await self._following(url, headers, read, what=what, key=key)
+        return data
 
     async def close(self) -> None:
         self._closed = True
