@@ -56,11 +56,14 @@ class PreciseTimer:
         or at once for ``seconds <= 0``.  Cancellable."""
         if seconds <= 0:
             return
+        # Due from now, read before the lock: the thread may hold it a while on a busy
+        # machine (descheduled between two wake-ups), and a wait that took its due after
+        # that could end after one asked later for an earlier time.
+        due = time.monotonic() + seconds
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         with self._cond:
-            entry = (time.monotonic() + seconds, next(self._order), loop, fut)
-            heapq.heappush(self._due, entry)
+            heapq.heappush(self._due, (due, next(self._order), loop, fut))
             self._start()
             self._cond.notify()
         await fut  # a cancelled wait stays queued until due: its wake-up finds it done
